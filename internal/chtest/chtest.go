@@ -1,0 +1,247 @@
+// Package chtest starts a real clickhouse-server for tests: Debian's binary
+// on free loopback ports, with its own data directory under t.TempDir(), and
+// stops it at test cleanup.
+package chtest
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strconv"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/ClickHouse/clickhouse-go/v2"
+	"github.com/ClickHouse/clickhouse-go/v2/lib/driver"
+)
+
+// Binary is the server binary the harness runs; `make clickhouse` installs it.
+const Binary = "clickhouse-server"
+
+// systemConfig is Debian's config that the harness copies and rewrites.
+const systemConfig = "/etc/clickhouse-server/config.xml"
+
+// Server is one clickhouse-server process owned by a test.
+type Server struct {
+	// Port is the native protocol port on 127.0.0.1.
+	Port int
+	// Dir holds the config, data, tmp and log directories.
+	Dir string
+
+	tb     testing.TB
+	config string
+	bin    string
+	mu     sync.Mutex
+	cmd    *exec.Cmd
+	exited chan struct{}
+}
+
+// Start runs a fresh server and registers its stop with tb.Cleanup. A missing
+// binary fails the test with the make target that installs it.
+func Start(tb testing.TB) *Server {
+	tb.Helper()
+	bin, err := exec.LookPath(Binary)
+	if err != nil {
+		tb.Fatalf("%s not found (%v): run `make clickhouse` to install Debian's clickhouse-server", Binary, err)
+	}
+	tmpl, err := os.ReadFile(systemConfig)
+	if err != nil {
+		tb.Fatalf("read %s (%v): run `make clickhouse` to install Debian's clickhouse-server", systemConfig, err)
+	}
+	dir := tb.TempDir()
+	ports := freePorts(tb, 3)
+	cfg := rewriteConfig(string(tmpl), dir, ports)
+	path := filepath.Join(dir, "config.xml")
+	if err := os.WriteFile(path, []byte(cfg), 0o644); err != nil {
+		tb.Fatal(err)
+	}
+	s := &Server{Port: ports[0], Dir: dir, tb: tb, config: path, bin: bin}
+	tb.Cleanup(s.Stop)
+	s.Start()
+	return s
+}
+
+// DSN is the clickhouse-go DSN of the server's default database.
+func (s *Server) DSN() string {
+	return fmt.Sprintf("clickhouse://127.0.0.1:%d/default?dial_timeout=2s", s.Port)
+}
+
+// DatabaseDSN is the DSN of database db on this server.
+func (s *Server) DatabaseDSN(db string) string {
+	return fmt.Sprintf("clickhouse://127.0.0.1:%d/%s?dial_timeout=2s", s.Port, db)
+}
+
+// Start (re)starts the server process and waits until it answers. It is a
+// no-op while the server runs.
+func (s *Server) Start() {
+	s.tb.Helper()
+	s.mu.Lock()
+	if s.cmd != nil {
+		s.mu.Unlock()
+		return
+	}
+	cmd := exec.Command(s.bin, "--config-file="+s.config)
+	cmd.Dir = s.Dir
+	logf, err := os.OpenFile(filepath.Join(s.Dir, "stdout.log"), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
+	if err != nil {
+		s.mu.Unlock()
+		s.tb.Fatal(err)
+	}
+	cmd.Stdout, cmd.Stderr = logf, logf
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	if err := cmd.Start(); err != nil {
+		logf.Close()
+		s.mu.Unlock()
+		s.tb.Fatalf("start %s: %v", Binary, err)
+	}
+	exited := make(chan struct{})
+	go func() { _ = cmd.Wait(); logf.Close(); close(exited) }()
+	s.cmd, s.exited = cmd, exited
+	s.mu.Unlock()
+
+	deadline := time.Now().Add(60 * time.Second)
+	for {
+		if err := s.ping(); err == nil {
+			return
+		} else if time.Now().After(deadline) {
+			s.tb.Fatalf("clickhouse-server on port %d did not answer within 60s: %v (logs in %s)", s.Port, err, s.Dir)
+		}
+		select {
+		case <-exited:
+			log, _ := os.ReadFile(filepath.Join(s.Dir, "log", "clickhouse-server.err.log"))
+			s.tb.Fatalf("clickhouse-server exited at start; err log:\n%s", tail(log, 4000))
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
+}
+
+// Stop terminates the server and waits for it to exit. Data stays on disk, so
+// Start brings the same databases back.
+func (s *Server) Stop() {
+	s.mu.Lock()
+	cmd, exited := s.cmd, s.exited
+	s.cmd = nil
+	s.mu.Unlock()
+	if cmd == nil {
+		return
+	}
+	_ = cmd.Process.Signal(syscall.SIGTERM)
+	select {
+	case <-exited:
+	case <-time.After(20 * time.Second):
+		_ = cmd.Process.Kill()
+		<-exited
+	}
+}
+
+// Conn opens a native connection to db with the settings the product uses.
+func (s *Server) Conn(tb testing.TB, db string) driver.Conn {
+	tb.Helper()
+	conn, err := clickhouse.Open(&clickhouse.Options{
+		Addr:        []string{fmt.Sprintf("127.0.0.1:%d", s.Port)},
+		Auth:        clickhouse.Auth{Database: db},
+		Settings:    clickhouse.Settings{"allow_experimental_low_cardinality_type": 1},
+		DialTimeout: 2 * time.Second,
+	})
+	if err != nil {
+		tb.Fatal(err)
+	}
+	tb.Cleanup(func() { conn.Close() })
+	return conn
+}
+
+// NewDatabase creates a database with a fresh random name and returns it.
+func (s *Server) NewDatabase(tb testing.TB) string {
+	tb.Helper()
+	var b [6]byte
+	_, _ = rand.Read(b[:])
+	name := "t_" + hex.EncodeToString(b[:])
+	conn := s.Conn(tb, "default")
+	if err := conn.Exec(tb.Context(), "CREATE DATABASE "+name); err != nil {
+		tb.Fatalf("create database %s: %v", name, err)
+	}
+	return name
+}
+
+func (s *Server) ping() error {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	conn, err := clickhouse.Open(&clickhouse.Options{
+		Addr:        []string{fmt.Sprintf("127.0.0.1:%d", s.Port)},
+		DialTimeout: time.Second,
+	})
+	if err != nil {
+		return err
+	}
+	defer conn.Close()
+	return conn.Ping(ctx)
+}
+
+var (
+	reTag = func(tag string) *regexp.Regexp {
+		return regexp.MustCompile(`<` + tag + `>[^<]*</` + tag + `>`)
+	}
+	reLogger = regexp.MustCompile(`(?s)<logger>.*?</logger>`)
+)
+
+// rewriteConfig points ports and paths of Debian's config at dir.
+func rewriteConfig(cfg, dir string, ports []int) string {
+	set := func(tag, val string) {
+		cfg = reTag(tag).ReplaceAllLiteralString(cfg, "<"+tag+">"+val+"</"+tag+">")
+	}
+	set("tcp_port", strconv.Itoa(ports[0]))
+	set("http_port", strconv.Itoa(ports[1]))
+	set("interserver_http_port", strconv.Itoa(ports[2]))
+	set("interserver_http_host", "127.0.0.1")
+	set("tmp_path", dir+"/tmp/")
+	set("user_files_path", dir+"/user_files/")
+	set("format_schema_path", dir+"/format_schemas/")
+	set("users_config", "/etc/clickhouse-server/users.xml")
+	// <path> also appears inside <distributed_ddl> (a ZooKeeper path): only
+	// the data path, the first one, is a directory.
+	re := reTag("path")
+	done := false
+	cfg = re.ReplaceAllStringFunc(cfg, func(m string) string {
+		if done {
+			return m
+		}
+		done = true
+		return "<path>" + dir + "/data/</path>"
+	})
+	cfg = reLogger.ReplaceAllLiteralString(cfg, "<logger><level>warning</level><log>"+dir+
+		"/log/clickhouse-server.log</log><errorlog>"+dir+"/log/clickhouse-server.err.log</errorlog></logger>")
+	return cfg
+}
+
+func freePorts(tb testing.TB, n int) []int {
+	tb.Helper()
+	var ls []net.Listener
+	var ports []int
+	for range n {
+		l, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			tb.Fatal(err)
+		}
+		ls = append(ls, l)
+		ports = append(ports, l.Addr().(*net.TCPAddr).Port)
+	}
+	for _, l := range ls {
+		l.Close()
+	}
+	return ports
+}
+
+func tail(b []byte, n int) []byte {
+	if len(b) > n {
+		return b[len(b)-n:]
+	}
+	return b
+}

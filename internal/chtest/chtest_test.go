@@ -1,0 +1,43 @@
+package chtest_test
+
+import (
+	"testing"
+
+	"github.com/stampguard/stampguard/internal/chtest"
+)
+
+func TestServerAnswersAndSurvivesRestart(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts clickhouse-server")
+	}
+	srv := chtest.Start(t)
+	db := srv.NewDatabase(t)
+	conn := srv.Conn(t, db)
+	if err := conn.Exec(t.Context(), "CREATE TABLE t (x UInt64) ENGINE = MergeTree ORDER BY x"); err != nil {
+		t.Fatal(err)
+	}
+	b, err := conn.PrepareBatch(t.Context(), "INSERT INTO t (x)")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range 10 {
+		if err := b.Append(uint64(i)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := b.Send(); err != nil {
+		t.Fatal(err)
+	}
+	srv.Stop()
+	if err := conn.Ping(t.Context()); err == nil {
+		t.Fatal("ping succeeded while the server was stopped")
+	}
+	srv.Start()
+	var n uint64
+	if err := srv.Conn(t, db).QueryRow(t.Context(), "SELECT count() FROM t").Scan(&n); err != nil {
+		t.Fatal(err)
+	}
+	if n != 10 {
+		t.Fatalf("count after restart = %d, want 10", n)
+	}
+}
