@@ -1,0 +1,486 @@
+package logfile
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"hash/crc32"
+	"io"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"time"
+)
+
+// headBytes is how much of a file's start the checkpoint fingerprints.
+const headBytes = 1024
+
+// DefaultPollInterval is how often a Follower looks for new data at the end
+// of the file.
+const DefaultPollInterval = 250 * time.Millisecond
+
+// FileID identifies a file independent of its name.
+type FileID struct {
+	Dev uint64 `json:"dev"`
+	Ino uint64 `json:"ino"`
+}
+
+// Checkpoint is a resumable position in a followed log.
+type Checkpoint struct {
+	FileID
+	// Offset is where reading resumes: just after a line.
+	Offset int64 `json:"offset"`
+	// HeadLen and HeadCRC fingerprint the file's first bytes (CRC32C of
+	// min(1 KiB, Offset) bytes), so a recycled inode is not mistaken for the
+	// checkpointed file.
+	HeadLen int    `json:"head_len"`
+	HeadCRC uint32 `json:"head_crc"`
+	// Name is the file's name when the checkpoint was taken, for people.
+	Name string `json:"name,omitempty"`
+}
+
+// FollowOptions configure a Follower.
+type FollowOptions struct {
+	// CheckpointPath is the file Confirm writes and Follow resumes from.
+	// Required. Its directory must exist.
+	CheckpointPath string
+	// PollInterval defaults to DefaultPollInterval (250 ms) if zero.
+	PollInterval time.Duration
+	// MaxLineBytes defaults to DefaultMaxLineBytes (16 MiB) if zero.
+	MaxLineBytes int
+	// Logger receives warnings about truncation and lost files. Defaults
+	// to a logger that discards.
+	Logger *slog.Logger
+}
+
+func (o *FollowOptions) setDefaults() {
+	if o.PollInterval <= 0 {
+		o.PollInterval = DefaultPollInterval
+	}
+	if o.MaxLineBytes <= 0 {
+		o.MaxLineBytes = DefaultMaxLineBytes
+	}
+	if o.Logger == nil {
+		o.Logger = slog.New(slog.DiscardHandler)
+	}
+}
+
+// Follower reads a live log file across rotations. Not safe for
+// concurrent use.
+type Follower struct {
+	path string
+	opts FollowOptions
+	log  *slog.Logger
+
+	cur *followed // nil until the file exists
+	sc  *scanner
+}
+
+// followed is one open file.
+type followed struct {
+	f     *os.File
+	id    FileID
+	head  []byte // the file's first bytes as last read, up to headBytes
+	final bool   // no longer at the path: read to its end, then move on
+}
+
+var castagnoli = crc32.MakeTable(crc32.Castagnoli)
+
+// Follow starts following the file at path, resuming at the checkpoint in
+// opts.CheckpointPath if there is one, else at the start of the file. The
+// file need not exist yet. ctx only bounds this call; Next takes its own.
+func Follow(ctx context.Context, path string, opts FollowOptions) (*Follower, error) {
+	opts.setDefaults()
+	if opts.CheckpointPath == "" {
+		return nil, errors.New("follow: FollowOptions.CheckpointPath is required")
+	}
+	fl := &Follower{path: path, opts: opts, log: opts.Logger.With("file", path)}
+	cp, ok, err := loadCheckpoint(opts.CheckpointPath)
+	if err != nil {
+		return nil, err
+	}
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	if !ok {
+		return fl, nil // openNext opens the path at offset 0
+	}
+	if err := fl.resume(cp); err != nil {
+		fl.Close()
+		return nil, err
+	}
+	return fl, nil
+}
+
+// resume opens the checkpointed file, wherever it is now, at its offset.
+func (fl *Follower) resume(cp Checkpoint) error {
+	st, err := os.Stat(fl.path)
+	if err == nil {
+		if id, _ := fileIDOf(st); id == cp.FileID {
+			ok, err := fl.openAt(fl.path, cp, false)
+			if ok || err != nil {
+				return err
+			}
+		}
+	} else if !errors.Is(err, os.ErrNotExist) {
+		return fmt.Errorf("stat %s: %w", fl.path, err)
+	}
+	// Rotated away while we were down: look for the inode in the directory.
+	name, err := fl.findByID(cp.FileID)
+	if err != nil {
+		return err
+	}
+	if name != "" {
+		ok, err := fl.openAt(name, cp, true)
+		if ok || err != nil {
+			return err
+		}
+	}
+	fl.log.Warn("checkpointed file is gone; starting at the start of the current file, lines in between may be missing",
+		"checkpoint", cp.Name, "offset", cp.Offset)
+	return nil
+}
+
+// openAt opens name if it is the checkpointed file (same id and head) and
+// positions the reader at the checkpoint. It reports false if the file is
+// not the one.
+func (fl *Follower) openAt(name string, cp Checkpoint, final bool) (bool, error) {
+	f, err := os.Open(name)
+	if errors.Is(err, os.ErrNotExist) {
+		return false, nil
+	}
+	if err != nil {
+		return false, fmt.Errorf("open %s: %w", name, err)
+	}
+	st, err := f.Stat()
+	if err != nil {
+		f.Close()
+		return false, fmt.Errorf("stat %s: %w", name, err)
+	}
+	id, _ := fileIDOf(st)
+	head := make([]byte, headBytes)
+	n, err := f.ReadAt(head, 0)
+	if err != nil && !errors.Is(err, io.EOF) {
+		f.Close()
+		return false, fmt.Errorf("read %s: %w", name, err)
+	}
+	head = head[:n]
+	if id != cp.FileID || n < cp.HeadLen || crc32.Checksum(head[:cp.HeadLen], castagnoli) != cp.HeadCRC {
+		f.Close()
+		return false, nil
+	}
+	off := cp.Offset
+	if st.Size() < off {
+		fl.log.Warn("file shrank below the checkpoint; reading it from the start", "name", name, "size", st.Size(), "offset", off)
+		off = 0
+	}
+	if _, err := f.Seek(off, io.SeekStart); err != nil {
+		f.Close()
+		return false, fmt.Errorf("seek %s: %w", name, err)
+	}
+	fl.use(&followed{f: f, id: id, head: head, final: final}, off)
+	return true, nil
+}
+
+// use makes fd the current file, read from off.
+func (fl *Follower) use(fd *followed, off int64) {
+	fl.cur = fd
+	fl.sc = newScanner(fd.f, fl.opts.MaxLineBytes)
+	fl.sc.reset(off)
+}
+
+// findByID returns the path of the file in the log's directory with id, or
+// "".
+func (fl *Follower) findByID(id FileID) (string, error) {
+	dir := filepath.Dir(fl.path)
+	ents, err := os.ReadDir(dir)
+	if err != nil {
+		return "", fmt.Errorf("list %s: %w", dir, err)
+	}
+	for _, e := range ents {
+		if !e.Type().IsRegular() {
+			continue
+		}
+		fi, err := e.Info()
+		if err != nil {
+			continue // removed meanwhile
+		}
+		if got, ok := fileIDOf(fi); ok && got == id {
+			return filepath.Join(dir, e.Name()), nil
+		}
+	}
+	return "", nil
+}
+
+// backupsAfter lists lumberjack backups of the log (stem-TIMESTAMP.ext,
+// uncompressed) whose names sort after name, oldest first.
+func (fl *Follower) backupsAfter(name string) ([]string, error) {
+	dir := filepath.Dir(fl.path)
+	base := filepath.Base(fl.path)
+	ext := filepath.Ext(base)
+	prefix := strings.TrimSuffix(base, ext) + "-"
+	ents, err := os.ReadDir(dir)
+	if err != nil {
+		return nil, fmt.Errorf("list %s: %w", dir, err)
+	}
+	var out []string
+	for _, e := range ents {
+		n := e.Name()
+		if e.Type().IsRegular() && strings.HasPrefix(n, prefix) && strings.HasSuffix(n, ext) &&
+			len(n) > len(prefix)+len(ext) && n > filepath.Base(name) {
+			out = append(out, filepath.Join(dir, n))
+		}
+	}
+	slices.Sort(out)
+	return out, nil
+}
+
+// openNext opens the file to read after the current one finished (or the
+// path at the start). It leaves cur nil if there is nothing to open yet.
+func (fl *Follower) openNext() error {
+	if fl.cur != nil {
+		done := fl.cur
+		fl.cur = nil
+		// Backups newer than the finished file were rotated while we read
+		// it; they come before the file at the path.
+		name, err := fl.findByID(done.id)
+		done.f.Close()
+		if err != nil {
+			return err
+		}
+		if name != "" && name != fl.path {
+			later, err := fl.backupsAfter(name)
+			if err != nil {
+				return err
+			}
+			for _, b := range later {
+				if ok, err := fl.openFresh(b, true); ok || err != nil {
+					return err
+				}
+			}
+		}
+	}
+	_, err := fl.openFresh(fl.path, false)
+	return err
+}
+
+// openFresh opens name at offset 0. A missing file reports false.
+func (fl *Follower) openFresh(name string, final bool) (bool, error) {
+	f, err := os.Open(name)
+	if errors.Is(err, os.ErrNotExist) {
+		return false, nil
+	}
+	if err != nil {
+		return false, fmt.Errorf("open %s: %w", name, err)
+	}
+	st, err := f.Stat()
+	if err != nil {
+		f.Close()
+		return false, fmt.Errorf("stat %s: %w", name, err)
+	}
+	id, ok := fileIDOf(st)
+	if !ok {
+		f.Close()
+		return false, errors.New("follow: no device and inode numbers on this platform")
+	}
+	fl.use(&followed{f: f, id: id, final: final}, 0)
+	return true, nil
+}
+
+// Next returns the next complete line, waiting for it as long as ctx
+// allows. A *LineTooLongError reports a skipped line; call Next again.
+func (fl *Follower) Next(ctx context.Context) (Line, error) {
+	for {
+		if fl.cur == nil {
+			if err := fl.openNext(); err != nil {
+				return Line{}, err
+			}
+			if fl.cur == nil {
+				if err := fl.wait(ctx); err != nil {
+					return Line{}, err
+				}
+				continue
+			}
+		}
+		l, err := fl.sc.next()
+		if err == nil {
+			return fl.stamp(l)
+		}
+		if !errors.Is(err, io.EOF) {
+			if errors.Is(err, ErrLineTooLong) {
+				return Line{}, err
+			}
+			return Line{}, fmt.Errorf("read %s: %w", fl.cur.f.Name(), err)
+		}
+		if fl.cur.final {
+			// A rotated file gets no more writes: a line without its
+			// newline stays that way.
+			if l, err, ok := fl.sc.final(); ok {
+				if err != nil {
+					return Line{}, err
+				}
+				return fl.stamp(l)
+			}
+			if err := fl.openNext(); err != nil {
+				return Line{}, err
+			}
+			continue
+		}
+		changed, err := fl.check()
+		if err != nil {
+			return Line{}, err
+		}
+		if changed {
+			continue
+		}
+		if err := fl.wait(ctx); err != nil {
+			return Line{}, err
+		}
+	}
+}
+
+// check looks at the path and the open file at EOF: a different (or no)
+// file at the path means rotation, a file shorter than what was read means
+// truncation. It reports whether either happened.
+func (fl *Follower) check() (bool, error) {
+	st, err := os.Stat(fl.path)
+	if err != nil && !errors.Is(err, os.ErrNotExist) {
+		return false, fmt.Errorf("stat %s: %w", fl.path, err)
+	}
+	if err != nil {
+		fl.cur.final = true
+		return true, nil
+	}
+	if id, _ := fileIDOf(st); id != fl.cur.id {
+		fl.cur.final = true
+		return true, nil
+	}
+	cst, err := fl.cur.f.Stat()
+	if err != nil {
+		return false, fmt.Errorf("stat %s: %w", fl.cur.f.Name(), err)
+	}
+	if cst.Size() < fl.sc.consumed() {
+		fl.log.Warn("file truncated; reading it again from the start", "size", cst.Size(), "offset", fl.sc.consumed())
+		if _, err := fl.cur.f.Seek(0, io.SeekStart); err != nil {
+			return false, fmt.Errorf("seek %s: %w", fl.cur.f.Name(), err)
+		}
+		fl.cur.head = nil
+		fl.sc.reset(0)
+		return true, nil
+	}
+	return false, nil
+}
+
+// wait sleeps one poll interval.
+func (fl *Follower) wait(ctx context.Context) error {
+	t := time.NewTimer(fl.opts.PollInterval)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return context.Cause(ctx)
+	case <-t.C:
+		return nil
+	}
+}
+
+// stamp sets the line's checkpoint: the current file, the offset after
+// the line, and the fingerprint of the file's head.
+func (fl *Follower) stamp(l Line) (Line, error) {
+	end := l.Offset + int64(len(l.Data))
+	if !l.NoNewline {
+		end++
+	}
+	n := int(min(end, headBytes))
+	if len(fl.cur.head) < n {
+		head := make([]byte, headBytes)
+		got, err := fl.cur.f.ReadAt(head, 0)
+		if err != nil && !errors.Is(err, io.EOF) {
+			return Line{}, fmt.Errorf("read %s: %w", fl.cur.f.Name(), err)
+		}
+		fl.cur.head = head[:got]
+		n = min(n, got)
+	}
+	l.Checkpoint = Checkpoint{
+		FileID:  fl.cur.id,
+		Offset:  end,
+		HeadLen: n,
+		HeadCRC: crc32.Checksum(fl.cur.head[:n], castagnoli),
+		Name:    fl.cur.f.Name(),
+	}
+	return l, nil
+}
+
+// Confirm durably records cp (from a Line) as the place to resume. Call it
+// only after the lines up to cp are stored.
+func (fl *Follower) Confirm(cp Checkpoint) error {
+	b, err := json.Marshal(cp)
+	if err != nil {
+		return fmt.Errorf("encode checkpoint: %w", err)
+	}
+	return writeFileAtomic(fl.opts.CheckpointPath, append(b, '\n'))
+}
+
+// Close releases the open file.
+func (fl *Follower) Close() error {
+	if fl.cur == nil {
+		return nil
+	}
+	err := fl.cur.f.Close()
+	fl.cur = nil
+	return err
+}
+
+// loadCheckpoint reads the checkpoint file; ok is false when there is none.
+func loadCheckpoint(path string) (Checkpoint, bool, error) {
+	b, err := os.ReadFile(path)
+	if errors.Is(err, os.ErrNotExist) {
+		return Checkpoint{}, false, nil
+	}
+	if err != nil {
+		return Checkpoint{}, false, fmt.Errorf("read checkpoint: %w", err)
+	}
+	var cp Checkpoint
+	if err := json.Unmarshal(b, &cp); err != nil {
+		return Checkpoint{}, false, fmt.Errorf("decode checkpoint %s: %w", path, err)
+	}
+	if cp.Offset < 0 || cp.HeadLen < 0 || cp.HeadLen > headBytes {
+		return Checkpoint{}, false, fmt.Errorf("decode checkpoint %s: out-of-range fields", path)
+	}
+	return cp, true, nil
+}
+
+// writeFileAtomic replaces path so that a crash leaves the old or the new
+// content: write a temporary file, fsync, rename, fsync the directory.
+func writeFileAtomic(path string, data []byte) error {
+	tmp := path + ".tmp"
+	f, err := os.OpenFile(tmp, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o640)
+	if err != nil {
+		return fmt.Errorf("write checkpoint: %w", err)
+	}
+	if _, err := f.Write(data); err != nil {
+		f.Close()
+		return fmt.Errorf("write checkpoint %s: %w", tmp, err)
+	}
+	if err := f.Sync(); err != nil {
+		f.Close()
+		return fmt.Errorf("fsync checkpoint %s: %w", tmp, err)
+	}
+	if err := f.Close(); err != nil {
+		return fmt.Errorf("close checkpoint %s: %w", tmp, err)
+	}
+	if err := os.Rename(tmp, path); err != nil {
+		return fmt.Errorf("rename checkpoint %s: %w", tmp, err)
+	}
+	d, err := os.Open(filepath.Dir(path))
+	if err != nil {
+		return fmt.Errorf("fsync checkpoint dir: %w", err)
+	}
+	defer d.Close()
+	if err := d.Sync(); err != nil {
+		return fmt.Errorf("fsync checkpoint dir: %w", err)
+	}
+	return nil
+}
