@@ -1,0 +1,86 @@
+# stampguard: `make help` lists the targets.
+SHELL := /usr/bin/env bash
+.DEFAULT_GOAL := help
+
+BIN          := $(CURDIR)/bin
+GO           ?= go
+GOLANGCI_VER ?= v2.15.0
+HELM_VER     ?= v3.22.0
+CTRLGEN_VER  ?= v0.23.0
+
+export KUBEBUILDER_ASSETS := $(BIN)
+export PATH := $(BIN):$(PATH)
+
+.PHONY: help
+help: ## list the targets
+	@awk 'BEGIN{FS=":.*## "} /^[a-zA-Z_\/-]+:.*## /{printf "  %-18s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
+
+## --- what the tests need -------------------------------------------------
+
+$(BIN)/kube-apiserver $(BIN)/etcd: test/tools/go.mod test/tools/go.sum
+	@mkdir -p $(BIN)
+	cd test/tools && $(GO) build -o $(BIN)/kube-apiserver k8s.io/kubernetes/cmd/kube-apiserver
+	cd test/tools && $(GO) build -o $(BIN)/etcd go.etcd.io/etcd/server/v3
+	@touch $(BIN)/kube-apiserver $(BIN)/etcd
+
+.PHONY: controlplane
+controlplane: $(BIN)/kube-apiserver $(BIN)/etcd ## build kube-apiserver and etcd into bin/ (reused when present)
+
+.PHONY: clickhouse
+clickhouse: ## install Debian's clickhouse-server when it is missing
+	@command -v clickhouse-server >/dev/null && command -v clickhouse-client >/dev/null || { \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq clickhouse-server clickhouse-client >/dev/null; }
+
+$(BIN)/controller-gen:
+	GOBIN=$(BIN) $(GO) install sigs.k8s.io/controller-tools/cmd/controller-gen@$(CTRLGEN_VER)
+
+$(BIN)/golangci-lint:
+	GOBIN=$(BIN) $(GO) install github.com/golangci/golangci-lint/v2/cmd/golangci-lint@$(GOLANGCI_VER)
+
+$(BIN)/helm:
+	GOBIN=$(BIN) $(GO) install helm.sh/helm/v3/cmd/helm@$(HELM_VER)
+
+## --- build, generate, check ---------------------------------------------
+
+.PHONY: build
+build: ## build the webhook and auditsink binaries into bin/
+	$(GO) build -o $(BIN)/ ./cmd/...
+
+.PHONY: generate
+generate: $(BIN)/controller-gen ## regenerate deepcopy code and the CRD manifest from the Go types
+	$(BIN)/controller-gen object paths=./policy/api/...
+	$(BIN)/controller-gen crd:crdVersions=v1 paths=./policy/api/... output:crd:artifacts:config=charts/stampguard/crds
+
+.PHONY: verify-generate
+verify-generate: generate ## fail when generated files are stale
+	git diff --exit-code -- policy/api charts/stampguard/crds
+
+.PHONY: lint
+lint: $(BIN)/golangci-lint ## go vet, gofmt and golangci-lint
+	$(GO) vet ./...
+	@test -z "$$(gofmt -l $$(git ls-files '*.go'))" || { gofmt -l $$(git ls-files '*.go'); exit 1; }
+	$(BIN)/golangci-lint run ./...
+
+## --- tests ----------------------------------------------------------------
+
+.PHONY: test
+test: controlplane clickhouse ## unit and end-to-end tests against a real apiserver and ClickHouse (the CI command)
+	$(GO) vet ./...
+	$(GO) test -race -count=1 -timeout 45m ./...
+
+.PHONY: test-unit
+test-unit: ## tests that need neither an apiserver nor ClickHouse
+	$(GO) test -race -count=1 -short ./...
+
+.PHONY: bench
+bench: controlplane clickhouse ## benchmarks (see BENCHMARKS.md)
+	$(GO) test -run '^$$' -bench . -benchmem -count 6 ./... | tee bench.out
+
+FUZZTIME ?= 60s
+.PHONY: fuzz
+fuzz: ## run each fuzz target for FUZZTIME (default 60s)
+	@for pkg in $$($(GO) list ./...); do \
+	  for f in $$($(GO) test -list '^Fuzz' $$pkg 2>/dev/null | grep '^Fuzz'); do \
+	    echo "== $$pkg $$f"; $(GO) test -run '^$$' -fuzz "^$$f$$" -fuzztime $(FUZZTIME) $$pkg || exit 1; \
+	  done; \
+	done
