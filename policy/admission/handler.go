@@ -1,0 +1,177 @@
+package admission
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"runtime/debug"
+	"sync"
+	"time"
+
+	"github.com/stampguard/stampguard/policy"
+	"github.com/stampguard/stampguard/policy/api/v1alpha1"
+)
+
+// phase selects which rules an endpoint evaluates.
+type phase string
+
+const (
+	// phaseStamp is the mutating endpoint: the only place where a missing
+	// resourceVersion is still visible.
+	phaseStamp phase = "stamp"
+	// phaseFields is the validating endpoint: field owners, immutable
+	// fields and delete preconditions.
+	phaseFields phase = "fields"
+)
+
+// DefaultMaxReviewBytes bounds an AdmissionReview body: an object and its old
+// version, each at most the apiserver's 3 MiB request limit, with room to spare.
+const DefaultMaxReviewBytes = 16 << 20
+
+// PolicySource hands out the policy set in force. It must be cheap and safe
+// for concurrent use; the set it returns is never modified.
+type PolicySource interface {
+	Policies() *policy.Set
+}
+
+// handler serves one admission endpoint.
+type handler struct {
+	phase    phase
+	source   PolicySource
+	env      *policy.Environment
+	metrics  *Metrics
+	log      *slog.Logger
+	maxBytes int64
+}
+
+var bufPool = sync.Pool{New: func() any { return new(bytes.Buffer) }}
+
+func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	start := time.Now()
+	endpoint := string(h.phase)
+	defer func() {
+		if p := recover(); p != nil {
+			h.metrics.errors.WithLabelValues(endpoint, "panic").Inc()
+			h.log.Error("admission handler panicked", "endpoint", endpoint, "err", fmt.Errorf("panic: %v", p), "stack", string(debug.Stack()))
+			http.Error(w, "internal error evaluating admission review", http.StatusInternalServerError)
+		}
+	}()
+	h.metrics.requests.WithLabelValues(endpoint).Inc()
+	if r.Method != http.MethodPost {
+		h.fail(w, endpoint, "method", http.StatusMethodNotAllowed, fmt.Errorf("method %s not allowed, use POST", r.Method))
+		return
+	}
+
+	buf := bufPool.Get().(*bytes.Buffer)
+	buf.Reset()
+	defer bufPool.Put(buf)
+	n, err := buf.ReadFrom(io.LimitReader(r.Body, h.maxBytes+1))
+	if err != nil {
+		h.fail(w, endpoint, "read", http.StatusBadRequest, fmt.Errorf("read admission review: %w", err))
+		return
+	}
+	if n > h.maxBytes {
+		h.fail(w, endpoint, "too_large", http.StatusRequestEntityTooLarge, fmt.Errorf("admission review larger than %d bytes", h.maxBytes))
+		return
+	}
+
+	rv, err := decodeReview(buf.Bytes())
+	if err != nil {
+		h.fail(w, endpoint, "decode", http.StatusBadRequest, err)
+		return
+	}
+	set := h.source.Policies()
+	if set == nil {
+		// Not serving an empty set keeps failurePolicy in charge until the
+		// policies are known.
+		h.fail(w, endpoint, "not_ready", http.StatusServiceUnavailable, errors.New("policies not loaded yet"))
+		return
+	}
+	var d policy.Decision
+	if h.phase == phaseStamp {
+		d, err = set.CheckStamp(&rv.req, h.env)
+	} else {
+		d, err = set.CheckFields(&rv.req, h.env)
+	}
+	var out responseOut
+	if err != nil {
+		// The apiserver never sends objects we cannot read; if one arrives,
+		// refuse it with the reason rather than guess.
+		h.metrics.errors.WithLabelValues(endpoint, "evaluate").Inc()
+		h.log.Warn("cannot evaluate admission request", h.requestAttrs(&rv, endpoint, "err", err)...)
+		out = responseOut{UID: rv.uid, Status: &statusOut{
+			Status: "Failure", Code: http.StatusBadRequest, Reason: "BadRequest",
+			Message: "stampguard cannot evaluate this request: " + err.Error(),
+		}}
+	} else {
+		out = answer(rv.uid, h.phase, d)
+		h.record(r.Context(), &rv, endpoint, d, out.Allowed)
+	}
+
+	buf.Reset()
+	enc := json.NewEncoder(buf)
+	if err := enc.Encode(reviewOut{APIVersion: reviewAPIVersion, Kind: "AdmissionReview", Response: out}); err != nil {
+		h.fail(w, endpoint, "encode", http.StatusInternalServerError, fmt.Errorf("encode admission response: %w", err))
+		return
+	}
+	w.Header().Set("Content-Type", "application/json")
+	_, _ = w.Write(buf.Bytes())
+	h.metrics.evaluation.WithLabelValues(endpoint).Observe(time.Since(start).Seconds())
+}
+
+func (h *handler) record(ctx context.Context, rv *review, endpoint string, d policy.Decision, allowed bool) {
+	if len(d.Violations) == 0 {
+		return
+	}
+	outcome := "allowed"
+	if !allowed {
+		outcome = "denied"
+	}
+	for _, v := range d.Violations {
+		h.metrics.decisions.WithLabelValues(endpoint, v.Policy, string(v.Rule), string(v.Action), outcome).Inc()
+	}
+	level := slog.LevelInfo
+	if d.Action() == v1alpha1.ActionAudit {
+		level = slog.LevelDebug
+	}
+	if h.log.Enabled(ctx, level) {
+		msgs := make([]string, len(d.Violations))
+		for i, v := range d.Violations {
+			msgs[i] = v.Message
+		}
+		h.log.Log(ctx, level, "concurrency policy violated",
+			h.requestAttrs(rv, endpoint, "outcome", outcome, "action", string(d.Action()), "violations", msgs)...)
+	}
+}
+
+func (h *handler) requestAttrs(rv *review, endpoint string, more ...any) []any {
+	r := &rv.req
+	return append([]any{
+		"endpoint", endpoint, "uid", rv.uid, "operation", string(r.Operation), "user", r.User.Name,
+		"resource", resourceWithSub(r), "namespace", r.Namespace, "name", r.Name, "dryRun", r.DryRun,
+	}, more...)
+}
+
+func resourceWithSub(r *policy.Request) string {
+	s := r.Resource
+	if r.Group != "" {
+		s += "." + r.Group
+	}
+	if r.SubResource != "" {
+		s += "/" + r.SubResource
+	}
+	return s
+}
+
+func (h *handler) fail(w http.ResponseWriter, endpoint, reason string, code int, err error) {
+	h.metrics.errors.WithLabelValues(endpoint, reason).Inc()
+	if !errors.Is(err, errNoRequest) {
+		h.log.Warn("bad admission review", "endpoint", endpoint, "err", err)
+	}
+	http.Error(w, err.Error(), code)
+}

@@ -1,0 +1,166 @@
+package admission
+
+import (
+	"encoding/json"
+	"net/http"
+	"strings"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/validation/field"
+
+	"github.com/stampguard/stampguard/policy"
+	"github.com/stampguard/stampguard/policy/api/v1alpha1"
+)
+
+// The answer is written with these small types rather than the k8s.io
+// AdmissionReview so that encoding stays cheap; a test decodes it with the
+// real types.
+type reviewOut struct {
+	APIVersion string      `json:"apiVersion"`
+	Kind       string      `json:"kind"`
+	Response   responseOut `json:"response"`
+}
+
+type responseOut struct {
+	UID              string            `json:"uid"`
+	Allowed          bool              `json:"allowed"`
+	Status           *statusOut        `json:"status,omitempty"`
+	Warnings         []string          `json:"warnings,omitempty"`
+	AuditAnnotations map[string]string `json:"auditAnnotations,omitempty"`
+}
+
+type statusOut struct {
+	Status  string              `json:"status"`
+	Message string              `json:"message"`
+	Reason  metav1.StatusReason `json:"reason"`
+	Code    int32               `json:"code"`
+	Details *detailsOut         `json:"details,omitempty"`
+}
+
+type detailsOut struct {
+	Causes []causeOut `json:"causes,omitempty"`
+}
+
+type causeOut struct {
+	Type    metav1.CauseType `json:"reason"`
+	Message string           `json:"message"`
+	Field   string           `json:"field"`
+}
+
+// annotationValue is one entry of an audit annotation; the value of each
+// annotation key is a JSON array of these, in evaluation order.
+type annotationValue struct {
+	Policy string          `json:"policy"`
+	Rule   string          `json:"rule"`
+	Action v1alpha1.Action `json:"action"`
+	Path   string          `json:"path"`
+	Writer string          `json:"writer"`
+}
+
+// ruleName identifies a rule inside its policy, in the spec's own words.
+func ruleName(v policy.Violation) string {
+	switch v.Rule {
+	case policy.RuleStampMissing:
+		return "requireResourceVersion"
+	case policy.RuleDeletePrecondition:
+		return "requireDeletePreconditions"
+	case policy.RuleFieldOwner:
+		return "fieldOwners[" + itoa(v.Index) + "]"
+	case policy.RuleImmutableField:
+		return "immutableFields[" + itoa(v.Index) + "]"
+	}
+	return string(v.Rule)
+}
+
+func itoa(i int) string {
+	if i >= 0 && i < 10 {
+		return string(rune('0' + i))
+	}
+	b, _ := json.Marshal(i)
+	return string(b)
+}
+
+// answer turns a decision into the AdmissionResponse for one phase.
+func answer(uid string, ph phase, d policy.Decision) responseOut {
+	out := responseOut{UID: uid, Allowed: true}
+	if len(d.Violations) == 0 {
+		return out
+	}
+	out.AuditAnnotations = auditAnnotations(d)
+	var denied []policy.Violation
+	for _, v := range d.Violations {
+		switch v.Action {
+		case v1alpha1.ActionDeny:
+			denied = append(denied, v)
+		case v1alpha1.ActionWarn:
+			out.Warnings = append(out.Warnings, v.Message)
+		}
+	}
+	if len(denied) == 0 {
+		return out
+	}
+	out.Allowed = false
+	if ph == phaseStamp {
+		out.Status = stampStatus(denied)
+	} else {
+		out.Status = forbiddenStatus(denied)
+	}
+	return out
+}
+
+// stampStatus answers in the apiserver's own words for a custom resource
+// updated without a resourceVersion, as 422 Invalid. Never 409: clients that
+// retry on conflict would loop forever on a request that cannot succeed.
+func stampStatus(denied []policy.Violation) *statusOut {
+	names := make([]string, 0, len(denied))
+	for _, v := range denied {
+		names = append(names, `"`+v.Policy+`"`)
+	}
+	const detail = `Invalid value: "": must be specified for an update`
+	return &statusOut{
+		Status:  metav1.StatusFailure,
+		Reason:  metav1.StatusReasonInvalid,
+		Code:    http.StatusUnprocessableEntity,
+		Message: "ConcurrencyPolicy " + strings.Join(names, ", ") + ": metadata.resourceVersion: " + detail,
+		Details: &detailsOut{Causes: []causeOut{{
+			Type: metav1.CauseTypeFieldValueInvalid, Field: "metadata.resourceVersion", Message: detail,
+		}}},
+	}
+}
+
+func forbiddenStatus(denied []policy.Violation) *statusOut {
+	msgs := make([]string, 0, len(denied))
+	causes := make([]causeOut, 0, len(denied))
+	for _, v := range denied {
+		msgs = append(msgs, v.Message)
+		causes = append(causes, causeOut{Type: metav1.CauseType(field.ErrorTypeForbidden), Field: v.Path, Message: v.Message})
+	}
+	return &statusOut{
+		Status:  metav1.StatusFailure,
+		Reason:  metav1.StatusReasonForbidden,
+		Code:    http.StatusForbidden,
+		Message: strings.Join(msgs, "; "),
+		Details: &detailsOut{Causes: causes},
+	}
+}
+
+// auditAnnotations groups violations by rule kind. Values are deterministic
+// because the apiserver refuses a second call that sets the same key to a
+// different value.
+func auditAnnotations(d policy.Decision) map[string]string {
+	byKind := make(map[policy.RuleKind][]annotationValue, 2)
+	for _, v := range d.Violations {
+		byKind[v.Rule] = append(byKind[v.Rule], annotationValue{
+			Policy: v.Policy, Rule: ruleName(v), Action: v.Action, Path: v.Path, Writer: v.Writer,
+		})
+	}
+	out := make(map[string]string, len(byKind))
+	for kind, vals := range byKind {
+		b, err := json.Marshal(vals)
+		if err != nil {
+			continue // cannot happen: plain strings only
+		}
+		out[string(kind)] = string(b)
+	}
+	return out
+}

@@ -1,0 +1,238 @@
+package admission
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"time"
+
+	"github.com/go-logr/logr"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
+	"k8s.io/client-go/rest"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/healthz"
+	"sigs.k8s.io/controller-runtime/pkg/manager"
+	ctrlmetrics "sigs.k8s.io/controller-runtime/pkg/metrics"
+	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
+	"sigs.k8s.io/controller-runtime/pkg/webhook"
+
+	"github.com/stampguard/stampguard/policy"
+	"github.com/stampguard/stampguard/policy/api/v1alpha1"
+)
+
+var namespaceGVK = schema.GroupVersionKind{Version: "v1", Kind: "Namespace"}
+
+// Options configure the webhook process.
+type Options struct {
+	// Host the admission server listens on. Defaults to all addresses.
+	Host string
+	// Port of the admission server (TLS). Defaults to 9443.
+	Port int
+	// CertDir holds tls.crt and tls.key; they are reloaded when they change.
+	CertDir string
+	// ProbeAddr serves /healthz, /readyz and /metrics. Defaults to ":8081";
+	// "0" disables it.
+	ProbeAddr string
+	// PolicyFile selects file mode: policies come from this multi-document
+	// YAML file instead of ConcurrencyPolicy objects.
+	PolicyFile string
+	// RestConfig reaches the cluster in cluster mode.
+	RestConfig *rest.Config
+	// Namespace the webhook runs in; policies skip it unless they name it.
+	Namespace string
+	// BreakGlassGroup members bypass every policy. Defaults to
+	// DefaultBreakGlassGroup; "-" disables it.
+	BreakGlassGroup string
+	// MaxReviewBytes bounds a review body. Defaults to DefaultMaxReviewBytes.
+	MaxReviewBytes int64
+	// ShutdownTimeout bounds the graceful drain. Defaults to 25s.
+	ShutdownTimeout time.Duration
+	// Logger for everything. Defaults to slog.Default().
+	Logger *slog.Logger
+	// Registry collects the webhook's metrics. Defaults to a new registry.
+	Registry *prometheus.Registry
+	// Ready, when set, is called once the webhook serves with its policies loaded.
+	Ready func(addr string)
+}
+
+func (o *Options) setDefaults() {
+	if o.Port == 0 {
+		o.Port = 9443
+	}
+	if o.ProbeAddr == "" {
+		o.ProbeAddr = ":8081"
+	}
+	if o.BreakGlassGroup == "" {
+		o.BreakGlassGroup = DefaultBreakGlassGroup
+	}
+	if o.BreakGlassGroup == "-" {
+		o.BreakGlassGroup = ""
+	}
+	if o.MaxReviewBytes == 0 {
+		o.MaxReviewBytes = DefaultMaxReviewBytes
+	}
+	if o.ShutdownTimeout == 0 {
+		o.ShutdownTimeout = 25 * time.Second
+	}
+	if o.Logger == nil {
+		o.Logger = slog.Default()
+	}
+	if o.Registry == nil {
+		o.Registry = prometheus.NewRegistry()
+	}
+}
+
+// Handlers builds the two admission endpoints over a policy source, for
+// callers that mount them on a server of their own (and for benchmarks).
+func Handlers(src PolicySource, env *policy.Environment, m *Metrics, log *slog.Logger, maxBytes int64) (stamp, fields http.Handler) {
+	if maxBytes <= 0 {
+		maxBytes = DefaultMaxReviewBytes
+	}
+	return &handler{phase: phaseStamp, source: src, env: env, metrics: m, log: log, maxBytes: maxBytes},
+		&handler{phase: phaseFields, source: src, env: env, metrics: m, log: log, maxBytes: maxBytes}
+}
+
+// Run serves the admission webhook until ctx ends, then drains.
+func Run(ctx context.Context, o Options) error {
+	o.setDefaults()
+	log := o.Logger
+	metrics := NewMetrics(o.Registry)
+	env := &policy.Environment{
+		ProtectedNamespaces: append([]string{}, policy.DefaultProtectedNamespaces...),
+		BreakGlassGroup:     o.BreakGlassGroup,
+	}
+	if o.Namespace != "" {
+		env.ProtectedNamespaces = append(env.ProtectedNamespaces, o.Namespace)
+	}
+	srv := webhook.NewServer(webhook.Options{Host: o.Host, Port: o.Port, CertDir: o.CertDir})
+
+	var src PolicySource
+	var ready func() error
+	var mgr manager.Manager
+	if o.PolicyFile != "" {
+		ps, err := policy.LoadFile(o.PolicyFile)
+		if err != nil {
+			return err
+		}
+		set := policy.NewSet(ps...)
+		metrics.SetPolicies(set.Len(), 0)
+		log.Info("policies loaded from file", "file", o.PolicyFile, "policies", set.Names())
+		src = NewStaticSource(set)
+		ready = func() error { return nil }
+	} else {
+		if o.RestConfig == nil {
+			return errors.New("cluster mode needs a kubeconfig or in-cluster config; or pass a policy file")
+		}
+		scheme := runtime.NewScheme()
+		if err := clientgoscheme.AddToScheme(scheme); err != nil {
+			return fmt.Errorf("build scheme: %w", err)
+		}
+		if err := v1alpha1.AddToScheme(scheme); err != nil {
+			return fmt.Errorf("build scheme: %w", err)
+		}
+		var err error
+		mgr, err = ctrl.NewManager(o.RestConfig, manager.Options{
+			Scheme:                 scheme,
+			Logger:                 logr.FromSlogHandler(log.Handler()),
+			Metrics:                metricsserver.Options{BindAddress: "0"},
+			HealthProbeBindAddress: "0",
+			WebhookServer:          srv,
+		})
+		if err != nil {
+			return fmt.Errorf("create manager: %w", err)
+		}
+		cs := &ClusterSource{client: mgr.GetClient(), metrics: metrics, log: log}
+		if err := ctrl.NewControllerManagedBy(mgr).Named("concurrencypolicy").
+			For(&v1alpha1.ConcurrencyPolicy{}).Complete(cs); err != nil {
+			return fmt.Errorf("create policy controller: %w", err)
+		}
+		env.Namespaces = namespaceLabels{ctx: ctx, reader: mgr.GetCache()}
+		src, ready = cs, cs.Ready
+	}
+
+	stamp, fields := Handlers(src, env, metrics, log, o.MaxReviewBytes)
+	srv.Register(StampPath, stamp)
+	srv.Register(FieldsPath, fields)
+
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	errc := make(chan error, 2)
+	started := srv.StartedChecker()
+	isReady := func() error {
+		if err := started(nil); err != nil {
+			return fmt.Errorf("admission server not serving: %w", err)
+		}
+		return ready()
+	}
+	if o.ProbeAddr != "0" {
+		ln, err := net.Listen("tcp", o.ProbeAddr)
+		if err != nil {
+			return fmt.Errorf("listen for probes on %s: %w", o.ProbeAddr, err)
+		}
+		probes := &http.Server{Handler: probeMux(o.Registry, isReady), ReadHeaderTimeout: 10 * time.Second}
+		go func() { errc <- ignoreClosed(probes.Serve(ln)) }()
+		defer func() {
+			sctx, scancel := context.WithTimeout(context.WithoutCancel(ctx), o.ShutdownTimeout)
+			defer scancel()
+			_ = probes.Shutdown(sctx)
+		}()
+	}
+	go func() {
+		if mgr != nil {
+			errc <- mgr.Start(ctx)
+		} else {
+			errc <- srv.Start(ctx)
+		}
+	}()
+	if o.Ready != nil {
+		go notifyReady(ctx, isReady, func() { o.Ready(fmt.Sprintf("%s:%d", o.Host, o.Port)) })
+	}
+	log.Info("stampguard webhook starting", "port", o.Port, "mode", map[bool]string{true: "file", false: "cluster"}[o.PolicyFile != ""])
+	select {
+	case <-ctx.Done():
+		// The webhook server drains in-flight reviews on cancel.
+		return <-errc
+	case err := <-errc:
+		return err
+	}
+}
+
+func notifyReady(ctx context.Context, ready func() error, fn func()) {
+	t := time.NewTicker(20 * time.Millisecond)
+	defer t.Stop()
+	for {
+		if ready() == nil {
+			fn()
+			return
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
+}
+
+func probeMux(reg *prometheus.Registry, ready func() error) *http.ServeMux {
+	mux := http.NewServeMux()
+	mux.Handle("/metrics", promhttp.HandlerFor(prometheus.Gatherers{reg, ctrlmetrics.Registry}, promhttp.HandlerOpts{}))
+	mux.Handle("/healthz", &healthz.Handler{Checks: map[string]healthz.Checker{"ping": healthz.Ping}})
+	mux.Handle("/readyz", &healthz.Handler{Checks: map[string]healthz.Checker{
+		"webhook": func(*http.Request) error { return ready() },
+	}})
+	return mux
+}
+
+func ignoreClosed(err error) error {
+	if errors.Is(err, http.ErrServerClosed) {
+		return nil
+	}
+	return err
+}

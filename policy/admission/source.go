@@ -1,0 +1,148 @@
+package admission
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"sync/atomic"
+
+	"k8s.io/apimachinery/pkg/api/equality"
+	apimeta "k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/apimachinery/pkg/types"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/stampguard/stampguard/policy"
+	"github.com/stampguard/stampguard/policy/api/v1alpha1"
+)
+
+// StaticSource serves a fixed policy set, as loaded from --policy-file.
+type StaticSource struct{ set *policy.Set }
+
+// NewStaticSource wraps a policy set.
+func NewStaticSource(set *policy.Set) *StaticSource { return &StaticSource{set: set} }
+
+// Policies returns the set.
+func (s *StaticSource) Policies() *policy.Set { return s.set }
+
+var _ PolicySource = (*StaticSource)(nil)
+
+// ClusterSource keeps the policy set in step with the ConcurrencyPolicy
+// objects in the cluster. Every change recompiles the whole (small) set from
+// the informer cache and swaps it in atomically, so a request sees either
+// the old set or the new one, never a mix.
+type ClusterSource struct {
+	client  client.Client
+	metrics *Metrics
+	log     *slog.Logger
+	set     atomic.Pointer[policy.Set]
+}
+
+var _ PolicySource = (*ClusterSource)(nil)
+
+// Policies returns the set in force, or nil until the cache has synced and
+// the first set was built.
+func (s *ClusterSource) Policies() *policy.Set { return s.set.Load() }
+
+// Ready reports an error until the first policy set is in force.
+func (s *ClusterSource) Ready() error {
+	if s.set.Load() == nil {
+		return fmt.Errorf("policies not loaded yet")
+	}
+	return nil
+}
+
+// Condition type and reasons on ConcurrencyPolicy status.
+const (
+	ConditionReady = "Ready"
+	ReasonEnforced = "Enforced"
+	ReasonInvalid  = "Invalid"
+)
+
+// Reconcile rebuilds the policy set and reports on the named policy.
+func (s *ClusterSource) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result, error) {
+	var list v1alpha1.ConcurrencyPolicyList
+	if err := s.client.List(ctx, &list); err != nil {
+		return ctrl.Result{}, fmt.Errorf("list ConcurrencyPolicies: %w", err)
+	}
+	var compiled []*policy.Policy
+	var target *v1alpha1.ConcurrencyPolicy
+	var targetErr error
+	invalid := 0
+	for i := range list.Items {
+		p := &list.Items[i]
+		c, err := policy.Compile(p)
+		if err != nil {
+			invalid++
+		} else {
+			compiled = append(compiled, c)
+		}
+		if p.Name == req.Name {
+			target, targetErr = p, err
+		}
+	}
+	set := policy.NewSet(compiled...)
+	old := s.set.Swap(set)
+	s.metrics.SetPolicies(len(compiled), invalid)
+	if old == nil || !equalNames(old.Names(), set.Names()) || target != nil {
+		s.log.Info("policy set updated", "policies", set.Names(), "invalid", invalid, "changed", req.Name)
+	}
+	if target == nil {
+		return ctrl.Result{}, nil // deleted: it is gone from the set already
+	}
+	return ctrl.Result{}, s.updateStatus(ctx, target, targetErr)
+}
+
+func equalNames(a, b []string) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for i := range a {
+		if a[i] != b[i] {
+			return false
+		}
+	}
+	return true
+}
+
+func (s *ClusterSource) updateStatus(ctx context.Context, p *v1alpha1.ConcurrencyPolicy, compileErr error) error {
+	cond := metav1.Condition{
+		Type: ConditionReady, Status: metav1.ConditionTrue, Reason: ReasonEnforced,
+		Message: "the policy is compiled and enforced", ObservedGeneration: p.Generation,
+	}
+	if compileErr != nil {
+		cond.Status, cond.Reason = metav1.ConditionFalse, ReasonInvalid
+		cond.Message = fmt.Sprintf("the policy is not enforced: %v", compileErr)
+		s.log.Warn("invalid ConcurrencyPolicy", "policy", p.Name, "err", compileErr)
+	}
+	status := p.Status.DeepCopy()
+	status.ObservedGeneration = p.Generation
+	apimeta.SetStatusCondition(&status.Conditions, cond)
+	if equality.Semantic.DeepEqual(status, &p.Status) {
+		return nil
+	}
+	patched := p.DeepCopy()
+	patched.Status = *status
+	if err := s.client.Status().Patch(ctx, patched, client.MergeFrom(p)); err != nil {
+		return fmt.Errorf("update status of ConcurrencyPolicy %q: %w", p.Name, err)
+	}
+	return nil
+}
+
+// namespaceLabels resolves namespaceSelector from the manager's cache,
+// which holds namespace metadata only.
+type namespaceLabels struct {
+	ctx    context.Context
+	reader client.Reader
+}
+
+func (n namespaceLabels) Labels(ns string) (labels.Set, bool) {
+	var obj metav1.PartialObjectMetadata
+	obj.SetGroupVersionKind(namespaceGVK)
+	if err := n.reader.Get(n.ctx, types.NamespacedName{Name: ns}, &obj); err != nil {
+		return nil, false
+	}
+	return obj.Labels, true
+}

@@ -1,0 +1,395 @@
+// Package rawjson reads just the parts of a JSON document that a caller asks
+// for, without decoding the rest. Admission objects are tens of kilobytes and
+// a rule needs a handful of values, so skipping is far cheaper than decoding.
+//
+// The scanner trusts neither its input nor its caller: malformed input yields
+// an error, never a panic, and every loop advances.
+package rawjson
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strconv"
+	"unicode/utf8"
+)
+
+// ErrSyntax reports malformed JSON.
+var ErrSyntax = errors.New("malformed JSON")
+
+// maxDepth bounds nesting so that hostile input cannot exhaust the stack of
+// the slow paths that recurse.
+const maxDepth = 512
+
+func syntaxErr(data []byte, i int, what string) error {
+	return fmt.Errorf("%w: %s at offset %d of %d", ErrSyntax, what, i, len(data))
+}
+
+func isSpace(c byte) bool { return c == ' ' || c == '\n' || c == '\r' || c == '\t' }
+
+func skipSpace(data []byte, i int) int {
+	for i < len(data) && isSpace(data[i]) {
+		i++
+	}
+	return i
+}
+
+// Trim drops surrounding white space.
+func Trim(v []byte) []byte {
+	return bytes.TrimFunc(v, func(r rune) bool { return r < 128 && isSpace(byte(r)) })
+}
+
+// skipString returns the index after the closing quote of the string whose
+// opening quote is at i.
+func skipString(data []byte, i int) (int, error) {
+	j := i + 1
+	for {
+		k := bytes.IndexByte(data[j:], '"')
+		if k < 0 {
+			return 0, syntaxErr(data, i, "unterminated string")
+		}
+		j += k
+		// Count the backslashes in front of the quote: an odd count escapes it.
+		n := 0
+		for b := j - 1; b > i && data[b] == '\\'; b-- {
+			n++
+		}
+		j++
+		if n%2 == 0 {
+			return j, nil
+		}
+	}
+}
+
+// Skip returns the index just after the JSON value that starts at or after i
+// (leading white space is skipped).
+func Skip(data []byte, i int) (int, error) {
+	i = skipSpace(data, i)
+	if i >= len(data) {
+		return 0, syntaxErr(data, i, "unexpected end of input")
+	}
+	switch c := data[i]; c {
+	case '"':
+		return skipString(data, i)
+	case '{', '[':
+		return skipContainer(data, i)
+	default:
+		j := i
+		for j < len(data) {
+			c := data[j]
+			if c == ',' || c == '}' || c == ']' || isSpace(c) {
+				break
+			}
+			j++
+		}
+		if j == i {
+			return 0, syntaxErr(data, i, fmt.Sprintf("unexpected %q", c))
+		}
+		if !validLiteral(data[i:j]) {
+			return 0, syntaxErr(data, i, fmt.Sprintf("invalid literal %.20q", data[i:j]))
+		}
+		return j, nil
+	}
+}
+
+func validLiteral(v []byte) bool {
+	switch string(v) {
+	case "true", "false", "null":
+		return true
+	}
+	c := v[0]
+	if c != '-' && (c < '0' || c > '9') {
+		return false
+	}
+	for _, c := range v {
+		if (c < '0' || c > '9') && c != '-' && c != '+' && c != '.' && c != 'e' && c != 'E' {
+			return false
+		}
+	}
+	return true
+}
+
+// skipContainer skips an object or array by counting brackets outside
+// strings. It checks balance and kind of brackets, not full grammar: the
+// values it hands out are checked again when they are read.
+func skipContainer(data []byte, i int) (int, error) {
+	var stack [64]byte
+	open := stack[:0]
+	j := i
+	for j < len(data) {
+		switch c := data[j]; c {
+		case '"':
+			end, err := skipString(data, j)
+			if err != nil {
+				return 0, err
+			}
+			j = end
+			continue
+		case '{', '[':
+			if len(open) >= maxDepth {
+				return 0, syntaxErr(data, j, "nesting too deep")
+			}
+			open = append(open, c)
+		case '}', ']':
+			if len(open) == 0 || (c == '}') != (open[len(open)-1] == '{') {
+				return 0, syntaxErr(data, j, fmt.Sprintf("unbalanced %q", c))
+			}
+			open = open[:len(open)-1]
+			if len(open) == 0 {
+				return j + 1, nil
+			}
+		}
+		j++
+	}
+	return 0, syntaxErr(data, i, "unterminated container")
+}
+
+// ObjectEach calls fn for every member of the object in obj, with the raw
+// (still quoted, possibly escaped) key and the raw value. fn returning false
+// stops the walk.
+func ObjectEach(obj []byte, fn func(key, value []byte) bool) error {
+	i := skipSpace(obj, 0)
+	if i >= len(obj) || obj[i] != '{' {
+		return syntaxErr(obj, i, "expected an object")
+	}
+	i = skipSpace(obj, i+1)
+	if i < len(obj) && obj[i] == '}' {
+		return nil
+	}
+	for {
+		if i >= len(obj) || obj[i] != '"' {
+			return syntaxErr(obj, i, "expected a member name")
+		}
+		kend, err := skipString(obj, i)
+		if err != nil {
+			return err
+		}
+		key := obj[i:kend]
+		i = skipSpace(obj, kend)
+		if i >= len(obj) || obj[i] != ':' {
+			return syntaxErr(obj, i, "expected ':'")
+		}
+		vstart := skipSpace(obj, i+1)
+		vend, err := Skip(obj, vstart)
+		if err != nil {
+			return err
+		}
+		if !fn(key, obj[vstart:vend]) {
+			return nil
+		}
+		i = skipSpace(obj, vend)
+		if i >= len(obj) {
+			return syntaxErr(obj, i, "unterminated object")
+		}
+		if obj[i] == '}' {
+			return nil
+		}
+		if obj[i] != ',' {
+			return syntaxErr(obj, i, "expected ',' or '}'")
+		}
+		i = skipSpace(obj, i+1)
+	}
+}
+
+// ArrayEach calls fn for every element of the array in arr. fn returning
+// false stops the walk.
+func ArrayEach(arr []byte, fn func(value []byte) bool) error {
+	i := skipSpace(arr, 0)
+	if i >= len(arr) || arr[i] != '[' {
+		return syntaxErr(arr, i, "expected an array")
+	}
+	i = skipSpace(arr, i+1)
+	if i < len(arr) && arr[i] == ']' {
+		return nil
+	}
+	for {
+		vend, err := Skip(arr, i)
+		if err != nil {
+			return err
+		}
+		if !fn(arr[i:vend]) {
+			return nil
+		}
+		i = skipSpace(arr, vend)
+		if i >= len(arr) {
+			return syntaxErr(arr, i, "unterminated array")
+		}
+		if arr[i] == ']' {
+			return nil
+		}
+		if arr[i] != ',' {
+			return syntaxErr(arr, i, "expected ',' or ']'")
+		}
+		i = skipSpace(arr, i+1)
+	}
+}
+
+// KeyIs reports whether the raw quoted key equals name.
+func KeyIs(rawKey []byte, name string) bool {
+	if len(rawKey) == len(name)+2 && string(rawKey[1:len(rawKey)-1]) == name {
+		return true
+	}
+	if bytes.IndexByte(rawKey, '\\') < 0 {
+		return false
+	}
+	s, err := Unquote(rawKey)
+	return err == nil && s == name
+}
+
+// Member returns the raw value of the member name of the object in obj.
+// A value that is not an object has no members.
+func Member(obj []byte, name string) (value []byte, found bool, err error) {
+	err = ObjectEach(obj, func(k, v []byte) bool {
+		if KeyIs(k, name) {
+			value, found = v, true
+			return false
+		}
+		return true
+	})
+	return value, found, err
+}
+
+// IsNull reports whether v is the literal null or empty.
+func IsNull(v []byte) bool {
+	v = Trim(v)
+	return len(v) == 0 || string(v) == "null"
+}
+
+// Kind returns the first byte class of v: '{', '[', '"', 'n' (null), 't'/'f'
+// or '0' for numbers, 0 for nothing.
+func Kind(v []byte) byte {
+	v = Trim(v)
+	if len(v) == 0 {
+		return 0
+	}
+	switch c := v[0]; c {
+	case '{', '[', '"', 'n', 't', 'f':
+		return c
+	default:
+		return '0'
+	}
+}
+
+// Unquote decodes a raw JSON string. The common case, a string without
+// escapes, costs one allocation.
+func Unquote(raw []byte) (string, error) {
+	raw = Trim(raw)
+	if len(raw) < 2 || raw[0] != '"' || raw[len(raw)-1] != '"' {
+		return "", fmt.Errorf("%w: expected a string, got %.20q", ErrSyntax, raw)
+	}
+	body := raw[1 : len(raw)-1]
+	if bytes.IndexByte(body, '\\') < 0 && utf8.Valid(body) {
+		return string(body), nil
+	}
+	var s string
+	if err := json.Unmarshal(raw, &s); err != nil {
+		return "", fmt.Errorf("%w: %v", ErrSyntax, err)
+	}
+	return s, nil
+}
+
+// String returns v as a string if it is a JSON string, "" if it is null or
+// absent, and an error for any other kind of value.
+func String(v []byte) (string, error) {
+	if IsNull(v) {
+		return "", nil
+	}
+	return Unquote(v)
+}
+
+// Bool returns v as a bool; null or absent is false.
+func Bool(v []byte) (bool, error) {
+	switch string(Trim(v)) {
+	case "", "null", "false":
+		return false, nil
+	case "true":
+		return true, nil
+	}
+	return false, fmt.Errorf("%w: expected a boolean, got %.20q", ErrSyntax, v)
+}
+
+// Strings decodes an array of strings; null or absent is nil.
+func Strings(v []byte) ([]string, error) {
+	if IsNull(v) {
+		return nil, nil
+	}
+	var out []string
+	var err error
+	walkErr := ArrayEach(v, func(e []byte) bool {
+		var s string
+		s, err = Unquote(e)
+		out = append(out, s)
+		return err == nil
+	})
+	if walkErr != nil {
+		return nil, walkErr
+	}
+	return out, err
+}
+
+// Equal reports whether two raw JSON values are semantically equal: the same
+// bytes are equal at once, anything else is compared decoded, so member order
+// and white space do not matter. Absent and null are equal.
+func Equal(a, b []byte) bool {
+	a, b = Trim(a), Trim(b)
+	if bytes.Equal(a, b) {
+		return true
+	}
+	if IsNull(a) || IsNull(b) {
+		return IsNull(a) && IsNull(b)
+	}
+	if Kind(a) != Kind(b) {
+		return false
+	}
+	var x, y any
+	da := json.NewDecoder(bytes.NewReader(a))
+	da.UseNumber()
+	db := json.NewDecoder(bytes.NewReader(b))
+	db.UseNumber()
+	if da.Decode(&x) != nil || db.Decode(&y) != nil {
+		return false
+	}
+	return equalValues(x, y)
+}
+
+func equalValues(x, y any) bool {
+	switch xv := x.(type) {
+	case map[string]any:
+		yv, ok := y.(map[string]any)
+		if !ok || len(xv) != len(yv) {
+			return false
+		}
+		for k, v := range xv {
+			w, ok := yv[k]
+			if !ok || !equalValues(v, w) {
+				return false
+			}
+		}
+		return true
+	case []any:
+		yv, ok := y.([]any)
+		if !ok || len(xv) != len(yv) {
+			return false
+		}
+		for i := range xv {
+			if !equalValues(xv[i], yv[i]) {
+				return false
+			}
+		}
+		return true
+	case json.Number:
+		yv, ok := y.(json.Number)
+		if !ok {
+			return false
+		}
+		if xv == yv {
+			return true
+		}
+		fx, errx := strconv.ParseFloat(string(xv), 64)
+		fy, erry := strconv.ParseFloat(string(yv), 64)
+		return errx == nil && erry == nil && fx == fy
+	default:
+		return x == y
+	}
+}
