@@ -1,0 +1,442 @@
+package analytics
+
+import (
+	"errors"
+	"fmt"
+	"net/url"
+	"strings"
+	"time"
+)
+
+// Decoder flattens raw audit.k8s.io/v1 Event JSON into Rows. The zero value
+// redacts secrets and keeps no raw event.
+type Decoder struct {
+	// RedactResources names resources (besides secrets, always redacted)
+	// whose requestObject and responseObject are removed from the raw event.
+	RedactResources []string
+	// KeepRaw keeps the redacted raw event in Row.Raw.
+	KeepRaw bool
+	// AnnotationMatch selects the audit annotations kept in the row: keys
+	// containing this string. Defaults to "stampguard".
+	AnnotationMatch string
+}
+
+// Errors for events that cannot become a row; they go to the dead-letter
+// table with the raw bytes.
+var (
+	ErrMissingAuditID   = errors.New("event has no auditID")
+	ErrMissingStage     = errors.New("event has no stage")
+	ErrMissingTimestamp = errors.New("event has no stageTimestamp")
+)
+
+// span is a byte range of the raw event.
+type span struct{ from, to int }
+
+// Decode flattens one raw event into r, overwriting it. On error r is
+// unspecified.
+func (d *Decoder) Decode(raw string, r *Row) error {
+	*r = Row{UserGroups: r.UserGroups[:0], CauseReasons: r.CauseReasons[:0],
+		CauseFields: r.CauseFields[:0], AnnotationKeys: r.AnnotationKeys[:0],
+		AnnotationValues: r.AnnotationValues[:0]}
+	p := scanner{s: raw}
+	var (
+		objBuf       [2]span
+		objects      = objBuf[:0] // requestObject, responseObject values, for redaction
+		holder       string
+		received     string
+		stage        string
+		annotMatch   = d.AnnotationMatch
+		ignoreHolder bool
+	)
+	if annotMatch == "" {
+		annotMatch = "stampguard"
+	}
+	if p.peek() != '{' {
+		return fmt.Errorf("event is not a JSON object")
+	}
+	err := p.members(func(key string) error {
+		var err error
+		switch key {
+		case "auditID":
+			r.AuditID, err = p.optStr()
+		case "stage":
+			r.Stage, err = p.optStr()
+		case "level":
+			r.Level, err = p.optStr()
+		case "verb":
+			r.Verb, err = p.optStr()
+		case "requestURI":
+			r.RequestURI, err = p.optStr()
+		case "userAgent":
+			r.UserAgent, err = p.optStr()
+		case "sourceIPs":
+			var ips []string
+			ips, err = p.strList(nil)
+			r.SourceIP = ""
+			if len(ips) > 0 {
+				r.SourceIP = ips[0]
+			}
+		case "user":
+			r.UserGroups = r.UserGroups[:0]
+			err = d.user(&p, &r.User, &r.UserGroups)
+		case "impersonatedUser":
+			var groups []string
+			err = d.user(&p, &r.ImpersonatedUser, &groups)
+		case "objectRef":
+			err = d.objectRef(&p, r)
+		case "responseStatus":
+			err = d.status(&p, r)
+		case "requestObject", "responseObject":
+			from := p.i
+			if key == "requestObject" {
+				holder, err = leaseHolder(&p)
+				ignoreHolder = err != nil
+			} else {
+				err = p.skip()
+			}
+			if err == nil {
+				objects = append(objects, span{from, p.i})
+			}
+		case "requestReceivedTimestamp":
+			received, err = p.optStr()
+		case "stageTimestamp":
+			stage, err = p.optStr()
+		case "annotations":
+			r.AnnotationKeys, r.AnnotationValues = r.AnnotationKeys[:0], r.AnnotationValues[:0]
+			err = p.members(func(k string) error {
+				v, err := p.optStr()
+				switch {
+				case err != nil:
+				case k == "authorization.k8s.io/decision":
+					r.AuthzDecision = v
+				case strings.Contains(k, annotMatch):
+					r.AnnotationKeys = append(r.AnnotationKeys, k)
+					r.AnnotationValues = append(r.AnnotationValues, v)
+				}
+				return err
+			})
+		default:
+			err = p.skip()
+		}
+		if err != nil {
+			return fmt.Errorf("%s: %w", key, err)
+		}
+		return nil
+	})
+	if err != nil {
+		return err
+	}
+	if p.peek() != 0 {
+		return p.errorf("data after the event object")
+	}
+	if r.AuditID == "" {
+		return ErrMissingAuditID
+	}
+	if r.Stage == "" {
+		return ErrMissingStage
+	}
+	if stage == "" {
+		return ErrMissingTimestamp
+	}
+	if r.StageMicros, err = parseMicros(stage); err != nil {
+		return fmt.Errorf("stageTimestamp: %w", err)
+	}
+	if received != "" {
+		if r.RequestReceivedMicros, err = parseMicros(received); err != nil {
+			return fmt.Errorf("requestReceivedTimestamp: %w", err)
+		}
+	}
+	if r.Resource == "leases" && !ignoreHolder {
+		r.LeaseHolder = holder
+	}
+	r.FieldManager, r.DryRun = uriOptions(r.RequestURI)
+	r.Fingerprint = Fingerprint(r)
+	if d.KeepRaw {
+		if len(objects) > 0 && d.redacts(r.Resource) {
+			r.Raw = redact(raw, objects)
+		} else {
+			r.Raw = raw
+		}
+	}
+	return nil
+}
+
+// Redacts reports whether the objects of resource are removed.
+func (d *Decoder) redacts(resource string) bool {
+	if resource == "secrets" {
+		return true
+	}
+	for _, r := range d.RedactResources {
+		if r == resource {
+			return true
+		}
+	}
+	return false
+}
+
+// redact replaces the object values at spans with null: the member stays,
+// its content is gone, and the JSON stays valid without comma surgery.
+func redact(raw string, spans []span) string {
+	var b strings.Builder
+	b.Grow(len(raw))
+	last := 0
+	for _, s := range spans {
+		b.WriteString(raw[last:s.from])
+		b.WriteString("null")
+		last = s.to
+	}
+	b.WriteString(raw[last:])
+	return b.String()
+}
+
+func (d *Decoder) user(p *scanner, name *string, groups *[]string) error {
+	if p.peek() == 'n' && p.null() {
+		return nil
+	}
+	return p.members(func(k string) error {
+		var err error
+		switch k {
+		case "username":
+			*name, err = p.optStr()
+		case "groups":
+			*groups, err = p.strList((*groups)[:0])
+		default:
+			err = p.skip()
+		}
+		return err
+	})
+}
+
+func (d *Decoder) objectRef(p *scanner, r *Row) error {
+	if p.peek() == 'n' && p.null() {
+		return nil
+	}
+	return p.members(func(k string) error {
+		var err error
+		switch k {
+		case "resource":
+			r.Resource, err = p.optStr()
+		case "namespace":
+			r.Namespace, err = p.optStr()
+		case "name":
+			r.Name, err = p.optStr()
+		case "uid":
+			r.ObjectUID, err = p.optStr()
+		case "apiGroup":
+			r.APIGroup, err = p.optStr()
+		case "apiVersion":
+			r.APIVersion, err = p.optStr()
+		case "resourceVersion":
+			r.Stamp, err = p.optStr()
+		case "subresource":
+			r.Subresource, err = p.optStr()
+		default:
+			err = p.skip()
+		}
+		return err
+	})
+}
+
+func (d *Decoder) status(p *scanner, r *Row) error {
+	if p.peek() == 'n' && p.null() {
+		return nil
+	}
+	return p.members(func(k string) error {
+		var err error
+		switch k {
+		case "code":
+			r.Code, err = p.int32()
+		case "reason":
+			r.Reason, err = p.optStr()
+		case "message":
+			r.Message, err = p.optStr()
+		case "details":
+			if p.peek() == 'n' && p.null() {
+				return nil
+			}
+			err = p.members(func(k string) error {
+				if k != "causes" {
+					return p.skip()
+				}
+				r.CauseReasons, r.CauseFields = r.CauseReasons[:0], r.CauseFields[:0]
+				if p.peek() == 'n' && p.null() {
+					return nil
+				}
+				return p.elements(func() error {
+					var reason, field string
+					if p.peek() == 'n' && p.null() {
+						return nil
+					}
+					err := p.members(func(k string) error {
+						var err error
+						switch k {
+						case "reason":
+							reason, err = p.optStr()
+						case "field":
+							field, err = p.optStr()
+						default:
+							err = p.skip()
+						}
+						return err
+					})
+					r.CauseReasons = append(r.CauseReasons, reason)
+					r.CauseFields = append(r.CauseFields, field)
+					return err
+				})
+			})
+		default:
+			err = p.skip()
+		}
+		return err
+	})
+}
+
+// leaseHolder skips requestObject and returns its spec.holderIdentity.
+func leaseHolder(p *scanner) (string, error) {
+	var holder string
+	if p.peek() != '{' {
+		return "", p.skip()
+	}
+	err := p.members(func(k string) error {
+		if k != "spec" || p.peek() != '{' {
+			return p.skip()
+		}
+		return p.members(func(k string) error {
+			if k != "holderIdentity" {
+				return p.skip()
+			}
+			if p.peek() != '"' {
+				return p.skip()
+			}
+			var err error
+			holder, err = p.str()
+			return err
+		})
+	})
+	return holder, err
+}
+
+// int32 reads an integer number that fits an int32 (null reads as 0).
+func (p *scanner) int32() (int32, error) {
+	if p.peek() == 'n' && p.null() {
+		return 0, nil
+	}
+	s, err := p.number()
+	if err != nil {
+		return 0, err
+	}
+	var n int64
+	neg := false
+	for i := 0; i < len(s); i++ {
+		switch c := s[i]; {
+		case c == '-':
+			neg = true
+		case '0' <= c && c <= '9':
+			n = n*10 + int64(c-'0')
+			if n > 1<<31 {
+				return 0, fmt.Errorf("number %s out of range", s)
+			}
+		default:
+			return 0, fmt.Errorf("number %s is not an integer", s)
+		}
+	}
+	if neg {
+		n = -n
+	}
+	if n > 1<<31-1 || n < -1<<31 {
+		return 0, fmt.Errorf("number %s out of range", s)
+	}
+	return int32(n), nil
+}
+
+// parseMicros parses an RFC 3339 timestamp as the apiserver writes it
+// ("2026-11-29T08:50:48.123456Z") into Unix microseconds, with a fast path
+// for UTC and a fallback for any RFC 3339 form.
+func parseMicros(s string) (int64, error) {
+	if us, ok := fastMicros(s); ok {
+		return us, nil
+	}
+	t, err := time.Parse(time.RFC3339Nano, s)
+	if err != nil {
+		return 0, err
+	}
+	return t.UnixMicro(), nil
+}
+
+func fastMicros(s string) (int64, bool) {
+	// 2006-01-02T15:04:05Z or 2006-01-02T15:04:05.999999Z
+	if len(s) < 20 || s[len(s)-1] != 'Z' || s[4] != '-' || s[7] != '-' || s[10] != 'T' ||
+		s[13] != ':' || s[16] != ':' {
+		return 0, false
+	}
+	num := func(from, to int) (int, bool) {
+		n := 0
+		for i := from; i < to; i++ {
+			c := s[i]
+			if c < '0' || c > '9' {
+				return 0, false
+			}
+			n = n*10 + int(c-'0')
+		}
+		return n, true
+	}
+	year, ok1 := num(0, 4)
+	month, ok2 := num(5, 7)
+	day, ok3 := num(8, 10)
+	hour, ok4 := num(11, 13)
+	minute, ok5 := num(14, 16)
+	sec, ok6 := num(17, 19)
+	if !(ok1 && ok2 && ok3 && ok4 && ok5 && ok6) || month < 1 || month > 12 || day < 1 ||
+		day > 31 || hour > 23 || minute > 59 || sec > 59 {
+		return 0, false
+	}
+	micros := 0
+	switch rest := s[19 : len(s)-1]; {
+	case rest == "":
+	case rest[0] == '.' && len(rest) >= 2 && len(rest) <= 10:
+		frac, ok := num(20, len(s)-1)
+		if !ok {
+			return 0, false
+		}
+		digits := len(rest) - 1
+		for ; digits < 6; digits++ {
+			frac *= 10
+		}
+		for ; digits > 6; digits-- {
+			frac /= 10
+		}
+		micros = frac
+	default:
+		return 0, false
+	}
+	t := time.Date(year, time.Month(month), day, hour, minute, sec, 0, time.UTC)
+	if t.Day() != day { // 31 Feb and friends: let time.Parse reject it
+		return 0, false
+	}
+	return t.Unix()*1e6 + int64(micros), true
+}
+
+// uriOptions reads fieldManager and dryRun from a request URI's query.
+func uriOptions(uri string) (fieldManager string, dryRun bool) {
+	q := strings.IndexByte(uri, '?')
+	if q < 0 {
+		return "", false
+	}
+	query := uri[q+1:]
+	for query != "" {
+		var kv string
+		kv, query, _ = strings.Cut(query, "&")
+		k, v, _ := strings.Cut(kv, "=")
+		switch k {
+		case "fieldManager":
+			if u, err := url.QueryUnescape(v); err == nil {
+				fieldManager = u
+			} else {
+				fieldManager = v
+			}
+		case "dryRun":
+			dryRun = v != ""
+		}
+	}
+	return fieldManager, dryRun
+}

@@ -1,0 +1,142 @@
+// Package analytics turns kube-apiserver audit events into rows of the
+// ClickHouse `events` table, stores them exactly once, and (issue 4) queries
+// them.
+//
+// One audit event travels like this: the sink's HTTP handler or a log file
+// reader splits the input into raw events (stream.go), DecodeEvent flattens
+// each into a Row (decode.go), the rows of one request are encoded into a
+// Batch record (record.go) and appended to the spool, and the Writer
+// (writer.go) replays spool records into the Store (store.go), which drops
+// events already stored before it inserts.
+package analytics
+
+import "time"
+
+// Audit event stages (audit.k8s.io/v1 Stage).
+const (
+	StageRequestReceived  = "RequestReceived"
+	StageResponseStarted  = "ResponseStarted"
+	StageResponseComplete = "ResponseComplete"
+	StagePanic            = "Panic"
+)
+
+// DefaultStages are the stages stored unless configured otherwise: each
+// request counts once, on ResponseComplete or Panic.
+var DefaultStages = []string{StageResponseComplete, StagePanic}
+
+// Row is one audit event flattened to the columns of the `events` table.
+// Strings may share memory with the raw event they were decoded from.
+type Row struct {
+	Cluster    string
+	AuditID    string
+	Stage      string
+	Level      string
+	Verb       string
+	RequestURI string
+	DryRun     bool
+
+	User             string
+	UserGroups       []string
+	ImpersonatedUser string
+	UserAgent        string
+	SourceIP         string
+
+	APIGroup    string
+	APIVersion  string
+	Resource    string
+	Subresource string
+	Namespace   string
+	Name        string
+	ObjectUID   string
+	// Stamp is objectRef.resourceVersion: the resourceVersion the request
+	// carried (empty for a stampless update).
+	Stamp        string
+	FieldManager string
+
+	Code         int32
+	Reason       string
+	Message      string
+	CauseReasons []string
+	CauseFields  []string
+
+	// RequestReceivedMicros and StageMicros are Unix epoch microseconds.
+	RequestReceivedMicros int64
+	StageMicros           int64
+
+	AuthzDecision    string
+	AnnotationKeys   []string
+	AnnotationValues []string
+	LeaseHolder      string
+
+	// Raw is the event as received with secret objects removed; it is kept
+	// only when the raw column is enabled.
+	Raw string
+
+	// Fingerprint hashes the event's stable semantic fields; see Fingerprint.
+	Fingerprint uint64
+}
+
+// Writer is the effective writer: the impersonated user when present.
+func (r *Row) Writer() string {
+	if r.ImpersonatedUser != "" {
+		return r.ImpersonatedUser
+	}
+	return r.User
+}
+
+// LatencyMicros is stageTimestamp - requestReceivedTimestamp, never negative.
+func (r *Row) LatencyMicros() int64 {
+	if r.RequestReceivedMicros == 0 || r.StageMicros < r.RequestReceivedMicros {
+		return 0
+	}
+	return r.StageMicros - r.RequestReceivedMicros
+}
+
+// StageTime is the stage timestamp as a time.Time in UTC.
+func (r *Row) StageTime() time.Time { return time.UnixMicro(r.StageMicros).UTC() }
+
+// Fingerprint hashes the fields that identify one request's event however it
+// was delivered (log file or webhook, first try or retry), so the same event
+// deduplicates while a reused Audit-ID of a different request does not.
+func Fingerprint(r *Row) uint64 {
+	h := fnv64(fnvOffset, uint64(r.RequestReceivedMicros))
+	h = fnv64(h, uint64(r.StageMicros))
+	h = fnv64(h, uint64(uint32(r.Code)))
+	h = fnvString(h, r.Verb)
+	h = fnvString(h, r.RequestURI)
+	h = fnvString(h, r.User)
+	return h
+}
+
+// FNV-1a, 64 bit, written out so hashing allocates nothing.
+const (
+	fnvOffset = 14695981039346656037
+	fnvPrime  = 1099511628211
+)
+
+func fnv64(h, v uint64) uint64 {
+	for range 8 {
+		h ^= v & 0xff
+		h *= fnvPrime
+		v >>= 8
+	}
+	return h
+}
+
+func fnvString(h uint64, s string) uint64 {
+	for i := 0; i < len(s); i++ {
+		h ^= uint64(s[i])
+		h *= fnvPrime
+	}
+	h ^= 0 // terminator keeps ("ab","c") apart from ("a","bc")
+	return h * fnvPrime
+}
+
+// DeadLetter is an input that could not become a Row, kept with the reason.
+type DeadLetter struct {
+	Cluster    string
+	Source     string
+	Reason     string
+	Raw        string
+	ReceivedAt int64 // Unix microseconds
+}

@@ -1,0 +1,375 @@
+package analytics
+
+import (
+	"errors"
+	"fmt"
+	"strings"
+	"unicode/utf16"
+	"unicode/utf8"
+)
+
+// A small validating JSON scanner over a string. Audit events are decoded
+// field by field with it; the objects the sink does not need (requestObject,
+// responseObject, user.extra, ...) are validated and skipped without being
+// materialised. Strings without escapes are returned as substrings of the
+// input, so a decoded Row mostly points into its raw event.
+
+// maxDepth matches encoding/json's nesting limit.
+const maxDepth = 10000
+
+var errEnd = errors.New("unexpected end of JSON input")
+
+type scanner struct {
+	s     string
+	i     int
+	depth int
+}
+
+func (p *scanner) errorf(format string, args ...any) error {
+	return fmt.Errorf("offset %d: %s", p.i, fmt.Sprintf(format, args...))
+}
+
+func (p *scanner) ws() {
+	for p.i < len(p.s) {
+		switch p.s[p.i] {
+		case ' ', '\n', '\t', '\r':
+			p.i++
+		default:
+			return
+		}
+	}
+}
+
+// peek skips whitespace and returns the next byte, or 0 at the end.
+func (p *scanner) peek() byte {
+	p.ws()
+	if p.i >= len(p.s) {
+		return 0
+	}
+	return p.s[p.i]
+}
+
+func (p *scanner) expect(c byte) error {
+	if p.peek() != c {
+		if p.i >= len(p.s) {
+			return errEnd
+		}
+		return p.errorf("expected %q, found %q", c, p.s[p.i])
+	}
+	p.i++
+	return nil
+}
+
+// members calls fn for each member of the object at the cursor, with the
+// cursor on the member's value; fn must consume the value.
+func (p *scanner) members(fn func(key string) error) error {
+	if err := p.expect('{'); err != nil {
+		return err
+	}
+	if p.depth++; p.depth > maxDepth {
+		return p.errorf("nesting deeper than %d", maxDepth)
+	}
+	if p.peek() == '}' {
+		p.i++
+		p.depth--
+		return nil
+	}
+	for {
+		if p.peek() != '"' {
+			return p.errorf("expected an object key")
+		}
+		key, err := p.str()
+		if err != nil {
+			return err
+		}
+		if err := p.expect(':'); err != nil {
+			return err
+		}
+		p.ws()
+		if err := fn(key); err != nil {
+			return err
+		}
+		switch p.peek() {
+		case ',':
+			p.i++
+		case '}':
+			p.i++
+			p.depth--
+			return nil
+		case 0:
+			return errEnd
+		default:
+			return p.errorf("expected ',' or '}' after object member %q", key)
+		}
+	}
+}
+
+// elements calls fn for each element of the array at the cursor.
+func (p *scanner) elements(fn func() error) error {
+	if err := p.expect('['); err != nil {
+		return err
+	}
+	if p.depth++; p.depth > maxDepth {
+		return p.errorf("nesting deeper than %d", maxDepth)
+	}
+	if p.peek() == ']' {
+		p.i++
+		p.depth--
+		return nil
+	}
+	for {
+		p.ws()
+		if err := fn(); err != nil {
+			return err
+		}
+		switch p.peek() {
+		case ',':
+			p.i++
+		case ']':
+			p.i++
+			p.depth--
+			return nil
+		case 0:
+			return errEnd
+		default:
+			return p.errorf("expected ',' or ']' in array")
+		}
+	}
+}
+
+// str reads the string at the cursor and returns it unescaped. Strings
+// without escapes (nearly all of them) are found with two IndexByte scans
+// and returned as substrings. Raw control characters are passed through.
+func (p *scanner) str() (string, error) {
+	if p.peek() != '"' {
+		return "", p.errorf("expected a string")
+	}
+	p.i++
+	start := p.i
+	j := strings.IndexByte(p.s[start:], '"')
+	if j < 0 {
+		return "", errEnd
+	}
+	if k := strings.IndexByte(p.s[start:start+j], '\\'); k >= 0 {
+		p.i = start + k
+		return p.strSlow(start)
+	}
+	p.i = start + j + 1
+	return p.s[start : start+j], nil
+}
+
+func (p *scanner) strSlow(start int) (string, error) {
+	var b strings.Builder
+	b.Grow(p.i - start + 64)
+	b.WriteString(p.s[start:p.i])
+	for p.i < len(p.s) {
+		c := p.s[p.i]
+		switch {
+		case c == '"':
+			p.i++
+			return b.String(), nil
+		case c != '\\':
+			b.WriteByte(c)
+			p.i++
+			continue
+		}
+		if p.i+1 >= len(p.s) {
+			return "", errEnd
+		}
+		e := p.s[p.i+1]
+		p.i += 2
+		switch e {
+		case '"', '\\', '/':
+			b.WriteByte(e)
+		case 'b':
+			b.WriteByte('\b')
+		case 'f':
+			b.WriteByte('\f')
+		case 'n':
+			b.WriteByte('\n')
+		case 'r':
+			b.WriteByte('\r')
+		case 't':
+			b.WriteByte('\t')
+		case 'u':
+			r, ok := p.hex4()
+			if !ok {
+				return "", p.errorf("invalid \\u escape")
+			}
+			if utf16.IsSurrogate(r) {
+				// A valid pair decodes to one rune; anything else is U+FFFD,
+				// as encoding/json does.
+				save := p.i
+				if p.i+1 < len(p.s) && p.s[p.i] == '\\' && p.s[p.i+1] == 'u' {
+					p.i += 2
+					if r2, ok := p.hex4(); ok {
+						if d := utf16.DecodeRune(r, r2); d != utf8.RuneError {
+							b.WriteRune(d)
+							continue
+						}
+					}
+				}
+				p.i = save
+				r = utf8.RuneError
+			}
+			b.WriteRune(r)
+		default:
+			return "", p.errorf("invalid escape \\%c", e)
+		}
+	}
+	return "", errEnd
+}
+
+func (p *scanner) hex4() (rune, bool) {
+	if p.i+4 > len(p.s) {
+		return 0, false
+	}
+	var r rune
+	for _, c := range []byte(p.s[p.i : p.i+4]) {
+		switch {
+		case '0' <= c && c <= '9':
+			c -= '0'
+		case 'a' <= c && c <= 'f':
+			c = c - 'a' + 10
+		case 'A' <= c && c <= 'F':
+			c = c - 'A' + 10
+		default:
+			return 0, false
+		}
+		r = r<<4 | rune(c)
+	}
+	p.i += 4
+	return r, true
+}
+
+// skipString validates the escapes of a string and skips it without
+// building it.
+func (p *scanner) skipString() error {
+	p.i++ // opening quote
+	for {
+		j := strings.IndexByte(p.s[p.i:], '"')
+		if j < 0 {
+			return errEnd
+		}
+		k := strings.IndexByte(p.s[p.i:p.i+j], '\\')
+		if k < 0 {
+			p.i += j + 1
+			return nil
+		}
+		p.i += k
+		if p.i+1 >= len(p.s) {
+			return errEnd
+		}
+		switch p.s[p.i+1] {
+		case '"', '\\', '/', 'b', 'f', 'n', 'r', 't':
+			p.i += 2
+		case 'u':
+			p.i += 2
+			if _, ok := p.hex4(); !ok {
+				return p.errorf("invalid \\u escape")
+			}
+		default:
+			return p.errorf("invalid escape")
+		}
+	}
+}
+
+// skip validates and skips the value at the cursor.
+func (p *scanner) skip() error {
+	switch c := p.peek(); {
+	case c == '"':
+		return p.skipString()
+	case c == '{':
+		return p.members(func(string) error { return p.skip() })
+	case c == '[':
+		return p.elements(p.skip)
+	case c == 't':
+		return p.literal("true")
+	case c == 'f':
+		return p.literal("false")
+	case c == 'n':
+		return p.literal("null")
+	case c == '-' || ('0' <= c && c <= '9'):
+		_, err := p.number()
+		return err
+	case c == 0:
+		return errEnd
+	default:
+		return p.errorf("unexpected %q", c)
+	}
+}
+
+func (p *scanner) literal(lit string) error {
+	if !strings.HasPrefix(p.s[p.i:], lit) {
+		return p.errorf("invalid literal")
+	}
+	p.i += len(lit)
+	return nil
+}
+
+// null consumes a null at the cursor and reports whether there was one.
+func (p *scanner) null() bool {
+	if strings.HasPrefix(p.s[p.i:], "null") {
+		p.i += 4
+		return true
+	}
+	return false
+}
+
+// number validates a JSON number and returns its text.
+func (p *scanner) number() (string, error) {
+	start := p.i
+	if p.i < len(p.s) && p.s[p.i] == '-' {
+		p.i++
+	}
+	digits := func() int {
+		n := 0
+		for p.i < len(p.s) && '0' <= p.s[p.i] && p.s[p.i] <= '9' {
+			p.i++
+			n++
+		}
+		return n
+	}
+	if p.i < len(p.s) && p.s[p.i] == '0' {
+		p.i++
+	} else if digits() == 0 {
+		return "", p.errorf("invalid number")
+	}
+	if p.i < len(p.s) && p.s[p.i] == '.' {
+		p.i++
+		if digits() == 0 {
+			return "", p.errorf("invalid number")
+		}
+	}
+	if p.i < len(p.s) && (p.s[p.i] == 'e' || p.s[p.i] == 'E') {
+		p.i++
+		if p.i < len(p.s) && (p.s[p.i] == '+' || p.s[p.i] == '-') {
+			p.i++
+		}
+		if digits() == 0 {
+			return "", p.errorf("invalid number")
+		}
+	}
+	return p.s[start:p.i], nil
+}
+
+// optStr reads a string or null (as "").
+func (p *scanner) optStr() (string, error) {
+	if p.peek() == 'n' && p.null() {
+		return "", nil
+	}
+	return p.str()
+}
+
+// strList reads an array of strings (or null), appending to dst.
+func (p *scanner) strList(dst []string) ([]string, error) {
+	if p.peek() == 'n' && p.null() {
+		return dst, nil
+	}
+	err := p.elements(func() error {
+		s, err := p.optStr()
+		dst = append(dst, s)
+		return err
+	})
+	return dst, err
+}

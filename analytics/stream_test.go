@@ -1,0 +1,187 @@
+package analytics
+
+import (
+	"bytes"
+	"compress/gzip"
+	"encoding/json"
+	"errors"
+	"io"
+	"strings"
+	"testing"
+)
+
+// eventList wraps raw events in an EventList body as the apiserver's webhook
+// backend sends it.
+func eventList(events ...string) string {
+	return `{"kind":"EventList","apiVersion":"audit.k8s.io/v1","metadata":{},"items":[` + strings.Join(events, ",") + `]}`
+}
+
+// oneByteReader hands out one byte per Read, to exercise buffer refills.
+type oneByteReader struct{ r io.Reader }
+
+func (o oneByteReader) Read(p []byte) (int, error) {
+	if len(p) > 1 {
+		p = p[:1]
+	}
+	return o.r.Read(p)
+}
+
+func readAll(t *testing.T, r ItemReader) (items []string, errs []string) {
+	t.Helper()
+	for {
+		it, err := r.Next()
+		if err == io.EOF {
+			return
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		if it.Err != nil {
+			errs = append(errs, it.Err.Error())
+			continue
+		}
+		items = append(items, string(it.Raw))
+	}
+}
+
+func TestListReaderSplitsEventLists(t *testing.T) {
+	events := realEvents(t)
+	tests := []struct {
+		name      string
+		body      string
+		max       int
+		wantItems []string
+		wantErrs  int
+	}{
+		{"an EventList yields its items in order", eventList(events...), 0, events, 0},
+		{"an empty EventList yields nothing", eventList(), 0, nil, 0},
+		{"keys after items are read too", `{"items":[` + events[0] + `],"kind":"EventList"}`, 0, events[:1], 0},
+		{"whitespace and newlines between items are fine", "{\n \"items\" : [\n" + events[0] + " ,\n\t" + events[1] + "\n]\n}\n", 0, events[:2], 0},
+		{"a non-object item is a dead letter between valid neighbours", eventList(events[0], `"x"`, `[1]`, events[1]), 0, events[:2], 2},
+		{"an oversized item is a dead letter and its neighbours survive", eventList(events[2], events[0], events[3]), 1200, []string{events[2], events[3]}, 1},
+		{"a truncated body keeps the items before the cut", eventList(events[0], events[1])[:len(eventList(events[0], events[1]))-200], 0, events[:1], 1},
+		{"a body that is not an EventList is one dead letter", `hello`, 0, nil, 1},
+		{"garbage after the list is a dead letter", eventList(events[0]) + ` x`, 0, events[:1], 1},
+		{"braces inside strings do not end an item", eventList(`{"auditID":"a}]\"{["}`), 0, []string{`{"auditID":"a}]\"{["}`}, 0},
+		{"an empty body yields nothing", ``, 0, nil, 0},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			for _, slow := range []bool{false, true} {
+				var r io.Reader = strings.NewReader(tt.body)
+				if slow {
+					r = oneByteReader{r}
+				}
+				items, errs := readAll(t, NewListReader(r, tt.max))
+				if strings.Join(items, "\n") != strings.Join(tt.wantItems, "\n") {
+					t.Errorf("slow=%v: %d items, want %d", slow, len(items), len(tt.wantItems))
+				}
+				if len(errs) != tt.wantErrs {
+					t.Errorf("slow=%v: dead letters %q, want %d", slow, errs, tt.wantErrs)
+				}
+			}
+		})
+	}
+}
+
+func TestListReaderDecompressesGzip(t *testing.T) {
+	events := realEvents(t)
+	var buf bytes.Buffer
+	zw := gzip.NewWriter(&buf)
+	zw.Write([]byte(eventList(events...)))
+	zw.Close()
+	r, err := MaybeGzip(&buf)
+	if err != nil {
+		t.Fatal(err)
+	}
+	items, errs := readAll(t, NewListReader(r, 0))
+	if len(items) != len(events) || len(errs) != 0 {
+		t.Fatalf("%d items, %d dead letters; want %d, 0", len(items), len(errs), len(events))
+	}
+}
+
+func TestLinesReaderSplitsJSONLines(t *testing.T) {
+	events := realEvents(t)
+	long := `{"auditID":"` + strings.Repeat("x", 300<<10) + `"}`
+	tests := []struct {
+		name      string
+		body      string
+		max       int
+		wantItems []string
+		wantErrs  int
+	}{
+		{"each line is an event", strings.Join(events, "\n") + "\n", 0, events, 0},
+		{"a last line without newline counts", events[0] + "\n" + events[1], 0, events[:2], 0},
+		{"blank and CRLF lines are skipped", "\r\n" + events[0] + "\r\n\n" + events[1] + "\n", 0, events[:2], 0},
+		{"a line longer than the read buffer is whole", long + "\n" + events[0] + "\n", 0, []string{long, events[0]}, 0},
+		{"a line above the limit is a dead letter", long + "\n" + events[0] + "\n", 100 << 10, events[:1], 1},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			lr := NewLinesReader(strings.NewReader(tt.body), tt.max)
+			items, errs := readAll(t, lr)
+			if strings.Join(items, "\n") != strings.Join(tt.wantItems, "\n") {
+				t.Errorf("got %d items, want %d", len(items), len(tt.wantItems))
+			}
+			if len(errs) != tt.wantErrs {
+				t.Errorf("dead letters %q, want %d", errs, tt.wantErrs)
+			}
+			if lr.Offset() != int64(len(tt.body)) {
+				t.Errorf("offset %d, want %d", lr.Offset(), len(tt.body))
+			}
+		})
+	}
+}
+
+// FuzzListReader checks that a body encoding/json reads as an EventList
+// splits into exactly its items, and that no input panics or loops.
+func FuzzListReader(f *testing.F) {
+	events := realEvents(f)
+	f.Add(eventList(events...))
+	f.Add(eventList(events[0], `"x"`, events[1]))
+	f.Add(`{"items":[{"a":"}"}],"metadata":{"x":[1,{"y":"]"}]}}`)
+	f.Fuzz(func(t *testing.T, body string) {
+		var got []string
+		var deadLetters int
+		lr := NewListReader(oneByteReader{strings.NewReader(body)}, 1<<20)
+		for i := 0; ; i++ {
+			if i > len(body)+2 {
+				t.Fatalf("more items than bytes in %q", body)
+			}
+			it, err := lr.Next()
+			if err == io.EOF {
+				break
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			if it.Err != nil {
+				deadLetters++
+				continue
+			}
+			got = append(got, string(it.Raw))
+		}
+		var list struct {
+			Items []json.RawMessage `json:"items"`
+		}
+		if err := json.Unmarshal([]byte(body), &list); err != nil || !strings.HasPrefix(strings.TrimSpace(body), "{") {
+			return
+		}
+		var m map[string]json.RawMessage
+		_ = json.Unmarshal([]byte(body), &m)
+		if _, exact := m["items"]; !exact {
+			return // encoding/json matched the key case-insensitively
+		}
+		var want []string
+		for _, it := range list.Items {
+			if bytes.HasPrefix(it, []byte("{")) {
+				want = append(want, string(it))
+			}
+		}
+		if deadLetters != len(list.Items)-len(want) || strings.Join(got, "\x00") != strings.Join(want, "\x00") {
+			t.Fatalf("split %q (%d dead letters), want %q", got, deadLetters, want)
+		}
+	})
+}
+
+var _ = errors.Is
