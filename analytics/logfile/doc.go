@@ -31,9 +31,10 @@
 // audit.log), the follower first finishes the renamed file and then moves
 // on: to backups that sort after it by name (more rotations happened while
 // it was not looking), then to the new file. A missing file is waited for;
-// a file that shrinks below the read offset was truncated and is read again
-// from its start (with a logged warning: lines written between the last
-// read and the truncation cannot be recovered). A line is yielded only once
+// a file that shrinks below the read offset, or whose first bytes change,
+// was truncated and is read again from its start (with a logged warning:
+// lines written between the last read and the truncation cannot be
+// recovered; the apiserver itself never truncates). A line is yielded only once
 // its newline is there. Polling, no inotify: the interval bounds the delay.
 //
 // Each Line from a Follower carries a Checkpoint (device, inode, offset

@@ -1,6 +1,7 @@
 package logfile
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -75,8 +76,9 @@ type Follower struct {
 	opts FollowOptions
 	log  *slog.Logger
 
-	cur *followed // nil until the file exists
-	sc  *scanner
+	cur   *followed // nil until the file exists
+	sc    *scanner
+	atEOF bool // the last read of cur hit its end
 }
 
 // followed is one open file.
@@ -188,6 +190,7 @@ func (fl *Follower) openAt(name string, cp Checkpoint, final bool) (bool, error)
 // use makes fd the current file, read from off.
 func (fl *Follower) use(fd *followed, off int64) {
 	fl.cur = fd
+	fl.atEOF = false
 	fl.sc = newScanner(fd.f, fl.opts.MaxLineBytes)
 	fl.sc.reset(off)
 }
@@ -305,6 +308,14 @@ func (fl *Follower) Next(ctx context.Context) (Line, error) {
 				continue
 			}
 		}
+		if fl.atEOF && !fl.cur.final {
+			// Look before reading on: data read from a file truncated and
+			// rewritten since the last look would start mid-line.
+			fl.atEOF = false
+			if _, err := fl.check(); err != nil {
+				return Line{}, err
+			}
+		}
 		l, err := fl.sc.next()
 		if err == nil {
 			return fl.stamp(l)
@@ -329,22 +340,17 @@ func (fl *Follower) Next(ctx context.Context) (Line, error) {
 			}
 			continue
 		}
-		changed, err := fl.check()
-		if err != nil {
-			return Line{}, err
-		}
-		if changed {
-			continue
-		}
+		fl.atEOF = true
 		if err := fl.wait(ctx); err != nil {
 			return Line{}, err
 		}
 	}
 }
 
-// check looks at the path and the open file at EOF: a different (or no)
-// file at the path means rotation, a file shorter than what was read means
-// truncation. It reports whether either happened.
+// check looks at the path and the open file after an EOF: a different (or
+// no) file at the path means rotation; a file shorter than what was read,
+// or with other first bytes, was truncated. It reports whether either
+// happened.
 func (fl *Follower) check() (bool, error) {
 	st, err := os.Stat(fl.path)
 	if err != nil && !errors.Is(err, os.ErrNotExist) {
@@ -362,7 +368,18 @@ func (fl *Follower) check() (bool, error) {
 	if err != nil {
 		return false, fmt.Errorf("stat %s: %w", fl.cur.f.Name(), err)
 	}
-	if cst.Size() < fl.sc.consumed() {
+	// A file truncated and rewritten past our offset between two looks is
+	// caught by its first bytes changing.
+	rewritten := false
+	if n := len(fl.cur.head); n > 0 {
+		head := make([]byte, n)
+		got, err := fl.cur.f.ReadAt(head, 0)
+		if err != nil && !errors.Is(err, io.EOF) {
+			return false, fmt.Errorf("read %s: %w", fl.cur.f.Name(), err)
+		}
+		rewritten = !bytes.Equal(head[:got], fl.cur.head)
+	}
+	if rewritten || cst.Size() < fl.sc.consumed() {
 		fl.log.Warn("file truncated; reading it again from the start", "size", cst.Size(), "offset", fl.sc.consumed())
 		if _, err := fl.cur.f.Seek(0, io.SeekStart); err != nil {
 			return false, fmt.Errorf("seek %s: %w", fl.cur.f.Name(), err)
