@@ -1,0 +1,28 @@
+package analytics
+
+import (
+	"os"
+	"testing"
+)
+
+var tempDirs []string
+
+func mkTemp() string {
+	d, err := os.MkdirTemp("", "analytics-ch-")
+	if err != nil {
+		panic(err)
+	}
+	tempDirs = append(tempDirs, d)
+	return d
+}
+
+func TestMain(m *testing.M) {
+	code := m.Run()
+	for i := len(processCleanups) - 1; i >= 0; i-- {
+		processCleanups[i]()
+	}
+	for _, d := range tempDirs {
+		os.RemoveAll(d)
+	}
+	os.Exit(code)
+}

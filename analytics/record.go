@@ -1,0 +1,200 @@
+package analytics
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+)
+
+// Batch is what one spool record holds: the rows and dead letters accepted
+// from one request (or one chunk of a file) for one cluster.
+type Batch struct {
+	Cluster string
+	Rows    []Row
+	Dead    []DeadLetter
+}
+
+// recordVersion is the first byte of every encoded Batch; a reader refuses
+// versions it does not know rather than misreading them.
+const recordVersion = 1
+
+var errShortRecord = errors.New("spool record truncated")
+
+// AppendBatch encodes b onto dst. The encoding is private to the sink: the
+// spool's checksum guards it, and replay decodes it with DecodeBatch.
+func AppendBatch(dst []byte, b *Batch) []byte {
+	dst = append(dst, recordVersion)
+	dst = appendString(dst, b.Cluster)
+	dst = binary.AppendUvarint(dst, uint64(len(b.Rows)))
+	for i := range b.Rows {
+		dst = appendRow(dst, &b.Rows[i])
+	}
+	dst = binary.AppendUvarint(dst, uint64(len(b.Dead)))
+	for _, d := range b.Dead {
+		dst = appendString(dst, d.Source)
+		dst = appendString(dst, d.Reason)
+		dst = appendString(dst, d.Raw)
+		dst = binary.AppendVarint(dst, d.ReceivedAt)
+	}
+	return dst
+}
+
+func appendRow(dst []byte, r *Row) []byte {
+	for _, s := range [...]string{r.AuditID, r.Stage, r.Level, r.Verb, r.RequestURI, r.User,
+		r.ImpersonatedUser, r.UserAgent, r.SourceIP, r.APIGroup, r.APIVersion, r.Resource,
+		r.Subresource, r.Namespace, r.Name, r.ObjectUID, r.Stamp, r.FieldManager, r.Reason,
+		r.Message, r.AuthzDecision, r.LeaseHolder, r.Raw} {
+		dst = appendString(dst, s)
+	}
+	for _, l := range [...][]string{r.UserGroups, r.CauseReasons, r.CauseFields, r.AnnotationKeys, r.AnnotationValues} {
+		dst = binary.AppendUvarint(dst, uint64(len(l)))
+		for _, s := range l {
+			dst = appendString(dst, s)
+		}
+	}
+	var flags uint64
+	if r.DryRun {
+		flags = 1
+	}
+	dst = binary.AppendUvarint(dst, flags)
+	dst = binary.AppendVarint(dst, int64(r.Code))
+	dst = binary.AppendVarint(dst, r.RequestReceivedMicros)
+	dst = binary.AppendVarint(dst, r.StageMicros)
+	return binary.LittleEndian.AppendUint64(dst, r.Fingerprint)
+}
+
+func appendString(dst []byte, s string) []byte {
+	dst = binary.AppendUvarint(dst, uint64(len(s)))
+	return append(dst, s...)
+}
+
+// DecodeBatch decodes a record made by AppendBatch. The strings of the
+// result share memory with rec, which must not change afterwards.
+func DecodeBatch(rec string) (*Batch, error) {
+	d := recordReader{s: rec}
+	if v := d.byte(); v != recordVersion {
+		return nil, fmt.Errorf("spool record version %d, want %d", v, recordVersion)
+	}
+	b := &Batch{Cluster: d.str()}
+	n := d.count()
+	b.Rows = make([]Row, 0, n)
+	for range n {
+		r := Row{Cluster: b.Cluster}
+		strs := [...]*string{&r.AuditID, &r.Stage, &r.Level, &r.Verb, &r.RequestURI, &r.User,
+			&r.ImpersonatedUser, &r.UserAgent, &r.SourceIP, &r.APIGroup, &r.APIVersion, &r.Resource,
+			&r.Subresource, &r.Namespace, &r.Name, &r.ObjectUID, &r.Stamp, &r.FieldManager, &r.Reason,
+			&r.Message, &r.AuthzDecision, &r.LeaseHolder, &r.Raw}
+		for _, p := range strs {
+			*p = d.str()
+		}
+		for _, l := range [...]*[]string{&r.UserGroups, &r.CauseReasons, &r.CauseFields, &r.AnnotationKeys, &r.AnnotationValues} {
+			k := d.count()
+			if k > 0 {
+				*l = make([]string, k)
+				for i := range *l {
+					(*l)[i] = d.str()
+				}
+			}
+		}
+		r.DryRun = d.uvarint()&1 == 1
+		r.Code = int32(d.varint())
+		r.RequestReceivedMicros = d.varint()
+		r.StageMicros = d.varint()
+		r.Fingerprint = d.uint64()
+		if d.err != nil {
+			return nil, d.err
+		}
+		b.Rows = append(b.Rows, r)
+	}
+	n = d.count()
+	for range n {
+		dl := DeadLetter{Cluster: b.Cluster, Source: d.str(), Reason: d.str(), Raw: d.str(), ReceivedAt: d.varint()}
+		if d.err != nil {
+			return nil, d.err
+		}
+		b.Dead = append(b.Dead, dl)
+	}
+	if d.err == nil && d.i != len(d.s) {
+		d.err = fmt.Errorf("spool record has %d trailing bytes", len(d.s)-d.i)
+	}
+	return b, d.err
+}
+
+type recordReader struct {
+	s   string
+	i   int
+	err error
+}
+
+func (d *recordReader) fail() {
+	if d.err == nil {
+		d.err = errShortRecord
+	}
+	d.i = len(d.s)
+}
+
+func (d *recordReader) byte() byte {
+	if d.i >= len(d.s) {
+		d.fail()
+		return 0
+	}
+	d.i++
+	return d.s[d.i-1]
+}
+
+func (d *recordReader) uvarint() uint64 {
+	var x uint64
+	var s uint
+	for k := 0; k < binary.MaxVarintLen64; k++ {
+		if d.i >= len(d.s) {
+			d.fail()
+			return 0
+		}
+		c := d.s[d.i]
+		d.i++
+		if c < 0x80 {
+			return x | uint64(c)<<s
+		}
+		x |= uint64(c&0x7f) << s
+		s += 7
+	}
+	d.fail()
+	return 0
+}
+
+func (d *recordReader) varint() int64 {
+	ux := d.uvarint()
+	x := int64(ux >> 1)
+	if ux&1 != 0 {
+		x = ^x
+	}
+	return x
+}
+
+// count reads a length and checks it against the bytes left, so a corrupt
+// record cannot make us allocate absurd slices.
+func (d *recordReader) count() int {
+	n := d.uvarint()
+	if n > uint64(len(d.s)-d.i) {
+		d.fail()
+		return 0
+	}
+	return int(n)
+}
+
+func (d *recordReader) str() string {
+	n := d.count()
+	s := d.s[d.i : d.i+n]
+	d.i += n
+	return s
+}
+
+func (d *recordReader) uint64() uint64 {
+	if d.i+8 > len(d.s) {
+		d.fail()
+		return 0
+	}
+	v := binary.LittleEndian.Uint64([]byte(d.s[d.i : d.i+8]))
+	d.i += 8
+	return v
+}

@@ -1,0 +1,227 @@
+package analytics
+
+import (
+	"context"
+	"fmt"
+	"regexp"
+	"strings"
+	"time"
+)
+
+// Migration is one versioned schema step. Every statement is idempotent
+// (IF NOT EXISTS), so a migration interrupted half-way, or run by two sinks
+// starting at once, converges. Statements use only SQL that ClickHouse 18.16
+// and current releases both accept: no TTL, codecs, DateTime64, JSON types
+// or toStartOfInterval.
+type Migration struct {
+	Version int
+	Name    string
+	// Statements are templates; {db} is replaced with the database name.
+	Statements []string
+}
+
+// Migrations are applied in order by Store.Migrate. Append new versions;
+// never edit a released one.
+var Migrations = []Migration{
+	{
+		Version: 1,
+		Name:    "events, event_keys and dead_letters",
+		Statements: []string{
+			// One row per stored audit event (stage), flattened. Ordered by
+			// object then time for the per-object analytics (conflict
+			// sequences, retry loops, lease holders); partitioned by day so
+			// retention drops whole partitions. The ReplacingMergeTree key
+			// contains the dedup identity (cluster, audit_id, stage,
+			// fingerprint) and only fields determined by it, so it is the
+			// backstop that collapses any duplicate that got past the
+			// writer's event_keys check.
+			// Array columns are Array(String): clickhouse-go v2.51 cannot
+			// read an 18.16 block of Array(LowCardinality(String)) whose
+			// arrays are all empty ("unexpected packet 0").
+			`CREATE TABLE IF NOT EXISTS {db}.events (
+				event_date          Date,
+				event_time          DateTime,
+				event_time_us       UInt64,
+				request_received_us UInt64,
+				latency_us          UInt64,
+				cluster             LowCardinality(String),
+				audit_id            String,
+				stage               LowCardinality(String),
+				fingerprint         UInt64,
+				level               LowCardinality(String),
+				verb                LowCardinality(String),
+				request_uri         String,
+				dry_run             UInt8,
+				user                LowCardinality(String),
+				user_groups         Array(String),
+				impersonated_user   LowCardinality(String),
+				writer              LowCardinality(String),
+				user_agent          LowCardinality(String),
+				source_ip           String,
+				api_group           LowCardinality(String),
+				api_version         LowCardinality(String),
+				resource            LowCardinality(String),
+				subresource         LowCardinality(String),
+				namespace           LowCardinality(String),
+				name                String,
+				object_uid          String,
+				stamp               String,
+				field_manager       LowCardinality(String),
+				code                UInt16,
+				reason              LowCardinality(String),
+				message             String,
+				cause_reasons       Array(String),
+				cause_fields        Array(String),
+				authz_decision      LowCardinality(String),
+				annotation_keys     Array(String),
+				annotation_values   Array(String),
+				lease_holder        String,
+				raw                 String
+			) ENGINE = ReplacingMergeTree()
+			PARTITION BY event_date
+			ORDER BY (cluster, api_group, resource, namespace, name, event_time_us, audit_id, stage, fingerprint)`,
+			// The durable record of what was stored: the writer looks a
+			// batch's keys up here and drops those already present before it
+			// inserts, so redelivered events never reach the insert stream
+			// (and so never reach rollups fed by materialized views).
+			`CREATE TABLE IF NOT EXISTS {db}.event_keys (
+				event_date  Date,
+				cluster     LowCardinality(String),
+				audit_id    String,
+				stage       LowCardinality(String),
+				fingerprint UInt64
+			) ENGINE = ReplacingMergeTree()
+			PARTITION BY event_date
+			ORDER BY (cluster, audit_id, stage, fingerprint)`,
+			`CREATE MATERIALIZED VIEW IF NOT EXISTS {db}.event_keys_mv TO {db}.event_keys
+			AS SELECT event_date, cluster, audit_id, stage, fingerprint FROM {db}.events`,
+			// Inputs that could not become rows, with the reason and the
+			// (redacted or withheld) raw bytes.
+			`CREATE TABLE IF NOT EXISTS {db}.dead_letters (
+				received_date Date,
+				received_at   DateTime,
+				received_us   UInt64,
+				cluster       LowCardinality(String),
+				source        LowCardinality(String),
+				reason        String,
+				raw           String,
+				raw_hash      UInt64
+			) ENGINE = ReplacingMergeTree()
+			PARTITION BY received_date
+			ORDER BY (cluster, received_us, raw_hash)`,
+		},
+	},
+}
+
+// Tables whose day partitions retention drops.
+var retentionTables = []string{"events", "event_keys", "dead_letters"}
+
+var dbName = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]*$`)
+
+// ValidDatabase reports whether name can be used as a database name without
+// quoting.
+func ValidDatabase(name string) error {
+	if !dbName.MatchString(name) {
+		return fmt.Errorf("database name %q: want letters, digits and underscores", name)
+	}
+	return nil
+}
+
+// Migrate creates the database and applies the migrations not yet recorded
+// in schema_migrations. It returns the versions it applied.
+func (s *Store) Migrate(ctx context.Context) ([]int, error) {
+	db := s.db
+	stmts := []string{
+		"CREATE DATABASE IF NOT EXISTS " + db,
+		`CREATE TABLE IF NOT EXISTS ` + db + `.schema_migrations (
+			version    UInt32,
+			name       String,
+			applied_at DateTime
+		) ENGINE = MergeTree() ORDER BY version`,
+	}
+	for _, q := range stmts {
+		if err := s.conn.Exec(ctx, q); err != nil {
+			return nil, fmt.Errorf("migrate: %w", err)
+		}
+	}
+	current, err := s.SchemaVersion(ctx)
+	if err != nil {
+		return nil, err
+	}
+	var applied []int
+	for _, m := range Migrations {
+		if m.Version <= current {
+			continue
+		}
+		for _, q := range m.Statements {
+			if err := s.conn.Exec(ctx, strings.ReplaceAll(q, "{db}", db)); err != nil {
+				return applied, fmt.Errorf("migration %d (%s): %w", m.Version, m.Name, err)
+			}
+		}
+		b, err := s.conn.PrepareBatch(ctx, "INSERT INTO "+db+".schema_migrations (version, name, applied_at)")
+		if err != nil {
+			return applied, fmt.Errorf("record migration %d: %w", m.Version, err)
+		}
+		if err := b.Append(uint32(m.Version), m.Name, time.Now()); err != nil {
+			return applied, err
+		}
+		if err := b.Send(); err != nil {
+			return applied, fmt.Errorf("record migration %d: %w", m.Version, err)
+		}
+		applied = append(applied, m.Version)
+	}
+	return applied, nil
+}
+
+// SchemaVersion is the highest applied migration (0 for none).
+func (s *Store) SchemaVersion(ctx context.Context) (int, error) {
+	var v uint32
+	if err := s.conn.QueryRow(ctx, "SELECT max(version) FROM "+s.db+".schema_migrations").Scan(&v); err != nil {
+		return 0, fmt.Errorf("read schema version: %w", err)
+	}
+	return int(v), nil
+}
+
+// system.parts shows a Date partition as 2026-11-29 (18.16) or '2026-11-29'.
+var partitionDate = regexp.MustCompile(`^'?(\d{4}-\d{2}-\d{2})'?$`)
+
+// DropPartitionsBefore drops the day partitions older than cutoff's day
+// from every table (retention without TTL, which 18.16 lacks). It returns
+// the days it dropped.
+func (s *Store) DropPartitionsBefore(ctx context.Context, cutoff time.Time) ([]string, error) {
+	limit := cutoff.UTC().Format(time.DateOnly)
+	var dropped []string
+	for _, table := range retentionTables {
+		rows, err := s.conn.Query(ctx, `SELECT DISTINCT partition FROM system.parts
+			WHERE database = ? AND table = ? AND active`, s.db, table)
+		if err != nil {
+			return dropped, fmt.Errorf("list partitions of %s: %w", table, err)
+		}
+		var parts []string
+		for rows.Next() {
+			var p string
+			if err := rows.Scan(&p); err != nil {
+				rows.Close()
+				return dropped, err
+			}
+			parts = append(parts, p)
+		}
+		rows.Close()
+		if err := rows.Err(); err != nil {
+			return dropped, err
+		}
+		for _, p := range parts {
+			m := partitionDate.FindStringSubmatch(p)
+			if m == nil || m[1] >= limit {
+				continue
+			}
+			if err := s.conn.Exec(ctx, fmt.Sprintf("ALTER TABLE %s.%s DROP PARTITION '%s'", s.db, table, m[1])); err != nil {
+				return dropped, fmt.Errorf("drop partition %s of %s: %w", p, table, err)
+			}
+			if table == "events" {
+				dropped = append(dropped, m[1])
+			}
+		}
+	}
+	return dropped, nil
+}

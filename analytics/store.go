@@ -1,0 +1,269 @@
+package analytics
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/ClickHouse/clickhouse-go/v2"
+	"github.com/ClickHouse/clickhouse-go/v2/lib/driver"
+)
+
+// StoreOptions configure a Store.
+type StoreOptions struct {
+	// DSN is a clickhouse-go native DSN (clickhouse://user:pass@host:9000?secure=true).
+	// Credentials and TLS come from it.
+	DSN string
+	// Database holds the tables; defaulted to "stampguard" if empty.
+	Database string
+	// KeepRaw stores each event's (redacted) raw JSON in events.raw.
+	KeepRaw bool
+	// LookupChunk caps the audit IDs per event_keys lookup query; defaulted
+	// to 5000.
+	LookupChunk int
+}
+
+// Store writes rows to ClickHouse exactly once: Insert drops the events
+// that event_keys says are stored already.
+type Store struct {
+	conn  driver.Conn
+	db    string
+	raw   bool
+	chunk int
+}
+
+// OpenStore connects to ClickHouse. It does not create the schema; call
+// Migrate.
+func OpenStore(ctx context.Context, o StoreOptions) (*Store, error) {
+	if o.Database == "" {
+		o.Database = "stampguard"
+	}
+	if err := ValidDatabase(o.Database); err != nil {
+		return nil, err
+	}
+	if o.LookupChunk <= 0 {
+		o.LookupChunk = 5000
+	}
+	opts, err := clickhouse.ParseDSN(o.DSN)
+	if err != nil {
+		return nil, fmt.Errorf("parse ClickHouse DSN: %w", err) // the DSN may hold a password: never echo it
+	}
+	if opts.Protocol == clickhouse.HTTP {
+		return nil, fmt.Errorf("ClickHouse DSN: use the native protocol (clickhouse://host:9000); 18.16 rejects the HTTP driver")
+	}
+	if opts.Settings == nil {
+		opts.Settings = clickhouse.Settings{}
+	}
+	opts.Settings["allow_experimental_low_cardinality_type"] = 1
+	// The dedup lookup sends audit IDs in an IN list.
+	opts.Settings["max_query_size"] = 64 << 20
+	if opts.DialTimeout == 0 {
+		opts.DialTimeout = 5 * time.Second
+	}
+	conn, err := clickhouse.Open(opts)
+	if err != nil {
+		return nil, fmt.Errorf("open ClickHouse: %w", err)
+	}
+	return &Store{conn: conn, db: o.Database, raw: o.KeepRaw, chunk: o.LookupChunk}, nil
+}
+
+// Close closes the connections.
+func (s *Store) Close() error { return s.conn.Close() }
+
+// Ping checks that ClickHouse answers.
+func (s *Store) Ping(ctx context.Context) error { return s.conn.Ping(ctx) }
+
+// Conn exposes the connection for queries (issue 4's analytics).
+func (s *Store) Conn() driver.Conn { return s.conn }
+
+// Database is the database the store writes to.
+func (s *Store) Database() string { return s.db }
+
+// InsertResult counts what Insert did.
+type InsertResult struct {
+	Stored     int // rows inserted into events
+	Duplicates int // rows dropped: stored before, or repeated in the batch
+	Dead       int // dead letters inserted
+}
+
+type eventKey struct {
+	cluster, auditID, stage string
+	fingerprint             uint64
+}
+
+// Insert stores rows and dead letters. Rows whose key (cluster, audit_id,
+// stage, fingerprint) is already in event_keys, or repeated within rows,
+// are dropped. Insert is idempotent: calling it again with the same input
+// after an error or a crash stores nothing twice (event_keys is filled by
+// a materialized view in the same INSERT as events).
+func (s *Store) Insert(ctx context.Context, rows []Row, dead []DeadLetter) (InsertResult, error) {
+	var res InsertResult
+	fresh, err := s.fresh(ctx, rows)
+	if err != nil {
+		return res, err
+	}
+	res.Duplicates = len(rows) - len(fresh)
+	if len(fresh) > 0 {
+		if err := s.insertEvents(ctx, fresh); err != nil {
+			return res, err
+		}
+	}
+	res.Stored = len(fresh)
+	if len(dead) > 0 {
+		if err := s.insertDead(ctx, dead); err != nil {
+			return res, err
+		}
+		res.Dead = len(dead)
+	}
+	return res, nil
+}
+
+// fresh returns the rows not yet stored, without in-batch repeats.
+func (s *Store) fresh(ctx context.Context, rows []Row) ([]*Row, error) {
+	seen := make(map[eventKey]struct{}, len(rows))
+	byCluster := map[string][]any{}
+	out := make([]*Row, 0, len(rows))
+	for i := range rows {
+		r := &rows[i]
+		k := eventKey{r.Cluster, r.AuditID, r.Stage, r.Fingerprint}
+		if _, dup := seen[k]; dup {
+			continue
+		}
+		seen[k] = struct{}{}
+		out = append(out, r)
+		byCluster[r.Cluster] = append(byCluster[r.Cluster], r.AuditID)
+	}
+	stored := map[eventKey]struct{}{}
+	for cluster, ids := range byCluster {
+		for len(ids) > 0 {
+			n := min(len(ids), s.chunk)
+			if err := s.lookup(ctx, cluster, ids[:n], stored); err != nil {
+				return nil, err
+			}
+			ids = ids[n:]
+		}
+	}
+	if len(stored) == 0 {
+		return out, nil
+	}
+	kept := out[:0]
+	for _, r := range out {
+		if _, ok := stored[eventKey{r.Cluster, r.AuditID, r.Stage, r.Fingerprint}]; !ok {
+			kept = append(kept, r)
+		}
+	}
+	return kept, nil
+}
+
+func (s *Store) lookup(ctx context.Context, cluster string, ids []any, into map[eventKey]struct{}) error {
+	rows, err := s.conn.Query(ctx, "SELECT audit_id, toString(stage), fingerprint FROM "+s.db+
+		".event_keys WHERE cluster = ? AND audit_id IN ?", cluster, clickhouse.GroupSet{Value: ids})
+	if err != nil {
+		return fmt.Errorf("look up stored event keys: %w", err)
+	}
+	defer rows.Close()
+	for rows.Next() {
+		k := eventKey{cluster: cluster}
+		if err := rows.Scan(&k.auditID, &k.stage, &k.fingerprint); err != nil {
+			return fmt.Errorf("scan event key: %w", err)
+		}
+		into[k] = struct{}{}
+	}
+	return rows.Err()
+}
+
+// eventColumns is the insert column list; insertEvents appends in this order.
+const eventColumns = `event_date, event_time, event_time_us, request_received_us, latency_us,
+	cluster, audit_id, stage, fingerprint, level, verb, request_uri, dry_run,
+	user, user_groups, impersonated_user, writer, user_agent, source_ip,
+	api_group, api_version, resource, subresource, namespace, name, object_uid,
+	stamp, field_manager, code, reason, message, cause_reasons, cause_fields,
+	authz_decision, annotation_keys, annotation_values, lease_holder, raw`
+
+func (s *Store) insertEvents(ctx context.Context, rows []*Row) error {
+	b, err := s.conn.PrepareBatch(ctx, "INSERT INTO "+s.db+".events ("+eventColumns+")")
+	if err != nil {
+		return fmt.Errorf("prepare events insert: %w", err)
+	}
+	defer b.Abort()
+	n := len(rows)
+	var (
+		dates, times                           = make([]time.Time, n), make([]time.Time, n)
+		timeUS, recvUS, latUS, fps             = make([]uint64, n), make([]uint64, n), make([]uint64, n), make([]uint64, n)
+		dryRun                                 = make([]uint8, n)
+		codes                                  = make([]uint16, n)
+		groups, causeR, causeF, annotK, annotV = make([][]string, n), make([][]string, n), make([][]string, n), make([][]string, n), make([][]string, n)
+	)
+	strs := make([][]string, 22)
+	for i := range strs {
+		strs[i] = make([]string, n)
+	}
+	for i, r := range rows {
+		t := r.StageTime()
+		dates[i] = time.Date(t.Year(), t.Month(), t.Day(), 0, 0, 0, 0, time.UTC)
+		times[i] = t.Truncate(time.Second)
+		timeUS[i], recvUS[i], latUS[i], fps[i] = uint64(r.StageMicros), uint64(r.RequestReceivedMicros), uint64(r.LatencyMicros()), r.Fingerprint
+		if r.DryRun {
+			dryRun[i] = 1
+		}
+		codes[i] = uint16(r.Code)
+		groups[i], causeR[i], causeF[i], annotK[i], annotV[i] = nonNil(r.UserGroups), nonNil(r.CauseReasons), nonNil(r.CauseFields), nonNil(r.AnnotationKeys), nonNil(r.AnnotationValues)
+		for j, v := range [...]string{r.Cluster, r.AuditID, r.Stage, r.Level, r.Verb, r.RequestURI,
+			r.User, r.ImpersonatedUser, r.Writer(), r.UserAgent, r.SourceIP,
+			r.APIGroup, r.APIVersion, r.Resource, r.Subresource, r.Namespace, r.Name, r.ObjectUID,
+			r.Stamp, r.FieldManager, r.Reason, r.Message} {
+			strs[j][i] = v
+		}
+	}
+	lease, raws := make([]string, n), make([]string, n)
+	authz := make([]string, n)
+	for i, r := range rows {
+		lease[i], authz[i] = r.LeaseHolder, r.AuthzDecision
+		if s.raw {
+			raws[i] = r.Raw
+		}
+	}
+	cols := []any{dates, times, timeUS, recvUS, latUS,
+		strs[0], strs[1], strs[2], fps, strs[3], strs[4], strs[5], dryRun,
+		strs[6], groups, strs[7], strs[8], strs[9], strs[10],
+		strs[11], strs[12], strs[13], strs[14], strs[15], strs[16], strs[17],
+		strs[18], strs[19], codes, strs[20], strs[21], causeR, causeF,
+		authz, annotK, annotV, lease, raws}
+	for i, c := range cols {
+		if err := b.Column(i).Append(c); err != nil {
+			return fmt.Errorf("events column %d: %w", i, err)
+		}
+	}
+	if err := b.Send(); err != nil {
+		return fmt.Errorf("insert events: %w", err)
+	}
+	return nil
+}
+
+func nonNil(s []string) []string {
+	if s == nil {
+		return []string{}
+	}
+	return s
+}
+
+func (s *Store) insertDead(ctx context.Context, dead []DeadLetter) error {
+	b, err := s.conn.PrepareBatch(ctx, "INSERT INTO "+s.db+
+		".dead_letters (received_date, received_at, received_us, cluster, source, reason, raw, raw_hash)")
+	if err != nil {
+		return fmt.Errorf("prepare dead letter insert: %w", err)
+	}
+	defer b.Abort()
+	for _, d := range dead {
+		t := time.UnixMicro(d.ReceivedAt).UTC()
+		day := time.Date(t.Year(), t.Month(), t.Day(), 0, 0, 0, 0, time.UTC)
+		if err := b.Append(day, t.Truncate(time.Second), uint64(d.ReceivedAt), d.Cluster, d.Source,
+			d.Reason, d.Raw, fnvString(fnvOffset, d.Raw)); err != nil {
+			return fmt.Errorf("dead letter: %w", err)
+		}
+	}
+	if err := b.Send(); err != nil {
+		return fmt.Errorf("insert dead letters: %w", err)
+	}
+	return nil
+}

@@ -1,0 +1,259 @@
+package analytics
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stampguard/stampguard/internal/chtest"
+)
+
+// newStore starts (once per test binary) a ClickHouse server and returns a
+// migrated store on a fresh database.
+func newStore(t *testing.T, keepRaw bool) (*Store, *chtest.Server) {
+	t.Helper()
+	if testing.Short() {
+		t.Skip("starts clickhouse-server")
+	}
+	srv := sharedServer(t)
+	db := srv.NewDatabase(t)
+	st, err := OpenStore(t.Context(), StoreOptions{DSN: srv.DSN(), Database: db, KeepRaw: keepRaw})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { st.Close() })
+	if _, err := st.Migrate(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	return st, srv
+}
+
+var shared struct {
+	srv *chtest.Server
+}
+
+// sharedServer starts one server for the package's tests; each test gets
+// its own database. The server lives until the test binary exits.
+func sharedServer(t *testing.T) *chtest.Server {
+	if shared.srv == nil {
+		shared.srv = chtest.Start(&processTB{TB: t})
+	}
+	return shared.srv
+}
+
+func count(t *testing.T, st *Store, query string, args ...any) uint64 {
+	t.Helper()
+	var n uint64
+	if err := st.conn.QueryRow(t.Context(), strings.ReplaceAll(query, "{db}", st.db), args...).Scan(&n); err != nil {
+		t.Fatalf("%s: %v", query, err)
+	}
+	return n
+}
+
+func decodeAll(t testing.TB, cluster string, lines []string) []Row {
+	t.Helper()
+	d := Decoder{KeepRaw: true}
+	rows := make([]Row, len(lines))
+	for i, l := range lines {
+		if err := d.Decode(l, &rows[i]); err != nil {
+			t.Fatal(err)
+		}
+		rows[i].Cluster = cluster
+	}
+	return rows
+}
+
+func TestMigrateIsIdempotent(t *testing.T) {
+	st, _ := newStore(t, false)
+	applied, err := st.Migrate(t.Context())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(applied) != 0 {
+		t.Errorf("second migrate applied %v", applied)
+	}
+	v, err := st.SchemaVersion(t.Context())
+	if err != nil || v != Migrations[len(Migrations)-1].Version {
+		t.Errorf("schema version %d (%v)", v, err)
+	}
+	if n := count(t, st, "SELECT count() FROM {db}.schema_migrations"); n != uint64(len(Migrations)) {
+		t.Errorf("%d migration rows, want %d", n, len(Migrations))
+	}
+}
+
+func TestInsertStoresEachEventOnce(t *testing.T) {
+	st, _ := newStore(t, true)
+	rows := decodeAll(t, "prod", realEvents(t))
+	ctx := t.Context()
+
+	res, err := st.Insert(ctx, rows, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.Stored != len(rows) || res.Duplicates != 0 {
+		t.Fatalf("first insert %+v, want %d stored", res, len(rows))
+	}
+	tests := []struct {
+		name        string
+		rows        []Row
+		wantStored  int
+		wantDropped int
+	}{
+		{"a redelivered batch stores nothing", rows, 0, len(rows)},
+		{"a batch repeating an event within itself stores it once", append(decodeAll(t, "staging", realEvents(t)[:2]), decodeAll(t, "staging", realEvents(t)[:2])...), 2, 2},
+		{"the same events from another cluster are new", decodeAll(t, "dev", realEvents(t)[:3]), 3, 0},
+		{"a reused audit ID of a different request is a new row", func() []Row {
+			r := decodeAll(t, "prod", realEvents(t)[:1])
+			r[0].StageMicros++
+			r[0].Fingerprint = Fingerprint(&r[0])
+			return r
+		}(), 1, 0},
+	}
+	total := len(rows)
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			res, err := st.Insert(ctx, tt.rows, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if res.Stored != tt.wantStored || res.Duplicates != tt.wantDropped {
+				t.Errorf("%+v, want %d stored and %d dropped", res, tt.wantStored, tt.wantDropped)
+			}
+			total += tt.wantStored
+			if n := count(t, st, "SELECT count() FROM {db}.events"); n != uint64(total) {
+				t.Errorf("events has %d rows, want %d", n, total)
+			}
+		})
+	}
+	if n := count(t, st, "SELECT count() FROM {db}.event_keys"); n != uint64(total) {
+		t.Errorf("event_keys has %d rows, want %d", n, total)
+	}
+}
+
+func TestInsertedRowsReadBack(t *testing.T) {
+	st, _ := newStore(t, true)
+	rows := decodeAll(t, "prod", realEvents(t))
+	if _, err := st.Insert(t.Context(), rows, nil); err != nil {
+		t.Fatal(err)
+	}
+	var (
+		writer, holder, stamp, fm string
+		code                      uint16
+		causes                    []string
+		us                        uint64
+		evTime                    time.Time
+		raw                       string
+	)
+	q := func(auditID string, dst ...any) {
+		t.Helper()
+		if err := st.conn.QueryRow(t.Context(), `SELECT writer, lease_holder, stamp, field_manager, code,
+			cause_reasons, event_time_us, event_time, raw FROM `+st.db+`.events WHERE audit_id = ?`, auditID).Scan(dst...); err != nil {
+			t.Fatal(err)
+		}
+	}
+	dst := []any{&writer, &holder, &stamp, &fm, &code, &causes, &us, &evTime, &raw}
+	q("a3b4c5d6-0000-4000-8000-000000000007", dst...)
+	if holder != "ctrl-7f9c_4b1e2d3c" || stamp != "900" || code != 200 {
+		t.Errorf("lease row: holder %q stamp %q code %d", holder, stamp, code)
+	}
+	q("a3b4c5d6-0000-4000-8000-000000000002", dst...)
+	if fm != "bob-tool" || len(causes) != 1 || causes[0] != "FieldManagerConflict" || writer != "bob" {
+		t.Errorf("field conflict row: manager %q causes %q writer %q", fm, causes, writer)
+	}
+	if want := micros("2026-11-29T08:50:49.004002Z"); us != uint64(want) || evTime.Unix() != want/1e6 {
+		t.Errorf("event time %d / %v, want %d", us, evTime, want)
+	}
+	q("a3b4c5d6-0000-4000-8000-000000000009", dst...)
+	if writer != "system:serviceaccount:kube-system:horizontal-pod-autoscaler" {
+		t.Errorf("impersonated writer %q", writer)
+	}
+	q("a3b4c5d6-0000-4000-8000-000000000008", dst...)
+	if strings.Contains(raw, "aHVudGVyMg") || !strings.Contains(raw, "db-password") {
+		t.Errorf("secret raw event: %s", raw)
+	}
+}
+
+func TestDeadLettersAreStoredWithReason(t *testing.T) {
+	st, _ := newStore(t, false)
+	dead := []DeadLetter{{Cluster: "prod", Source: "webhook", Reason: "event has no auditID", Raw: `{"stage":"x"}`, ReceivedAt: time.Now().UnixMicro()}}
+	res, err := st.Insert(t.Context(), nil, dead)
+	if err != nil || res.Dead != 1 {
+		t.Fatalf("%+v %v", res, err)
+	}
+	if n := count(t, st, "SELECT count() FROM {db}.dead_letters WHERE reason = ? AND raw = ?", dead[0].Reason, dead[0].Raw); n != 1 {
+		t.Errorf("dead letter rows %d, want 1", n)
+	}
+}
+
+func TestRetentionDropsWholeDays(t *testing.T) {
+	st, _ := newStore(t, false)
+	base := realEvents(t)[:1]
+	var rows []Row
+	now := time.Date(2026, 11, 29, 12, 0, 0, 0, time.UTC)
+	for day := range 5 {
+		r := decodeAll(t, "prod", base)[0]
+		r.AuditID = fmt.Sprintf("day-%d", day)
+		r.StageMicros = now.AddDate(0, 0, -day).UnixMicro()
+		r.Fingerprint = Fingerprint(&r)
+		rows = append(rows, r)
+	}
+	if _, err := st.Insert(t.Context(), rows, nil); err != nil {
+		t.Fatal(err)
+	}
+	dropped, err := st.DropPartitionsBefore(t.Context(), now.AddDate(0, 0, -2))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if strings.Join(dropped, ",") != "2026-11-25,2026-11-26" {
+		t.Errorf("dropped %v", dropped)
+	}
+	if n := count(t, st, "SELECT count() FROM {db}.events"); n != 3 {
+		t.Errorf("%d events left, want 3", n)
+	}
+	if n := count(t, st, "SELECT count() FROM {db}.event_keys"); n != 3 {
+		t.Errorf("%d keys left, want 3", n)
+	}
+}
+
+func TestBatchRecordRoundTrips(t *testing.T) {
+	rows := decodeAll(t, "prod", realEvents(t))
+	in := Batch{Cluster: "prod", Rows: rows, Dead: []DeadLetter{{Cluster: "prod", Source: "file", Reason: "r", Raw: "x", ReceivedAt: 42}}}
+	rec := AppendBatch(nil, &in)
+	out, err := DecodeBatch(string(rec))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range rows {
+		normalize(&rows[i])
+		r := out.Rows[i]
+		r.Raw = ""
+		normalize(&r)
+		if fmt.Sprintf("%+v", r) != fmt.Sprintf("%+v", rows[i]) {
+			t.Errorf("row %d:\n got %+v\nwant %+v", i, r, rows[i])
+		}
+	}
+	if len(out.Dead) != 1 || out.Dead[0] != in.Dead[0] {
+		t.Errorf("dead letters %+v", out.Dead)
+	}
+	for cut := range len(rec) {
+		if _, err := DecodeBatch(string(rec[:cut])); err == nil {
+			t.Fatalf("a record cut at %d of %d decoded", cut, len(rec))
+		}
+	}
+}
+
+// processTB lets a server outlive the test that started it: its cleanups run
+// at process exit via TestMain.
+type processTB struct {
+	testing.TB
+}
+
+var processCleanups []func()
+
+func (p *processTB) Cleanup(f func()) { processCleanups = append(processCleanups, f) }
+func (p *processTB) TempDir() string  { return mkTemp() }
+func (p *processTB) Context() context.Context {
+	return context.Background()
+}
