@@ -22,7 +22,9 @@ const (
 // Options configure a Spool. The zero value is usable.
 type Options struct {
 	// SegmentBytes is the size at which a segment is closed and a new one
-	// started. Defaults to DefaultSegmentBytes (64 MiB) if zero.
+	// started. Defaults to DefaultSegmentBytes (64 MiB) if zero, and is
+	// capped at MaxBytes/4: the segment being written is never deleted, so
+	// it must leave room in a spool whose confirmed data is otherwise gone.
 	SegmentBytes int64
 	// MaxBytes caps the bytes on disk, confirmed-but-not-yet-deleted data
 	// included; an Append that would pass it fails with ErrFull. Defaults to
@@ -48,6 +50,7 @@ func (o *Options) setDefaults() {
 	if o.MaxBytes <= 0 {
 		o.MaxBytes = DefaultMaxBytes
 	}
+	o.SegmentBytes = min(o.SegmentBytes, o.MaxBytes/4)
 	if o.Logger == nil {
 		o.Logger = slog.New(slog.DiscardHandler)
 	}

@@ -416,3 +416,22 @@ func TestAppendOrderIsReadOrder(t *testing.T) {
 		t.Fatalf("read %d records, want 400", len(got))
 	}
 }
+
+func TestSmallSpoolWithDefaultSegmentsRecoversFromFull(t *testing.T) {
+	// Segments default to 64 MiB; a 64 KiB spool must still roll and
+	// delete them, or one confirmed segment would keep it full for ever.
+	sp := open(t, t.TempDir(), Options{MaxBytes: 64 << 10})
+	for round := range 3 {
+		var err error
+		for err == nil {
+			_, err = sp.Append(batch(fmt.Sprint(round), 4, 1000))
+		}
+		if !errors.Is(err, ErrFull) {
+			t.Fatalf("round %d: %v, want ErrFull", round, err)
+		}
+		_, end := drain(t, sp)
+		if err := sp.Confirm(end); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
