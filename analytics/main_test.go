@@ -1,6 +1,7 @@
 package analytics
 
 import (
+	dto "github.com/prometheus/client_model/go"
 	"os"
 	"testing"
 )
@@ -25,4 +26,12 @@ func TestMain(m *testing.M) {
 		os.RemoveAll(d)
 	}
 	os.Exit(code)
+}
+
+func testutilValue(c interface{ Write(*dto.Metric) error }) float64 {
+	var m dto.Metric
+	if err := c.Write(&m); err != nil {
+		panic(err)
+	}
+	return m.GetCounter().GetValue()
 }

@@ -20,26 +20,46 @@ const recordVersion = 1
 
 var errShortRecord = errors.New("spool record truncated")
 
+// A record is the version byte, the cluster, then entries until its end:
+// a tag byte (tagRow or tagDead) and the entry. Entries are appended one at
+// a time, so a row can be encoded while its strings still point into the
+// reader's buffer.
+const (
+	tagRow  = 1
+	tagDead = 2
+)
+
 // AppendBatch encodes b onto dst. The encoding is private to the sink: the
 // spool's checksum guards it, and replay decodes it with DecodeBatch.
 func AppendBatch(dst []byte, b *Batch) []byte {
-	dst = append(dst, recordVersion)
-	dst = appendString(dst, b.Cluster)
-	dst = binary.AppendUvarint(dst, uint64(len(b.Rows)))
+	dst = AppendBatchHeader(dst, b.Cluster)
 	for i := range b.Rows {
-		dst = appendRow(dst, &b.Rows[i])
+		dst = AppendRow(dst, &b.Rows[i])
 	}
-	dst = binary.AppendUvarint(dst, uint64(len(b.Dead)))
-	for _, d := range b.Dead {
-		dst = appendString(dst, d.Source)
-		dst = appendString(dst, d.Reason)
-		dst = appendString(dst, d.Raw)
-		dst = binary.AppendVarint(dst, d.ReceivedAt)
+	for i := range b.Dead {
+		dst = AppendDeadLetter(dst, &b.Dead[i])
 	}
 	return dst
 }
 
-func appendRow(dst []byte, r *Row) []byte {
+// AppendBatchHeader starts a record for cluster.
+func AppendBatchHeader(dst []byte, cluster string) []byte {
+	dst = append(dst, recordVersion)
+	return appendString(dst, cluster)
+}
+
+// AppendDeadLetter adds a dead letter to a record.
+func AppendDeadLetter(dst []byte, d *DeadLetter) []byte {
+	dst = append(dst, tagDead)
+	dst = appendString(dst, d.Source)
+	dst = appendString(dst, d.Reason)
+	dst = appendString(dst, d.Raw)
+	return binary.AppendVarint(dst, d.ReceivedAt)
+}
+
+// AppendRow adds a row to a record (its Cluster is the record's).
+func AppendRow(dst []byte, r *Row) []byte {
+	dst = append(dst, tagRow)
 	for _, s := range [...]string{r.AuditID, r.Stage, r.Level, r.Verb, r.RequestURI, r.User,
 		r.ImpersonatedUser, r.UserAgent, r.SourceIP, r.APIGroup, r.APIVersion, r.Resource,
 		r.Subresource, r.Namespace, r.Name, r.ObjectUID, r.Stamp, r.FieldManager, r.Reason,
@@ -76,50 +96,46 @@ func DecodeBatch(rec string) (*Batch, error) {
 		return nil, fmt.Errorf("spool record version %d, want %d", v, recordVersion)
 	}
 	b := &Batch{Cluster: d.str()}
-	n := d.count()
-	b.Rows = make([]Row, 0, n)
-	for range n {
-		r := Row{Cluster: b.Cluster}
-		strs := [...]*string{&r.AuditID, &r.Stage, &r.Level, &r.Verb, &r.RequestURI, &r.User,
-			&r.ImpersonatedUser, &r.UserAgent, &r.SourceIP, &r.APIGroup, &r.APIVersion, &r.Resource,
-			&r.Subresource, &r.Namespace, &r.Name, &r.ObjectUID, &r.Stamp, &r.FieldManager, &r.Reason,
-			&r.Message, &r.AuthzDecision, &r.LeaseHolder, &r.Raw}
-		for _, p := range strs {
-			*p = d.str()
-		}
-		for _, l := range [...]*[]string{&r.UserGroups, &r.CauseReasons, &r.CauseFields, &r.AnnotationKeys, &r.AnnotationValues} {
-			k := d.count()
-			if k > 0 {
-				*l = make([]string, k)
-				for i := range *l {
-					(*l)[i] = d.str()
+	for d.err == nil && d.i < len(d.s) {
+		switch tag := d.byte(); tag {
+		case tagRow:
+			r := Row{Cluster: b.Cluster}
+			strs := [...]*string{&r.AuditID, &r.Stage, &r.Level, &r.Verb, &r.RequestURI, &r.User,
+				&r.ImpersonatedUser, &r.UserAgent, &r.SourceIP, &r.APIGroup, &r.APIVersion, &r.Resource,
+				&r.Subresource, &r.Namespace, &r.Name, &r.ObjectUID, &r.Stamp, &r.FieldManager, &r.Reason,
+				&r.Message, &r.AuthzDecision, &r.LeaseHolder, &r.Raw}
+			for _, p := range strs {
+				*p = d.str()
+			}
+			for _, l := range [...]*[]string{&r.UserGroups, &r.CauseReasons, &r.CauseFields, &r.AnnotationKeys, &r.AnnotationValues} {
+				if k := d.count(); k > 0 {
+					*l = make([]string, k)
+					for i := range *l {
+						(*l)[i] = d.str()
+					}
 				}
 			}
+			r.DryRun = d.uvarint()&1 == 1
+			r.Code = int32(d.varint())
+			r.RequestReceivedMicros = d.varint()
+			r.StageMicros = d.varint()
+			r.Fingerprint = d.uint64()
+			if d.err == nil {
+				b.Rows = append(b.Rows, r)
+			}
+		case tagDead:
+			dl := DeadLetter{Cluster: b.Cluster, Source: d.str(), Reason: d.str(), Raw: d.str(), ReceivedAt: d.varint()}
+			if d.err == nil {
+				b.Dead = append(b.Dead, dl)
+			}
+		default:
+			if d.err == nil {
+				d.err = fmt.Errorf("spool record: unknown entry tag %d", tag)
+			}
 		}
-		r.DryRun = d.uvarint()&1 == 1
-		r.Code = int32(d.varint())
-		r.RequestReceivedMicros = d.varint()
-		r.StageMicros = d.varint()
-		r.Fingerprint = d.uint64()
-		if d.err != nil {
-			return nil, d.err
-		}
-		b.Rows = append(b.Rows, r)
-	}
-	n = d.count()
-	for range n {
-		dl := DeadLetter{Cluster: b.Cluster, Source: d.str(), Reason: d.str(), Raw: d.str(), ReceivedAt: d.varint()}
-		if d.err != nil {
-			return nil, d.err
-		}
-		b.Dead = append(b.Dead, dl)
-	}
-	if d.err == nil && d.i != len(d.s) {
-		d.err = fmt.Errorf("spool record has %d trailing bytes", len(d.s)-d.i)
 	}
 	return b, d.err
 }
-
 type recordReader struct {
 	s   string
 	i   int

@@ -1,0 +1,121 @@
+package analytics
+
+import (
+	"bytes"
+	"errors"
+	"io"
+	"slices"
+	"time"
+	"unsafe"
+)
+
+// Accepter turns a stream of raw events into encoded Batch records: it
+// decodes each item, keeps the configured stages, and turns the rest into
+// dead letters. It holds no state between calls and is safe for concurrent
+// use.
+type Accepter struct {
+	Decoder Decoder
+	// Stages are the stages stored; defaulted to DefaultStages if empty.
+	Stages []string
+	// RecordRows caps the rows per record; defaulted to 5000.
+	RecordRows int
+	Metrics    *Metrics
+}
+
+// AcceptResult counts what Accept saw.
+type AcceptResult struct {
+	Accepted int // rows encoded
+	Rejected int // dead letters
+	Skipped  int // events of stages not stored
+}
+
+// Accept reads items until io.EOF and hands each finished record to emit
+// (which must copy or persist it before returning). source names the input
+// in dead letters and metrics. A read error of the stream is returned as
+// is; records already emitted stay emitted (redelivery deduplicates them).
+func (a *Accepter) Accept(cluster, source string, items ItemReader, emit func(rec []byte) error) (AcceptResult, error) {
+	var res AcceptResult
+	maxRows := a.RecordRows
+	if maxRows <= 0 {
+		maxRows = 5000
+	}
+	stages := a.Stages
+	if len(stages) == 0 {
+		stages = DefaultStages
+	}
+	rec := AppendBatchHeader(make([]byte, 0, 256<<10), cluster)
+	header := len(rec)
+	n := 0
+	flush := func() error {
+		if len(rec) == header {
+			return nil
+		}
+		err := emit(rec)
+		rec, n = rec[:header], 0
+		return err
+	}
+	var row Row
+	for {
+		it, err := items.Next()
+		if err != nil {
+			if isEOF(err) {
+				return res, flush()
+			}
+			return res, err
+		}
+		if it.Err == nil {
+			// The row points into the reader's buffer only until it is
+			// encoded below, before the next call to Next.
+			err = a.Decoder.Decode(unsafe.String(unsafe.SliceData(it.Raw), len(it.Raw)), &row)
+			if err == nil {
+				if a.Metrics != nil {
+					a.Metrics.Received.WithLabelValues(source).Inc()
+				}
+				if !slices.Contains(stages, row.Stage) {
+					res.Skipped++
+					if a.Metrics != nil {
+						a.Metrics.Skipped.Inc()
+					}
+					continue
+				}
+				row.Cluster = cluster
+				rec = AppendRow(rec, &row)
+				res.Accepted++
+				if n++; n >= maxRows {
+					if err := flush(); err != nil {
+						return res, err
+					}
+				}
+				continue
+			}
+			it.Err = err
+		}
+		d := DeadLetter{Cluster: cluster, Source: source, Reason: it.Err.Error(),
+			Raw: a.deadRaw(it.Raw), ReceivedAt: time.Now().UnixMicro()}
+		rec = AppendDeadLetter(rec, &d)
+		res.Rejected++
+		if a.Metrics != nil {
+			a.Metrics.DeadLettered.WithLabelValues(source).Inc()
+		}
+		if n++; n >= maxRows {
+			if err := flush(); err != nil {
+				return res, err
+			}
+		}
+	}
+}
+
+// deadRaw is what a dead letter keeps of an input it could not decode. An
+// event that failed to decode cannot be redacted reliably, so one that
+// mentions a redacted resource is withheld entirely.
+func (a *Accepter) deadRaw(raw []byte) string {
+	raw = sample(raw)
+	for _, r := range append([]string{"secrets"}, a.Decoder.RedactResources...) {
+		if bytes.Contains(raw, []byte(`"`+r+`"`)) {
+			return "(withheld: the input names " + r + " and could not be redacted)"
+		}
+	}
+	return string(raw)
+}
+
+func isEOF(err error) bool { return errors.Is(err, io.EOF) }

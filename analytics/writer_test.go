@@ -1,0 +1,179 @@
+package analytics
+
+import (
+	"context"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stampguard/stampguard/analytics/spool"
+	"github.com/stampguard/stampguard/internal/chtest"
+)
+
+// acceptInto splits an EventList body and appends its records to sp.
+func acceptInto(t *testing.T, sp *spool.Spool, cluster, body string) AcceptResult {
+	t.Helper()
+	a := Accepter{Decoder: Decoder{KeepRaw: true}}
+	res, err := a.Accept(cluster, "webhook", NewListReader(strings.NewReader(body), 0), func(rec []byte) error {
+		_, err := sp.Append([][]byte{rec})
+		return err
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return res
+}
+
+// drain runs a writer until the spool has nothing pending.
+func drain(t *testing.T, sp *spool.Spool, st Inserter) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(t.Context())
+	done := make(chan error, 1)
+	go func() { done <- NewWriter(sp, st, WriterOptions{MinBackoff: 50 * time.Millisecond, MaxBackoff: 500 * time.Millisecond}).Run(ctx) }()
+	deadline := time.Now().Add(60 * time.Second)
+	for sp.Stats().RecordsPending > 0 {
+		if time.Now().After(deadline) {
+			t.Fatalf("spool still has %d records pending", sp.Stats().RecordsPending)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	cancel()
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+}
+
+func openSpool(t *testing.T, dir string) *spool.Spool {
+	t.Helper()
+	sp, err := spool.Open(dir, spool.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { sp.Close() })
+	return sp
+}
+
+func TestAcceptKeepsStagesAndDeadLettersInvalidNeighbours(t *testing.T) {
+	events := realEvents(t)
+	body := eventList(events[0], `{"stage":"ResponseComplete"}`, events[9], `{"auditID":"s","stage":"Panic","stageTimestamp":"x","objectRef":{"resource":"secrets"},"requestObject":{"data":{"k":"c2VjcmV0"}}}`, events[1])
+	var recs [][]byte
+	a := Accepter{}
+	res, err := a.Accept("prod", "webhook", NewListReader(strings.NewReader(body), 0), func(rec []byte) error {
+		recs = append(recs, append([]byte(nil), rec...))
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res != (AcceptResult{Accepted: 2, Rejected: 2, Skipped: 1}) {
+		t.Fatalf("result %+v", res)
+	}
+	b, err := DecodeBatch(string(recs[0]))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(b.Rows) != 2 || len(b.Dead) != 2 || b.Rows[0].Cluster != "prod" {
+		t.Fatalf("record: %d rows, %d dead", len(b.Rows), len(b.Dead))
+	}
+	if b.Dead[0].Reason != ErrMissingAuditID.Error() || b.Dead[0].Raw != `{"stage":"ResponseComplete"}` {
+		t.Errorf("first dead letter %+v", b.Dead[0])
+	}
+	if strings.Contains(b.Dead[1].Raw, "c2VjcmV0") {
+		t.Errorf("a dead-lettered secret kept its data: %q", b.Dead[1].Raw)
+	}
+}
+
+func TestWriterStoresSpooledEventsExactlyOnce(t *testing.T) {
+	st, _ := newStore(t, false)
+	dir := t.TempDir()
+	sp := openSpool(t, dir)
+	events := realEvents(t)
+	body := eventList(events...)
+	want := uint64(acceptInto(t, sp, "prod", body).Accepted)
+	drain(t, sp, st)
+	if n := count(t, st, "SELECT count() FROM {db}.events"); n != want {
+		t.Fatalf("%d events stored, want %d", n, want)
+	}
+
+	t.Run("a redelivered batch (apiserver retry) adds nothing", func(t *testing.T) {
+		acceptInto(t, sp, "prod", body)
+		drain(t, sp, st)
+		if n := count(t, st, "SELECT count() FROM {db}.events"); n != want {
+			t.Fatalf("%d events, want %d", n, want)
+		}
+	})
+	t.Run("a crash between insert and confirm replays without doubling", func(t *testing.T) {
+		acceptInto(t, sp, "other", body)
+		b, err := sp.Next(t.Context(), 100)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var rows []Row
+		for _, rec := range b.Records {
+			bb, err := DecodeBatch(string(rec))
+			if err != nil {
+				t.Fatal(err)
+			}
+			rows = append(rows, bb.Rows...)
+		}
+		if _, err := st.Insert(t.Context(), rows, nil); err != nil {
+			t.Fatal(err)
+		}
+		sp.Close() // no Confirm: the "crash"
+		sp2 := openSpool(t, dir)
+		if sp2.Stats().RecordsPending == 0 {
+			t.Fatal("the unconfirmed record was not replayed")
+		}
+		drain(t, sp2, st)
+		if n := count(t, st, "SELECT count() FROM {db}.events WHERE cluster = 'other'"); n != want {
+			t.Fatalf("%d events for the replayed cluster, want %d", n, want)
+		}
+		if n := count(t, st, "SELECT count() FROM (SELECT audit_id, stage, cluster FROM {db}.events GROUP BY audit_id, stage, cluster HAVING count() > 1)"); n != 0 {
+			t.Fatalf("%d duplicated keys", n)
+		}
+	})
+}
+
+func TestWriterWaitsOutClickHouseDowntime(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts clickhouse-server")
+	}
+	srv := chtest.Start(t)
+	db := srv.NewDatabase(t)
+	st, err := OpenStore(t.Context(), StoreOptions{DSN: srv.DSN(), Database: db})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	if _, err := st.Migrate(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	sp := openSpool(t, t.TempDir())
+	m := NewMetrics(nil)
+	ctx, cancel := context.WithCancel(t.Context())
+	defer cancel()
+	done := make(chan error, 1)
+	go func() {
+		done <- NewWriter(sp, st, WriterOptions{Metrics: m, MinBackoff: 50 * time.Millisecond, MaxBackoff: 300 * time.Millisecond}).Run(ctx)
+	}()
+
+	srv.Stop()
+	want := uint64(acceptInto(t, sp, "prod", eventList(realEvents(t)...)).Accepted)
+	time.Sleep(time.Second)
+	if sp.Stats().RecordsPending == 0 {
+		t.Fatal("records were confirmed while ClickHouse was down")
+	}
+	srv.Start()
+	deadline := time.Now().Add(60 * time.Second)
+	for sp.Stats().RecordsPending > 0 && time.Now().Before(deadline) {
+		time.Sleep(50 * time.Millisecond)
+	}
+	cancel()
+	<-done
+	if n := count(t, st, "SELECT count() FROM {db}.events"); n != want {
+		t.Fatalf("%d events after ClickHouse returned, want %d", n, want)
+	}
+	if got := testutilValue(m.CHErrors); got < 1 {
+		t.Errorf("clickhouse error counter %v, want >= 1", got)
+	}
+}
