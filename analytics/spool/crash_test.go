@@ -84,6 +84,12 @@ func batchNames(recs [][]byte) []string {
 	return names
 }
 
+// TestCrashKeepsAcknowledgedBatches kills a child process mid-append
+// (SIGKILL) three times over the same spool and checks that every batch the
+// child saw acknowledged is there, whole, and that nothing confirmed comes
+// back. A killed process leaves the page cache behind, so this proves the
+// acknowledge and confirm protocol, not fsync against power loss; the torn
+// tail tests cover what a power loss leaves on disk.
 func TestCrashKeepsAcknowledgedBatches(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts child processes")

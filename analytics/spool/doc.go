@@ -59,7 +59,9 @@
 //     commit: nothing in that group was acknowledged, because Append returns
 //     only after the group's fsync. The tail is truncated at the first
 //     damaged batch with a logged warning; the intact batches before it are
-//     kept. Groups are written strictly one after another, each fsynced
+//     kept (some may belong to that unacknowledged group: delivering them
+//     is harmless, the sink deduplicates and the apiserver retries the
+//     batch anyway). Groups are written strictly one after another, each fsynced
 //     before the next starts, so an intact batch of a later group proves the
 //     damaged one had been fsynced: that is corruption, not a torn write.
 //   - Anywhere else it is corruption of acknowledged data. Open fails with a
@@ -69,6 +71,10 @@
 //     logs an error naming file, offset and the bytes skipped, and keeps every
 //     intact batch after the damage. Only the damaged bytes are lost. The
 //     reader applies the same rule if it meets damage at run time.
+//
+// Open reads every unconfirmed byte once to check it, about a second per
+// GiB here. An I/O error while appending fails the spool closed (see
+// Append); reopening it recovers from what is on disk.
 //
 // With Options.NoSync a crash can lose or tear anything not yet written back
 // by the kernel; it exists for tests and for measuring the cost of fsync.
