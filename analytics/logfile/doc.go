@@ -8,7 +8,8 @@
 // its first byte (in the decompressed stream for gzip). Line.Data belongs to
 // the caller. A line longer than ReaderOptions.MaxLineBytes is skipped and
 // reported as a *LineTooLongError (errors.Is ErrLineTooLong) carrying its
-// offset and length; calling Next again continues after it. A last line
+// offset and length; calling Next again continues after it. BytesRead
+// (compressed bytes for gzip) against the file size drives a progress bar. A last line
 // without a newline is yielded with NoNewline set: in a finished file it
 // is usually a write torn by a crash, and the caller decides.
 //
@@ -36,6 +37,9 @@
 // lines written between the last read and the truncation cannot be
 // recovered; the apiserver itself never truncates). A line is yielded only once
 // its newline is there. Polling, no inotify: the interval bounds the delay.
+// Follow reads plain files only: a backup that lumberjack compressed (and
+// whose plain file it removed) before the follower got to it is skipped;
+// ingest such .gz files with a Reader (the sink deduplicates).
 //
 // Each Line from a Follower carries a Checkpoint (device, inode, offset
 // after the line, and a checksum of the file's first bytes). Confirm writes

@@ -64,8 +64,21 @@ func (o *ReaderOptions) setDefaults() {
 // concurrent use.
 type Reader struct {
 	sc      *scanner
+	src     *countingReader
 	closers []io.Closer
 	done    bool
+}
+
+// countingReader counts the bytes read from the source, for progress.
+type countingReader struct {
+	r io.Reader
+	n int64
+}
+
+func (c *countingReader) Read(p []byte) (int, error) {
+	n, err := c.r.Read(p)
+	c.n += int64(n)
+	return n, err
 }
 
 // Open opens the file at path for reading; gzip is detected by its magic
@@ -88,12 +101,13 @@ func Open(path string, opts ReaderOptions) (*Reader, error) {
 // its magic bytes). Close does not close src.
 func NewReader(src io.Reader, opts ReaderOptions) (*Reader, error) {
 	opts.setDefaults()
-	br := bufio.NewReaderSize(src, 64<<10)
+	cr := &countingReader{r: src}
+	br := bufio.NewReaderSize(cr, 64<<10)
 	magic, err := br.Peek(2)
 	if err != nil && !errors.Is(err, io.EOF) {
 		return nil, fmt.Errorf("read: %w", err)
 	}
-	r := &Reader{}
+	r := &Reader{src: cr}
 	var in io.Reader = br
 	if bytes.Equal(magic, []byte{0x1f, 0x8b}) {
 		zr, err := gzip.NewReader(br)
@@ -124,6 +138,11 @@ func (r *Reader) Next() (Line, error) {
 	}
 	return Line{}, io.EOF
 }
+
+// BytesRead is how many bytes have been read from the source so far
+// (compressed bytes for gzip, read ahead of the lines returned): compare it
+// with the file size for a progress bar.
+func (r *Reader) BytesRead() int64 { return r.src.n }
 
 // Close releases the file.
 func (r *Reader) Close() error {

@@ -139,6 +139,9 @@ func TestReader(t *testing.T) {
 			}
 			defer r.Close()
 			got := readAll(t, r)
+			if size := int64(len(tc.content(t))); r.BytesRead() != size {
+				t.Fatalf("BytesRead = %d at the end, want the file size %d", r.BytesRead(), size)
+			}
 			if len(got) != len(tc.want) {
 				t.Fatalf("got %d items %+v, want %d", len(got), got, len(tc.want))
 			}
