@@ -30,8 +30,10 @@
 // # On disk
 //
 // The directory holds segment files named by a 20-digit decimal sequence
-// number ("00000000000000000001.seg") and a checkpoint file ("checkpoint")
-// that holds the confirmed Position. A segment starts with a 16-byte header
+// number ("00000000000000000001.seg"), a checkpoint file ("checkpoint")
+// that holds the confirmed Position, and a "lock" file: an open Spool holds
+// an flock on it, so a second Open of the directory fails with ErrInUse.
+// A segment starts with a 16-byte header
 // (magic "SGSPOOL1", segment number, big endian) followed by batches:
 //
 //	batch header, 24 bytes, little endian:

@@ -67,6 +67,9 @@ var (
 	ErrClosed = errors.New("spool closed")
 	// ErrCorrupt is wrapped by *CorruptError.
 	ErrCorrupt = errors.New("spool corrupt")
+	// ErrInUse means another Spool (in this or another process) has the
+	// directory open.
+	ErrInUse = errors.New("spool directory in use")
 )
 
 // CorruptError reports damaged data that is not a torn tail.
@@ -148,6 +151,7 @@ type Spool struct {
 	opts Options
 	log  *slog.Logger
 	bufs sync.Pool // *[]byte encode buffers
+	lock *os.File  // held flock on dir/lock; nil where unsupported
 
 	mu          sync.Mutex
 	idle        *sync.Cond // signalled when the committer stops
@@ -192,8 +196,13 @@ func Open(dir string, opts Options) (*Spool, error) {
 		closedCh: make(chan struct{}),
 	}
 	s.idle = sync.NewCond(&s.mu)
+	lock, err := lockDir(dir)
+	if err != nil {
+		return nil, err
+	}
+	s.lock = lock
 	if err := s.recover(); err != nil {
-		s.closeReader()
+		s.releaseLock()
 		return nil, err
 	}
 	return s, nil
@@ -844,8 +853,16 @@ func (s *Spool) Close() error {
 	s.rmu.Lock()
 	s.closeReader()
 	s.rmu.Unlock()
+	s.releaseLock()
 	if err != nil {
 		return fmt.Errorf("close spool: %w", err)
 	}
 	return nil
+}
+
+func (s *Spool) releaseLock() {
+	if s.lock != nil {
+		s.lock.Close() // closing the descriptor drops the flock
+		s.lock = nil
+	}
 }

@@ -435,3 +435,19 @@ func TestSmallSpoolWithDefaultSegmentsRecoversFromFull(t *testing.T) {
 		}
 	}
 }
+
+func TestOneSpoolPerDirectory(t *testing.T) {
+	dir := t.TempDir()
+	sp := open(t, dir, Options{})
+	if _, err := Open(dir, Options{}); !errors.Is(err, ErrInUse) {
+		t.Fatalf("second Open: %v, want ErrInUse", err)
+	}
+	if err := sp.Close(); err != nil {
+		t.Fatal(err)
+	}
+	sp2, err := Open(dir, Options{})
+	if err != nil {
+		t.Fatalf("Open after Close: %v", err)
+	}
+	sp2.Close()
+}
