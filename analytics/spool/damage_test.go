@@ -277,3 +277,50 @@ func TestRecoveryOfSpoolMetadata(t *testing.T) {
 		}
 	})
 }
+
+func TestDamageFoundWhileReading(t *testing.T) {
+	tests := []struct {
+		name        string
+		skipCorrupt bool
+	}{
+		{name: "without SkipCorrupt Next reports the file and offset", skipCorrupt: false},
+		{name: "with SkipCorrupt Next skips the damaged batch and goes on", skipCorrupt: true},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			dir := t.TempDir()
+			sp := open(t, dir, Options{SkipCorrupt: tc.skipCorrupt})
+			var ends []Position
+			var recs [][][]byte
+			for i := range 3 {
+				r := batch(fmt.Sprint("b", i), 2, 100)
+				recs = append(recs, r)
+				ends = append(ends, mustAppend(t, sp, r))
+			}
+			// Bit rot after the append: the middle batch's payload.
+			path := segPathIn(dir, ends[1].Segment)
+			flipByte(t, path, ends[1].Offset-3)
+
+			first, err := sp.Next(t.Context(), 1)
+			if err != nil {
+				t.Fatal(err)
+			}
+			equalRecords(t, first.Records, recs[0])
+			b, err := sp.Next(t.Context(), 10)
+			if !tc.skipCorrupt {
+				var cerr *CorruptError
+				if !errors.As(err, &cerr) || cerr.Path != path || cerr.Offset != ends[0].Offset {
+					t.Fatalf("Next: %v, want a *CorruptError at %s:%d", err, path, ends[0].Offset)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			equalRecords(t, b.Records, recs[2])
+			if b.End != ends[2] {
+				t.Fatalf("End = %v, want %v", b.End, ends[2])
+			}
+		})
+	}
+}
