@@ -136,6 +136,7 @@ func DecodeBatch(rec string) (*Batch, error) {
 	}
 	return b, d.err
 }
+
 type recordReader struct {
 	s   string
 	i   int

@@ -339,6 +339,9 @@ func (l *ListReader) Next() (Item, error) {
 				return l.malformed("expected a key in the EventList")
 			}
 			rawKey, err := l.value()
+			if l.rerr != nil {
+				return Item{}, l.rerr
+			}
 			if err != nil {
 				return l.malformed(err.Error())
 			}
@@ -357,7 +360,9 @@ func (l *ListReader) Next() (Item, error) {
 				l.state = listItems
 				continue
 			}
-			if _, err := l.value(); err != nil {
+			if _, err := l.value(); l.rerr != nil {
+				return Item{}, l.rerr
+			} else if err != nil {
 				return l.malformed(err.Error())
 			}
 		case listItems:
@@ -373,6 +378,9 @@ func (l *ListReader) Next() (Item, error) {
 				return l.malformed("unexpected end of input in items")
 			}
 			raw, err := l.value()
+			if l.rerr != nil {
+				return Item{}, l.rerr
+			}
 			if err != nil {
 				if !errors.Is(err, ErrEventTooLarge) {
 					l.done = true

@@ -184,4 +184,35 @@ func FuzzListReader(f *testing.F) {
 	})
 }
 
-var _ = errors.Is
+type failingReader struct {
+	r   io.Reader
+	err error
+}
+
+func (f *failingReader) Read(p []byte) (int, error) {
+	n, err := f.r.Read(p)
+	if err == io.EOF {
+		return n, f.err
+	}
+	return n, err
+}
+
+func TestListReaderReportsReadErrorsNotDeadLetters(t *testing.T) {
+	events := realEvents(t)
+	body := eventList(events...)
+	boom := errors.New("connection reset")
+	for _, cut := range []int{5, 30, len(body) / 2, len(body) - 3} {
+		lr := NewListReader(&failingReader{strings.NewReader(body[:cut]), boom}, 0)
+		var err error
+		for err == nil {
+			var it Item
+			it, err = lr.Next()
+			if err == nil && it.Err != nil {
+				t.Fatalf("cut %d: a read error became a dead letter: %v", cut, it.Err)
+			}
+		}
+		if !errors.Is(err, boom) {
+			t.Errorf("cut %d: error %v, want the read error", cut, err)
+		}
+	}
+}

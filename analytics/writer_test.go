@@ -29,7 +29,9 @@ func drain(t *testing.T, sp *spool.Spool, st Inserter) {
 	t.Helper()
 	ctx, cancel := context.WithCancel(t.Context())
 	done := make(chan error, 1)
-	go func() { done <- NewWriter(sp, st, WriterOptions{MinBackoff: 50 * time.Millisecond, MaxBackoff: 500 * time.Millisecond}).Run(ctx) }()
+	go func() {
+		done <- NewWriter(sp, st, WriterOptions{MinBackoff: 50 * time.Millisecond, MaxBackoff: 500 * time.Millisecond}).Run(ctx)
+	}()
 	deadline := time.Now().Add(60 * time.Second)
 	for sp.Stats().RecordsPending > 0 {
 		if time.Now().After(deadline) {
