@@ -336,3 +336,63 @@ func TestFollowNeedsACheckpointPath(t *testing.T) {
 		t.Fatal("Follow without CheckpointPath succeeded")
 	}
 }
+
+func TestFollowAConcurrentWriterThatRotates(t *testing.T) {
+	// A writer like lumberjack (split writes, rename and create every 300
+	// lines) runs while the follower reads; halfway the follower restarts
+	// from its checkpoint. Every line must arrive once, in order.
+	d := newLogDir(t)
+	const total = 3000
+	done := make(chan error, 1)
+	go func() {
+		f, err := os.OpenFile(d.path, os.O_WRONLY|os.O_APPEND|os.O_CREATE, 0o600)
+		if err != nil {
+			done <- err
+			return
+		}
+		for i := 1; i <= total; i++ {
+			line := fmt.Sprintf("{\"line\":%d}\n", i)
+			half := len(line) / 2
+			if _, err := f.WriteString(line[:half]); err != nil {
+				done <- err
+				return
+			}
+			if _, err := f.WriteString(line[half:]); err != nil {
+				done <- err
+				return
+			}
+			if i%300 == 0 {
+				f.Close()
+				backup := filepath.Join(d.dir, fmt.Sprintf("audit-2026-11-29T09-00-00.%03d.log", i/300))
+				if err := os.Rename(d.path, backup); err != nil {
+					done <- err
+					return
+				}
+				if f, err = os.OpenFile(d.path, os.O_WRONLY|os.O_APPEND|os.O_CREATE, 0o600); err != nil {
+					done <- err
+					return
+				}
+			}
+		}
+		done <- f.Close()
+	}()
+
+	f := d.follow()
+	for i := 1; i <= total; i++ {
+		l := next(t, f)
+		if want := fmt.Sprintf("{\"line\":%d}", i); string(l.Data) != want {
+			t.Fatalf("got %q, want %q", l.Data, want)
+		}
+		if i == total/2 {
+			if err := f.Confirm(l.Checkpoint); err != nil {
+				t.Fatal(err)
+			}
+			f.Close()
+			f = d.follow()
+		}
+	}
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	expectNothing(t, f)
+}
