@@ -12,8 +12,10 @@ import (
 	"os/signal"
 	"syscall"
 
+	"github.com/go-logr/logr"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
+	ctrllog "sigs.k8s.io/controller-runtime/pkg/log"
 
 	"github.com/stampguard/stampguard/policy/admission"
 )
@@ -42,6 +44,7 @@ func run() int {
 		return 2
 	}
 	o.Logger = log
+	ctrllog.SetLogger(logr.FromSlogHandler(log.Handler()))
 	if o.PolicyFile == "" {
 		o.RestConfig, err = restConfig(kubeconfig)
 		if err != nil {

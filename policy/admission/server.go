@@ -148,11 +148,16 @@ func Run(ctx context.Context, o Options) error {
 		if err != nil {
 			return fmt.Errorf("create manager: %w", err)
 		}
-		cs := &ClusterSource{client: mgr.GetClient(), metrics: metrics, log: log}
+		cs := &ClusterSource{client: mgr.GetClient(), cache: mgr.GetCache(), metrics: metrics, log: log}
+		if err := mgr.Add(cs); err != nil {
+			return fmt.Errorf("add policy source: %w", err)
+		}
 		if err := ctrl.NewControllerManagedBy(mgr).Named("concurrencypolicy").
 			For(&v1alpha1.ConcurrencyPolicy{}).Complete(cs); err != nil {
 			return fmt.Errorf("create policy controller: %w", err)
 		}
+		// The manager runs the webhook server only once someone asks for it.
+		srv = mgr.GetWebhookServer()
 		env.Namespaces = namespaceLabels{ctx: ctx, reader: mgr.GetCache()}
 		src, ready = cs, cs.Ready
 	}

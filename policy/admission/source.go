@@ -12,6 +12,7 @@ import (
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/types"
 	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/stampguard/stampguard/policy"
@@ -35,6 +36,7 @@ var _ PolicySource = (*StaticSource)(nil)
 // the old set or the new one, never a mix.
 type ClusterSource struct {
 	client  client.Client
+	cache   cache.Cache
 	metrics *Metrics
 	log     *slog.Logger
 	set     atomic.Pointer[policy.Set]
@@ -63,9 +65,32 @@ const (
 
 // Reconcile rebuilds the policy set and reports on the named policy.
 func (s *ClusterSource) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result, error) {
+	target, targetErr, err := s.rebuild(ctx, req.Name)
+	if err != nil || target == nil {
+		return ctrl.Result{}, err // deleted: it is gone from the set already
+	}
+	return ctrl.Result{}, s.updateStatus(ctx, target, targetErr)
+}
+
+// Start builds the first set once the cache has synced, so that a cluster
+// without any policy still becomes ready.
+func (s *ClusterSource) Start(ctx context.Context) error {
+	if !s.cache.WaitForCacheSync(ctx) {
+		return fmt.Errorf("policy cache did not sync: %w", context.Cause(ctx))
+	}
+	if _, _, err := s.rebuild(ctx, ""); err != nil {
+		return err
+	}
+	<-ctx.Done()
+	return nil
+}
+
+// rebuild compiles every policy in the cache and swaps the set in. It
+// returns the policy called name, if it exists, and its compile error.
+func (s *ClusterSource) rebuild(ctx context.Context, name string) (*v1alpha1.ConcurrencyPolicy, error, error) {
 	var list v1alpha1.ConcurrencyPolicyList
 	if err := s.client.List(ctx, &list); err != nil {
-		return ctrl.Result{}, fmt.Errorf("list ConcurrencyPolicies: %w", err)
+		return nil, nil, fmt.Errorf("list ConcurrencyPolicies: %w", err)
 	}
 	var compiled []*policy.Policy
 	var target *v1alpha1.ConcurrencyPolicy
@@ -79,20 +104,17 @@ func (s *ClusterSource) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.R
 		} else {
 			compiled = append(compiled, c)
 		}
-		if p.Name == req.Name {
+		if p.Name == name {
 			target, targetErr = p, err
 		}
 	}
 	set := policy.NewSet(compiled...)
 	old := s.set.Swap(set)
 	s.metrics.SetPolicies(len(compiled), invalid)
-	if old == nil || !equalNames(old.Names(), set.Names()) || target != nil {
-		s.log.Info("policy set updated", "policies", set.Names(), "invalid", invalid, "changed", req.Name)
+	if old == nil || !equalNames(old.Names(), set.Names()) {
+		s.log.Info("policy set updated", "policies", set.Names(), "invalid", invalid, "changed", name)
 	}
-	if target == nil {
-		return ctrl.Result{}, nil // deleted: it is gone from the set already
-	}
-	return ctrl.Result{}, s.updateStatus(ctx, target, targetErr)
+	return target, targetErr, nil
 }
 
 func equalNames(a, b []string) bool {
@@ -146,3 +168,6 @@ func (n namespaceLabels) Labels(ns string) (labels.Set, bool) {
 	}
 	return obj.Labels, true
 }
+
+// NeedLeaderElection is false: every replica serves admission and needs the set.
+func (s *ClusterSource) NeedLeaderElection() bool { return false }

@@ -1,0 +1,15 @@
+package e2e
+
+import (
+	"os"
+	"testing"
+
+	"github.com/go-logr/logr"
+	ctrllog "sigs.k8s.io/controller-runtime/pkg/log"
+)
+
+func TestMain(m *testing.M) {
+	// controller-runtime complains on stderr unless its global logger is set.
+	ctrllog.SetLogger(logr.Discard())
+	os.Exit(m.Run())
+}

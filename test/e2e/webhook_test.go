@@ -1,0 +1,654 @@
+package e2e
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"os"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
+	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	apimeta "k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
+	"k8s.io/utils/ptr"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/stampguard/stampguard/internal/kubetest"
+	"github.com/stampguard/stampguard/policy/admission"
+	"github.com/stampguard/stampguard/policy/api/v1alpha1"
+)
+
+// webhookEnv is one control plane with the webhook running in cluster mode.
+type webhookEnv struct {
+	*kubetest.Env
+	registry *prometheus.Registry
+}
+
+func startWebhookEnv(t *testing.T) *webhookEnv {
+	t.Helper()
+	env := kubetest.Start(t, kubetest.Options{AuditPolicy: kubetest.DefaultAuditPolicy, AuditLog: true})
+	reg := prometheus.NewRegistry()
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	ready := make(chan struct{})
+	go func() {
+		done <- admission.Run(ctx, admission.Options{
+			Host: env.WebhookHost, Port: env.WebhookPort, CertDir: env.CertDir,
+			ProbeAddr: "0", RestConfig: env.Config, Namespace: "stampguard-system",
+			Registry: reg, Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
+			Ready: func(string) { close(ready) },
+		})
+	}()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("webhook stopped with: %v", err)
+		}
+	})
+	select {
+	case <-ready:
+	case err := <-done:
+		t.Fatalf("webhook failed to start: %v", err)
+	case <-time.After(60 * time.Second):
+		t.Fatal("webhook not ready after 60s")
+	}
+	mut, val := admission.Configurations(admission.ConfigOptions{
+		URL: env.WebhookURL(), CABundle: env.CAData,
+		Resources: []admission.GuardedResource{{Group: "", Resource: "configmaps"}, {Group: "apps", Resource: "deployments"}},
+		// The namespaces of the webhook-down test get configurations of their own.
+		NamespaceSelector: &metav1.LabelSelector{MatchExpressions: []metav1.LabelSelectorRequirement{{
+			Key: "e2e.stampguard.dev/down", Operator: metav1.LabelSelectorOpDoesNotExist,
+		}}},
+	})
+	create(t, env.Client, mut)
+	create(t, env.Client, val)
+	return &webhookEnv{Env: env, registry: reg}
+}
+
+func create(t *testing.T, c client.Client, obj client.Object) {
+	t.Helper()
+	if err := c.Create(t.Context(), obj); err != nil {
+		t.Fatalf("create %T %s: %v", obj, obj.GetName(), err)
+	}
+}
+
+func namespace(t *testing.T, c client.Client, name string, labels map[string]string) {
+	t.Helper()
+	create(t, c, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: name, Labels: labels}})
+}
+
+// applyPolicy creates or replaces a policy and waits until the webhook
+// reports it in force (or refused).
+func applyPolicy(t *testing.T, c client.Client, p *v1alpha1.ConcurrencyPolicy, wantReady metav1.ConditionStatus) *v1alpha1.ConcurrencyPolicy {
+	t.Helper()
+	ctx := t.Context()
+	var cur v1alpha1.ConcurrencyPolicy
+	err := c.Get(ctx, types.NamespacedName{Name: p.Name}, &cur)
+	switch {
+	case apierrors.IsNotFound(err):
+		if err := c.Create(ctx, p); err != nil {
+			t.Fatalf("create policy %s: %v", p.Name, err)
+		}
+	case err != nil:
+		t.Fatalf("get policy %s: %v", p.Name, err)
+	default:
+		cur.Spec = p.Spec
+		if err := c.Update(ctx, &cur); err != nil {
+			t.Fatalf("update policy %s: %v", p.Name, err)
+		}
+	}
+	var got v1alpha1.ConcurrencyPolicy
+	eventually(t, 20*time.Second, func() error {
+		if err := c.Get(ctx, types.NamespacedName{Name: p.Name}, &got); err != nil {
+			return err
+		}
+		cond := apimeta.FindStatusCondition(got.Status.Conditions, admission.ConditionReady)
+		if cond == nil || cond.ObservedGeneration != got.Generation || cond.Status != wantReady {
+			return fmt.Errorf("policy %s: condition %+v at generation %d, want Ready=%s", p.Name, cond, got.Generation, wantReady)
+		}
+		return nil
+	})
+	return &got
+}
+
+func eventually(t *testing.T, timeout time.Duration, fn func() error) {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	for {
+		err := fn()
+		if err == nil {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("still failing after %s: %v", timeout, err)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+func statusOf(t *testing.T, err error) metav1.Status {
+	t.Helper()
+	var st apierrors.APIStatus
+	if !errors.As(err, &st) {
+		t.Fatalf("want an API status error, got %v", err)
+	}
+	return st.Status()
+}
+
+func configMap(ns, name string, labels map[string]string) *corev1.ConfigMap {
+	return &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name, Labels: labels}, Data: map[string]string{"k": "v"}}
+}
+
+// warnings collects the Warning headers a client receives.
+type warnings struct {
+	mu   sync.Mutex
+	seen []string
+}
+
+func (w *warnings) HandleWarningHeader(_ int, _ string, text string) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.seen = append(w.seen, text)
+}
+
+func (w *warnings) all() []string {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return append([]string(nil), w.seen...)
+}
+
+func TestWebhook(t *testing.T) {
+	env := startWebhookEnv(t)
+	admin := env.Client
+	alice := env.ClientAs(t, "alice")
+
+	t.Run("stampless updates", func(t *testing.T) {
+		ns := "stamp"
+		namespace(t, admin, ns, nil)
+		applyPolicy(t, admin, &v1alpha1.ConcurrencyPolicy{
+			ObjectMeta: metav1.ObjectMeta{Name: "configmaps-stamp"},
+			Spec: v1alpha1.ConcurrencyPolicySpec{
+				Match:                  v1alpha1.Match{Resources: []v1alpha1.ResourceMatch{{Group: "", Resource: "configmaps"}}, Namespaces: []string{ns}},
+				RequireResourceVersion: true,
+			},
+		}, metav1.ConditionTrue)
+		ctx := t.Context()
+		cm := configMap(ns, "settings", nil)
+		create(t, alice, cm)
+
+		t.Run("a stampless PUT on a guarded kind is refused with 422 and a resourceVersion cause", func(t *testing.T) {
+			blind := configMap(ns, "settings", nil)
+			blind.Data["k"] = "blind"
+			err := alice.Update(ctx, blind)
+			if !apierrors.IsInvalid(err) {
+				t.Fatalf("want 422 Invalid, got %v", err)
+			}
+			st := statusOf(t, err)
+			for _, want := range []string{`admission webhook "stamp.stampguard.dev" denied the request`, `ConcurrencyPolicy "configmaps-stamp"`, "must be specified for an update"} {
+				if !strings.Contains(st.Message, want) {
+					t.Errorf("message %q lacks %q", st.Message, want)
+				}
+			}
+			if st.Details == nil || len(st.Details.Causes) != 1 || st.Details.Causes[0].Field != "metadata.resourceVersion" {
+				t.Errorf("want one cause on metadata.resourceVersion, got %+v", st.Details)
+			}
+		})
+		t.Run("a stampless dry-run PUT is refused too", func(t *testing.T) {
+			blind := configMap(ns, "settings", nil)
+			if err := alice.Update(ctx, blind, client.DryRunAll); !apierrors.IsInvalid(err) {
+				t.Fatalf("want 422 Invalid, got %v", err)
+			}
+		})
+		t.Run("a stamped PUT passes", func(t *testing.T) {
+			var cur corev1.ConfigMap
+			if err := alice.Get(ctx, client.ObjectKeyFromObject(cm), &cur); err != nil {
+				t.Fatal(err)
+			}
+			cur.Data["k"] = "stamped"
+			if err := alice.Update(ctx, &cur); err != nil {
+				t.Fatalf("stamped update refused: %v", err)
+			}
+		})
+		t.Run("a merge PATCH passes", func(t *testing.T) {
+			p := client.RawPatch(types.MergePatchType, []byte(`{"data":{"k":"patched"}}`))
+			if err := alice.Patch(ctx, configMap(ns, "settings", nil), p); err != nil {
+				t.Fatalf("patch refused: %v", err)
+			}
+		})
+		t.Run("a server-side apply passes", func(t *testing.T) {
+			p := client.RawPatch(types.ApplyPatchType, []byte(`{"apiVersion":"v1","kind":"ConfigMap","metadata":{"name":"settings","namespace":"stamp"},"data":{"applied":"yes"}}`))
+			if err := alice.Patch(ctx, configMap(ns, "settings", nil), p, client.FieldOwner("e2e-apply")); err != nil {
+				t.Fatalf("apply refused: %v", err)
+			}
+		})
+		t.Run("a PATCH that nulls resourceVersion is refused", func(t *testing.T) {
+			p := client.RawPatch(types.MergePatchType, []byte(`{"metadata":{"resourceVersion":null},"data":{"k":"nulled"}}`))
+			err := alice.Patch(ctx, configMap(ns, "settings", nil), p)
+			if !apierrors.IsInvalid(err) {
+				t.Fatalf("want 422 Invalid, got %v", err)
+			}
+		})
+		t.Run("an unguarded kind is untouched", func(t *testing.T) {
+			sa := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "s"}, StringData: map[string]string{"a": "b"}}
+			create(t, alice, sa)
+			blind := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "s"}, StringData: map[string]string{"a": "c"}}
+			if err := alice.Update(ctx, blind); err != nil {
+				t.Fatalf("stampless update of an unguarded secret refused: %v", err)
+			}
+		})
+		t.Run("stamped writes never reach the webhook", func(t *testing.T) {
+			before := counterValue(t, env.registry, "stampguard_admission_requests_total", "stamp")
+			for i := range 5 {
+				var cur corev1.ConfigMap
+				if err := alice.Get(ctx, client.ObjectKeyFromObject(cm), &cur); err != nil {
+					t.Fatal(err)
+				}
+				cur.Data["n"] = fmt.Sprint(i)
+				if err := alice.Update(ctx, &cur); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if after := counterValue(t, env.registry, "stampguard_admission_requests_total", "stamp"); after != before {
+				t.Fatalf("stamped updates reached the stamp endpoint: %v -> %v calls", before, after)
+			}
+			_ = alice.Update(ctx, configMap(ns, "settings", nil))
+			if after := counterValue(t, env.registry, "stampguard_admission_requests_total", "stamp"); after <= before {
+				t.Fatalf("a stampless update did not reach the stamp endpoint: %v -> %v calls", before, after)
+			}
+		})
+	})
+
+	t.Run("field owners", func(t *testing.T) {
+		ns := "owners"
+		namespace(t, admin, ns, nil)
+		applyPolicy(t, admin, &v1alpha1.ConcurrencyPolicy{
+			ObjectMeta: metav1.ObjectMeta{Name: "deployments"},
+			Spec: v1alpha1.ConcurrencyPolicySpec{
+				Match: v1alpha1.Match{Resources: []v1alpha1.ResourceMatch{{Group: "apps", Resource: "deployments"}}, Namespaces: []string{ns}},
+				FieldOwners: []v1alpha1.FieldOwner{{
+					Path:    "spec.replicas",
+					Writers: v1alpha1.Writers{ServiceAccounts: []string{"kube-system/horizontal-pod-autoscaler"}},
+				}},
+			},
+		}, metav1.ConditionTrue)
+		ctx := t.Context()
+		create(t, admin, deployment(ns, "web", 3))
+		hpa := kubernetes.NewForConfigOrDie(env.As("system:serviceaccount:kube-system:horizontal-pod-autoscaler", "system:serviceaccounts"))
+		aliceCS := kubernetes.NewForConfigOrDie(env.As("alice"))
+
+		t.Run("the HPA identity may change spec.replicas by update", func(t *testing.T) {
+			d, err := hpa.AppsV1().Deployments(ns).Get(ctx, "web", metav1.GetOptions{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			d.Spec.Replicas = ptr.To[int32](4)
+			if _, err := hpa.AppsV1().Deployments(ns).Update(ctx, d, metav1.UpdateOptions{}); err != nil {
+				t.Fatalf("owner refused: %v", err)
+			}
+		})
+		t.Run("the HPA identity may change spec.replicas through /scale", func(t *testing.T) {
+			s, err := hpa.AppsV1().Deployments(ns).GetScale(ctx, "web", metav1.GetOptions{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			s.Spec.Replicas = 3
+			if _, err := hpa.AppsV1().Deployments(ns).UpdateScale(ctx, "web", s, metav1.UpdateOptions{}); err != nil {
+				t.Fatalf("owner refused through scale: %v", err)
+			}
+		})
+		t.Run("another user may not change spec.replicas, and the answer says who owns it", func(t *testing.T) {
+			d, err := aliceCS.AppsV1().Deployments(ns).Get(ctx, "web", metav1.GetOptions{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			d.Spec.Replicas = ptr.To[int32](5)
+			_, err = aliceCS.AppsV1().Deployments(ns).Update(ctx, d, metav1.UpdateOptions{})
+			if !apierrors.IsForbidden(err) {
+				t.Fatalf("want 403 Forbidden, got %v", err)
+			}
+			want := `ConcurrencyPolicy "deployments": spec.replicas is owned by system:serviceaccount:kube-system:horizontal-pod-autoscaler; alice may not change it (3 -> 5)`
+			if msg := statusOf(t, err).Message; !strings.Contains(msg, want) {
+				t.Fatalf("message %q lacks %q", msg, want)
+			}
+		})
+		t.Run("another user may not change spec.replicas through /scale", func(t *testing.T) {
+			s, err := aliceCS.AppsV1().Deployments(ns).GetScale(ctx, "web", metav1.GetOptions{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			s.Spec.Replicas = 7
+			_, err = aliceCS.AppsV1().Deployments(ns).UpdateScale(ctx, "web", s, metav1.UpdateOptions{})
+			if !apierrors.IsForbidden(err) {
+				t.Fatalf("want 403 Forbidden through scale, got %v", err)
+			}
+		})
+		t.Run("another user may still change other fields", func(t *testing.T) {
+			d, err := aliceCS.AppsV1().Deployments(ns).Get(ctx, "web", metav1.GetOptions{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			d.Spec.Template.Annotations = map[string]string{"restartedAt": "now"}
+			if _, err := aliceCS.AppsV1().Deployments(ns).Update(ctx, d, metav1.UpdateOptions{}); err != nil {
+				t.Fatalf("unrelated change refused: %v", err)
+			}
+		})
+	})
+
+	t.Run("immutable fields", func(t *testing.T) {
+		ns := "immutable"
+		namespace(t, admin, ns, nil)
+		applyPolicy(t, admin, &v1alpha1.ConcurrencyPolicy{
+			ObjectMeta: metav1.ObjectMeta{Name: "labels"},
+			Spec: v1alpha1.ConcurrencyPolicySpec{
+				Match: v1alpha1.Match{Resources: []v1alpha1.ResourceMatch{{Resource: "configmaps"}}, Namespaces: []string{ns}},
+				ImmutableFields: []v1alpha1.ImmutableField{
+					{Path: `metadata.labels["team"]`, Mode: v1alpha1.ImmutableAlways},
+					{Path: `metadata.labels["owner"]`, Mode: v1alpha1.ImmutableOnceSet},
+				},
+			},
+		}, metav1.ConditionTrue)
+		create(t, alice, configMap(ns, "app", map[string]string{"team": "a"}))
+		relabel := func(set map[string]string, del ...string) error {
+			var cur corev1.ConfigMap
+			if err := alice.Get(t.Context(), types.NamespacedName{Namespace: ns, Name: "app"}, &cur); err != nil {
+				t.Fatal(err)
+			}
+			for k, v := range set {
+				cur.Labels[k] = v
+			}
+			for _, k := range del {
+				delete(cur.Labels, k)
+			}
+			return alice.Update(t.Context(), &cur)
+		}
+		cases := []struct {
+			name    string
+			set     map[string]string
+			del     []string
+			allowed bool
+		}{
+			{"an Always field may not change", map[string]string{"team": "b"}, nil, false},
+			{"an Always field may not be removed", nil, []string{"team"}, false},
+			{"a OnceSet field may be set when absent", map[string]string{"owner": "alice"}, nil, true},
+			{"a OnceSet field may not change once set", map[string]string{"owner": "bob"}, nil, false},
+			{"a OnceSet field may not be removed once set", nil, []string{"owner"}, false},
+			{"other labels may change", map[string]string{"free": "yes"}, nil, true},
+		}
+		for _, c := range cases {
+			t.Run(c.name, func(t *testing.T) {
+				err := relabel(c.set, c.del...)
+				if c.allowed && err != nil {
+					t.Fatalf("refused: %v", err)
+				}
+				if !c.allowed && !apierrors.IsForbidden(err) {
+					t.Fatalf("want 403 Forbidden, got %v", err)
+				}
+			})
+		}
+	})
+
+	t.Run("delete preconditions", func(t *testing.T) {
+		ns := "deletes"
+		namespace(t, admin, ns, nil)
+		applyPolicy(t, admin, &v1alpha1.ConcurrencyPolicy{
+			ObjectMeta: metav1.ObjectMeta{Name: "careful-deletes"},
+			Spec: v1alpha1.ConcurrencyPolicySpec{
+				Match:                      v1alpha1.Match{Resources: []v1alpha1.ResourceMatch{{Resource: "configmaps"}}, Namespaces: []string{ns}},
+				RequireDeletePreconditions: v1alpha1.DeletePreconditionUID,
+			},
+		}, metav1.ConditionTrue)
+		ctx := t.Context()
+		cm := configMap(ns, "victim", nil)
+		create(t, alice, cm)
+		t.Run("a delete without a uid precondition is refused", func(t *testing.T) {
+			err := alice.Delete(ctx, configMap(ns, "victim", nil))
+			if !apierrors.IsForbidden(err) || !strings.Contains(err.Error(), "must carry a uid precondition") {
+				t.Fatalf("want 403 naming the uid precondition, got %v", err)
+			}
+		})
+		t.Run("a delete with a uid precondition passes", func(t *testing.T) {
+			if err := alice.Delete(ctx, cm, client.Preconditions{UID: &cm.UID}); err != nil {
+				t.Fatalf("refused: %v", err)
+			}
+		})
+		t.Run("deletecollection is exempt by default", func(t *testing.T) {
+			create(t, alice, configMap(ns, "bulk-1", nil))
+			create(t, alice, configMap(ns, "bulk-2", nil))
+			if err := alice.DeleteAllOf(ctx, &corev1.ConfigMap{}, client.InNamespace(ns)); err != nil {
+				t.Fatalf("deletecollection refused: %v", err)
+			}
+			var left corev1.ConfigMapList
+			if err := alice.List(ctx, &left, client.InNamespace(ns)); err != nil {
+				t.Fatal(err)
+			}
+			for _, c := range left.Items {
+				if strings.HasPrefix(c.Name, "bulk-") {
+					t.Errorf("%s survived deletecollection", c.Name)
+				}
+			}
+		})
+	})
+
+	t.Run("warn and audit actions", func(t *testing.T) {
+		ns := "soft"
+		namespace(t, admin, ns, nil)
+		applyPolicy(t, admin, &v1alpha1.ConcurrencyPolicy{
+			ObjectMeta: metav1.ObjectMeta{Name: "soft"},
+			Spec: v1alpha1.ConcurrencyPolicySpec{
+				Match: v1alpha1.Match{Resources: []v1alpha1.ResourceMatch{{Resource: "configmaps"}}, Namespaces: []string{ns}},
+				ImmutableFields: []v1alpha1.ImmutableField{
+					{Path: `metadata.labels["warned"]`, Action: v1alpha1.ActionWarn},
+					{Path: `metadata.labels["audited"]`, Action: v1alpha1.ActionAudit},
+				},
+			},
+		}, metav1.ConditionTrue)
+		w := &warnings{}
+		cfg := env.As("alice")
+		cfg.WarningHandler = w
+		c, err := client.New(cfg, client.Options{Scheme: env.Scheme})
+		if err != nil {
+			t.Fatal(err)
+		}
+		create(t, c, configMap(ns, "cm", map[string]string{"warned": "1", "audited": "1"}))
+		update := func(label string) {
+			t.Helper()
+			var cur corev1.ConfigMap
+			if err := c.Get(t.Context(), types.NamespacedName{Namespace: ns, Name: "cm"}, &cur); err != nil {
+				t.Fatal(err)
+			}
+			cur.Labels[label] = "2"
+			if err := c.Update(t.Context(), &cur); err != nil {
+				t.Fatalf("a %s violation was refused: %v", label, err)
+			}
+		}
+		t.Run("Warn allows the write and the client sees a warning", func(t *testing.T) {
+			update("warned")
+			got := strings.Join(w.all(), "\n")
+			if !strings.Contains(got, `ConcurrencyPolicy "soft": metadata.labels["warned"] is immutable; alice may not change it ("1" -> "2")`) {
+				t.Fatalf("warnings %q lack the policy's", got)
+			}
+		})
+		t.Run("Audit allows the write and the audit log records the annotation", func(t *testing.T) {
+			update("audited")
+			eventually(t, 15*time.Second, func() error {
+				return auditLogHas(env.AuditLogPath, `"fields.stampguard.dev/immutable-field"`, `\"action\":\"Audit\"`, `\"path\":\"metadata.labels[\\\"audited\\\"]\"`)
+			})
+		})
+	})
+
+	t.Run("policies reload live", func(t *testing.T) {
+		ns := "reload"
+		namespace(t, admin, ns, nil)
+		ctx := t.Context()
+		create(t, alice, configMap(ns, "cm", nil))
+		stampless := func() error { return alice.Update(ctx, configMap(ns, "cm", nil)) }
+		if err := stampless(); err != nil {
+			t.Fatalf("refused before any policy: %v", err)
+		}
+		p := &v1alpha1.ConcurrencyPolicy{
+			ObjectMeta: metav1.ObjectMeta{Name: "reload"},
+			Spec: v1alpha1.ConcurrencyPolicySpec{
+				Match:                  v1alpha1.Match{Resources: []v1alpha1.ResourceMatch{{Resource: "configmaps"}}, Namespaces: []string{ns}},
+				RequireResourceVersion: true,
+			},
+		}
+		t.Run("a created policy takes effect", func(t *testing.T) {
+			applyPolicy(t, admin, p, metav1.ConditionTrue)
+			if err := stampless(); !apierrors.IsInvalid(err) {
+				t.Fatalf("want 422 after create, got %v", err)
+			}
+		})
+		t.Run("a changed policy takes effect", func(t *testing.T) {
+			p.Spec.Action = v1alpha1.ActionAudit
+			applyPolicy(t, admin, p, metav1.ConditionTrue)
+			if err := stampless(); err != nil {
+				t.Fatalf("refused after switching to Audit: %v", err)
+			}
+		})
+		t.Run("an invalid policy is refused with a status that names the field", func(t *testing.T) {
+			bad := &v1alpha1.ConcurrencyPolicy{
+				ObjectMeta: metav1.ObjectMeta{Name: "bad-path"},
+				Spec: v1alpha1.ConcurrencyPolicySpec{
+					Match:           v1alpha1.Match{Resources: []v1alpha1.ResourceMatch{{Resource: "configmaps"}}, Namespaces: []string{ns}},
+					ImmutableFields: []v1alpha1.ImmutableField{{Path: "metadata..labels"}},
+				},
+			}
+			got := applyPolicy(t, admin, bad, metav1.ConditionFalse)
+			cond := apimeta.FindStatusCondition(got.Status.Conditions, admission.ConditionReady)
+			if !strings.Contains(cond.Message, "spec.immutableFields[0].path") {
+				t.Fatalf("condition message %q does not name the field", cond.Message)
+			}
+			if err := admin.Delete(ctx, bad); err != nil {
+				t.Fatal(err)
+			}
+		})
+		t.Run("a deleted policy stops applying", func(t *testing.T) {
+			p.Spec.Action = v1alpha1.ActionDeny
+			applyPolicy(t, admin, p, metav1.ConditionTrue)
+			if err := stampless(); !apierrors.IsInvalid(err) {
+				t.Fatalf("want 422 before delete, got %v", err)
+			}
+			if err := admin.Delete(ctx, &v1alpha1.ConcurrencyPolicy{ObjectMeta: metav1.ObjectMeta{Name: "reload"}}); err != nil {
+				t.Fatal(err)
+			}
+			eventually(t, 20*time.Second, stampless)
+		})
+	})
+
+	t.Run("webhook down", func(t *testing.T) {
+		// A port nobody listens on.
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		deadURL := "https://" + ln.Addr().String()
+		_ = ln.Close()
+		for _, fp := range []admissionregistrationv1.FailurePolicyType{admissionregistrationv1.Ignore, admissionregistrationv1.Fail} {
+			ns := "down-" + strings.ToLower(string(fp))
+			namespace(t, admin, ns, map[string]string{"e2e.stampguard.dev/down": string(fp)})
+			mut, val := admission.Configurations(admission.ConfigOptions{
+				Name: "down-" + strings.ToLower(string(fp)), URL: deadURL, CABundle: env.CAData, FailurePolicy: fp,
+				Resources:         []admission.GuardedResource{{Resource: "configmaps"}},
+				NamespaceSelector: &metav1.LabelSelector{MatchLabels: map[string]string{"e2e.stampguard.dev/down": string(fp)}},
+			})
+			create(t, admin, mut)
+			create(t, admin, val)
+		}
+		ctx := t.Context()
+		t.Run("failurePolicy Ignore lets writes through", func(t *testing.T) {
+			eventually(t, 10*time.Second, func() error {
+				return alice.Create(ctx, configMap("down-ignore", "cm", nil))
+			})
+		})
+		t.Run("failurePolicy Fail refuses writes with a clear error", func(t *testing.T) {
+			// Give the apiserver's webhook informer time to see the new configuration.
+			eventually(t, 10*time.Second, func() error {
+				err := alice.Create(ctx, configMap("down-fail", "cm", nil))
+				if err == nil {
+					_ = admin.Delete(ctx, configMap("down-fail", "cm", nil))
+					return errors.New("create passed")
+				}
+				if !strings.Contains(err.Error(), `failed calling webhook "fields.stampguard.dev"`) {
+					return fmt.Errorf("unclear error: %v", err)
+				}
+				return nil
+			})
+		})
+	})
+}
+
+func deployment(ns, name string, replicas int32) *appsv1.Deployment {
+	labels := map[string]string{"app": name}
+	return &appsv1.Deployment{
+		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name},
+		Spec: appsv1.DeploymentSpec{
+			Replicas: ptr.To(replicas),
+			Selector: &metav1.LabelSelector{MatchLabels: labels},
+			Template: corev1.PodTemplateSpec{
+				ObjectMeta: metav1.ObjectMeta{Labels: labels},
+				Spec:       corev1.PodSpec{Containers: []corev1.Container{{Name: "app", Image: "registry.example/app:1"}}},
+			},
+		},
+	}
+}
+
+func counterValue(t *testing.T, reg *prometheus.Registry, name, endpoint string) float64 {
+	t.Helper()
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() != name {
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			for _, l := range m.GetLabel() {
+				if l.GetName() == "endpoint" && l.GetValue() == endpoint {
+					return m.GetCounter().GetValue()
+				}
+			}
+		}
+	}
+	return 0
+}
+
+// auditLogHas reports whether one line of the audit log contains every want.
+func auditLogHas(path string, want ...string) error {
+	f, err := os.Open(path)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	sc := bufio.NewScanner(f)
+	sc.Buffer(make([]byte, 1<<20), 16<<20)
+lines:
+	for sc.Scan() {
+		for _, w := range want {
+			if !strings.Contains(sc.Text(), w) {
+				continue lines
+			}
+		}
+		return nil
+	}
+	if err := sc.Err(); err != nil {
+		return err
+	}
+	return fmt.Errorf("no audit log line contains all of %q", want)
+}
+
+var _ rest.WarningHandler = (*warnings)(nil)
