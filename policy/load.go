@@ -1,14 +1,12 @@
 package policy
 
 import (
-	"bufio"
 	"bytes"
 	"errors"
 	"fmt"
 	"io"
 	"os"
 
-	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
 	"sigs.k8s.io/yaml"
 
 	"github.com/stampguard/stampguard/policy/api/v1alpha1"
@@ -35,48 +33,46 @@ func LoadFile(path string) ([]*Policy, error) {
 }
 
 // Load reads and compiles ConcurrencyPolicies from a multi-document stream.
+// Documents are numbered as a reader counts them, empty ones included.
 func Load(r io.Reader) ([]*Policy, error) {
-	reader := utilyaml.NewYAMLReader(bufio.NewReader(r))
+	data, err := io.ReadAll(r)
+	if err != nil {
+		return nil, err
+	}
+	if len(data) > maxPolicyFileBytes {
+		return nil, fmt.Errorf("larger than %d bytes", maxPolicyFileBytes)
+	}
 	var out []*Policy
 	var errs []error
 	names := map[string]int{}
-	total := 0
-	for doc := 1; ; doc++ {
-		raw, err := reader.Read()
-		if errors.Is(err, io.EOF) {
-			break
-		}
-		if err != nil {
-			return nil, fmt.Errorf("document %d: %w", doc, err)
-		}
-		total += len(raw)
-		if total > maxPolicyFileBytes {
-			return nil, fmt.Errorf("larger than %d bytes", maxPolicyFileBytes)
-		}
-		if len(bytes.TrimSpace(stripComments(raw))) == 0 {
+	for i, d := range splitDocuments(data) {
+		doc := i + 1
+		where := fmt.Sprintf("document %d (line %d)", doc, d.line)
+		if len(bytes.TrimSpace(stripComments(d.body))) == 0 {
 			continue
 		}
 		var p v1alpha1.ConcurrencyPolicy
-		if err := yaml.UnmarshalStrict(raw, &p); err != nil {
-			errs = append(errs, fmt.Errorf("document %d: %w", doc, err))
+		if err := yaml.UnmarshalStrict(d.body, &p); err != nil {
+			errs = append(errs, fmt.Errorf("%s: %w", where, err))
 			continue
 		}
 		if p.APIVersion != v1alpha1.GroupVersion.String() || p.Kind != "ConcurrencyPolicy" {
-			errs = append(errs, fmt.Errorf("document %d: apiVersion %q kind %q, want %s ConcurrencyPolicy", doc, p.APIVersion, p.Kind, v1alpha1.GroupVersion))
+			errs = append(errs, fmt.Errorf("%s: apiVersion %q kind %q, want %s ConcurrencyPolicy", where, p.APIVersion, p.Kind, v1alpha1.GroupVersion))
 			continue
 		}
+		where = fmt.Sprintf("document %d (ConcurrencyPolicy %q, line %d)", doc, p.Name, d.line)
 		if first, dup := names[p.Name]; dup && p.Name != "" {
-			errs = append(errs, fmt.Errorf("document %d: ConcurrencyPolicy %q is also document %d", doc, p.Name, first))
+			errs = append(errs, fmt.Errorf("%s: the name is taken by document %d", where, first))
 			continue
 		}
 		names[p.Name] = doc
 		if p.Spec.Match.NamespaceSelector != nil {
-			errs = append(errs, fmt.Errorf("document %d (ConcurrencyPolicy %q): spec.match.namespaceSelector needs namespace labels from the cluster; use spec.match.namespaces in a policy file", doc, p.Name))
+			errs = append(errs, fmt.Errorf("%s: spec.match.namespaceSelector needs namespace labels from the cluster; use spec.match.namespaces in a policy file", where))
 			continue
 		}
 		c, err := Compile(&p)
 		if err != nil {
-			errs = append(errs, fmt.Errorf("document %d (ConcurrencyPolicy %q): %w", doc, p.Name, err))
+			errs = append(errs, fmt.Errorf("%s: %w", where, err))
 			continue
 		}
 		out = append(out, c)
@@ -85,6 +81,31 @@ func Load(r io.Reader) ([]*Policy, error) {
 		return nil, errors.Join(errs...)
 	}
 	return out, nil
+}
+
+type document struct {
+	body []byte
+	line int // where the document starts, 1-based
+}
+
+// splitDocuments cuts a YAML stream at "---" separator lines.
+func splitDocuments(data []byte) []document {
+	var docs []document
+	cur := document{line: 1}
+	lineNo := 0
+	for line := range bytes.SplitAfterSeq(data, []byte("\n")) {
+		lineNo++
+		t := bytes.TrimRight(line, " \t\r\n")
+		if bytes.Equal(t, []byte("---")) || bytes.HasPrefix(t, []byte("--- ")) {
+			if lineNo > 1 {
+				docs = append(docs, cur)
+			}
+			cur = document{line: lineNo + 1}
+			continue
+		}
+		cur.body = append(cur.body, line...)
+	}
+	return append(docs, cur)
 }
 
 func stripComments(doc []byte) []byte {
