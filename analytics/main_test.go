@@ -2,6 +2,7 @@ package analytics
 
 import (
 	dto "github.com/prometheus/client_model/go"
+	"github.com/stampguard/stampguard/internal/chtest"
 	"os"
 	"testing"
 )
@@ -35,3 +36,5 @@ func testutilValue(c interface{ Write(*dto.Metric) error }) float64 {
 	}
 	return m.GetCounter().GetValue()
 }
+
+func chtestStart(tb testing.TB) *chtest.Server { return chtest.Start(tb) }

@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/ClickHouse/clickhouse-go/v2"
+	"github.com/ClickHouse/clickhouse-go/v2/ext"
 	"github.com/ClickHouse/clickhouse-go/v2/lib/driver"
 )
 
@@ -18,18 +19,14 @@ type StoreOptions struct {
 	Database string
 	// KeepRaw stores each event's (redacted) raw JSON in events.raw.
 	KeepRaw bool
-	// LookupChunk caps the audit IDs per event_keys lookup query; defaulted
-	// to 5000.
-	LookupChunk int
 }
 
 // Store writes rows to ClickHouse exactly once: Insert drops the events
 // that event_keys says are stored already.
 type Store struct {
-	conn  driver.Conn
-	db    string
-	raw   bool
-	chunk int
+	conn driver.Conn
+	db   string
+	raw  bool
 }
 
 // OpenStore connects to ClickHouse. It does not create the schema; call
@@ -40,9 +37,6 @@ func OpenStore(ctx context.Context, o StoreOptions) (*Store, error) {
 	}
 	if err := ValidDatabase(o.Database); err != nil {
 		return nil, err
-	}
-	if o.LookupChunk <= 0 {
-		o.LookupChunk = 5000
 	}
 	opts, err := clickhouse.ParseDSN(o.DSN)
 	if err != nil {
@@ -55,8 +49,6 @@ func OpenStore(ctx context.Context, o StoreOptions) (*Store, error) {
 		opts.Settings = clickhouse.Settings{}
 	}
 	opts.Settings["allow_experimental_low_cardinality_type"] = 1
-	// The dedup lookup sends audit IDs in an IN list.
-	opts.Settings["max_query_size"] = 64 << 20
 	if opts.DialTimeout == 0 {
 		opts.DialTimeout = 5 * time.Second
 	}
@@ -64,7 +56,7 @@ func OpenStore(ctx context.Context, o StoreOptions) (*Store, error) {
 	if err != nil {
 		return nil, fmt.Errorf("open ClickHouse: %w", err)
 	}
-	return &Store{conn: conn, db: o.Database, raw: o.KeepRaw, chunk: o.LookupChunk}, nil
+	return &Store{conn: conn, db: o.Database, raw: o.KeepRaw}, nil
 }
 
 // Close closes the connections.
@@ -121,7 +113,6 @@ func (s *Store) Insert(ctx context.Context, rows []Row, dead []DeadLetter) (Inse
 // fresh returns the rows not yet stored, without in-batch repeats.
 func (s *Store) fresh(ctx context.Context, rows []Row) ([]*Row, error) {
 	seen := make(map[eventKey]struct{}, len(rows))
-	byCluster := map[string][]any{}
 	out := make([]*Row, 0, len(rows))
 	for i := range rows {
 		r := &rows[i]
@@ -131,16 +122,18 @@ func (s *Store) fresh(ctx context.Context, rows []Row) ([]*Row, error) {
 		}
 		seen[k] = struct{}{}
 		out = append(out, r)
-		byCluster[r.Cluster] = append(byCluster[r.Cluster], r.AuditID)
+	}
+	if len(out) == 0 {
+		return out, nil
+	}
+	byCluster := map[string][]*Row{}
+	for _, r := range out {
+		byCluster[r.Cluster] = append(byCluster[r.Cluster], r)
 	}
 	stored := map[eventKey]struct{}{}
-	for cluster, ids := range byCluster {
-		for len(ids) > 0 {
-			n := min(len(ids), s.chunk)
-			if err := s.lookup(ctx, cluster, ids[:n], stored); err != nil {
-				return nil, err
-			}
-			ids = ids[n:]
+	for cluster, rs := range byCluster {
+		if err := s.lookup(ctx, cluster, rs, stored); err != nil {
+			return nil, err
 		}
 	}
 	if len(stored) == 0 {
@@ -155,25 +148,47 @@ func (s *Store) fresh(ctx context.Context, rows []Row) ([]*Row, error) {
 	return kept, nil
 }
 
-func (s *Store) lookup(ctx context.Context, cluster string, ids []any, into map[eventKey]struct{}) error {
-	rows, err := s.conn.Query(ctx, "SELECT audit_id, toString(stage), fingerprint FROM "+s.db+
-		".event_keys WHERE cluster = ? AND audit_id IN ?", cluster, clickhouse.GroupSet{Value: ids})
+// lookup returns which of the rows' keys event_keys holds. The batch's keys
+// travel as an external table of the native protocol (a data block, not a
+// literal IN list the server would have to parse), and the days of the
+// batch prune the partitions read.
+func (s *Store) lookup(ctx context.Context, cluster string, rows []*Row, stored map[eventKey]struct{}) error {
+	keys, err := ext.NewTable("batch_keys", ext.Column("audit_id", "String"))
+	if err != nil {
+		return err
+	}
+	days := map[int64]struct{}{}
+	for _, r := range rows {
+		if err := keys.Append(r.AuditID); err != nil {
+			return err
+		}
+		days[r.StageMicros/86_400_000_000] = struct{}{}
+	}
+	dayList := make([]any, 0, len(days))
+	for d := range days {
+		dayList = append(dayList, time.Unix(d*86400, 0).UTC().Format(time.DateOnly))
+	}
+	q := "SELECT audit_id, toString(stage), fingerprint FROM " + s.db + ".event_keys" +
+		" WHERE event_date IN ? AND cluster = ? AND audit_id IN (SELECT audit_id FROM batch_keys)"
+	res, err := s.conn.Query(clickhouse.Context(ctx, clickhouse.WithExternalTable(keys)), q,
+		clickhouse.GroupSet{Value: dayList}, cluster)
 	if err != nil {
 		return fmt.Errorf("look up stored event keys: %w", err)
 	}
-	defer rows.Close()
-	for rows.Next() {
+	defer res.Close()
+	for res.Next() {
 		k := eventKey{cluster: cluster}
-		if err := rows.Scan(&k.auditID, &k.stage, &k.fingerprint); err != nil {
+		if err := res.Scan(&k.auditID, &k.stage, &k.fingerprint); err != nil {
 			return fmt.Errorf("scan event key: %w", err)
 		}
-		into[k] = struct{}{}
+		stored[k] = struct{}{}
 	}
-	return rows.Err()
+	return res.Err()
 }
 
-// eventColumns is the insert column list; insertEvents appends in this order.
-const eventColumns = `event_date, event_time, event_time_us, request_received_us, latency_us,
+// EventColumns is the events insert column list, in the order insertEvents
+// appends.
+const EventColumns = `event_date, event_time, event_time_us, request_received_us, latency_us,
 	cluster, audit_id, stage, fingerprint, level, verb, request_uri, dry_run,
 	user, user_groups, impersonated_user, writer, user_agent, source_ip,
 	api_group, api_version, resource, subresource, namespace, name, object_uid,
@@ -181,7 +196,7 @@ const eventColumns = `event_date, event_time, event_time_us, request_received_us
 	authz_decision, annotation_keys, annotation_values, lease_holder, raw`
 
 func (s *Store) insertEvents(ctx context.Context, rows []*Row) error {
-	b, err := s.conn.PrepareBatch(ctx, "INSERT INTO "+s.db+".events ("+eventColumns+")")
+	b, err := s.conn.PrepareBatch(ctx, "INSERT INTO "+s.db+".events ("+EventColumns+")")
 	if err != nil {
 		return fmt.Errorf("prepare events insert: %w", err)
 	}

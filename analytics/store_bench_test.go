@@ -1,0 +1,48 @@
+package analytics
+
+import (
+	"fmt"
+	"testing"
+	"time"
+)
+
+// BenchmarkStoreInsert inserts batches of 20,000 fresh rows (dedup lookup
+// included) and reports rows/s, and separately the lookup alone.
+func BenchmarkStoreInsert(b *testing.B) {
+	if testing.Short() {
+		b.Skip("starts clickhouse-server")
+	}
+	srv := chtestStart(b)
+	db := srv.NewDatabase(b)
+	st, err := OpenStore(b.Context(), StoreOptions{DSN: srv.DSN(), Database: db})
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer st.Close()
+	if _, err := st.Migrate(b.Context()); err != nil {
+		b.Fatal(err)
+	}
+	tmpl := decodeAll(b, "bench", realEvents(b)[:9])
+	const n = 20000
+	run := 0
+	var lookup time.Duration
+	b.ReportAllocs()
+	for b.Loop() {
+		run++
+		rows := make([]Row, n)
+		for i := range rows {
+			rows[i] = tmpl[i%len(tmpl)]
+			rows[i].AuditID = fmt.Sprintf("run%d-%d", run, i)
+		}
+		t0 := time.Now()
+		if _, err := st.fresh(b.Context(), rows); err != nil {
+			b.Fatal(err)
+		}
+		lookup += time.Since(t0)
+		if _, err := st.Insert(b.Context(), rows, nil); err != nil {
+			b.Fatal(err)
+		}
+	}
+	b.ReportMetric(float64(run*n)/b.Elapsed().Seconds(), "rows/s")
+	b.ReportMetric(float64(lookup.Milliseconds())/float64(run), "lookup-ms/batch")
+}
