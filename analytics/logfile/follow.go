@@ -78,7 +78,8 @@ type Follower struct {
 
 	cur   *followed // nil until the file exists
 	sc    *scanner
-	atEOF bool // the last read of cur hit its end
+	atEOF bool   // the last read of cur hit its end
+	after string // name of the last finished backup; newer ones are next
 }
 
 // followed is one open file.
@@ -108,7 +109,12 @@ func Follow(ctx context.Context, path string, opts FollowOptions) (*Follower, er
 		return nil, err
 	}
 	if !ok {
-		return fl, nil // openNext opens the path at offset 0
+		// Start at the file that is there now; if none is, the first
+		// one that appears.
+		if _, err := fl.openFresh(path, false); err != nil {
+			return nil, err
+		}
+		return fl, nil
 	}
 	if err := fl.resume(cp); err != nil {
 		fl.Close()
@@ -247,15 +253,20 @@ func (fl *Follower) openNext() error {
 	if fl.cur != nil {
 		done := fl.cur
 		fl.cur = nil
-		// Backups newer than the finished file were rotated while we read
-		// it; they come before the file at the path.
 		name, err := fl.findByID(done.id)
 		done.f.Close()
 		if err != nil {
 			return err
 		}
 		if name != "" && name != fl.path {
-			later, err := fl.backupsAfter(name)
+			fl.after = name
+		}
+	}
+	for {
+		// Backups newer than the last finished one were rotated while we
+		// read it; they come before the file at the path.
+		if fl.after != "" {
+			later, err := fl.backupsAfter(fl.after)
 			if err != nil {
 				return err
 			}
@@ -265,9 +276,19 @@ func (fl *Follower) openNext() error {
 				}
 			}
 		}
+		ok, err := fl.openFresh(fl.path, false)
+		if !ok || err != nil || fl.after == "" {
+			return err
+		}
+		// A rotation between the listing and the open would make us skip
+		// a backup: list again, and start over if one appeared.
+		later, err := fl.backupsAfter(fl.after)
+		if err != nil || len(later) == 0 {
+			return err
+		}
+		fl.cur.f.Close()
+		fl.cur = nil
 	}
-	_, err := fl.openFresh(fl.path, false)
-	return err
 }
 
 // openFresh opens name at offset 0. A missing file reports false.

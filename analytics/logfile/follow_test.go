@@ -343,6 +343,8 @@ func TestFollowAConcurrentWriterThatRotates(t *testing.T) {
 	// from its checkpoint. Every line must arrive once, in order.
 	d := newLogDir(t)
 	const total = 3000
+	d.write(1)
+	f := d.follow() // holds the first file before the writer runs
 	done := make(chan error, 1)
 	go func() {
 		f, err := os.OpenFile(d.path, os.O_WRONLY|os.O_APPEND|os.O_CREATE, 0o600)
@@ -350,7 +352,7 @@ func TestFollowAConcurrentWriterThatRotates(t *testing.T) {
 			done <- err
 			return
 		}
-		for i := 1; i <= total; i++ {
+		for i := 2; i <= total; i++ {
 			line := fmt.Sprintf("{\"line\":%d}\n", i)
 			half := len(line) / 2
 			if _, err := f.WriteString(line[:half]); err != nil {
@@ -377,7 +379,6 @@ func TestFollowAConcurrentWriterThatRotates(t *testing.T) {
 		done <- f.Close()
 	}()
 
-	f := d.follow()
 	for i := 1; i <= total; i++ {
 		l := next(t, f)
 		if want := fmt.Sprintf("{\"line\":%d}", i); string(l.Data) != want {
