@@ -93,7 +93,8 @@ type followed struct {
 var castagnoli = crc32.MakeTable(crc32.Castagnoli)
 
 // Follow starts following the file at path, resuming at the checkpoint in
-// opts.CheckpointPath if there is one, else at the start of the file. The
+// opts.CheckpointPath if there is one, else at the start of the file at
+// path now (backups already rotated away are not read; ingest them). The
 // file need not exist yet. ctx only bounds this call; Next takes its own.
 func Follow(ctx context.Context, path string, opts FollowOptions) (*Follower, error) {
 	opts.setDefaults()
