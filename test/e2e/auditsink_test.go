@@ -1,0 +1,673 @@
+package e2e
+
+import (
+	"bytes"
+	"context"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/tls"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"encoding/json"
+	"encoding/pem"
+	"fmt"
+	"io"
+	"math/big"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"sort"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	coordinationv1 "k8s.io/api/coordination/v1"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/utils/ptr"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/ClickHouse/clickhouse-go/v2/lib/driver"
+
+	"github.com/stampguard/stampguard/analytics"
+	"github.com/stampguard/stampguard/analytics/logfile"
+	"github.com/stampguard/stampguard/internal/chtest"
+	"github.com/stampguard/stampguard/internal/kubetest"
+)
+
+// TestAuditSink runs a real apiserver with BOTH audit backends: the log
+// file, and the webhook backend pointing (through a recording proxy) at
+// `auditsink serve` running as a separate process. While a workload of
+// creates, conflicting updates, patches, server-side apply conflicts,
+// deletes, secrets and lease takeovers runs, the sink is SIGKILLed and
+// restarted, ClickHouse is stopped for 30 s, and the log rotates under
+// `tail`. Then, per source (webhook, tail, ingest of the files), every
+// ResponseComplete audit ID of the log files is in ClickHouse exactly
+// once; redelivering every webhook batch and ingesting the files again
+// changes no count, also as seen by a materialized view (a rollup).
+func TestAuditSink(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts kube-apiserver, etcd, clickhouse-server and the sink")
+	}
+	root := kubetest.RepoRoot(t)
+	dir := t.TempDir()
+	bin := buildAuditsink(t, root, dir)
+
+	ch := chtest.Start(t)
+	const db = "e2e"
+	migrateWithRollupProbe(t, ch, db)
+
+	pki := newSinkPKI(t, dir)
+	tokenFile := filepath.Join(dir, "token")
+	os.WriteFile(tokenFile, []byte("e2e-token\n"), 0o600)
+	sinkAddr := freeAddr(t)
+	sink := &sinkProcess{t: t, bin: bin, args: []string{"serve", "--listen", sinkAddr,
+		"--tls-cert", pki.cert, "--tls-key", pki.key, "--token-file", tokenFile,
+		"--spool-dir", filepath.Join(dir, "spool"), "--metrics-listen", "", "--database", db, "--keep-raw",
+		"--log-level", "warn"},
+		env: append(os.Environ(), "AUDITSINK_CLICKHOUSE_DSN="+ch.DSN()), log: filepath.Join(dir, "sink.log")}
+	sink.start()
+	t.Cleanup(sink.kill)
+
+	proxy := newRecordingProxy(t, pki, "https://"+sinkAddr)
+
+	policy, err := os.ReadFile(filepath.Join(root, "docs", "audit-policy.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	env := kubetest.Start(t, kubetest.Options{
+		AuditPolicy:        string(policy),
+		AuditLog:           true,
+		AuditWebhookURL:    proxy.url + "/clusters/webhook/events",
+		AuditWebhookCAFile: pki.caFile,
+		AuditWebhookToken:  "e2e-token",
+		Flags:              map[string]string{"audit-log-maxsize": "1", "audit-log-maxbackup": "100"},
+	})
+
+	// tail follows the live log into cluster "tail".
+	st, err := analytics.OpenStore(t.Context(), analytics.StoreOptions{DSN: ch.DSN(), Database: db})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	tailCtx, stopTail := context.WithCancel(t.Context())
+	tailDone := make(chan error, 1)
+	go func() {
+		tailDone <- analytics.Tail(tailCtx, st, env.AuditLogPath, analytics.TailOptions{Cluster: "tail",
+			Accepter: &analytics.Accepter{}, CheckpointPath: filepath.Join(dir, "tail.checkpoint"),
+			FlushInterval: 200 * time.Millisecond, PollInterval: 50 * time.Millisecond})
+	}()
+
+	w := &workload{t: t, c: env.Client, ns: "audit-e2e"}
+	w.setup()
+
+	w.run("before any failure", 60)
+
+	t.Log("SIGKILL the sink, keep writing, restart it")
+	sink.kill()
+	w.run("while the sink is dead", 30)
+	sink.start()
+	w.run("after the sink restarted", 30)
+
+	t.Log("stop ClickHouse for 30s while writing")
+	ch.Stop()
+	stopAt := time.Now()
+	for time.Since(stopAt) < 30*time.Second {
+		w.run("while ClickHouse is down", 10)
+		time.Sleep(time.Second)
+	}
+	ch.Start()
+	w.run("after ClickHouse returned", 30)
+
+	conn := ch.Conn(t, db)
+	logIDs := responseCompleteIDs(t, env.AuditLogPath)
+	if n := len(logFiles(t, env.AuditLogPath)); n < 2 {
+		t.Errorf("the audit log did not rotate (%d files); the tail-across-rotation check is weak", n)
+	}
+	t.Logf("%d ResponseComplete events in %d log files", len(logIDs), len(logFiles(t, env.AuditLogPath)))
+
+	for _, cluster := range []string{"webhook", "tail"} {
+		waitStored(t, conn, cluster, logIDs)
+	}
+	stopTail()
+	if err := <-tailDone; err != nil {
+		t.Errorf("tail: %v", err)
+	}
+
+	// ingest the files (all of them, rotated too) as a third source, twice.
+	files := logFiles(t, env.AuditLogPath)
+	res, err := analytics.IngestFiles(t.Context(), st, files, analytics.IngestOptions{Cluster: "file", Accepter: &analytics.Accepter{}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	again, err := analytics.IngestFiles(t.Context(), st, files, analytics.IngestOptions{Cluster: "file", Accepter: &analytics.Accepter{}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if again.Stored != 0 || again.Duplicates != res.Stored+res.Duplicates {
+		t.Errorf("second ingest: %s (first: %s)", again, res)
+	}
+	waitStored(t, conn, "file", logIDs)
+
+	cutoff := time.Now().Add(-10 * time.Second) // everything older has arrived by every path
+	before := rollupCounts(t, conn, cutoff)
+	t.Log("deliver every webhook batch a second time")
+	for i, body := range proxy.bodies() {
+		if code := proxy.replay(body); code != 200 {
+			t.Fatalf("replaying batch %d: %d", i, code)
+		}
+	}
+	// The same events through the other backend: the fingerprint matches,
+	// so ingesting the log into the webhook's cluster stores nothing that
+	// the webhook path already stored.
+	cross, err := analytics.IngestFiles(t.Context(), st, files, analytics.IngestOptions{Cluster: "webhook", Accepter: &analytics.Accepter{}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(3 * time.Second) // let the sink's writer drain the replays
+	after := rollupCounts(t, conn, cutoff)
+	for _, cluster := range []string{"webhook", "tail", "file"} {
+		t.Run("exactly once from "+cluster, func(t *testing.T) {
+			assertExactlyOnce(t, conn, cluster, env.AuditLogPath, logIDs)
+		})
+	}
+	if cross.Stored > len(after.newSince(before)) {
+		t.Logf("cross-backend ingest stored %d events the webhook had not delivered yet", cross.Stored)
+	}
+	for key, n := range before {
+		if after[key] != n {
+			t.Errorf("rollup count for %s changed from %d to %d after redelivery", key, n, after[key])
+		}
+	}
+	// Secrets never land in ClickHouse.
+	var leaked uint64
+	if err := conn.QueryRow(t.Context(), "SELECT count() FROM events WHERE position(raw, ?) > 0", secretValue).Scan(&leaked); err != nil {
+		t.Fatal(err)
+	}
+	if leaked != 0 {
+		t.Errorf("%d stored events contain the secret's data", leaked)
+	}
+	var secretEvents uint64
+	conn.QueryRow(t.Context(), "SELECT count() FROM events WHERE resource = 'secrets' AND verb = 'create' AND cluster = 'webhook'").Scan(&secretEvents)
+	if secretEvents == 0 {
+		t.Errorf("no secret create events stored: the leak check proves nothing")
+	}
+	// The workload's conflict shapes arrived flattened.
+	for _, q := range []struct{ what, sql string }{
+		{"version conflicts", "SELECT count() FROM events WHERE cluster='webhook' AND code=409 AND reason='Conflict' AND verb='update'"},
+		{"field manager conflicts", "SELECT count() FROM events WHERE cluster='webhook' AND has(cause_reasons, 'FieldManagerConflict')"},
+		{"already exists", "SELECT count() FROM events WHERE cluster='webhook' AND reason='AlreadyExists'"},
+		{"delete precondition conflicts", "SELECT count() FROM events WHERE cluster='webhook' AND verb='delete' AND code=409"},
+		{"lease holders", "SELECT count() FROM events WHERE cluster='webhook' AND resource='leases' AND lease_holder LIKE 'e2e-holder-%'"},
+	} {
+		var n uint64
+		if err := conn.QueryRow(t.Context(), q.sql).Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		if n == 0 {
+			t.Errorf("no %s stored", q.what)
+		}
+	}
+}
+
+const secretValue = "c3VwZXItc2VjcmV0LXZhbHVl-e2e"
+
+// workload drives the apiserver with the shapes the analytics need.
+type workload struct {
+	t     *testing.T
+	c     client.Client
+	ns    string
+	round int
+}
+
+func (w *workload) setup() {
+	ctx := w.t.Context()
+	if err := w.c.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: w.ns}}); err != nil {
+		w.t.Fatal(err)
+	}
+}
+
+// run performs n rounds; each round writes about a dozen requests.
+func (w *workload) run(phase string, n int) {
+	ctx := w.t.Context()
+	pad := strings.Repeat("x", 900) // make events big enough to rotate the log
+	for range n {
+		w.round++
+		name := fmt.Sprintf("cm-%d", w.round)
+		cm := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: w.ns, Name: name}, Data: map[string]string{"v": "0", "pad": pad}}
+		must(w.t, phase, w.c.Create(ctx, cm))
+		stale := cm.DeepCopy()
+		cm.Data["v"] = "1"
+		must(w.t, phase, w.c.Update(ctx, cm))
+		stale.Data["v"] = "stale"
+		if err := w.c.Update(ctx, stale); !apierrors.IsConflict(err) {
+			w.t.Fatalf("%s: a stale update answered %v, want a conflict", phase, err)
+		}
+		if err := w.c.Create(ctx, &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: w.ns, Name: name}}); !apierrors.IsAlreadyExists(err) {
+			w.t.Fatalf("%s: create of an existing name answered %v", phase, err)
+		}
+		must(w.t, phase, w.c.Patch(ctx, cm, client.RawPatch(types.MergePatchType, []byte(`{"data":{"v":"2"}}`))))
+		apply := func(manager, value string, force bool) error {
+			obj := fmt.Sprintf(`{"apiVersion":"v1","kind":"ConfigMap","metadata":{"name":%q,"namespace":%q},"data":{"owned":%q}}`, name, w.ns, value)
+			opts := []client.PatchOption{client.FieldOwner(manager)}
+			if force {
+				opts = append(opts, client.ForceOwnership)
+			}
+			return w.c.Patch(ctx, &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: w.ns, Name: name}}, client.RawPatch(types.ApplyPatchType, []byte(obj)), opts...)
+		}
+		must(w.t, phase, apply("alice-tool", "a", true))
+		if err := apply("bob-tool", "b", false); !apierrors.IsConflict(err) {
+			w.t.Fatalf("%s: conflicting apply answered %v", phase, err)
+		}
+		if err := w.c.Delete(ctx, cm, client.Preconditions{UID: ptr.To(types.UID("00000000-0000-0000-0000-000000000000"))}); !apierrors.IsConflict(err) {
+			w.t.Fatalf("%s: delete with a stale uid answered %v", phase, err)
+		}
+		must(w.t, phase, w.c.Delete(ctx, cm))
+		if w.round%5 == 0 {
+			sec := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: w.ns, Name: fmt.Sprintf("s-%d", w.round)}, Data: map[string][]byte{"k": []byte(secretValue)}}
+			must(w.t, phase, w.c.Create(ctx, sec))
+			w.lease()
+		}
+	}
+}
+
+func (w *workload) lease() {
+	ctx := w.t.Context()
+	var l coordinationv1.Lease
+	key := client.ObjectKey{Namespace: w.ns, Name: "leader"}
+	holder := fmt.Sprintf("e2e-holder-%d", w.round%3)
+	if err := w.c.Get(ctx, key, &l); apierrors.IsNotFound(err) {
+		l = coordinationv1.Lease{ObjectMeta: metav1.ObjectMeta{Namespace: w.ns, Name: "leader"},
+			Spec: coordinationv1.LeaseSpec{HolderIdentity: &holder, LeaseDurationSeconds: ptr.To[int32](15)}}
+		must(w.t, "lease", w.c.Create(ctx, &l))
+		return
+	} else if err != nil {
+		w.t.Fatal(err)
+	}
+	l.Spec.HolderIdentity = &holder
+	must(w.t, "lease", w.c.Update(ctx, &l))
+}
+
+func must(t *testing.T, phase string, err error) {
+	t.Helper()
+	if err != nil {
+		t.Fatalf("%s: %v", phase, err)
+	}
+}
+
+// logFiles are the audit log and its rotated backups.
+func logFiles(t *testing.T, path string) []string {
+	t.Helper()
+	ext := filepath.Ext(path)
+	base := strings.TrimSuffix(filepath.Base(path), ext)
+	matches, err := filepath.Glob(filepath.Join(filepath.Dir(path), base+"-*"+ext))
+	if err != nil {
+		t.Fatal(err)
+	}
+	sort.Strings(matches)
+	return append(matches, path)
+}
+
+// responseCompleteIDs reads the log files as ground truth: the audit IDs
+// of ResponseComplete events (with how often each occurs).
+func responseCompleteIDs(t *testing.T, path string) map[string]int {
+	t.Helper()
+	ids := map[string]int{}
+	for _, f := range logFiles(t, path) {
+		r, err := logfile.Open(f, logfile.ReaderOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		for {
+			line, err := r.Next()
+			if err == io.EOF {
+				break
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			if line.NoNewline {
+				continue // still being written
+			}
+			var ev struct {
+				AuditID string `json:"auditID"`
+				Stage   string `json:"stage"`
+			}
+			if err := json.Unmarshal(line.Data, &ev); err != nil {
+				t.Fatalf("%s: %v", f, err)
+			}
+			if ev.Stage == analytics.StageResponseComplete {
+				ids[ev.AuditID]++
+			}
+		}
+		r.Close()
+	}
+	return ids
+}
+
+// storedCounts returns, for cluster, how often each ResponseComplete audit
+// ID was inserted, as seen by the probe materialized view (which sees every
+// inserted block, before any ReplacingMergeTree merge).
+func storedCounts(t *testing.T, conn driver.Conn, cluster string) map[string]int {
+	t.Helper()
+	rows, err := conn.Query(t.Context(), "SELECT audit_id, count() FROM inserted_probe WHERE toString(cluster) = ? AND stage = 'ResponseComplete' GROUP BY audit_id", cluster)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rows.Close()
+	out := map[string]int{}
+	for rows.Next() {
+		var id string
+		var n uint64
+		if err := rows.Scan(&id, &n); err != nil {
+			t.Fatal(err)
+		}
+		out[id] = int(n)
+	}
+	return out
+}
+
+func waitStored(t *testing.T, conn driver.Conn, cluster string, want map[string]int) {
+	t.Helper()
+	deadline := time.Now().Add(3 * time.Minute)
+	for {
+		got := storedCounts(t, conn, cluster)
+		missing := 0
+		for id := range want {
+			if got[id] == 0 {
+				missing++
+			}
+		}
+		if missing == 0 {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("cluster %s: %d of %d ResponseComplete events never arrived", cluster, missing, len(want))
+		}
+		time.Sleep(500 * time.Millisecond)
+	}
+}
+
+// assertExactlyOnce: every ID of the first snapshot is stored, nothing is
+// stored twice, and nothing is stored that the log (read again after the
+// query) does not have.
+func assertExactlyOnce(t *testing.T, conn driver.Conn, cluster, logPath string, first map[string]int) {
+	got := storedCounts(t, conn, cluster)
+	later := responseCompleteIDs(t, logPath)
+	for id, n := range first {
+		if n != 1 {
+			t.Errorf("the log itself has audit ID %s %d times", id, n)
+		}
+		if got[id] != 1 {
+			t.Errorf("audit ID %s stored %d times", id, got[id])
+		}
+	}
+	for id, n := range got {
+		if n != 1 {
+			t.Errorf("audit ID %s stored %d times", id, n)
+		}
+		if later[id] == 0 {
+			t.Errorf("audit ID %s stored but not in the log", id)
+		}
+	}
+}
+
+type rollup map[string]uint64
+
+func (r rollup) newSince(before rollup) []string {
+	var out []string
+	for k := range r {
+		if _, ok := before[k]; !ok {
+			out = append(out, k)
+		}
+	}
+	return out
+}
+
+// rollupCounts is what a rollup fed by a materialized view would count:
+// inserted rows per cluster, stage, verb and code.
+func rollupCounts(t *testing.T, conn driver.Conn, cutoff time.Time) rollup {
+	t.Helper()
+	rows, err := conn.Query(t.Context(), "SELECT concat(toString(cluster), '/', toString(stage), '/', toString(verb), '/', toString(code)) AS k, count() FROM inserted_probe WHERE event_time < ? GROUP BY k", cutoff)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rows.Close()
+	out := rollup{}
+	for rows.Next() {
+		var k string
+		var n uint64
+		if err := rows.Scan(&k, &n); err != nil {
+			t.Fatal(err)
+		}
+		out[k] = n
+	}
+	return out
+}
+
+// migrateWithRollupProbe creates the schema and a probe table fed by a
+// materialized view from events: it records every inserted row, as rollups
+// do, so a duplicate insert shows even after ReplacingMergeTree merges.
+func migrateWithRollupProbe(t *testing.T, ch *chtest.Server, db string) {
+	t.Helper()
+	st, err := analytics.OpenStore(t.Context(), analytics.StoreOptions{DSN: ch.DSN(), Database: db})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	if _, err := st.Migrate(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	conn := ch.Conn(t, db)
+	for _, q := range []string{
+		// Column types match events: on 18.16 a materialized view cannot
+		// convert LowCardinality(String) to String (toString keeps it
+		// LowCardinality), and the failing view would fail the insert.
+		`CREATE TABLE inserted_probe (event_time DateTime, cluster LowCardinality(String), audit_id String,
+			stage LowCardinality(String), verb LowCardinality(String), code UInt16) ENGINE = MergeTree ORDER BY tuple()`,
+		`CREATE MATERIALIZED VIEW inserted_probe_mv TO inserted_probe AS SELECT event_time, cluster, audit_id, stage, verb, code FROM events`,
+	} {
+		if err := conn.Exec(t.Context(), q); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// buildAuditsink compiles cmd/auditsink, to run it as its own process.
+func buildAuditsink(t *testing.T, root, dir string) string {
+	t.Helper()
+	bin := filepath.Join(dir, "auditsink")
+	cmd := exec.Command("go", "build", "-o", bin, "./cmd/auditsink")
+	cmd.Dir = root
+	if out, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("go build ./cmd/auditsink: %v\n%s", err, out)
+	}
+	return bin
+}
+
+type sinkProcess struct {
+	t    *testing.T
+	bin  string
+	args []string
+	env  []string
+	log  string
+	mu   sync.Mutex
+	cmd  *exec.Cmd
+	done chan struct{}
+}
+
+func (s *sinkProcess) start() {
+	s.t.Helper()
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	logf, err := os.OpenFile(s.log, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
+	if err != nil {
+		s.t.Fatal(err)
+	}
+	cmd := exec.Command(s.bin, s.args...)
+	cmd.Env, cmd.Stdout, cmd.Stderr = s.env, logf, logf
+	if err := cmd.Start(); err != nil {
+		s.t.Fatal(err)
+	}
+	done := make(chan struct{})
+	go func() { cmd.Wait(); logf.Close(); close(done) }()
+	s.cmd, s.done = cmd, done
+	// Ready when the port answers TLS.
+	addr := s.args[2]
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		c, err := tls.Dial("tcp", addr, &tls.Config{InsecureSkipVerify: true})
+		if err == nil {
+			c.Close()
+			return
+		}
+		select {
+		case <-done:
+			b, _ := os.ReadFile(s.log)
+			s.t.Fatalf("auditsink serve exited:\n%s", b)
+		default:
+		}
+		if time.Now().After(deadline) {
+			s.t.Fatalf("auditsink serve did not listen on %s", addr)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// kill sends SIGKILL: no graceful shutdown, no flush.
+func (s *sinkProcess) kill() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.cmd == nil {
+		return
+	}
+	s.cmd.Process.Signal(syscall.SIGKILL)
+	<-s.done
+	s.cmd = nil
+}
+
+// recordingProxy stands between the apiserver and the sink: it forwards
+// every batch and keeps its body, so the test can deliver each batch again.
+type recordingProxy struct {
+	url    string
+	target string
+	client *http.Client
+	mu     sync.Mutex
+	kept   [][]byte
+}
+
+func newRecordingProxy(t *testing.T, pki *sinkPKI, target string) *recordingProxy {
+	t.Helper()
+	p := &recordingProxy{target: target, client: &http.Client{Timeout: 30 * time.Second,
+		Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: pki.pool}}}}
+	cert, err := tls.LoadX509KeyPair(pki.cert, pki.key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ln, err := tls.Listen("tcp", "127.0.0.1:0", &tls.Config{Certificates: []tls.Certificate{cert}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := &http.Server{Handler: http.HandlerFunc(p.serve)}
+	go srv.Serve(ln)
+	t.Cleanup(func() { srv.Close() })
+	p.url = "https://" + ln.Addr().String()
+	return p
+}
+
+func (p *recordingProxy) serve(w http.ResponseWriter, r *http.Request) {
+	body, err := io.ReadAll(r.Body)
+	if err != nil {
+		http.Error(w, err.Error(), http.StatusBadRequest)
+		return
+	}
+	code, answer := p.forward(r.URL.Path, r.Header.Get("Authorization"), body)
+	if code == http.StatusOK {
+		p.mu.Lock()
+		p.kept = append(p.kept, body)
+		p.mu.Unlock()
+	}
+	w.WriteHeader(code)
+	w.Write(answer)
+}
+
+func (p *recordingProxy) forward(path, auth string, body []byte) (int, []byte) {
+	req, _ := http.NewRequest(http.MethodPost, p.target+path, bytes.NewReader(body))
+	req.Header.Set("Authorization", auth)
+	resp, err := p.client.Do(req)
+	if err != nil {
+		return http.StatusBadGateway, []byte(err.Error())
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, b
+}
+
+func (p *recordingProxy) bodies() [][]byte {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return slicesClone(p.kept)
+}
+
+func (p *recordingProxy) replay(body []byte) int {
+	code, _ := p.forward("/clusters/webhook/events", "Bearer e2e-token", body)
+	return code
+}
+
+func slicesClone(b [][]byte) [][]byte { return append([][]byte(nil), b...) }
+
+type sinkPKI struct {
+	caFile, cert, key string
+	pool              *x509.CertPool
+}
+
+// newSinkPKI writes a CA and a serving certificate for 127.0.0.1.
+func newSinkPKI(t *testing.T, dir string) *sinkPKI {
+	t.Helper()
+	caKey, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	caTmpl := &x509.Certificate{SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "e2e-sink-ca"},
+		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(24 * time.Hour),
+		IsCA: true, BasicConstraintsValid: true, KeyUsage: x509.KeyUsageCertSign}
+	caDER, err := x509.CreateCertificate(rand.Reader, caTmpl, caTmpl, &caKey.PublicKey, caKey)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ca, _ := x509.ParseCertificate(caDER)
+	key, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	tmpl := &x509.Certificate{SerialNumber: big.NewInt(2), Subject: pkix.Name{CommonName: "auditsink"},
+		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(24 * time.Hour),
+		ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth}, IPAddresses: []net.IP{net.IPv4(127, 0, 0, 1)}}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, ca, &key.PublicKey, caKey)
+	if err != nil {
+		t.Fatal(err)
+	}
+	kb, _ := x509.MarshalECPrivateKey(key)
+	write := func(name, typ string, b []byte) string {
+		p := filepath.Join(dir, name)
+		if err := os.WriteFile(p, pem.EncodeToMemory(&pem.Block{Type: typ, Bytes: b}), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	pool := x509.NewCertPool()
+	pool.AddCert(ca)
+	return &sinkPKI{caFile: write("sink-ca.crt", "CERTIFICATE", caDER), cert: write("sink.crt", "CERTIFICATE", der),
+		key: write("sink.key", "EC PRIVATE KEY", kb), pool: pool}
+}
+
+func freeAddr(t *testing.T) string {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	return l.Addr().String()
+}
