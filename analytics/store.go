@@ -49,6 +49,10 @@ func OpenStore(ctx context.Context, o StoreOptions) (*Store, error) {
 		opts.Settings = clickhouse.Settings{}
 	}
 	opts.Settings["allow_experimental_low_cardinality_type"] = 1
+	// LowCardinality columns travel as plain String: the server (C++)
+	// builds the dictionaries instead of the driver, which costs the
+	// driver ~0.4 µs per value, and reads return plain strings.
+	opts.Settings["low_cardinality_allow_in_native_format"] = 0
 	if opts.DialTimeout == 0 {
 		opts.DialTimeout = 5 * time.Second
 	}

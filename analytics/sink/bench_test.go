@@ -1,0 +1,300 @@
+package sink
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/stampguard/stampguard/analytics"
+	"github.com/stampguard/stampguard/internal/chtest"
+)
+
+// benchTemplates are real-shaped RequestResponse/Request events of 1–2 KB
+// (a conflict, an SSA conflict, a stampless update, a lease renewal).
+func benchTemplates(b *testing.B) []string {
+	ev := realEvents(b)
+	return []string{ev[0], ev[1], ev[5], ev[6], ev[0]}
+}
+
+// benchBody builds a batch of n events whose audit IDs are unique per
+// (run, batch, index), so nothing is deduplicated away.
+func benchBody(templates []string, run, batch, n int) []byte {
+	var buf bytes.Buffer
+	buf.WriteString(`{"kind":"EventList","apiVersion":"audit.k8s.io/v1","metadata":{},"items":[`)
+	for i := range n {
+		if i > 0 {
+			buf.WriteByte(',')
+		}
+		t := templates[i%len(templates)]
+		k := strings.Index(t, `"auditID":"`) + len(`"auditID":"`)
+		buf.WriteString(t[:k])
+		fmt.Fprintf(&buf, "r%d-b%d-i%d-", run, batch, i)
+		buf.WriteString(t[k:])
+	}
+	buf.WriteString("]}")
+	return buf.Bytes()
+}
+
+type benchEnv struct {
+	ch  *chtest.Server
+	url string
+	db  string
+}
+
+func startBenchSink(b *testing.B, ch *chtest.Server) benchEnv {
+	db := ch.NewDatabase(b)
+	ctx, cancel := context.WithCancel(context.Background())
+	addr := make(chan string, 1)
+	done := make(chan error, 1)
+	go func() {
+		done <- Run(ctx, Options{Listen: "127.0.0.1:0", Plaintext: true, Token: "bench", MetricsListen: "",
+			Store: analytics.StoreOptions{DSN: ch.DSN(), Database: db}, SpoolDir: b.TempDir(),
+			SpoolMaxBytes: 4 << 30, Ready: func(a net.Addr) { addr <- a.String() }})
+	}()
+	url := "http://" + <-addr
+	b.Cleanup(func() { cancel(); <-done })
+	return benchEnv{ch: ch, url: url, db: db}
+}
+
+func post400(c *http.Client, url string, body []byte) (int, error) {
+	req, _ := http.NewRequest(http.MethodPost, url+"/clusters/bench/events", bytes.NewReader(body))
+	req.Header.Set("Authorization", "Bearer bench")
+	resp, err := c.Do(req)
+	if err != nil {
+		return 0, err
+	}
+	io.Copy(io.Discard, resp.Body)
+	resp.Body.Close()
+	return resp.StatusCode, nil
+}
+
+func waitCount(b *testing.B, ch *chtest.Server, db string, want uint64) {
+	conn := ch.Conn(b, db)
+	deadline := time.Now().Add(5 * time.Minute)
+	for {
+		var n uint64
+		if err := conn.QueryRow(context.Background(), "SELECT count() FROM events").Scan(&n); err != nil {
+			b.Fatal(err)
+		}
+		if n == want {
+			return
+		}
+		if n > want || time.Now().After(deadline) {
+			b.Fatalf("events = %d, want %d", n, want)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// BenchmarkEndToEnd sends HTTP batches of 400 events (4 concurrent
+// senders, like several apiservers) through spool fsync into ClickHouse,
+// timed until the last event is in the events table, and in the same run
+// measures the ceiling: clickhouse-client inserting the same flattened rows
+// as TSV into the same schema.
+func BenchmarkEndToEnd(b *testing.B) {
+	const (
+		batches = 250 // x 400 = 100,000 events per iteration
+		perBody = 400
+		senders = 4
+	)
+	ch := chtest.Start(b)
+	templates := benchTemplates(b)
+	client := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: senders}}
+	var sinkSecs, ceilSecs, acceptSecs float64
+	run := 0
+	b.ReportAllocs()
+	for b.Loop() {
+		run++
+		b.StopTimer()
+		env := startBenchSink(b, ch)
+		bodies := make([][]byte, batches)
+		for i := range bodies {
+			bodies[i] = benchBody(templates, run, i, perBody)
+		}
+		b.StartTimer()
+		start := time.Now()
+		var next atomic.Int64
+		var wg sync.WaitGroup
+		for range senders {
+			wg.Go(func() {
+				for i := int(next.Add(1)) - 1; i < batches; i = int(next.Add(1)) - 1 {
+					if code, err := post400(client, env.url, bodies[i]); err != nil || code != 200 {
+						b.Errorf("batch %d: %d %v", i, code, err)
+						return
+					}
+				}
+			})
+		}
+		wg.Wait()
+		acceptSecs += time.Since(start).Seconds()
+		waitCount(b, ch, env.db, batches*perBody)
+		sinkSecs += time.Since(start).Seconds()
+		b.StopTimer()
+		ceilSecs += ceiling(b, ch, bodies)
+		b.StartTimer()
+	}
+	events := float64(run * batches * perBody)
+	b.ReportMetric(events/sinkSecs, "events/s")
+	b.ReportMetric(events/ceilSecs, "ceiling-events/s")
+	b.ReportMetric(events/acceptSecs, "accepted-events/s")
+	b.ReportMetric((events/sinkSecs)/(events/ceilSecs), "ratio")
+	b.ReportMetric(float64(peakRSS())/(1<<20), "peak-RSS-MiB")
+}
+
+// ceiling times clickhouse-client inserting the bodies' flattened rows as
+// TabSeparated into a fresh database with the same schema (materialized
+// view included).
+func ceiling(b *testing.B, ch *chtest.Server, bodies [][]byte) float64 {
+	db := ch.NewDatabase(b)
+	st, err := analytics.OpenStore(context.Background(), analytics.StoreOptions{DSN: ch.DSN(), Database: db})
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer st.Close()
+	if _, err := st.Migrate(context.Background()); err != nil {
+		b.Fatal(err)
+	}
+	var tsv bytes.Buffer
+	a := analytics.Accepter{}
+	n := 0
+	for _, body := range bodies {
+		_, err := a.Accept("bench", "webhook", analytics.NewListReader(bytes.NewReader(body), 0), func(rec []byte) error {
+			batch, err := analytics.DecodeBatch(string(rec))
+			if err != nil {
+				return err
+			}
+			for i := range batch.Rows {
+				writeTSV(&tsv, &batch.Rows[i])
+				n++
+			}
+			return nil
+		})
+		if err != nil {
+			b.Fatal(err)
+		}
+	}
+	start := time.Now()
+	cmd := exec.Command("clickhouse-client", "--port", strconv.Itoa(ch.Port), "--database", db,
+		"--query", "INSERT INTO events ("+analytics.EventColumns+") FORMAT TabSeparated")
+	cmd.Stdin = &tsv
+	if out, err := cmd.CombinedOutput(); err != nil {
+		b.Fatalf("clickhouse-client: %v: %s", err, out)
+	}
+	secs := time.Since(start).Seconds()
+	waitCount(b, ch, db, uint64(n))
+	return secs
+}
+
+var tsvEscape = strings.NewReplacer("\\", "\\\\", "\t", "\\t", "\n", "\\n", "'", "\\'")
+
+func writeTSV(w *bytes.Buffer, r *analytics.Row) {
+	t := r.StageTime()
+	str := func(s string) { w.WriteString(tsvEscape.Replace(s)) }
+	arr := func(l []string) {
+		w.WriteByte('[')
+		for i, s := range l {
+			if i > 0 {
+				w.WriteByte(',')
+			}
+			w.WriteByte('\'')
+			str(s)
+			w.WriteByte('\'')
+		}
+		w.WriteByte(']')
+	}
+	dry := 0
+	if r.DryRun {
+		dry = 1
+	}
+	fmt.Fprintf(w, "%s\t%s\t%d\t%d\t%d\t", t.Format(time.DateOnly), t.Format(time.DateTime), r.StageMicros, r.RequestReceivedMicros, r.LatencyMicros())
+	for _, s := range []string{r.Cluster, r.AuditID, r.Stage} {
+		str(s)
+		w.WriteByte('\t')
+	}
+	fmt.Fprintf(w, "%d\t", r.Fingerprint)
+	for _, s := range []string{r.Level, r.Verb, r.RequestURI} {
+		str(s)
+		w.WriteByte('\t')
+	}
+	fmt.Fprintf(w, "%d\t", dry)
+	str(r.User)
+	w.WriteByte('\t')
+	arr(r.UserGroups)
+	w.WriteByte('\t')
+	for _, s := range []string{r.ImpersonatedUser, r.Writer(), r.UserAgent, r.SourceIP, r.APIGroup, r.APIVersion,
+		r.Resource, r.Subresource, r.Namespace, r.Name, r.ObjectUID, r.Stamp, r.FieldManager} {
+		str(s)
+		w.WriteByte('\t')
+	}
+	fmt.Fprintf(w, "%d\t", r.Code)
+	str(r.Reason)
+	w.WriteByte('\t')
+	str(r.Message)
+	w.WriteByte('\t')
+	arr(r.CauseReasons)
+	w.WriteByte('\t')
+	arr(r.CauseFields)
+	w.WriteByte('\t')
+	str(r.AuthzDecision)
+	w.WriteByte('\t')
+	arr(r.AnnotationKeys)
+	w.WriteByte('\t')
+	arr(r.AnnotationValues)
+	w.WriteByte('\t')
+	str(r.LeaseHolder)
+	w.WriteString("\t\n") // raw: empty, as the sink stores it by default
+}
+
+// BenchmarkBatchLatency sends one 400-event batch every 100 ms (4,000
+// events/s, one apiserver's default ceiling) and reports the p50 and p99
+// time to the 200 answer, which includes the spool fsync.
+func BenchmarkBatchLatency(b *testing.B) {
+	ch := chtest.Start(b)
+	env := startBenchSink(b, ch)
+	templates := benchTemplates(b)
+	client := &http.Client{}
+	var lat []time.Duration
+	run := 0
+	for b.Loop() {
+		run++
+		body := benchBody(templates, 1000+run, 0, 400)
+		t0 := time.Now()
+		if code, err := post400(client, env.url, body); err != nil || code != 200 {
+			b.Fatalf("%d %v", code, err)
+		}
+		d := time.Since(t0)
+		lat = append(lat, d)
+		time.Sleep(100*time.Millisecond - d)
+	}
+	slices.Sort(lat)
+	q := func(p float64) float64 { return float64(lat[int(p*float64(len(lat)-1))].Microseconds()) / 1000 }
+	b.ReportMetric(q(0.5), "p50-ms")
+	b.ReportMetric(q(0.99), "p99-ms")
+}
+
+// peakRSS is this process's high-water resident set (sink and clients).
+func peakRSS() int64 {
+	b, err := os.ReadFile("/proc/self/status")
+	if err != nil {
+		return 0
+	}
+	for _, l := range strings.Split(string(b), "\n") {
+		if v, ok := strings.CutPrefix(l, "VmHWM:"); ok {
+			kb, _ := strconv.ParseInt(strings.TrimSuffix(strings.TrimSpace(v), " kB"), 10, 64)
+			return kb << 10
+		}
+	}
+	return 0
+}
