@@ -79,13 +79,32 @@ var DefaultProtectedNamespaces = []string{"kube-system", "kube-node-lease"}
 // Set is an immutable, ordered collection of compiled policies.
 type Set struct {
 	policies []*Policy
+	tree     pathTree
+	index    map[string]int32 // rule path text -> index in tree
 }
 
 // NewSet orders the policies by name so that decisions are deterministic.
 func NewSet(policies ...*Policy) *Set {
 	ps := slices.Clone(policies)
 	slices.SortFunc(ps, func(a, b *Policy) int { return strings.Compare(a.Name, b.Name) })
-	return &Set{policies: ps}
+	s := &Set{policies: ps, index: map[string]int32{}}
+	add := func(p FieldPath) {
+		if _, ok := s.index[p.text]; !ok {
+			i := int32(len(s.index))
+			s.index[p.text] = i
+			s.tree.add(p, i)
+		}
+	}
+	add(resourceVersionPath)
+	for _, p := range ps {
+		for _, r := range p.owners {
+			add(r.path)
+		}
+		for _, r := range p.immutables {
+			add(r.path)
+		}
+	}
+	return s
 }
 
 // Len is the number of policies.
@@ -185,7 +204,7 @@ func (s *Set) CheckStamp(req *Request, env *Environment) (Decision, error) {
 		}
 		if !stampChecked {
 			var err error
-			stamped, err = hasStamp(req.Object)
+			stamped, err = s.hasStamp(req)
 			if err != nil {
 				return d, err
 			}
@@ -205,10 +224,15 @@ func (s *Set) CheckStamp(req *Request, env *Environment) (Decision, error) {
 
 var resourceVersionPath = mustPath("metadata.resourceVersion")
 
-func hasStamp(obj []byte) (bool, error) {
-	vals, err := resourceVersionPath.Values(obj, nil)
-	if err != nil {
-		return false, fmt.Errorf("read metadata.resourceVersion: %w", err)
+func (s *Set) hasStamp(req *Request) (bool, error) {
+	var vals [][]byte
+	if req.scanned[curObject] {
+		vals = valuesOf(req.extracted[curObject], s.index[resourceVersionPath.text], nil)
+	} else {
+		var err error
+		if vals, err = resourceVersionPath.Values(req.Object, nil); err != nil {
+			return false, fmt.Errorf("read metadata.resourceVersion: %w", err)
+		}
 	}
 	if len(vals) == 0 {
 		return false, nil
@@ -224,8 +248,7 @@ func hasStamp(obj []byte) (bool, error) {
 // preconditions: the validating phase.
 func (s *Set) CheckFields(req *Request, env *Environment) (Decision, error) {
 	var d Decision
-	var ev fieldEvaluation
-	ev.req = req
+	ev := fieldEvaluation{req: req, set: s}
 	for _, p := range s.policies {
 		scope := p.applies(req, env)
 		if scope == noMatch {
@@ -250,31 +273,76 @@ func (s *Set) CheckFields(req *Request, env *Environment) (Decision, error) {
 	return d, nil
 }
 
-// fieldEvaluation caches what one request's objects hold, so that several
-// policies naming the same path read it once.
+// fieldEvaluation holds what one request's objects hold: each object is
+// walked once for the paths of every rule in the set, on first need.
 type fieldEvaluation struct {
 	req          *Request
-	cache        map[string][2][][]byte
+	set          *Set
+	extracted    bool
+	old, cur     []valueRef
+	scratch      [2][4][]byte // backing for the values of one rule
 	fieldManager *string
 }
 
 func (ev *fieldEvaluation) values(p FieldPath) (old, cur [][]byte, err error) {
-	if c, ok := ev.cache[p.text]; ok {
-		return c[0], c[1], nil
-	}
-	if len(ev.req.OldObject) > 0 && ev.req.Operation == Update {
-		if old, err = p.Values(ev.req.OldObject, nil); err != nil {
-			return nil, nil, fmt.Errorf("read %s of oldObject: %w", p.text, err)
+	if !ev.extracted {
+		ev.extracted = true
+		ev.cur, err = ev.set.extracted(ev.req, curObject)
+		if err == nil && ev.req.Operation == Update {
+			ev.old, err = ev.set.extracted(ev.req, oldObject)
+		}
+		if err != nil {
+			return nil, nil, err
 		}
 	}
-	if cur, err = p.Values(ev.req.Object, nil); err != nil {
-		return nil, nil, fmt.Errorf("read %s of object: %w", p.text, err)
+	i := ev.set.index[p.text]
+	return valuesOf(ev.old, i, ev.scratch[0][:0]), valuesOf(ev.cur, i, ev.scratch[1][:0]), nil
+}
+
+func (s *Set) extracted(req *Request, which int) ([]valueRef, error) {
+	if req.scanned[which] {
+		return req.extracted[which], nil
 	}
-	if ev.cache == nil {
-		ev.cache = make(map[string][2][][]byte, 4)
+	doc, name := req.Object, "object"
+	if which == oldObject {
+		doc, name = req.OldObject, "oldObject"
 	}
-	ev.cache[p.text] = [2][][]byte{old, cur}
-	return old, cur, nil
+	refs, err := s.tree.extract(doc, nil)
+	if err != nil {
+		return nil, fmt.Errorf("read %s: %w", name, err)
+	}
+	return refs, nil
+}
+
+// ScanObject reads the object (or, with old, the oldObject) that starts at
+// data[start:] while a caller decodes the AdmissionReview around it: the
+// values every rule needs are extracted in the same pass that finds the
+// object's end, which it returns. The object is kept as raw bytes.
+func (s *Set) ScanObject(req *Request, old bool, data []byte, start int) (int, error) {
+	which := curObject
+	if old {
+		which = oldObject
+	}
+	start = skipWS(data, start)
+	refs := req.extracted[which][:0]
+	if refs == nil {
+		refs = make([]valueRef, 0, 2*len(s.index))
+	}
+	end, refs, err := s.tree.walk(data, start, refs)
+	if err != nil {
+		return 0, err
+	}
+	raw := data[start:end]
+	if rawjson.IsNull(raw) {
+		raw, refs = nil, nil
+	}
+	if old {
+		req.OldObject = raw
+	} else {
+		req.Object = raw
+	}
+	req.extracted[which], req.scanned[which] = refs, true
+	return end, nil
 }
 
 func (ev *fieldEvaluation) manager() string {

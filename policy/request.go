@@ -46,4 +46,13 @@ type Request struct {
 	OldObject []byte
 	Options   []byte
 	DryRun    bool
+
+	// Values extracted by ScanObject while the review was decoded.
+	scanned   [2]bool
+	extracted [2][]valueRef
 }
+
+const (
+	curObject = 0
+	oldObject = 1
+)

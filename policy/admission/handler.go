@@ -14,7 +14,6 @@ import (
 	"time"
 
 	"github.com/stampguard/stampguard/policy"
-	"github.com/stampguard/stampguard/policy/api/v1alpha1"
 )
 
 // phase selects which rules an endpoint evaluates.
@@ -80,16 +79,16 @@ func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 
-	rv, err := decodeReview(buf.Bytes())
-	if err != nil {
-		h.fail(w, endpoint, "decode", http.StatusBadRequest, err)
-		return
-	}
 	set := h.source.Policies()
 	if set == nil {
 		// Not serving an empty set keeps failurePolicy in charge until the
 		// policies are known.
 		h.fail(w, endpoint, "not_ready", http.StatusServiceUnavailable, errors.New("policies not loaded yet"))
+		return
+	}
+	rv, err := decodeReview(buf.Bytes(), set)
+	if err != nil {
+		h.fail(w, endpoint, "decode", http.StatusBadRequest, err)
 		return
 	}
 	var d policy.Decision
@@ -135,9 +134,10 @@ func (h *handler) record(ctx context.Context, rv *review, endpoint string, d pol
 	for _, v := range d.Violations {
 		h.metrics.decisions.WithLabelValues(endpoint, v.Policy, string(v.Rule), string(v.Action), outcome).Inc()
 	}
-	level := slog.LevelInfo
-	if d.Action() == v1alpha1.ActionAudit {
-		level = slog.LevelDebug
+	// Denials are news; warnings and audits are counted and annotated already.
+	level := slog.LevelDebug
+	if !allowed {
+		level = slog.LevelInfo
 	}
 	if h.log.Enabled(ctx, level) {
 		msgs := make([]string, len(d.Violations))

@@ -23,36 +23,42 @@ var errNoRequest = errors.New("AdmissionReview has no request")
 
 // decodeReview reads an admission.k8s.io/v1 AdmissionReview without
 // decoding object, oldObject or options.
-func decodeReview(body []byte) (review, error) {
+//
+// With a policy set, object and oldObject are scanned for the values of the
+// set's rules in the same pass that finds where they end.
+func decodeReview(body []byte, set *policy.Set) (review, error) {
 	var rv review
-	var request []byte
 	var apiVersion, kind string
-	var err error
-	walkErr := rawjson.ObjectEach(body, func(k, v []byte) bool {
-		switch {
-		case rawjson.KeyIs(k, "request"):
-			request = v
-		case rawjson.KeyIs(k, "apiVersion"):
-			apiVersion, err = rawjson.String(v)
-		case rawjson.KeyIs(k, "kind"):
-			kind, err = rawjson.String(v)
+	hasRequest := false
+	_, err := rawjson.ObjectScan(body, func(k, data []byte, start int) (int, error) {
+		if rawjson.KeyIs(k, "request") && rawjson.Kind(data[start:]) == '{' {
+			hasRequest = true
+			end, err := decodeRequest(data[start:], &rv, set)
+			if err != nil {
+				return 0, fmt.Errorf("request: %w", err)
+			}
+			return start + end, nil
 		}
-		return err == nil
+		end, err := rawjson.Skip(data, start)
+		if err != nil {
+			return 0, err
+		}
+		switch {
+		case rawjson.KeyIs(k, "apiVersion"):
+			apiVersion, err = rawjson.String(data[start:end])
+		case rawjson.KeyIs(k, "kind"):
+			kind, err = rawjson.String(data[start:end])
+		}
+		return end, err
 	})
-	if walkErr != nil {
-		return rv, fmt.Errorf("decode AdmissionReview: %w", walkErr)
-	}
 	if err != nil {
 		return rv, fmt.Errorf("decode AdmissionReview: %w", err)
 	}
 	if kind != "AdmissionReview" || apiVersion != reviewAPIVersion {
 		return rv, fmt.Errorf("decode AdmissionReview: got kind %q apiVersion %q, want AdmissionReview %s", kind, apiVersion, reviewAPIVersion)
 	}
-	if rawjson.Kind(request) != '{' {
+	if !hasRequest {
 		return rv, errNoRequest
-	}
-	if err := decodeRequest(request, &rv); err != nil {
-		return rv, fmt.Errorf("decode AdmissionReview request: %w", err)
 	}
 	if rv.uid == "" {
 		return rv, fmt.Errorf("decode AdmissionReview request: uid is empty")
@@ -60,11 +66,23 @@ func decodeReview(body []byte) (review, error) {
 	return rv, nil
 }
 
-func decodeRequest(request []byte, rv *review) error {
+func decodeRequest(request []byte, rv *review, set *policy.Set) (int, error) {
 	r := &rv.req
-	var err error
-	walkErr := rawjson.ObjectEach(request, func(k, v []byte) bool {
+	return rawjson.ObjectScan(request, func(k, data []byte, start int) (int, error) {
 		key := k[1 : len(k)-1] // member names of AdmissionRequest carry no escapes
+		if set != nil {
+			switch string(key) {
+			case "object":
+				return set.ScanObject(r, false, data, start)
+			case "oldObject":
+				return set.ScanObject(r, true, data, start)
+			}
+		}
+		end, err := rawjson.Skip(data, start)
+		if err != nil {
+			return 0, err
+		}
+		v := data[start:end]
 		switch string(key) {
 		case "uid":
 			rv.uid, err = rawjson.String(v)
@@ -92,14 +110,10 @@ func decodeRequest(request []byte, rv *review) error {
 			r.DryRun, err = rawjson.Bool(v)
 		}
 		if err != nil {
-			err = fmt.Errorf("%s: %w", key, err)
+			return 0, fmt.Errorf("%s: %w", key, err)
 		}
-		return err == nil
+		return end, nil
 	})
-	if walkErr != nil {
-		return walkErr
-	}
-	return err
 }
 
 func nullToNil(v []byte) []byte {

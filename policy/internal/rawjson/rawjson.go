@@ -8,9 +8,11 @@ package rawjson
 
 import (
 	"bytes"
+	"encoding/binary"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"math/bits"
 	"strconv"
 	"unicode/utf8"
 )
@@ -45,21 +47,42 @@ func Trim(v []byte) []byte {
 func skipString(data []byte, i int) (int, error) {
 	j := i + 1
 	for {
-		k := bytes.IndexByte(data[j:], '"')
+		k := quoteOrBackslash(data, j)
 		if k < 0 {
 			return 0, syntaxErr(data, i, "unterminated string")
 		}
-		j += k
-		// Count the backslashes in front of the quote: an odd count escapes it.
-		n := 0
-		for b := j - 1; b > i && data[b] == '\\'; b-- {
-			n++
+		if data[k] == '"' {
+			return k + 1, nil
 		}
-		j++
-		if n%2 == 0 {
-			return j, nil
+		j = k + 2 // an escape: the next byte cannot end the string
+	}
+}
+
+const (
+	ones   = 0x0101010101010101
+	highs  = 0x8080808080808080
+	quotes = '"' * ones
+	slashs = '\\' * ones
+)
+
+// quoteOrBackslash finds the first '"' or '\\' at or after j, eight bytes
+// at a time: keys and values in Kubernetes objects are mostly short, where a
+// word-wide scan beats a call to bytes.IndexByte.
+func quoteOrBackslash(data []byte, j int) int {
+	for j+8 <= len(data) {
+		w := binary.LittleEndian.Uint64(data[j:])
+		q, b := w^quotes, w^slashs
+		if m := ((q - ones) &^ q & highs) | ((b - ones) &^ b & highs); m != 0 {
+			return j + bits.TrailingZeros64(m)/8
+		}
+		j += 8
+	}
+	for ; j < len(data); j++ {
+		if c := data[j]; c == '"' || c == '\\' {
+			return j
 		}
 	}
+	return -1
 }
 
 // Skip returns the index just after the JSON value that starts at or after i
@@ -339,7 +362,16 @@ func Equal(a, b []byte) bool {
 	if IsNull(a) || IsNull(b) {
 		return IsNull(a) && IsNull(b)
 	}
-	if Kind(a) != Kind(b) {
+	ka := Kind(a)
+	if ka != Kind(b) {
+		return false
+	}
+	switch ka {
+	case '"':
+		if bytes.IndexByte(a, '\\') < 0 && bytes.IndexByte(b, '\\') < 0 {
+			return false // different bytes, no escapes: different strings
+		}
+	case 't', 'f', 'n':
 		return false
 	}
 	var x, y any
@@ -391,5 +423,50 @@ func equalValues(x, y any) bool {
 		return errx == nil && erry == nil && fx == fy
 	default:
 		return x == y
+	}
+}
+
+// ObjectScan walks the members of the object in obj like ObjectEach, but
+// hands fn the whole input and the offset where the member's value starts;
+// fn reads the value itself and returns the offset just after it. This lets
+// a caller extract from a large value in the same pass that delimits it.
+// It returns the offset just after the object.
+func ObjectScan(obj []byte, fn func(key, data []byte, start int) (end int, err error)) (int, error) {
+	i := skipSpace(obj, 0)
+	if i >= len(obj) || obj[i] != '{' {
+		return 0, syntaxErr(obj, i, "expected an object")
+	}
+	i = skipSpace(obj, i+1)
+	if i < len(obj) && obj[i] == '}' {
+		return i + 1, nil
+	}
+	for {
+		if i >= len(obj) || obj[i] != '"' {
+			return 0, syntaxErr(obj, i, "expected a member name")
+		}
+		kend, err := skipString(obj, i)
+		if err != nil {
+			return 0, err
+		}
+		key := obj[i:kend]
+		i = skipSpace(obj, kend)
+		if i >= len(obj) || obj[i] != ':' {
+			return 0, syntaxErr(obj, i, "expected ':'")
+		}
+		vend, err := fn(key, obj, skipSpace(obj, i+1))
+		if err != nil {
+			return 0, err
+		}
+		i = skipSpace(obj, vend)
+		if i >= len(obj) {
+			return 0, syntaxErr(obj, i, "unterminated object")
+		}
+		if obj[i] == '}' {
+			return i + 1, nil
+		}
+		if obj[i] != ',' {
+			return 0, syntaxErr(obj, i, "expected ',' or '}'")
+		}
+		i = skipSpace(obj, i+1)
 	}
 }

@@ -1,0 +1,180 @@
+package admission
+
+import (
+	"bytes"
+	"encoding/json"
+	"io"
+	"log/slog"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"testing"
+
+	admissionv1 "k8s.io/api/admission/v1"
+
+	"github.com/stampguard/stampguard/policy"
+)
+
+func testHandlers(t testing.TB, set *policy.Set) (stamp, fields http.Handler) {
+	t.Helper()
+	return Handlers(NewStaticSource(set), &policy.Environment{}, NewMetrics(nil), slog.New(slog.NewTextHandler(io.Discard, nil)), 1<<20)
+}
+
+func post(h http.Handler, body []byte) *httptest.ResponseRecorder {
+	rec := httptest.NewRecorder()
+	h.ServeHTTP(rec, httptest.NewRequest(http.MethodPost, "/fields", bytes.NewReader(body)))
+	return rec
+}
+
+// decodeAnswer reads the answer with the real k8s.io types, as the apiserver would.
+func decodeAnswer(t *testing.T, rec *httptest.ResponseRecorder) *admissionv1.AdmissionResponse {
+	t.Helper()
+	if rec.Code != http.StatusOK {
+		t.Fatalf("HTTP %d: %s", rec.Code, rec.Body)
+	}
+	var rv admissionv1.AdmissionReview
+	if err := json.Unmarshal(rec.Body.Bytes(), &rv); err != nil {
+		t.Fatalf("answer is not an AdmissionReview: %v", err)
+	}
+	if rv.APIVersion != "admission.k8s.io/v1" || rv.Kind != "AdmissionReview" || rv.Response == nil {
+		t.Fatalf("answer lacks its type or response: %s", rec.Body)
+	}
+	return rv.Response
+}
+
+func TestFieldsAnswer(t *testing.T) {
+	_, fields := testHandlers(t, tenRules(t))
+	old := bigDeployment(3, "registry.example.com/shop/app:1", "a")
+
+	t.Run("a pass is allowed without annotations", func(t *testing.T) {
+		resp := decodeAnswer(t, post(fields, updateReview(t, "alice", old, bigDeployment(3, "registry.example.com/shop/app:1", "a"))))
+		if !resp.Allowed || len(resp.AuditAnnotations) != 0 || len(resp.Warnings) != 0 || resp.UID != "0c9e4b8e-7f2f-4d7c-9d7a-1f2e3d4c5b6a" {
+			t.Fatalf("got %+v", resp)
+		}
+	})
+	t.Run("a Warn violation is allowed with a warning and an annotation", func(t *testing.T) {
+		resp := decodeAnswer(t, post(fields, updateReview(t, "alice", old, bigDeployment(3, "registry.example.com/shop/app:2", "a"))))
+		if !resp.Allowed || len(resp.Warnings) != 1 || !strings.Contains(resp.Warnings[0], "containers[name=app].image is owned by argocd, group deployers") {
+			t.Fatalf("got %+v", resp)
+		}
+		want := `[{"policy":"deployments","rule":"fieldOwners[1]","action":"Warn","path":"spec.template.spec.containers[name=app].image","writer":"alice"}]`
+		if got := resp.AuditAnnotations["field-owner"]; got != want {
+			t.Fatalf("annotation %s, want %s", got, want)
+		}
+	})
+	t.Run("a Deny violation is refused with 403 and a cause per field", func(t *testing.T) {
+		resp := decodeAnswer(t, post(fields, updateReview(t, "alice", old, bigDeployment(5, "registry.example.com/shop/app:1", "b"))))
+		if resp.Allowed || resp.Result == nil || resp.Result.Code != 403 || resp.Result.Reason != "Forbidden" {
+			t.Fatalf("got %+v", resp)
+		}
+		if n := len(resp.Result.Details.Causes); n != 2 {
+			t.Fatalf("want causes for spec.replicas and the team label, got %d: %+v", n, resp.Result.Details.Causes)
+		}
+		if !strings.Contains(resp.Result.Message, "(3 -> 5)") || !strings.Contains(resp.Result.Message, `("a" -> "b")`) {
+			t.Fatalf("message lacks old and new values: %s", resp.Result.Message)
+		}
+		if resp.AuditAnnotations["field-owner"] == "" || resp.AuditAnnotations["immutable-field"] == "" {
+			t.Fatalf("annotations missing: %v", resp.AuditAnnotations)
+		}
+	})
+	t.Run("the answer is the same when asked twice", func(t *testing.T) {
+		body := updateReview(t, "alice", old, bigDeployment(5, "registry.example.com/shop/app:2", "b"))
+		a, b := post(fields, body).Body.String(), post(fields, body).Body.String()
+		if a != b {
+			t.Fatalf("answers differ:\n%s\n%s", a, b)
+		}
+	})
+}
+
+func TestStampAnswer(t *testing.T) {
+	p, _ := policy.Compile(stampPolicy())
+	stamp, _ := testHandlers(t, policy.NewSet(p))
+	cur := bigDeployment(3, "x", "a")
+	cur.ResourceVersion = ""
+	resp := decodeAnswer(t, post(stamp, updateReview(t, "alice", bigDeployment(3, "x", "a"), cur)))
+	if resp.Allowed || resp.Result.Code != 422 || resp.Result.Reason != "Invalid" {
+		t.Fatalf("got %+v", resp)
+	}
+	if c := resp.Result.Details.Causes; len(c) != 1 || c[0].Field != "metadata.resourceVersion" || c[0].Type != "FieldValueInvalid" {
+		t.Fatalf("causes %+v", c)
+	}
+	if !strings.Contains(resp.Result.Message, `ConcurrencyPolicy "stamp": metadata.resourceVersion: Invalid value: "": must be specified for an update`) {
+		t.Fatalf("message %q", resp.Result.Message)
+	}
+}
+
+func TestBadReviews(t *testing.T) {
+	_, fields := testHandlers(t, tenRules(t))
+	cases := []struct {
+		name string
+		body string
+		code int
+		want string
+	}{
+		{"an empty body", ``, 400, "expected an object"},
+		{"not JSON", `<xml/>`, 400, "expected an object"},
+		{"the wrong kind", `{"apiVersion":"v1","kind":"Pod","request":{}}`, 400, `got kind "Pod"`},
+		{"an old review version", `{"apiVersion":"admission.k8s.io/v1beta1","kind":"AdmissionReview","request":{"uid":"x"}}`, 400, "want AdmissionReview admission.k8s.io/v1"},
+		{"no request", `{"apiVersion":"admission.k8s.io/v1","kind":"AdmissionReview"}`, 400, "no request"},
+		{"no uid", `{"apiVersion":"admission.k8s.io/v1","kind":"AdmissionReview","request":{"operation":"UPDATE"}}`, 400, "uid is empty"},
+		{"groups of the wrong type", `{"apiVersion":"admission.k8s.io/v1","kind":"AdmissionReview","request":{"uid":"x","userInfo":{"groups":"admins"}}}`, 400, "userInfo"},
+		{"a truncated object", `{"apiVersion":"admission.k8s.io/v1","kind":"AdmissionReview","request":{"uid":"x","object":{"spec":`, 400, "malformed JSON"},
+		{"a body over the limit", `{"pad":"` + strings.Repeat("x", 1<<20) + `"}`, 413, "larger than"},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			rec := post(fields, []byte(c.body))
+			if rec.Code != c.code || !strings.Contains(rec.Body.String(), c.want) {
+				t.Fatalf("HTTP %d %q, want %d containing %q", rec.Code, rec.Body, c.code, c.want)
+			}
+		})
+	}
+	t.Run("an unknown kind passes untouched", func(t *testing.T) {
+		body := `{"apiVersion":"admission.k8s.io/v1","kind":"AdmissionReview","request":{"uid":"u","resource":{"group":"example.com","version":"v1","resource":"widgets"},"operation":"UPDATE","object":{"weird":[1,2,{"x":null}]},"oldObject":7}}`
+		if resp := decodeAnswer(t, post(fields, []byte(body))); !resp.Allowed {
+			t.Fatalf("got %+v", resp)
+		}
+	})
+	t.Run("an object of the wrong shape for a rule is a clear refusal, not a panic", func(t *testing.T) {
+		body := `{"apiVersion":"admission.k8s.io/v1","kind":"AdmissionReview","request":{"uid":"u","resource":{"group":"apps","version":"v1","resource":"deployments"},"operation":"UPDATE","userInfo":{"username":"alice"},"object":{"spec":{"replicas":[1,}},"oldObject":{"spec":{"replicas":1}}}}`
+		rec := post(fields, []byte(body))
+		if rec.Code != 400 {
+			resp := decodeAnswer(t, rec)
+			if resp.Allowed || resp.Result.Code != 400 {
+				t.Fatalf("got %+v", resp)
+			}
+		}
+	})
+	t.Run("GET is refused", func(t *testing.T) {
+		rec := httptest.NewRecorder()
+		fields.ServeHTTP(rec, httptest.NewRequest(http.MethodGet, "/fields", nil))
+		if rec.Code != http.StatusMethodNotAllowed {
+			t.Fatalf("HTTP %d", rec.Code)
+		}
+	})
+}
+
+// FuzzReview feeds arbitrary bytes through decode and evaluation of both
+// endpoints: whatever arrives, the answer is an HTTP status, never a panic.
+func FuzzReview(f *testing.F) {
+	p, _ := policy.Compile(stampPolicy())
+	stamp, fields := testHandlers(f, policy.NewSet(p, tenRulesPolicy(f)))
+	old := bigDeployment(3, "a", "x")
+	f.Add(updateReview(f, "alice", old, bigDeployment(5, "b", "y")))
+	f.Add([]byte(`{"apiVersion":"admission.k8s.io/v1","kind":"AdmissionReview","request":{"uid":"u","resource":{"group":"apps","resource":"deployments"},"operation":"DELETE","name":"","options":{"preconditions":{"uid":7}}}}`))
+	f.Add([]byte(`{"apiVersion":"admission.k8s.io/v1","kind":"AdmissionReview","request":{"uid":"u","resource":{"group":"apps","resource":"deployments"},"subResource":"scale","operation":"UPDATE","object":{"spec":{"replicas":"3"}},"oldObject":{"spec":{}}}}`))
+	f.Fuzz(func(t *testing.T, body []byte) {
+		for _, h := range []http.Handler{stamp, fields} {
+			rec := post(h, body)
+			if rec.Code == http.StatusInternalServerError {
+				t.Fatalf("500 for %q: %s", body, rec.Body)
+			}
+			if rec.Code == http.StatusOK {
+				var rv admissionv1.AdmissionReview
+				if err := json.Unmarshal(rec.Body.Bytes(), &rv); err != nil || rv.Response == nil {
+					t.Fatalf("200 with an unreadable answer %q: %v", rec.Body, err)
+				}
+			}
+		}
+	})
+}
