@@ -38,7 +38,7 @@ type webhookEnv struct {
 	registry *prometheus.Registry
 }
 
-func startWebhookEnv(t *testing.T) *webhookEnv {
+func startWebhookEnv(t testing.TB) *webhookEnv {
 	t.Helper()
 	env := kubetest.Start(t, kubetest.Options{AuditPolicy: kubetest.DefaultAuditPolicy, AuditLog: true})
 	reg := prometheus.NewRegistry()
@@ -79,7 +79,7 @@ func startWebhookEnv(t *testing.T) *webhookEnv {
 	return &webhookEnv{Env: env, registry: reg}
 }
 
-func create(t *testing.T, c client.Client, obj client.Object) {
+func create(t testing.TB, c client.Client, obj client.Object) {
 	t.Helper()
 	if err := c.Create(t.Context(), obj); err != nil {
 		t.Fatalf("create %T %s: %v", obj, obj.GetName(), err)
