@@ -61,6 +61,12 @@ lint: $(BIN)/golangci-lint ## go vet, gofmt and golangci-lint
 	@test -z "$$(gofmt -l $$(git ls-files '*.go'))" || { gofmt -l $$(git ls-files '*.go'); exit 1; }
 	$(BIN)/golangci-lint run ./...
 
+## --- demo ----------------------------------------------------------------
+
+.PHONY: demo
+demo: controlplane ## start a real apiserver with the webhook and play the writes stampguard catches
+	$(GO) run ./test/demo
+
 ## --- tests ----------------------------------------------------------------
 
 .PHONY: test

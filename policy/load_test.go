@@ -71,3 +71,13 @@ func TestLoadFile(t *testing.T) {
 		t.Fatal("a missing file was accepted")
 	}
 }
+
+func TestExamplePoliciesLoad(t *testing.T) {
+	ps, err := LoadFile(filepath.Join("..", "examples", "policies.yaml"))
+	if err != nil {
+		t.Fatalf("examples/policies.yaml: %v", err)
+	}
+	if len(ps) != 2 {
+		t.Fatalf("loaded %d policies, want 2", len(ps))
+	}
+}

@@ -5,6 +5,7 @@
 package kubetest
 
 import (
+	"fmt"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -50,6 +51,11 @@ type Options struct {
 	AuditWebhookToken string
 	// Flags are extra kube-apiserver flags, e.g. audit-webhook-batch-max-wait.
 	Flags map[string]string
+	// BinDir holds kube-apiserver and etcd. Start defaults it (BinDir()).
+	BinDir string
+	// Dir receives the audit policy, log and kubeconfigs. Start defaults it
+	// to the test's temporary directory.
+	Dir string
 }
 
 // Env is a running control plane.
@@ -105,38 +111,62 @@ func BinDir(t testing.TB) string {
 	return dir
 }
 
-// Start runs a control plane for the rest of the test (or of TestMain when
-// t is a *testing.M wrapper) and stops it at cleanup.
+// Start runs a control plane for the rest of the test and stops it at cleanup.
 func Start(t testing.TB, o Options) *Env {
 	t.Helper()
 	if testing.Short() {
 		t.Skip("starts a real kube-apiserver; not in -short mode")
 	}
 	root := RepoRoot(t)
+	if o.BinDir == "" {
+		o.BinDir = BinDir(t)
+	}
 	if o.CRDDirs == nil {
 		o.CRDDirs = []string{filepath.Join(root, "charts", "stampguard", "crds")}
 	}
+	if o.Dir == "" {
+		o.Dir = t.TempDir()
+	}
+	e, err := New(o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := e.Stop(); err != nil {
+			t.Errorf("stop control plane: %v", err)
+		}
+	})
+	return e
+}
+
+// New starts a control plane outside a test (the demo). Call Stop when done.
+func New(o Options) (*Env, error) {
+	if o.BinDir == "" || len(o.CRDDirs) == 0 || o.Dir == "" {
+		return nil, fmt.Errorf("kubetest: BinDir, CRDDirs and Dir are required")
+	}
 	scheme := runtime.NewScheme()
 	if err := clientgoscheme.AddToScheme(scheme); err != nil {
-		t.Fatalf("scheme: %v", err)
+		return nil, fmt.Errorf("scheme: %w", err)
 	}
 	if err := v1alpha1.AddToScheme(scheme); err != nil {
-		t.Fatalf("scheme: %v", err)
+		return nil, fmt.Errorf("scheme: %w", err)
 	}
 	env := &envtest.Environment{
 		Scheme:                   scheme,
-		BinaryAssetsDirectory:    BinDir(t),
+		BinaryAssetsDirectory:    o.BinDir,
 		CRDDirectoryPaths:        o.CRDDirs,
 		ErrorIfCRDPathMissing:    true,
 		ControlPlaneStartTimeout: 2 * time.Minute,
 		ControlPlaneStopTimeout:  time.Minute,
 	}
-	dir := t.TempDir()
+	dir := o.Dir
 	e := &Env{Scheme: scheme, env: env}
 	args := env.ControlPlane.GetAPIServer().Configure()
 	if o.AuditPolicy != "" {
 		pol := filepath.Join(dir, "audit-policy.yaml")
-		writeFile(t, pol, o.AuditPolicy)
+		if err := os.WriteFile(pol, []byte(o.AuditPolicy), 0o600); err != nil {
+			return nil, err
+		}
 		args.Set("audit-policy-file", pol)
 		if o.AuditLog {
 			e.AuditLogPath = filepath.Join(dir, "audit.log")
@@ -146,7 +176,9 @@ func Start(t testing.TB, o Options) *Env {
 		}
 		if o.AuditWebhookURL != "" {
 			kc := filepath.Join(dir, "audit-webhook.kubeconfig")
-			writeFile(t, kc, webhookKubeconfig(o.AuditWebhookURL, o.AuditWebhookCAFile, o.AuditWebhookToken))
+			if err := os.WriteFile(kc, []byte(webhookKubeconfig(o.AuditWebhookURL, o.AuditWebhookCAFile, o.AuditWebhookToken)), 0o600); err != nil {
+				return nil, err
+			}
 			args.Set("audit-webhook-config-file", kc)
 			args.Set("audit-webhook-mode", "batch")
 			args.Set("audit-webhook-batch-max-wait", "1s")
@@ -157,23 +189,22 @@ func Start(t testing.TB, o Options) *Env {
 	}
 	cfg, err := env.Start()
 	if err != nil {
-		t.Fatalf("start control plane: %v", err)
+		return nil, fmt.Errorf("start control plane: %w", err)
 	}
-	t.Cleanup(func() {
-		if err := env.Stop(); err != nil {
-			t.Errorf("stop control plane: %v", err)
-		}
-	})
 	cfg.QPS, cfg.Burst = 1000, 2000
 	e.Config = cfg
 	e.Client, err = client.New(cfg, client.Options{Scheme: scheme})
 	if err != nil {
-		t.Fatalf("client: %v", err)
+		_ = env.Stop()
+		return nil, fmt.Errorf("client: %w", err)
 	}
 	w := env.WebhookInstallOptions
 	e.WebhookHost, e.WebhookPort, e.CertDir, e.CAData = w.LocalServingHost, w.LocalServingPort, w.LocalServingCertDir, w.LocalServingCAData
-	return e
+	return e, nil
 }
+
+// Stop ends the control plane.
+func (e *Env) Stop() error { return e.env.Stop() }
 
 // WebhookURL is the base URL at which the apiserver reaches a webhook that
 // serves with the certificates in CertDir.
@@ -197,13 +228,6 @@ func (e *Env) ClientAs(t testing.TB, user string, groups ...string) client.Clien
 		t.Fatalf("client as %s: %v", user, err)
 	}
 	return c
-}
-
-func writeFile(t testing.TB, path, content string) {
-	t.Helper()
-	if err := os.WriteFile(path, []byte(content), 0o600); err != nil {
-		t.Fatalf("write %s: %v", path, err)
-	}
 }
 
 func webhookKubeconfig(url, caFile, token string) string {
