@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"sync"
 	"time"
 
 	"github.com/stampguard/stampguard/analytics/spool"
@@ -21,6 +22,8 @@ var _ Inserter = (*Store)(nil)
 type WriterOptions struct {
 	// MaxRecords caps the spool records per insert; defaulted to 50.
 	MaxRecords int
+	// Parallel is the number of inserts in flight; defaulted to 2.
+	Parallel int
 	// MinBackoff and MaxBackoff bound the wait between failed inserts;
 	// defaulted to 200ms and 10s.
 	MinBackoff, MaxBackoff time.Duration
@@ -37,6 +40,9 @@ type Writer struct {
 	spool *spool.Spool
 	store Inserter
 	o     WriterOptions
+
+	mu       sync.Mutex
+	inflight map[eventKey]struct{}
 }
 
 // NewWriter makes a writer; call Run.
@@ -53,21 +59,83 @@ func NewWriter(sp *spool.Spool, st Inserter, o WriterOptions) *Writer {
 	if o.Logger == nil {
 		o.Logger = slog.New(slog.DiscardHandler)
 	}
-	return &Writer{spool: sp, store: st, o: o}
+	if o.Parallel <= 0 {
+		o.Parallel = 2
+	}
+	return &Writer{spool: sp, store: st, o: o, inflight: map[eventKey]struct{}{}}
 }
 
 // Run drains until ctx is done or the spool is closed. Insert errors are
 // retried with backoff forever: the spool keeps accepting (up to its size)
 // while ClickHouse is away.
+//
+// Up to Parallel inserts run at once, so that the driver encoding one batch
+// overlaps with the server storing the previous one. Spool positions are
+// confirmed strictly in order. A batch does not insert keys that an earlier
+// batch still in flight is inserting (the event_keys lookup cannot see
+// those yet); that earlier batch is retried until it succeeds.
 func (w *Writer) Run(ctx context.Context) error {
-	for {
-		w.gauge()
-		b, err := w.spool.Next(ctx, w.o.MaxRecords)
-		if err != nil {
-			if errors.Is(err, spool.ErrClosed) || ctx.Err() != nil {
+	type job struct {
+		end  spool.Position
+		done chan struct{}
+		err  error
+	}
+	var pending []*job // in spool order
+	// confirm confirms the finished prefix of pending. The spool
+	// serialises Next and Confirm, so both happen on this goroutine.
+	confirm := func() error {
+		for len(pending) > 0 {
+			select {
+			case <-pending[0].done:
+			default:
 				return nil
 			}
-			return fmt.Errorf("read spool: %w", err)
+			if j := pending[0]; j.err != nil {
+				return j.err
+			} else if err := w.spool.Confirm(j.end); err != nil {
+				return fmt.Errorf("confirm spool: %w", err)
+			}
+			pending = pending[1:]
+		}
+		return nil
+	}
+	stop := func(err error) error {
+		for _, j := range pending {
+			<-j.done // inserts end promptly once ctx is done
+		}
+		if ctx.Err() != nil {
+			return nil // unconfirmed records replay after a restart
+		}
+		return err
+	}
+	for {
+		w.gauge()
+		if err := confirm(); err != nil {
+			return stop(err)
+		}
+		if len(pending) >= w.o.Parallel {
+			select {
+			case <-pending[0].done:
+			case <-ctx.Done():
+				return stop(nil)
+			}
+			continue
+		}
+		next, cancel := ctx, context.CancelFunc(func() {})
+		if len(pending) > 0 {
+			// Come back soon to confirm what finishes meanwhile.
+			next, cancel = context.WithTimeout(ctx, 20*time.Millisecond)
+		}
+		b, err := w.spool.Next(next, w.o.MaxRecords)
+		cancel()
+		if err != nil {
+			switch {
+			case ctx.Err() != nil || errors.Is(err, spool.ErrClosed):
+				return stop(nil)
+			case errors.Is(err, context.DeadlineExceeded):
+				continue
+			}
+			return stop(fmt.Errorf("read spool: %w", err))
 		}
 		var rows []Row
 		var dead []DeadLetter
@@ -83,12 +151,44 @@ func (w *Writer) Run(ctx context.Context) error {
 			rows = append(rows, batch.Rows...)
 			dead = append(dead, batch.Dead...)
 		}
-		if err := w.insert(ctx, rows, dead); err != nil {
-			return nil // ctx done; unconfirmed records replay next time
+		rows, keys := w.claim(rows)
+		j := &job{end: b.End, done: make(chan struct{})}
+		pending = append(pending, j)
+		go func() {
+			defer close(j.done)
+			j.err = w.insert(ctx, rows, dead)
+			w.release(keys)
+		}()
+	}
+}
+
+// claim drops rows whose key an in-flight batch is inserting and marks the
+// rest as in flight.
+func (w *Writer) claim(rows []Row) ([]Row, []eventKey) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	kept := rows[:0]
+	keys := make([]eventKey, 0, len(rows))
+	for _, r := range rows {
+		k := eventKey{r.Cluster, r.AuditID, r.Stage, r.Fingerprint}
+		if _, busy := w.inflight[k]; busy {
+			continue
 		}
-		if err := w.spool.Confirm(b.End); err != nil {
-			return fmt.Errorf("confirm spool: %w", err)
-		}
+		w.inflight[k] = struct{}{}
+		keys = append(keys, k)
+		kept = append(kept, r)
+	}
+	if dropped := len(rows) - len(kept); dropped > 0 && w.o.Metrics != nil {
+		w.o.Metrics.Deduplicated.Add(float64(dropped))
+	}
+	return kept, keys
+}
+
+func (w *Writer) release(keys []eventKey) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	for _, k := range keys {
+		delete(w.inflight, k)
 	}
 }
 

@@ -27,11 +27,15 @@ func acceptInto(t *testing.T, sp *spool.Spool, cluster, body string) AcceptResul
 // drain runs a writer until the spool has nothing pending.
 func drain(t *testing.T, sp *spool.Spool, st Inserter) {
 	t.Helper()
+	drainWith(t, sp, st, WriterOptions{})
+}
+
+func drainWith(t *testing.T, sp *spool.Spool, st Inserter, o WriterOptions) {
+	t.Helper()
 	ctx, cancel := context.WithCancel(t.Context())
 	done := make(chan error, 1)
-	go func() {
-		done <- NewWriter(sp, st, WriterOptions{MinBackoff: 50 * time.Millisecond, MaxBackoff: 500 * time.Millisecond}).Run(ctx)
-	}()
+	o.MinBackoff, o.MaxBackoff = 50*time.Millisecond, 500*time.Millisecond
+	go func() { done <- NewWriter(sp, st, o).Run(ctx) }()
 	deadline := time.Now().Add(60 * time.Second)
 	for sp.Stats().RecordsPending > 0 {
 		if time.Now().After(deadline) {
@@ -102,6 +106,18 @@ func TestWriterStoresSpooledEventsExactlyOnce(t *testing.T) {
 		drain(t, sp, st)
 		if n := count(t, st, "SELECT count() FROM {db}.events"); n != want {
 			t.Fatalf("%d events, want %d", n, want)
+		}
+	})
+	t.Run("the same batch twice in concurrent inserts is stored once", func(t *testing.T) {
+		for range 3 {
+			acceptInto(t, sp, "concurrent", body)
+		}
+		drainWith(t, sp, st, WriterOptions{MaxRecords: 1, Parallel: 3})
+		if n := count(t, st, "SELECT count() FROM {db}.events WHERE cluster = 'concurrent'"); n != want {
+			t.Fatalf("%d events, want %d", n, want)
+		}
+		if n := count(t, st, "SELECT count() FROM {db}.event_keys WHERE cluster = 'concurrent'"); n != want {
+			t.Fatalf("%d keys, want %d", n, want)
 		}
 	})
 	t.Run("a crash between insert and confirm replays without doubling", func(t *testing.T) {

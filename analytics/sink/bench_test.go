@@ -53,7 +53,7 @@ type benchEnv struct {
 	db  string
 }
 
-func startBenchSink(b *testing.B, ch *chtest.Server) benchEnv {
+func startBenchSink(b *testing.B, ch *chtest.Server, parallel int) benchEnv {
 	db := ch.NewDatabase(b)
 	ctx, cancel := context.WithCancel(context.Background())
 	addr := make(chan string, 1)
@@ -61,7 +61,7 @@ func startBenchSink(b *testing.B, ch *chtest.Server) benchEnv {
 	go func() {
 		done <- Run(ctx, Options{Listen: "127.0.0.1:0", Plaintext: true, Token: "bench", MetricsListen: "",
 			Store: analytics.StoreOptions{DSN: ch.DSN(), Database: db}, SpoolDir: b.TempDir(),
-			SpoolMaxBytes: 4 << 30, Ready: func(a net.Addr) { addr <- a.String() }})
+			SpoolMaxBytes: 4 << 30, InsertParallel: parallel, Ready: func(a net.Addr) { addr <- a.String() }})
 	}()
 	url := "http://" + <-addr
 	b.Cleanup(func() { cancel(); <-done })
@@ -104,6 +104,12 @@ func waitCount(b *testing.B, ch *chtest.Server, db string, want uint64) {
 // measures the ceiling: clickhouse-client inserting the same flattened rows
 // as TSV into the same schema.
 func BenchmarkEndToEnd(b *testing.B) {
+	for _, parallel := range []int{1, 2} {
+		b.Run(fmt.Sprintf("inserts=%d", parallel), func(b *testing.B) { benchEndToEnd(b, parallel) })
+	}
+}
+
+func benchEndToEnd(b *testing.B, parallel int) {
 	const (
 		batches = 250 // x 400 = 100,000 events per iteration
 		perBody = 400
@@ -118,7 +124,7 @@ func BenchmarkEndToEnd(b *testing.B) {
 	for b.Loop() {
 		run++
 		b.StopTimer()
-		env := startBenchSink(b, ch)
+		env := startBenchSink(b, ch, parallel)
 		bodies := make([][]byte, batches)
 		for i := range bodies {
 			bodies[i] = benchBody(templates, run, i, perBody)
@@ -262,7 +268,7 @@ func writeTSV(w *bytes.Buffer, r *analytics.Row) {
 // time to the 200 answer, which includes the spool fsync.
 func BenchmarkBatchLatency(b *testing.B) {
 	ch := chtest.Start(b)
-	env := startBenchSink(b, ch)
+	env := startBenchSink(b, ch, 0)
 	templates := benchTemplates(b)
 	client := &http.Client{}
 	var lat []time.Duration

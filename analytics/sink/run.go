@@ -58,6 +58,9 @@ type Options struct {
 	MaxEventBytes int
 	// Retention drops day partitions older than this (0 keeps all).
 	Retention time.Duration
+	// InsertParallel is the number of ClickHouse inserts in flight;
+	// defaulted by analytics.WriterOptions.
+	InsertParallel int
 
 	Logger *slog.Logger
 	// Registry receives the metrics; defaulted to a new registry with the
@@ -133,7 +136,7 @@ func Run(ctx context.Context, o Options) error {
 		if err := migrateUntilDone(bg, store, log); err != nil {
 			return
 		}
-		w := analytics.NewWriter(sp, store, analytics.WriterOptions{Metrics: metrics, Logger: log.With("component", "writer")})
+		w := analytics.NewWriter(sp, store, analytics.WriterOptions{Metrics: metrics, Parallel: o.InsertParallel, Logger: log.With("component", "writer")})
 		if err := w.Run(bg); err != nil {
 			log.Error("writer stopped", "err", err)
 		}
