@@ -5,6 +5,7 @@ import (
 	"errors"
 	"io"
 	"slices"
+	"sync"
 	"time"
 	"unsafe"
 )
@@ -43,7 +44,10 @@ func (a *Accepter) Accept(cluster, source string, items ItemReader, emit func(re
 	if len(stages) == 0 {
 		stages = DefaultStages
 	}
-	rec := AppendBatchHeader(make([]byte, 0, 256<<10), cluster)
+	buf := recPool.Get().(*[]byte)
+	defer recPool.Put(buf)
+	rec := AppendBatchHeader((*buf)[:0], cluster)
+	defer func() { *buf = rec[:0] }()
 	header := len(rec)
 	n := 0
 	flush := func() error {
@@ -104,6 +108,8 @@ func (a *Accepter) Accept(cluster, source string, items ItemReader, emit func(re
 		}
 	}
 }
+
+var recPool = sync.Pool{New: func() any { b := make([]byte, 0, 256<<10); return &b }}
 
 // deadRaw is what a dead letter keeps of an input it could not decode. An
 // event that failed to decode cannot be redacted reliably, so one that

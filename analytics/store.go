@@ -49,9 +49,9 @@ func OpenStore(ctx context.Context, o StoreOptions) (*Store, error) {
 		opts.Settings = clickhouse.Settings{}
 	}
 	opts.Settings["allow_experimental_low_cardinality_type"] = 1
-	// LowCardinality columns travel as plain String: the server (C++)
-	// builds the dictionaries instead of the driver, which costs the
-	// driver ~0.4 µs per value, and reads return plain strings.
+	// Reads of LowCardinality columns return plain String blocks, which
+	// every driver version decodes (18.16 still expects LowCardinality
+	// blocks on INSERT, so the driver encodes those).
 	opts.Settings["low_cardinality_allow_in_native_format"] = 0
 	if opts.DialTimeout == 0 {
 		opts.DialTimeout = 5 * time.Second

@@ -24,6 +24,9 @@ type WriterOptions struct {
 	MaxRecords int
 	// Parallel is the number of inserts in flight; defaulted to 2.
 	Parallel int
+	// Linger is how long a small read waits for more records before it is
+	// inserted; defaulted to 200ms (negative: no wait).
+	Linger time.Duration
 	// MinBackoff and MaxBackoff bound the wait between failed inserts;
 	// defaulted to 200ms and 10s.
 	MinBackoff, MaxBackoff time.Duration
@@ -61,6 +64,9 @@ func NewWriter(sp *spool.Spool, st Inserter, o WriterOptions) *Writer {
 	}
 	if o.Parallel <= 0 {
 		o.Parallel = 2
+	}
+	if o.Linger == 0 {
+		o.Linger = 200 * time.Millisecond
 	}
 	return &Writer{spool: sp, store: st, o: o, inflight: map[eventKey]struct{}{}}
 }
@@ -137,6 +143,7 @@ func (w *Writer) Run(ctx context.Context) error {
 			}
 			return stop(fmt.Errorf("read spool: %w", err))
 		}
+		b = w.linger(ctx, b)
 		var rows []Row
 		var dead []DeadLetter
 		for _, rec := range b.Records {
@@ -160,6 +167,24 @@ func (w *Writer) Run(ctx context.Context) error {
 			w.release(keys)
 		}()
 	}
+}
+
+// linger gathers more records for up to Linger when b is small, so that a
+// trickle of small webhook batches becomes fewer, larger inserts (each
+// insert costs ClickHouse a part, and CPU the HTTP side needs).
+func (w *Writer) linger(ctx context.Context, b spool.Batch) spool.Batch {
+	deadline := time.Now().Add(w.o.Linger)
+	for len(b.Records) < w.o.MaxRecords && w.o.Linger > 0 {
+		wait, cancel := context.WithDeadline(ctx, deadline)
+		more, err := w.spool.Next(wait, w.o.MaxRecords-len(b.Records))
+		cancel()
+		if err != nil {
+			return b // the deadline, or a closing spool: insert what we have
+		}
+		b.Records = append(b.Records, more.Records...)
+		b.End = more.End
+	}
+	return b
 }
 
 // claim drops rows whose key an in-flight batch is inserting and marks the

@@ -9,11 +9,13 @@ import (
 	"net/http"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -51,8 +53,10 @@ type benchEnv struct {
 	ch  *chtest.Server
 	url string
 	db  string
+	pid int
 }
 
+// startBenchSink runs the sink in-process (for latency).
 func startBenchSink(b *testing.B, ch *chtest.Server, parallel int) benchEnv {
 	db := ch.NewDatabase(b)
 	ctx, cancel := context.WithCancel(context.Background())
@@ -66,6 +70,52 @@ func startBenchSink(b *testing.B, ch *chtest.Server, parallel int) benchEnv {
 	url := "http://" + <-addr
 	b.Cleanup(func() { cancel(); <-done })
 	return benchEnv{ch: ch, url: url, db: db}
+}
+
+// buildSink compiles cmd/auditsink once per benchmark.
+func buildSink(b *testing.B) string {
+	bin := filepath.Join(b.TempDir(), "auditsink")
+	cmd := exec.Command("go", "build", "-o", bin, "../../cmd/auditsink")
+	if out, err := cmd.CombinedOutput(); err != nil {
+		b.Fatalf("go build: %v\n%s", err, out)
+	}
+	return bin
+}
+
+// startSinkProcess runs `auditsink serve` as its own process, as in
+// production, so that its peak RSS can be read.
+func startSinkProcess(b *testing.B, bin string, ch *chtest.Server, parallel int) (benchEnv, func() int64) {
+	db := ch.NewDatabase(b)
+	dir := b.TempDir()
+	os.WriteFile(filepath.Join(dir, "token"), []byte("bench"), 0o600)
+	l, _ := net.Listen("tcp", "127.0.0.1:0")
+	addr := l.Addr().String()
+	l.Close()
+	cmd := exec.Command(bin, "serve", "--plaintext", "--listen", addr, "--token-file", filepath.Join(dir, "token"),
+		"--spool-dir", filepath.Join(dir, "spool"), "--spool-max", "4GiB", "--metrics-listen", "",
+		"--database", db, "--insert-parallel", strconv.Itoa(parallel), "--log-level", "warn")
+	cmd.Env = append(os.Environ(), "AUDITSINK_CLICKHOUSE_DSN="+ch.DSN())
+	cmd.Stderr = os.Stderr
+	if err := cmd.Start(); err != nil {
+		b.Fatal(err)
+	}
+	for deadline := time.Now().Add(30 * time.Second); ; {
+		if c, err := net.Dial("tcp", addr); err == nil {
+			c.Close()
+			break
+		}
+		if time.Now().After(deadline) {
+			b.Fatal("sink did not listen")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	stop := func() int64 {
+		rss := peakRSS(cmd.Process.Pid)
+		cmd.Process.Signal(syscall.SIGTERM)
+		cmd.Wait()
+		return rss
+	}
+	return benchEnv{ch: ch, url: "http://" + addr, db: db, pid: cmd.Process.Pid}, stop
 }
 
 func post400(c *http.Client, url string, body []byte) (int, error) {
@@ -99,7 +149,8 @@ func waitCount(b *testing.B, ch *chtest.Server, db string, want uint64) {
 }
 
 // BenchmarkEndToEnd sends HTTP batches of 400 events (4 concurrent
-// senders, like several apiservers) through spool fsync into ClickHouse,
+// senders, like several apiservers) to `auditsink serve` (its own process)
+// through spool fsync into ClickHouse,
 // timed until the last event is in the events table, and in the same run
 // measures the ceiling: clickhouse-client inserting the same flattened rows
 // as TSV into the same schema.
@@ -119,12 +170,14 @@ func benchEndToEnd(b *testing.B, parallel int) {
 	templates := benchTemplates(b)
 	client := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: senders}}
 	var sinkSecs, ceilSecs, acceptSecs float64
+	var rss int64
+	bin := buildSink(b)
 	run := 0
 	b.ReportAllocs()
 	for b.Loop() {
 		run++
 		b.StopTimer()
-		env := startBenchSink(b, ch, parallel)
+		env, stopSink := startSinkProcess(b, bin, ch, parallel)
 		bodies := make([][]byte, batches)
 		for i := range bodies {
 			bodies[i] = benchBody(templates, run, i, perBody)
@@ -148,6 +201,7 @@ func benchEndToEnd(b *testing.B, parallel int) {
 		waitCount(b, ch, env.db, batches*perBody)
 		sinkSecs += time.Since(start).Seconds()
 		b.StopTimer()
+		rss = max(rss, stopSink())
 		ceilSecs += ceiling(b, ch, bodies)
 		b.StartTimer()
 	}
@@ -156,7 +210,7 @@ func benchEndToEnd(b *testing.B, parallel int) {
 	b.ReportMetric(events/ceilSecs, "ceiling-events/s")
 	b.ReportMetric(events/acceptSecs, "accepted-events/s")
 	b.ReportMetric((events/sinkSecs)/(events/ceilSecs), "ratio")
-	b.ReportMetric(float64(peakRSS())/(1<<20), "peak-RSS-MiB")
+	b.ReportMetric(float64(rss)/(1<<20), "sink-peak-RSS-MiB")
 }
 
 // ceiling times clickhouse-client inserting the bodies' flattened rows as
@@ -290,9 +344,9 @@ func BenchmarkBatchLatency(b *testing.B) {
 	b.ReportMetric(q(0.99), "p99-ms")
 }
 
-// peakRSS is this process's high-water resident set (sink and clients).
-func peakRSS() int64 {
-	b, err := os.ReadFile("/proc/self/status")
+// peakRSS is a process's high-water resident set.
+func peakRSS(pid int) int64 {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
 	if err != nil {
 		return 0
 	}

@@ -205,7 +205,9 @@ func (h *Handler) events(w http.ResponseWriter, r *http.Request) {
 	src = &limitedReader{r: src, n: h.o.MaxBodyBytes}
 
 	var spoolErr error
-	res, err := h.o.Accepter.Accept(cluster, "webhook", analytics.NewListReader(src, h.o.MaxEventBytes), func(rec []byte) error {
+	items := analytics.NewListReader(src, h.o.MaxEventBytes)
+	defer items.Release()
+	res, err := h.o.Accepter.Accept(cluster, "webhook", items, func(rec []byte) error {
 		_, spoolErr = h.o.Spool.Append([][]byte{rec})
 		return spoolErr
 	})

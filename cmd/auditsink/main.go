@@ -19,6 +19,7 @@ import (
 	"log/slog"
 	"os"
 	"os/signal"
+	"runtime/debug"
 	"strconv"
 	"strings"
 	"syscall"
@@ -177,6 +178,8 @@ func serve(ctx context.Context, args []string, _, stderr io.Writer) error {
 	fs.StringVar(&maxBody, "max-body", "1GiB", "largest request body (413 above)")
 	fs.IntVar(&o.MaxEventBytes, "max-event-bytes", analytics.DefaultMaxEventBytes, "largest event; larger ones are dead-lettered")
 	fs.StringVar(&retention, "retention", "", "drop day partitions older than this, e.g. 30d (empty: keep all)")
+	fs.IntVar(&o.InsertParallel, "insert-parallel", 2, "ClickHouse inserts in flight")
+	memLimit := fs.String("memory-limit", "200MiB", "soft memory limit of the Go runtime (GOMEMLIMIT); the GC works harder near it")
 	if err := parse(fs, args); err != nil {
 		return err
 	}
@@ -195,6 +198,13 @@ func serve(ctx context.Context, args []string, _, stderr io.Writer) error {
 	}
 	if o.Retention, err = parseRetention(retention); err != nil {
 		return err
+	}
+	if *memLimit != "" && os.Getenv("GOMEMLIMIT") == "" {
+		n, err := parseBytes(*memLimit)
+		if err != nil {
+			return fmt.Errorf("--memory-limit: %w", err)
+		}
+		debug.SetMemoryLimit(n)
 	}
 	switch {
 	case tokenFile != "":
