@@ -70,7 +70,7 @@ demo: controlplane ## start a real apiserver with the webhook and play the write
 ## --- tests ----------------------------------------------------------------
 
 .PHONY: test
-test: controlplane clickhouse ## unit and end-to-end tests against a real apiserver and ClickHouse (the CI command)
+test: controlplane clickhouse verify-generate ## unit and end-to-end tests against a real apiserver and ClickHouse (the CI command)
 	$(GO) vet ./...
 	$(GO) test -race -count=1 -timeout 45m ./...
 

@@ -43,14 +43,14 @@ func ParseFieldPath(s string) (FieldPath, error) {
 	i := 0
 	expectName := true
 	for i < len(s) {
-		switch {
-		case s[i] == '.':
+		switch s[i] {
+		case '.':
 			if expectName {
 				return p, fmt.Errorf("path %q: empty name at offset %d", s, i)
 			}
 			i++
 			expectName = true
-		case s[i] == '[':
+		case '[':
 			if expectName && i != 0 {
 				return p, fmt.Errorf("path %q: '[' right after '.' at offset %d", s, i)
 			}

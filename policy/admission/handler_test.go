@@ -3,7 +3,6 @@ package admission
 import (
 	"bytes"
 	"encoding/json"
-	"io"
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
@@ -17,7 +16,7 @@ import (
 
 func testHandlers(t testing.TB, set *policy.Set) (stamp, fields http.Handler) {
 	t.Helper()
-	return Handlers(NewStaticSource(set), &policy.Environment{}, NewMetrics(nil), slog.New(slog.NewTextHandler(io.Discard, nil)), 1<<20)
+	return Handlers(NewStaticSource(set), &policy.Environment{}, NewMetrics(nil), slog.New(slog.DiscardHandler), 1<<20)
 }
 
 func post(h http.Handler, body []byte) *httptest.ResponseRecorder {

@@ -9,7 +9,6 @@ import (
 	"errors"
 	"flag"
 	"fmt"
-	"io"
 	"log/slog"
 	"os"
 	"os/signal"
@@ -96,7 +95,7 @@ func demo(ctx context.Context, bin, crds, policyFile string, keep bool) error {
 	go func() {
 		done <- admission.Run(wctx, admission.Options{
 			Host: env.WebhookHost, Port: env.WebhookPort, CertDir: env.CertDir, ProbeAddr: "0",
-			RestConfig: env.Config, Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
+			RestConfig: env.Config, Logger: slog.New(slog.DiscardHandler),
 			Ready: func(string) { close(ready) },
 		})
 	}()

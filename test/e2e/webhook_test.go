@@ -5,7 +5,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"log/slog"
 	"net"
 	"os"
@@ -49,7 +48,7 @@ func startWebhookEnv(t testing.TB) *webhookEnv {
 		done <- admission.Run(ctx, admission.Options{
 			Host: env.WebhookHost, Port: env.WebhookPort, CertDir: env.CertDir,
 			ProbeAddr: "0", RestConfig: env.Config, Namespace: "stampguard-system",
-			Registry: reg, Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
+			Registry: reg, Logger: slog.New(slog.DiscardHandler),
 			Ready: func(string) { close(ready) },
 		})
 	}()
@@ -583,7 +582,7 @@ func TestWebhook(t *testing.T) {
 					return errors.New("create passed")
 				}
 				if !strings.Contains(err.Error(), `failed calling webhook "fields.stampguard.dev"`) {
-					return fmt.Errorf("unclear error: %v", err)
+					return fmt.Errorf("unclear error: %w", err)
 				}
 				return nil
 			})

@@ -228,7 +228,3 @@ type ConcurrencyPolicyList struct {
 	metav1.ListMeta `json:"metadata,omitempty"`
 	Items           []ConcurrencyPolicy `json:"items"`
 }
-
-func init() {
-	SchemeBuilder.Register(&ConcurrencyPolicy{}, &ConcurrencyPolicyList{})
-}

@@ -307,7 +307,7 @@ func Unquote(raw []byte) (string, error) {
 	}
 	var s string
 	if err := json.Unmarshal(raw, &s); err != nil {
-		return "", fmt.Errorf("%w: %v", ErrSyntax, err)
+		return "", fmt.Errorf("%w: %w", ErrSyntax, err)
 	}
 	return s, nil
 }
