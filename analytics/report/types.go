@@ -5,15 +5,15 @@ package report
 // Report is the JSON contract of `auditsink report --format json`. Keys are
 // stable; new keys may be added.
 type Report struct {
-	Window             Window              `json:"window"`
-	Totals             Totals              `json:"totals"`
-	ConflictsByUser    []UserConflicts     `json:"conflicts_by_user"`
-	ConflictsByResrc   []ResourceConflicts `json:"conflicts_by_resource"`
-	HotObjects         []HotObject         `json:"hot_objects"`
-	RetryLoops         []RetryLoop         `json:"retry_loops"`
-	StamplessUpdates   []StamplessUpdates  `json:"stampless_updates"`
-	LeaseHolderChanges []LeaseChanges      `json:"lease_holder_changes"`
-	PolicyDecisions    []PolicyDecisions   `json:"policy_decisions"`
+	Window              Window              `json:"window"`
+	Totals              Totals              `json:"totals"`
+	ConflictsByUser     []UserConflicts     `json:"conflicts_by_user"`
+	ConflictsByResource []ResourceConflicts `json:"conflicts_by_resource"`
+	HotObjects          []HotObject         `json:"hot_objects"`
+	RetryLoops          []RetryLoop         `json:"retry_loops"`
+	StamplessUpdates    []StamplessUpdates  `json:"stampless_updates"`
+	LeaseHolderChanges  []LeaseChanges      `json:"lease_holder_changes"`
+	PolicyDecisions     []PolicyDecisions   `json:"policy_decisions"`
 }
 
 // Window is the half-open interval [Since, Until), RFC3339 with microseconds.
