@@ -179,7 +179,7 @@ func serve(ctx context.Context, args []string, _, stderr io.Writer) error {
 	fs.IntVar(&o.MaxEventBytes, "max-event-bytes", analytics.DefaultMaxEventBytes, "largest event; larger ones are dead-lettered")
 	fs.StringVar(&retention, "retention", "", "drop day partitions older than this, e.g. 30d (empty: keep all)")
 	fs.IntVar(&o.InsertParallel, "insert-parallel", 2, "ClickHouse inserts in flight")
-	memLimit := fs.String("memory-limit", "200MiB", "soft memory limit of the Go runtime (GOMEMLIMIT); the GC works harder near it")
+	memLimit := fs.String("memory-limit", "240MiB", "soft memory limit of the Go runtime (GOMEMLIMIT); the GC works harder near it")
 	if err := parse(fs, args); err != nil {
 		return err
 	}
