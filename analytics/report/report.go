@@ -1,0 +1,177 @@
+package report
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/ClickHouse/clickhouse-go/v2"
+	"github.com/ClickHouse/clickhouse-go/v2/lib/driver"
+)
+
+// Options select what the report covers.
+type Options struct {
+	// Database holding the events table.
+	Database string
+	// Cluster whose events are reported.
+	Cluster string
+	// Since and Until bound the half-open window [Since, Until).
+	Since, Until time.Time
+	// Top bounds every list. Defaults to 10.
+	Top int
+	// Namespace, Resource and User narrow the report; empty means all.
+	Namespace, Resource, User string
+	// LoopGap is the longest pause inside a retry loop. Defaults to 5m.
+	LoopGap time.Duration
+	// LoopThreshold is the fewest conflicts that make a retry loop. Defaults to 5.
+	LoopThreshold int
+}
+
+func (o *Options) setDefaults() {
+	if o.Top <= 0 {
+		o.Top = 10
+	}
+	if o.LoopGap <= 0 {
+		o.LoopGap = 5 * time.Minute
+	}
+	if o.LoopThreshold <= 0 {
+		o.LoopThreshold = 5
+	}
+}
+
+// ErrNoEvents says that the window holds no request at all, so the report
+// has no findings to show; Build still returns the (empty) report.
+var ErrNoEvents = errors.New("no audit events in the window")
+
+// TimeFormat is how the report writes instants: RFC3339 in UTC with microseconds.
+const TimeFormat = "2006-01-02T15:04:05.000000Z07:00"
+
+// Build runs every analytics query and assembles the report. It returns
+// ErrNoEvents (with the empty report) when the window holds no request.
+func Build(ctx context.Context, conn driver.Conn, o Options) (*Report, error) {
+	o.setDefaults()
+	if !o.Since.Before(o.Until) {
+		return nil, fmt.Errorf("empty window: since %s is not before until %s", o.Since.Format(time.RFC3339), o.Until.Format(time.RFC3339))
+	}
+	if err := validDatabase(o.Database); err != nil {
+		return nil, err
+	}
+	r := &Report{Window: Window{Since: o.Since.UTC().Format(TimeFormat), Until: o.Until.UTC().Format(TimeFormat)}}
+	q := querier{ctx: ctx, conn: conn, db: o.Database, args: []any{
+		clickhouse.Named("cluster", o.Cluster),
+		clickhouse.Named("since_us", uint64(o.Since.UnixMicro())),
+		clickhouse.Named("until_us", uint64(o.Until.UnixMicro())),
+		clickhouse.Named("namespace", o.Namespace),
+		clickhouse.Named("resource", o.Resource),
+		clickhouse.Named("user", o.User),
+		clickhouse.Named("top", o.Top),
+		clickhouse.Named("gap_us", uint64(o.LoopGap.Microseconds())),
+		clickhouse.Named("threshold", o.LoopThreshold),
+	}}
+
+	t := &r.Totals
+	if err := q.each(QueryTotals, func(rows driver.Rows) error {
+		return rows.Scan(&t.Requests, &t.WriteAttempts, &t.VersionConflicts, &t.FieldConflicts, &t.AlreadyExists,
+			&t.DeletePreconditionConflicts, &t.StamplessUpdates, &t.OtherConflicts, &t.Gone)
+	}); err != nil {
+		return nil, err
+	}
+	if t.WriteAttempts > 0 {
+		t.ConflictRate = float64(t.VersionConflicts) / float64(t.WriteAttempts)
+	}
+	r.ConflictsByUser, r.ConflictsByResource, r.HotObjects = []UserConflicts{}, []ResourceConflicts{}, []HotObject{}
+	r.RetryLoops, r.StamplessUpdates, r.LeaseHolderChanges, r.PolicyDecisions = []RetryLoop{}, []StamplessUpdates{}, []LeaseChanges{}, []PolicyDecisions{}
+	if t.Requests == 0 {
+		return r, ErrNoEvents
+	}
+	err := errors.Join(
+		q.each(QueryConflictsByUser, func(rows driver.Rows) error {
+			var u UserConflicts
+			err := rows.Scan(&u.User, &u.WriteAttempts, &u.VersionConflicts)
+			r.ConflictsByUser = append(r.ConflictsByUser, u)
+			return err
+		}),
+		q.each(QueryConflictsByResource, func(rows driver.Rows) error {
+			var c ResourceConflicts
+			err := rows.Scan(&c.APIGroup, &c.Resource, &c.WriteAttempts, &c.VersionConflicts)
+			r.ConflictsByResource = append(r.ConflictsByResource, c)
+			return err
+		}),
+		q.each(QueryHotObjects, func(rows driver.Rows) error {
+			var h HotObject
+			err := rows.Scan(&h.APIGroup, &h.Resource, &h.Namespace, &h.Name, &h.WriteAttempts, &h.DistinctWriters, &h.VersionConflicts)
+			r.HotObjects = append(r.HotObjects, h)
+			return err
+		}),
+		q.each(QueryRetryLoops, func(rows driver.Rows) error {
+			var l RetryLoop
+			var first, last uint64
+			var resolved uint8
+			err := rows.Scan(&l.User, &l.APIGroup, &l.Resource, &l.Namespace, &l.Name, &l.Conflicts, &first, &last, &resolved)
+			l.First = time.UnixMicro(int64(first)).UTC().Format(TimeFormat)
+			l.Last = time.UnixMicro(int64(last)).UTC().Format(TimeFormat)
+			l.Resolved = resolved == 1
+			r.RetryLoops = append(r.RetryLoops, l)
+			return err
+		}),
+		q.each(QueryStamplessUpdates, func(rows driver.Rows) error {
+			var s StamplessUpdates
+			err := rows.Scan(&s.User, &s.APIGroup, &s.Resource, &s.Namespace, &s.Name, &s.Count)
+			r.StamplessUpdates = append(r.StamplessUpdates, s)
+			return err
+		}),
+		q.each(QueryLeaseHolderChanges, func(rows driver.Rows) error {
+			var l LeaseChanges
+			err := rows.Scan(&l.Namespace, &l.Name, &l.Changes, &l.Holders)
+			r.LeaseHolderChanges = append(r.LeaseHolderChanges, l)
+			return err
+		}),
+		q.each(QueryPolicyDecisions, func(rows driver.Rows) error {
+			var p PolicyDecisions
+			err := rows.Scan(&p.Policy, &p.Kind, &p.Action, &p.Count)
+			r.PolicyDecisions = append(r.PolicyDecisions, p)
+			return err
+		}),
+	)
+	if err != nil {
+		return nil, err
+	}
+	return r, nil
+}
+
+type querier struct {
+	ctx  context.Context
+	conn driver.Conn
+	db   string
+	args []any
+}
+
+func (q querier) each(query Query, scan func(driver.Rows) error) error {
+	rows, err := q.conn.Query(q.ctx, query.Render(q.db, ReportWindow), q.args...)
+	if err != nil {
+		return fmt.Errorf("query %s: %w", query.Name, err)
+	}
+	defer rows.Close()
+	for rows.Next() {
+		if err := scan(rows); err != nil {
+			return fmt.Errorf("query %s: scan: %w", query.Name, err)
+		}
+	}
+	if err := rows.Err(); err != nil {
+		return fmt.Errorf("query %s: %w", query.Name, err)
+	}
+	return nil
+}
+
+func validDatabase(name string) error {
+	if name == "" {
+		return errors.New("database name is empty")
+	}
+	for _, c := range name {
+		if !(c == '_' || c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9') {
+			return fmt.Errorf("database name %q: want letters, digits and underscores", name)
+		}
+	}
+	return nil
+}
