@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"strings"
 	"testing"
 	"time"
 
@@ -213,4 +214,59 @@ func TestBuild(t *testing.T) {
 			t.Fatalf("got %+v", only)
 		}
 	})
+}
+
+func TestParseTime(t *testing.T) {
+	now := time.Date(2026, 11, 29, 12, 0, 0, 0, time.UTC)
+	cases := map[string]time.Time{
+		"2h":                   now.Add(-2 * time.Hour),
+		"7d":                   now.Add(-7 * 24 * time.Hour),
+		"2026-11-29T08:00:00Z": time.Date(2026, 11, 29, 8, 0, 0, 0, time.UTC),
+	}
+	for in, want := range cases {
+		if got, err := ParseTime(in, now); err != nil || !got.Equal(want) {
+			t.Errorf("ParseTime(%q) = %v, %v; want %v", in, got, err, want)
+		}
+	}
+	for _, bad := range []string{"", "yesterday", "-2h", "1.5d", "2026-11-29"} {
+		if _, err := ParseTime(bad, now); err == nil {
+			t.Errorf("ParseTime(%q) accepted", bad)
+		}
+	}
+}
+
+func TestWriteTableFitsAndSaysWhenEmpty(t *testing.T) {
+	var b strings.Builder
+	o := Options{Cluster: "prod", Since: t0, Until: t0.Add(time.Hour)}
+	if err := WriteTable(&b, &Report{Window: Window{Since: t0.Format(TimeFormat), Until: t0.Add(time.Hour).Format(TimeFormat)}}, o); err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(b.String(), "No requests were recorded in this window") || strings.Contains(b.String(), "HOT OBJECTS") {
+		t.Fatalf("empty report:\n%s", b.String())
+	}
+	b.Reset()
+	long := strings.Repeat("x", 200)
+	r := &Report{
+		Window:     Window{Since: t0.Format(TimeFormat), Until: t0.Add(time.Hour).Format(TimeFormat)},
+		Totals:     Totals{Requests: 10, WriteAttempts: 8, VersionConflicts: 6, ConflictRate: 0.75},
+		RetryLoops: []RetryLoop{{User: long, Resource: "configmaps", Namespace: long, Name: long, Conflicts: 6, First: t0.Format(TimeFormat), Last: t0.Format(TimeFormat)}},
+		HotObjects: []HotObject{{Resource: "configmaps", Namespace: "shop", Name: "a", VersionConflicts: 6, DistinctWriters: 2, WriteAttempts: 8}},
+	}
+	if err := WriteTable(&b, r, o); err != nil {
+		t.Fatal(err)
+	}
+	out := b.String()
+	for _, want := range []string{"UNRESOLVED RETRY LOOPS", "HOT OBJECTS", "conflict rate 75.00%", "configmaps shop/a"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("table lacks %q:\n%s", want, out)
+		}
+	}
+	if strings.Index(out, "UNRESOLVED RETRY LOOPS") > strings.Index(out, "HOT OBJECTS") {
+		t.Error("unresolved loops must come first")
+	}
+	for _, line := range strings.Split(out, "\n") {
+		if len(line) > tableWidth {
+			t.Errorf("line of %d columns: %q", len(line), line)
+		}
+	}
 }

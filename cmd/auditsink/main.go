@@ -4,7 +4,7 @@
 //	auditsink ingest  store JSON-lines audit log files (plain or .gz)
 //	auditsink tail    follow a live audit log across rotation
 //	auditsink migrate create or upgrade the ClickHouse schema
-//	auditsink report  conflict analytics (not implemented yet)
+//	auditsink report  conflict analytics: retry loops, hot objects, stampless writes, ...
 //
 // Each subcommand parses its flags into an options struct and calls the
 // library; see docs/auditsink.md.
@@ -43,7 +43,7 @@ commands:
   ingest   store JSON-lines audit log files (plain or .gz): auditsink ingest FILE...
   tail     follow a live audit log across rotation: auditsink tail PATH
   migrate  create or upgrade the ClickHouse schema
-  report   conflict analytics (not implemented yet)
+  report   conflict analytics over a time window (table or JSON)
 
 Run 'auditsink <command> -h' for the flags of a command.
 `
@@ -54,7 +54,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		return 2
 	}
 	cmds := map[string]func(context.Context, []string, io.Writer, io.Writer) error{
-		"serve": serve, "ingest": ingest, "tail": tail, "migrate": migrate, "report": report,
+		"serve": serve, "ingest": ingest, "tail": tail, "migrate": migrate, "report": reportCmd,
 	}
 	cmd, ok := cmds[args[0]]
 	if !ok {
@@ -322,11 +322,6 @@ func migrate(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	dropped, err := st.DropPartitionsBefore(ctx, time.Now().Add(-keep))
 	fmt.Fprintf(stdout, "retention %s: dropped days %v\n", *retention, dropped)
 	return err
-}
-
-func report(_ context.Context, _ []string, _, stderr io.Writer) error {
-	fmt.Fprintln(stderr, "auditsink report: not implemented yet (issue 4)")
-	return errUsage
 }
 
 func openMigrated(ctx context.Context, c *common, log *slog.Logger) (*analytics.Store, error) {
