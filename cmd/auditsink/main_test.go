@@ -37,13 +37,6 @@ func TestParseFlagValues(t *testing.T) {
 	}
 }
 
-func TestReportIsNotImplementedYet(t *testing.T) {
-	var out, errb bytes.Buffer
-	if code := run(t.Context(), []string{"report"}, &out, &errb); code == 0 || !strings.Contains(errb.String(), "not implemented") {
-		t.Fatalf("report: code %d, stderr %q", code, errb.String())
-	}
-}
-
 func TestMigrateAndIngestFromTheCommandLine(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts clickhouse-server")
