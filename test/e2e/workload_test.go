@@ -1,0 +1,125 @@
+package e2e
+
+import (
+	"encoding/json"
+	"testing"
+
+	auditv1 "k8s.io/apiserver/pkg/apis/audit/v1"
+
+	"github.com/stampguard/stampguard/internal/kubetest"
+	wl "github.com/stampguard/stampguard/test/workload"
+)
+
+// TestWorkload runs the conflict workload against a real apiserver and
+// checks its ground truth against the audit log the apiserver wrote: the
+// same requests, each once, with the same codes, and nothing else.
+func TestWorkload(t *testing.T) {
+	env := kubetest.Start(t, wl.KubetestOptions())
+	res, err := wl.Run(t.Context(), env)
+	if err != nil {
+		t.Fatal(err)
+	}
+	events, err := res.WaitAudited(t.Context())
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	t.Run("every recorded request is audited once at ResponseComplete with its code", func(t *testing.T) {
+		complete := map[string][]auditv1.Event{}
+		for _, ev := range events {
+			if ev.Stage == auditv1.StageResponseComplete {
+				complete[string(ev.AuditID)] = append(complete[string(ev.AuditID)], ev)
+			}
+		}
+		for _, r := range res.Requests {
+			evs := complete[r.AuditID]
+			if len(evs) != 1 {
+				t.Errorf("%s %s %s/%s (%s): %d ResponseComplete events, want 1", r.Verb, r.Resource, r.Namespace, r.Name, r.AuditID, len(evs))
+				continue
+			}
+			ev := evs[0]
+			if ev.ResponseStatus == nil || int(ev.ResponseStatus.Code) != r.Code {
+				t.Errorf("%s: audit code %v, client saw %d", r.AuditID, ev.ResponseStatus, r.Code)
+			}
+			if ev.ImpersonatedUser == nil || ev.ImpersonatedUser.Username != r.Writer {
+				t.Errorf("%s: audit impersonatedUser %v, client impersonated %q", r.AuditID, ev.ImpersonatedUser, r.Writer)
+			}
+			if ev.User.Username != wl.DriverUser {
+				t.Errorf("%s: audit user %q, want the driver %q", r.AuditID, ev.User.Username, wl.DriverUser)
+			}
+			if ev.Verb != r.Verb {
+				t.Errorf("%s: audit verb %q, client verb %q", r.AuditID, ev.Verb, r.Verb)
+			}
+			if ref := ev.ObjectRef; ref == nil || ref.APIGroup != r.APIGroup || ref.Resource != r.Resource || ref.Namespace != r.Namespace || ref.Name != r.Name {
+				t.Errorf("%s: audit objectRef %+v, client object %s/%s %s/%s", r.AuditID, ref, r.APIGroup, r.Resource, r.Namespace, r.Name)
+			}
+			if (r.Verb == "create" || r.Verb == "update") && ev.ObjectRef != nil && ev.ObjectRef.ResourceVersion != r.Stamp {
+				t.Errorf("%s: audit objectRef.resourceVersion %q, client sent stamp %q", r.AuditID, ev.ObjectRef.ResourceVersion, r.Stamp)
+			}
+			if ev.StageTimestamp.Time.Before(res.Since) || !ev.StageTimestamp.Time.Before(res.Until) {
+				t.Errorf("%s: stageTimestamp %s outside [%s, %s)", r.AuditID, ev.StageTimestamp.Time, res.Since, res.Until)
+			}
+		}
+	})
+
+	t.Run("the audit log holds only the workload's requests", func(t *testing.T) {
+		recorded := map[string]bool{}
+		for _, r := range res.Requests {
+			recorded[r.AuditID] = true
+		}
+		for _, ev := range events {
+			if !recorded[string(ev.AuditID)] {
+				t.Errorf("audit event the workload did not send: %s %s %s %s by %s", ev.Stage, ev.Verb, ev.RequestURI, ev.AuditID, ev.User.Username)
+			}
+		}
+		// The admin client created the namespaces and polled for compaction:
+		// the policy matches the authenticated user, so none of it shows.
+		if n := len(res.Requests); n == 0 {
+			t.Fatal("the workload recorded no requests")
+		}
+	})
+
+	t.Run("the ground truth has every kind of finding", func(t *testing.T) {
+		tr := res.Truth
+		b, _ := json.MarshalIndent(tr, "", "  ")
+		t.Logf("ground truth:\n%s", b)
+		tot := tr.Totals
+		for _, c := range []struct {
+			what string
+			got  uint64
+			min  uint64
+		}{
+			{"version conflicts", tot.VersionConflicts, 1},
+			{"field conflicts", tot.FieldConflicts, 1},
+			{"gone", tot.Gone, 2},
+			{"stampless updates", tot.StamplessUpdates, 1},
+			{"already exists", tot.AlreadyExists, 1},
+			{"delete precondition conflicts", tot.DeletePreconditionConflicts, 1},
+			{"lease holder changes", uint64(len(tr.LeaseHolderChanges)), 1},
+		} {
+			if c.got < c.min {
+				t.Errorf("%s: %d, want at least %d", c.what, c.got, c.min)
+			}
+		}
+		if tot.OtherConflicts != 0 {
+			t.Errorf("other conflicts: %d, want 0", tot.OtherConflicts)
+		}
+		var resolved, unresolved int
+		for _, l := range tr.RetryLoops {
+			if l.Resolved {
+				resolved++
+			} else {
+				unresolved++
+			}
+		}
+		if resolved < 1 || unresolved < 1 {
+			t.Errorf("retry loops: %d resolved, %d unresolved; want at least one of each: %+v", resolved, unresolved, tr.RetryLoops)
+		}
+		if len(res.Loops) != len(tr.RetryLoops) {
+			t.Errorf("%d loop bounds for %d retry loops", len(res.Loops), len(tr.RetryLoops))
+		}
+		if _, err := res.TruthAt(events); err != nil {
+			t.Errorf("truth at audit times: %v", err)
+		}
+	})
+}
