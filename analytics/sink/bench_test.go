@@ -171,6 +171,7 @@ func benchEndToEnd(b *testing.B, parallel int) {
 	client := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: senders}}
 	var sinkSecs, ceilSecs, acceptSecs float64
 	var rss int64
+	var sinkCPU, chCPU float64
 	bin := buildSink(b)
 	run := 0
 	b.ReportAllocs()
@@ -184,6 +185,7 @@ func benchEndToEnd(b *testing.B, parallel int) {
 		}
 		b.StartTimer()
 		start := time.Now()
+		sinkCPU0, chCPU0 := cpuSeconds(env.pid), cpuSeconds(ch.PID())
 		var next atomic.Int64
 		var wg sync.WaitGroup
 		for range senders {
@@ -200,6 +202,8 @@ func benchEndToEnd(b *testing.B, parallel int) {
 		acceptSecs += time.Since(start).Seconds()
 		waitCount(b, ch, env.db, batches*perBody)
 		sinkSecs += time.Since(start).Seconds()
+		sinkCPU += cpuSeconds(env.pid) - sinkCPU0
+		chCPU += cpuSeconds(ch.PID()) - chCPU0
 		b.StopTimer()
 		rss = max(rss, stopSink())
 		ceilSecs += ceiling(b, ch, bodies)
@@ -211,6 +215,8 @@ func benchEndToEnd(b *testing.B, parallel int) {
 	b.ReportMetric(events/acceptSecs, "accepted-events/s")
 	b.ReportMetric((events/sinkSecs)/(events/ceilSecs), "ratio")
 	b.ReportMetric(float64(rss)/(1<<20), "sink-peak-RSS-MiB")
+	b.ReportMetric(sinkCPU*1e6/events, "sink-cpu-µs/event")
+	b.ReportMetric(chCPU*1e6/events, "clickhouse-cpu-µs/event")
 }
 
 // ceiling times clickhouse-client inserting the bodies' flattened rows as
@@ -342,6 +348,19 @@ func BenchmarkBatchLatency(b *testing.B) {
 	q := func(p float64) float64 { return float64(lat[int(p*float64(len(lat)-1))].Microseconds()) / 1000 }
 	b.ReportMetric(q(0.5), "p50-ms")
 	b.ReportMetric(q(0.99), "p99-ms")
+}
+
+// cpuSeconds is a process's user+system CPU time.
+func cpuSeconds(pid int) float64 {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return 0
+	}
+	s := string(b)
+	f := strings.Fields(s[strings.LastIndexByte(s, ')')+2:])
+	utime, _ := strconv.ParseFloat(f[11], 64)
+	stime, _ := strconv.ParseFloat(f[12], 64)
+	return (utime + stime) / 100 // USER_HZ
 }
 
 // peakRSS is a process's high-water resident set.

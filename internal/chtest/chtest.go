@@ -142,6 +142,17 @@ func (s *Server) Stop() {
 	}
 }
 
+// PID is the server's process id (0 while stopped), for measuring its CPU
+// and memory in benchmarks.
+func (s *Server) PID() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.cmd == nil {
+		return 0
+	}
+	return s.cmd.Process.Pid
+}
+
 // Conn opens a native connection to db with the settings the product uses.
 func (s *Server) Conn(tb testing.TB, db string) driver.Conn {
 	tb.Helper()
