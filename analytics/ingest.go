@@ -50,6 +50,9 @@ func (r IngestResult) String() string {
 
 // IngestFiles stores the events of JSON-lines audit logs (plain or gzip).
 func IngestFiles(ctx context.Context, st Inserter, paths []string, o IngestOptions) (IngestResult, error) {
+	if o.Accepter == nil {
+		o.Accepter = &Accepter{}
+	}
 	start := time.Now()
 	var res IngestResult
 	var total int64
@@ -217,6 +220,9 @@ type TailOptions struct {
 // yet confirmed before a crash are read again and dropped by the store's
 // dedup.
 func Tail(ctx context.Context, st Inserter, path string, o TailOptions) error {
+	if o.Accepter == nil {
+		o.Accepter = &Accepter{}
+	}
 	if o.BatchLines <= 0 {
 		o.BatchLines = 5000
 	}

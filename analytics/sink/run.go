@@ -132,13 +132,16 @@ func Run(ctx context.Context, o Options) error {
 	bg, stopBG := context.WithCancel(context.WithoutCancel(ctx))
 	defer stopBG()
 	var wg sync.WaitGroup
+	writerErr := make(chan error, 1)
 	wg.Go(func() {
 		if err := migrateUntilDone(bg, store, log); err != nil {
 			return
 		}
 		w := analytics.NewWriter(sp, store, analytics.WriterOptions{Metrics: metrics, Parallel: o.InsertParallel, Logger: log.With("component", "writer")})
 		if err := w.Run(bg); err != nil {
-			log.Error("writer stopped", "err", err)
+			// Without a writer the spool only fills up: stop, so that a
+			// restart (which replays the spool) can recover.
+			writerErr <- fmt.Errorf("spool writer: %w", err)
 		}
 	})
 	if o.Retention > 0 {
@@ -165,6 +168,8 @@ func Run(ctx context.Context, o Options) error {
 
 	select {
 	case err = <-serveErr:
+	case err = <-writerErr:
+		log.Error("stopping: the spool writer failed", "err", err)
 	case <-ctx.Done():
 	}
 	h.Drain()
