@@ -2,10 +2,14 @@ package e2e
 
 import (
 	"encoding/json"
+	"slices"
 	"testing"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	auditv1 "k8s.io/apiserver/pkg/apis/audit/v1"
 
+	"github.com/stampguard/stampguard/analytics/report"
 	"github.com/stampguard/stampguard/internal/kubetest"
 	wl "github.com/stampguard/stampguard/test/workload"
 )
@@ -56,6 +60,30 @@ func TestWorkload(t *testing.T) {
 			if (r.Verb == "create" || r.Verb == "update") && ev.ObjectRef != nil && ev.ObjectRef.ResourceVersion != r.Stamp {
 				t.Errorf("%s: audit objectRef.resourceVersion %q, client sent stamp %q", r.AuditID, ev.ObjectRef.ResourceVersion, r.Stamp)
 			}
+			if r.Code >= 400 {
+				if ev.ResponseStatus == nil || ev.ResponseStatus.Reason != metav1.StatusReason(r.Reason) || ev.ResponseStatus.Message != r.Message {
+					t.Errorf("%s: audit status %+v, client saw %s %q", r.AuditID, ev.ResponseStatus, r.Reason, r.Message)
+				}
+				var causes []string
+				if ev.ResponseStatus != nil && ev.ResponseStatus.Details != nil {
+					for _, c := range ev.ResponseStatus.Details.Causes {
+						causes = append(causes, string(c.Type))
+					}
+				}
+				if !slices.Equal(causes, r.Causes) {
+					t.Errorf("%s: audit causes %v, client saw %v", r.AuditID, causes, r.Causes)
+				}
+			}
+			if r.Holder != nil {
+				var body struct {
+					Spec struct {
+						HolderIdentity *string `json:"holderIdentity"`
+					} `json:"spec"`
+				}
+				if ev.RequestObject == nil || json.Unmarshal(ev.RequestObject.Raw, &body) != nil || body.Spec.HolderIdentity == nil || *body.Spec.HolderIdentity != *r.Holder {
+					t.Errorf("%s: audit requestObject lacks holder %q", r.AuditID, *r.Holder)
+				}
+			}
 			if ev.StageTimestamp.Time.Before(res.Since) || !ev.StageTimestamp.Time.Before(res.Until) {
 				t.Errorf("%s: stageTimestamp %s outside [%s, %s)", r.AuditID, ev.StageTimestamp.Time, res.Since, res.Until)
 			}
@@ -79,11 +107,49 @@ func TestWorkload(t *testing.T) {
 		}
 	})
 
+	t.Run("410s are Expired with the apiserver's messages", func(t *testing.T) {
+		want := map[string]bool{
+			// A LIST with resourceVersionMatch=Exact at a compacted resourceVersion.
+			"The resourceVersion for the provided list is too old.": true,
+			// A LIST whose continue token names a compacted resourceVersion.
+			"The provided continue parameter is too old to display a consistent list result. You can start a new list without the continue parameter, or use the continue token in this response to retrieve the remainder of the results. Continuing with the provided token results in an inconsistent list - objects that were created, modified, or deleted between the time the first chunk was returned and now may show up in the list.": true,
+		}
+		seen := map[string]bool{}
+		for _, r := range res.Requests {
+			if r.Code != 410 {
+				continue
+			}
+			if r.Reason != "Expired" || !want[r.Message] {
+				t.Errorf("%s %s: 410 %s %q", r.Verb, r.Resource, r.Reason, r.Message)
+			}
+			seen[r.Message] = true
+		}
+		if len(seen) != len(want) {
+			t.Errorf("saw 410 messages %v, want both of %v", seen, want)
+		}
+	})
+
 	t.Run("the ground truth has every kind of finding", func(t *testing.T) {
 		tr := res.Truth
 		b, _ := json.MarshalIndent(tr, "", "  ")
 		t.Logf("ground truth:\n%s", b)
 		tot := tr.Totals
+		// The script is deterministic: these are its planned findings.
+		want := report.Totals{
+			Requests: 102, WriteAttempts: 73,
+			// contention 3 rounds x (bob 1 + carol 2), stale-controller 7,
+			// flaky-operator 5, patient-operator 4, leader-a 1.
+			VersionConflicts: 26, FieldConflicts: 2, AlreadyExists: 2, DeletePreconditionConflicts: 1,
+			StamplessUpdates: 4, Gone: 2, ConflictRate: 26.0 / 73,
+		}
+		if tot != want {
+			t.Errorf("totals:\n got %+v\nwant %+v", tot, want)
+		}
+		for _, r := range res.Requests {
+			if r.Code >= 400 {
+				t.Logf("%s %s %s/%s by %s: %d %s %q %v", r.Verb, r.Resource, r.Namespace, r.Name, r.Writer, r.Code, r.Reason, r.Message, r.Causes)
+			}
+		}
 		for _, c := range []struct {
 			what string
 			got  uint64

@@ -134,8 +134,13 @@ func parseURL(req *http.Request, r *Request) error {
 	default:
 		return fmt.Errorf("workload: not a resource request: %s", req.URL.Path)
 	}
-	if len(parts) >= 3 && parts[0] == "namespaces" {
-		r.Namespace, parts = parts[1], parts[2:]
+	// As the apiserver reads it: /namespaces/{ns}/{resource}/..., except the
+	// namespace's own subresources; a namespace is its own namespace.
+	if len(parts) >= 2 && parts[0] == "namespaces" {
+		r.Namespace = parts[1]
+		if len(parts) >= 3 && parts[2] != "status" && parts[2] != "finalize" {
+			parts = parts[2:]
+		}
 	}
 	if len(parts) == 0 {
 		return fmt.Errorf("workload: no resource in %s", req.URL.Path)
