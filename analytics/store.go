@@ -2,7 +2,11 @@ package analytics
 
 import (
 	"context"
+	"crypto/x509"
+	"errors"
 	"fmt"
+	"net/url"
+	"os"
 	"time"
 
 	"github.com/ClickHouse/clickhouse-go/v2"
@@ -38,9 +42,9 @@ func OpenStore(ctx context.Context, o StoreOptions) (*Store, error) {
 	if err := ValidDatabase(o.Database); err != nil {
 		return nil, err
 	}
-	opts, err := clickhouse.ParseDSN(o.DSN)
+	opts, err := ParseDSN(o.DSN)
 	if err != nil {
-		return nil, fmt.Errorf("parse ClickHouse DSN: %w", err) // the DSN may hold a password: never echo it
+		return nil, err
 	}
 	if opts.Protocol == clickhouse.HTTP {
 		return nil, fmt.Errorf("ClickHouse DSN: use the native protocol (clickhouse://host:9000); 18.16 rejects the HTTP driver")
@@ -61,6 +65,39 @@ func OpenStore(ctx context.Context, o StoreOptions) (*Store, error) {
 		return nil, fmt.Errorf("open ClickHouse: %w", err)
 	}
 	return &Store{conn: conn, db: o.Database, raw: o.KeepRaw}, nil
+}
+
+// ParseDSN parses a clickhouse-go DSN, plus one parameter of ours:
+// ca_file=/path/ca.pem, the CA bundle that verifies the server with
+// secure=true. Errors never echo the DSN, which may hold a password.
+func ParseDSN(dsn string) (*clickhouse.Options, error) {
+	u, err := url.Parse(dsn)
+	if err != nil {
+		return nil, errors.New("parse ClickHouse DSN: not a URL")
+	}
+	q := u.Query()
+	caFile := q.Get("ca_file")
+	q.Del("ca_file")
+	u.RawQuery = q.Encode()
+	opts, err := clickhouse.ParseDSN(u.String())
+	if err != nil {
+		return nil, fmt.Errorf("parse ClickHouse DSN: %w", err)
+	}
+	if caFile != "" {
+		if opts.TLS == nil {
+			return nil, errors.New("ClickHouse DSN: ca_file needs secure=true")
+		}
+		pem, err := os.ReadFile(caFile)
+		if err != nil {
+			return nil, fmt.Errorf("ClickHouse DSN ca_file: %w", err)
+		}
+		pool := x509.NewCertPool()
+		if !pool.AppendCertsFromPEM(pem) {
+			return nil, fmt.Errorf("ClickHouse DSN ca_file %s holds no PEM certificates", caFile)
+		}
+		opts.TLS.RootCAs = pool
+	}
+	return opts, nil
 }
 
 // Close closes the connections.

@@ -2,7 +2,15 @@ package analytics
 
 import (
 	"context"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"encoding/pem"
 	"fmt"
+	"math/big"
+	"os"
 	"strings"
 	"testing"
 	"time"
@@ -258,4 +266,48 @@ func (p *processTB) Cleanup(f func()) { processCleanups = append(processCleanups
 func (p *processTB) TempDir() string  { return mkTemp() }
 func (p *processTB) Context() context.Context {
 	return context.Background()
+}
+
+func TestParseDSNTakesCredentialsAndTLSFromTheDSN(t *testing.T) {
+	dir := t.TempDir()
+	caFile := dir + "/ca.pem"
+	if err := os.WriteFile(caFile, testCA(t), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	opts, err := ParseDSN("clickhouse://sink:pw@127.0.0.1:9440/db?secure=true&ca_file=" + caFile + "&dial_timeout=3s")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if opts.Auth.Username != "sink" || opts.Auth.Password != "pw" || opts.TLS == nil || opts.TLS.RootCAs == nil {
+		t.Errorf("options: user %q, TLS %+v", opts.Auth.Username, opts.TLS)
+	}
+	if _, ok := opts.Settings["ca_file"]; ok {
+		t.Error("ca_file leaked into the server settings")
+	}
+	for _, bad := range []string{
+		"clickhouse://127.0.0.1:9000?ca_file=" + caFile,                    // no TLS
+		"clickhouse://127.0.0.1:9440?secure=true&ca_file=" + dir + "/none", // missing file
+	} {
+		if _, err := ParseDSN(bad); err == nil {
+			t.Errorf("%s accepted", bad)
+		} else if strings.Contains(err.Error(), "pw") {
+			t.Errorf("error echoes the DSN: %v", err)
+		}
+	}
+}
+
+// testCA is a fresh self-signed CA certificate in PEM.
+func testCA(t *testing.T) []byte {
+	t.Helper()
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tmpl := &x509.Certificate{SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "ca"},
+		NotBefore: time.Now(), NotAfter: time.Now().Add(time.Hour), IsCA: true, BasicConstraintsValid: true}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der})
 }
