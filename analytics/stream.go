@@ -128,8 +128,8 @@ type ListReader struct {
 	eof   bool
 	rerr  error
 	state int
-	err   error // structural error seen; reported once as a dead letter
 	done  bool
+	moved int64 // bytes copied by compaction and growth (kept linear)
 }
 
 const (
@@ -167,15 +167,18 @@ func (l *ListReader) fill() bool {
 	if l.eof || l.rerr != nil {
 		return false
 	}
-	if l.start > 0 {
+	// Move or grow only when the buffer is full, so that a client sending
+	// a byte at a time costs O(n), not O(n²).
+	if len(l.buf) == cap(l.buf) && l.start > 0 {
 		n := copy(l.buf, l.buf[l.start:])
+		l.moved += int64(n)
 		l.pos -= l.start
 		l.buf = l.buf[:n]
 		l.start = 0
 	}
 	if len(l.buf) == cap(l.buf) {
 		nb := make([]byte, len(l.buf), 2*cap(l.buf))
-		copy(nb, l.buf)
+		l.moved += int64(copy(nb, l.buf))
 		l.buf = nb
 	}
 	n, err := l.r.Read(l.buf[len(l.buf):cap(l.buf)])

@@ -216,3 +216,18 @@ func TestListReaderReportsReadErrorsNotDeadLetters(t *testing.T) {
 		}
 	}
 }
+
+func TestListReaderIsLinearInSmallReads(t *testing.T) {
+	// A 4 MB event delivered a byte at a time (a slow client): the bytes
+	// the reader copies around must stay proportional to the input.
+	big := `{"auditID":"x","pad":"` + strings.Repeat("y", 4<<20) + `"}`
+	body := eventList(big, big)
+	lr := NewListReader(oneByteReader{strings.NewReader(body)}, 0)
+	items, _ := readAll(t, lr)
+	if len(items) != 2 {
+		t.Fatalf("%d items, want 2", len(items))
+	}
+	if lr.moved > 4*int64(len(body)) {
+		t.Fatalf("copied %d bytes to split %d", lr.moved, len(body))
+	}
+}
