@@ -52,8 +52,13 @@ const (
 
 	isSuccess = `code >= 200 AND code < 300`
 
+	// versionConflict is class 'version' of conflictClass, on its own: a
+	// cheap filter for queries that need only version conflicts.
+	versionConflict = `code = 409 AND reason = 'Conflict' AND NOT has(cause_reasons, 'FieldManagerConflict') AND position(message, '` + optimisticLock + `') > 0`
+
 	// classified is the request set with its conflict class.
-	classified = `(SELECT *, ` + conflictClass + ` AS class FROM {db}.events WHERE ` + requests + `)`
+	classified = `(SELECT writer, api_group, resource, namespace, name, verb, code, stamp, event_time_us, ` + conflictClass + ` AS class
+		FROM {db}.events WHERE ` + requests + `)`
 )
 
 // Queries, in report order.
@@ -87,13 +92,15 @@ GROUP BY api_group, resource
 ORDER BY version_conflicts DESC, write_attempts DESC, api_group ASC, resource ASC
 LIMIT @top`}
 
+	// Grouping by a hash of the object, not by its four strings, keeps the
+	// per-object aggregation cheap; any() recovers the names.
 	QueryHotObjects = Query{Name: "hot_objects", Title: "Hot objects", SQL: `
-SELECT api_group, resource, namespace, name,
+SELECT any(api_group) AS g, any(resource) AS r, any(namespace) AS ns, any(name) AS n,
 	count() AS write_attempts, uniqExact(writer) AS distinct_writers, countIf(class = 'version') AS version_conflicts
 FROM ` + classified + `
 WHERE ` + isWrite + `
-GROUP BY api_group, resource, namespace, name
-ORDER BY version_conflicts DESC, distinct_writers DESC, write_attempts DESC, api_group, resource, namespace, name
+GROUP BY cityHash64(api_group, resource, namespace, name)
+ORDER BY version_conflicts DESC, distinct_writers DESC, write_attempts DESC, g, r, ns, n
 LIMIT @top`}
 
 	// QueryRetryLoops finds maximal runs of version conflicts by one writer
@@ -120,8 +127,11 @@ FROM (
 				arrayMap(x -> tupleElement(x, 2), seq) AS kinds
 			FROM ` + classified + `
 			WHERE ` + isWrite + ` AND (class = 'version' OR ` + isSuccess + `)
+				AND (writer, cityHash64(api_group, resource, namespace, name)) IN (
+					SELECT writer, cityHash64(api_group, resource, namespace, name) AS object FROM {db}.events
+					WHERE ` + requests + ` AND ` + versionConflict + `
+					GROUP BY writer, object HAVING count() >= @threshold)
 			GROUP BY user, api_group, resource, namespace, name
-			HAVING countIf(class = 'version') >= @threshold
 		)
 	)
 )

@@ -58,17 +58,7 @@ func Build(ctx context.Context, conn driver.Conn, o Options) (*Report, error) {
 		return nil, err
 	}
 	r := &Report{Window: Window{Since: o.Since.UTC().Format(TimeFormat), Until: o.Until.UTC().Format(TimeFormat)}}
-	q := querier{ctx: ctx, conn: conn, db: o.Database, args: []any{
-		clickhouse.Named("cluster", o.Cluster),
-		clickhouse.Named("since_us", uint64(o.Since.UnixMicro())),
-		clickhouse.Named("until_us", uint64(o.Until.UnixMicro())),
-		clickhouse.Named("namespace", o.Namespace),
-		clickhouse.Named("resource", o.Resource),
-		clickhouse.Named("user", o.User),
-		clickhouse.Named("top", o.Top),
-		clickhouse.Named("gap_us", uint64(o.LoopGap.Microseconds())),
-		clickhouse.Named("threshold", o.LoopThreshold),
-	}}
+	q := querier{ctx: ctx, conn: conn, db: o.Database, args: o.args()}
 
 	t := &r.Totals
 	if err := q.each(QueryTotals, func(rows driver.Rows) error {
@@ -139,6 +129,23 @@ func Build(ctx context.Context, conn driver.Conn, o Options) (*Report, error) {
 	}
 	return r, nil
 }
+
+// args binds the options to the queries' parameters.
+func (o *Options) args() []any {
+	return []any{
+		clickhouse.Named("cluster", o.Cluster),
+		clickhouse.Named("since_us", uint64(o.Since.UnixMicro())),
+		clickhouse.Named("until_us", uint64(o.Until.UnixMicro())),
+		clickhouse.Named("namespace", o.Namespace),
+		clickhouse.Named("resource", o.Resource),
+		clickhouse.Named("user", o.User),
+		clickhouse.Named("top", o.Top),
+		clickhouse.Named("gap_us", uint64(o.LoopGap.Microseconds())),
+		clickhouse.Named("threshold", o.LoopThreshold),
+	}
+}
+
+type driverRows = driver.Rows
 
 type querier struct {
 	ctx  context.Context

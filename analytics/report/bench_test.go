@@ -1,0 +1,70 @@
+package report
+
+import (
+	"os"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/stampguard/stampguard/analytics"
+	"github.com/stampguard/stampguard/internal/chtest"
+)
+
+// benchEvents is the table size of the report benchmarks; REPORT_BENCH_EVENTS overrides it.
+func benchEvents() uint64 {
+	if v, err := strconv.ParseUint(os.Getenv("REPORT_BENCH_EVENTS"), 10, 64); err == nil && v > 0 {
+		return v
+	}
+	return 10_000_000
+}
+
+// BenchmarkReport builds the whole report, and runs each query alone, over
+// a day of synthetic events (10 million by default) on a real ClickHouse.
+func BenchmarkReport(b *testing.B) {
+	srv := chtest.Start(b)
+	db := srv.NewDatabase(b)
+	ctx := b.Context()
+	store, err := analytics.OpenStore(ctx, analytics.StoreOptions{DSN: srv.DSN(), Database: db})
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer store.Close()
+	if _, err := store.Migrate(ctx); err != nil {
+		b.Fatal(err)
+	}
+	n := benchEvents()
+	start := time.Now()
+	if err := Synthesize(ctx, store.Conn(), db, "bench", n, 42, t0, 24*time.Hour); err != nil {
+		b.Fatal(err)
+	}
+	b.Logf("synthesized %d events in %s", n, time.Since(start).Round(time.Millisecond))
+	if err := store.Conn().Exec(ctx, "OPTIMIZE TABLE "+db+".events FINAL"); err != nil {
+		b.Logf("optimize: %v", err)
+	}
+	o := Options{Database: db, Cluster: "bench", Since: t0, Until: t0.Add(24 * time.Hour), Top: 10}
+	o.setDefaults()
+	r, err := Build(ctx, store.Conn(), o)
+	if err != nil {
+		b.Fatal(err)
+	}
+	if r.Totals.Requests < n*99/100 || r.Totals.VersionConflicts == 0 || len(r.RetryLoops) == 0 || len(r.LeaseHolderChanges) == 0 || len(r.PolicyDecisions) == 0 {
+		b.Fatalf("synthetic data does not exercise every section: %+v, %d loops, %d leases, %d decisions", r.Totals, len(r.RetryLoops), len(r.LeaseHolderChanges), len(r.PolicyDecisions))
+	}
+	b.Run("whole", func(b *testing.B) {
+		for b.Loop() {
+			if _, err := Build(ctx, store.Conn(), o); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+	q := querier{ctx: ctx, conn: store.Conn(), db: db, args: o.args()}
+	for _, query := range All {
+		b.Run(query.Name, func(b *testing.B) {
+			for b.Loop() {
+				if err := q.each(query, func(rows driverRows) error { return nil }); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+	}
+}

@@ -1,0 +1,72 @@
+package report
+
+import (
+	"context"
+	"fmt"
+	"github.com/ClickHouse/clickhouse-go/v2"
+	"time"
+
+	"github.com/ClickHouse/clickhouse-go/v2/lib/driver"
+)
+
+// Synthesize inserts n realistic audit rows for cluster into db.events,
+// generated inside ClickHouse from a seed (the same seed gives the same
+// rows), spread evenly over [start, start+span). It exists for benchmarks and
+// load tests: 10 million rows take seconds, where sending them from Go
+// would take minutes.
+//
+// The mix: 60 % reads; writes are updates, patches, creates and deletes; 2 %
+// of updates are version conflicts, concentrated on a few hundred hot
+// objects with retry runs; 0.5 % of updates are stampless; a slice of the
+// writes renew leases whose holders change now and then; 0.1 % carry a
+// stampguard annotation; a few lists expire (410).
+func Synthesize(ctx context.Context, conn driver.Conn, db, cluster string, n uint64, seed uint64, start time.Time, span time.Duration) error {
+	if err := validDatabase(db); err != nil {
+		return err
+	}
+	startUS, spanUS := uint64(start.UnixMicro()), uint64(span.Microseconds())
+	// h(k) is an independent pseudo-random 64-bit value per row and purpose.
+	q := fmt.Sprintf(`
+INSERT INTO %[1]s.events (event_date, event_time, event_time_us, request_received_us, latency_us, cluster, audit_id, stage,
+	fingerprint, level, verb, request_uri, dry_run, user, user_groups, impersonated_user, writer, user_agent, source_ip,
+	api_group, api_version, resource, subresource, namespace, name, object_uid, stamp, field_manager, code, reason, message,
+	cause_reasons, cause_fields, authz_decision, annotation_keys, annotation_values, lease_holder, raw)
+SELECT toDate(toDateTime(intDiv(ts, 1000000))), toDateTime(intDiv(ts, 1000000)), ts, ts - lat, lat, @cluster,
+	concat('synth-', toString(@seed), '-', toString(number)), 'ResponseComplete', h1, 'Request', verb,
+	concat('/apis/', grp, '/v1/namespaces/', ns, '/', res, '/', nm), toUInt8(h4 %% 1000 = 0),
+	usr, ['system:authenticated'], '', usr, concat(usr, '/v1.37'), '10.0.0.1',
+	grp, 'v1', res, '', ns, nm, toString(cityHash64(ns, nm)), stamp, '', code, reason, message,
+	cause_reasons, [], 'allow', ann_keys, ann_values, holder, ''
+FROM (
+	SELECT number,
+		intHash64(number + @seed * 1000003) AS h1, intHash64(h1) AS h2, intHash64(h2) AS h3, intHash64(h3) AS h4, intHash64(h4) AS h5,
+		@start_us + intDiv(number * @span_us, @n) AS ts,
+		200 + h5 %% 5000 AS lat,
+		h2 %% 100 AS kind,
+		h3 %% 100 < 2 AS hot,
+		is_lease,
+		if(is_lease, 'coordination.k8s.io', ['', 'apps', 'batch', 'networking.k8s.io', 'example.com'][1 + h3 %% 5]) AS grp,
+		multiIf(is_lease, 'leases', hot, 'configmaps', ['configmaps', 'secrets', 'deployments', 'jobs', 'ingresses', 'widgets', 'services', 'pods'][1 + h4 %% 8]) AS res,
+		multiIf(is_lease, 'kube-system', hot, 'ns-hot', concat('ns-', toString(h5 %% 100))) AS ns,
+		if(is_lease, concat('lease-', toString(h5 %% 50)), concat('obj-', toString(if(hot, h1 %% 4, h1 %% 1000)))) AS nm,
+		kind >= 95 AND h1 %% 3 = 0 AND NOT hot AS is_lease,
+		concat(if(h2 %% 4 = 0, 'system:serviceaccount:ns-', 'user-'), toString(if(hot, h4 %% 4, h4 %% 200))) AS usr,
+		multiIf(is_lease, 'update', kind < 40, 'get', kind < 55, 'list', kind < 60, 'watch', kind < 85, 'update', kind < 93, 'patch', kind < 97, 'create', 'delete') AS verb,
+		verb = 'update' AND (hot AND h5 %% 100 < 60 OR h5 %% 1000 < 5) AS conflict,
+		verb = 'list' AND h5 %% 5000 = 0 AS gone,
+		verb = 'update' AND NOT conflict AND h1 %% 200 = 0 AS stampless,
+		multiIf(conflict, 409, gone, 410, verb = 'create', 201, 200) AS code,
+		multiIf(conflict, 'Conflict', gone, 'Expired', '') AS reason,
+		multiIf(conflict, concat('Operation cannot be fulfilled on ', res, ' "', nm, '": the object has been modified; please apply your changes to the latest version and try again'),
+			gone, 'The resourceVersion for the provided list is too old.', '') AS message,
+		CAST([] AS Array(String)) AS cause_reasons,
+		if(verb = 'update' AND NOT stampless, toString(h3 %% 100000), '') AS stamp,
+		if(is_lease, concat('holder-', toString((intDiv(number * 20, @n) + toUInt64(h4 %% 100 = 0)) %% 3)), '') AS holder,
+		if(h3 %% 1000 = 0, ['fields.stampguard.dev/field-owner'], CAST([] AS Array(String))) AS ann_keys,
+		if(h3 %% 1000 = 0, [concat('[{"policy":"p', toString(h4 %% 3), '","rule":"fieldOwners[0]","action":"', ['Deny', 'Warn', 'Audit'][1 + h5 %% 3], '","path":"spec.replicas","writer":"x"}]')], CAST([] AS Array(String))) AS ann_values
+	FROM system.numbers LIMIT @n
+)`, db)
+	return conn.Exec(ctx, q, named("cluster", cluster), named("seed", seed), named("start_us", startUS), named("span_us", spanUS), named("n", n))
+}
+
+func named(k string, v any) driver.NamedValue { return clickhouse.Named(k, v) }
