@@ -4,7 +4,9 @@ import (
 	"encoding/json"
 	"slices"
 	"testing"
+	"time"
 
+	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	auditv1 "k8s.io/apiserver/pkg/apis/audit/v1"
@@ -19,10 +21,19 @@ import (
 // same requests, each once, with the same codes, and nothing else.
 func TestWorkload(t *testing.T) {
 	env := kubetest.Start(t, wl.KubetestOptions())
+	// The audit policy matches the authenticated user, before impersonation:
+	// this admin request in a writer's name must not reach the log (checked
+	// below with everything else the workload did not record).
+	alice := env.ClientAs(t, "alice")
+	if err := alice.Create(t.Context(), &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: "not-audited"}}); err != nil {
+		t.Fatal(err)
+	}
+	start := time.Now()
 	res, err := wl.Run(t.Context(), env)
 	if err != nil {
 		t.Fatal(err)
 	}
+	t.Logf("workload: %d requests in %s", len(res.Requests), time.Since(start).Round(time.Millisecond))
 	events, err := res.WaitAudited(t.Context())
 	if err != nil {
 		t.Fatal(err)
@@ -54,7 +65,7 @@ func TestWorkload(t *testing.T) {
 			if ev.Verb != r.Verb {
 				t.Errorf("%s: audit verb %q, client verb %q", r.AuditID, ev.Verb, r.Verb)
 			}
-			if ref := ev.ObjectRef; ref == nil || ref.APIGroup != r.APIGroup || ref.Resource != r.Resource || ref.Namespace != r.Namespace || ref.Name != r.Name {
+			if ref := ev.ObjectRef; ref == nil || ref.APIGroup != r.APIGroup || ref.Resource != r.Resource || ref.Namespace != r.Namespace || ref.Name != r.Name || ref.Subresource != r.Subresource {
 				t.Errorf("%s: audit objectRef %+v, client object %s/%s %s/%s", r.AuditID, ref, r.APIGroup, r.Resource, r.Namespace, r.Name)
 			}
 			if (r.Verb == "create" || r.Verb == "update") && ev.ObjectRef != nil && ev.ObjectRef.ResourceVersion != r.Stamp {
@@ -86,6 +97,33 @@ func TestWorkload(t *testing.T) {
 			}
 			if ev.StageTimestamp.Time.Before(res.Since) || !ev.StageTimestamp.Time.Before(res.Until) {
 				t.Errorf("%s: stageTimestamp %s outside [%s, %s)", r.AuditID, ev.StageTimestamp.Time, res.Since, res.Until)
+			}
+		}
+	})
+
+	t.Run("the audit log orders the requests as the client sent them", func(t *testing.T) {
+		// The script is sequential, so ordering events by stageTimestamp (as
+		// the report does for retry loops and lease holders) must give the
+		// client's order.
+		at := map[string]time.Time{}
+		for _, ev := range events {
+			if ev.Stage == auditv1.StageResponseComplete {
+				at[string(ev.AuditID)] = ev.StageTimestamp.Time
+			}
+		}
+		// The apiserver writes ResponseComplete before it flushes the
+		// response, so the client's clock brackets the audit time.
+		for _, r := range res.Requests {
+			if ts := at[r.AuditID]; ts.Before(r.Start) || ts.After(r.End) {
+				t.Errorf("%s: ResponseComplete at %s, outside the client's [%s, %s]", r.AuditID,
+					ts.Format(wl.TimeFormat), r.Start.Format(wl.TimeFormat), r.End.Format(wl.TimeFormat))
+			}
+		}
+		for i := 1; i < len(res.Requests); i++ {
+			p, r := res.Requests[i-1], res.Requests[i]
+			if !at[p.AuditID].Before(at[r.AuditID]) {
+				t.Errorf("request %d (%s %s/%s by %s) completed at %s, not after request %d at %s",
+					i, r.Verb, r.Namespace, r.Name, r.Writer, at[r.AuditID].Format(wl.TimeFormat), i-1, at[p.AuditID].Format(wl.TimeFormat))
 			}
 		}
 	})
@@ -136,11 +174,12 @@ func TestWorkload(t *testing.T) {
 		tot := tr.Totals
 		// The script is deterministic: these are its planned findings.
 		want := report.Totals{
-			Requests: 102, WriteAttempts: 73,
+			Requests: 108, WriteAttempts: 77,
 			// contention 3 rounds x (bob 1 + carol 2), stale-controller 7,
-			// flaky-operator 5, patient-operator 4, leader-a 1.
-			VersionConflicts: 26, FieldConflicts: 2, AlreadyExists: 2, DeletePreconditionConflicts: 1,
-			StamplessUpdates: 4, Gone: 2, ConflictRate: 26.0 / 73,
+			// flaky-operator 5, patient-operator 4, autoscaler 1, leader-a 1.
+			VersionConflicts: 27, FieldConflicts: 2, AlreadyExists: 2, DeletePreconditionConflicts: 1,
+			// ci-bot 3, deployer 1, autoscaler 1 (scale subresource).
+			StamplessUpdates: 5, Gone: 2, ConflictRate: 27.0 / 77,
 		}
 		if tot != want {
 			t.Errorf("totals:\n got %+v\nwant %+v", tot, want)

@@ -7,6 +7,8 @@ import (
 	"strconv"
 	"time"
 
+	appsv1 "k8s.io/api/apps/v1"
+	autoscalingv1 "k8s.io/api/autoscaling/v1"
 	coordinationv1 "k8s.io/api/coordination/v1"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -96,6 +98,7 @@ func (s *script) run(ctx context.Context) error {
 		{"field conflict", s.fieldConflict},
 		{"retry loops", s.retryLoops},
 		{"delete precondition", s.deletePrecondition},
+		{"scale subresource", s.scale},
 		{"leader election", s.leaderElection},
 		{"dry run", s.dryRun},
 		{"gone", s.gone},
@@ -319,6 +322,51 @@ func (s *script) deletePrecondition(ctx context.Context) error {
 	return expect("janitor deletes with the current uid", err, 200)
 }
 
+// scale: writes through a Deployment's scale subresource count for the
+// Deployment. autoscaler sets replicas without a stamp (stampless, as an
+// autoscaler that builds its Scale from scratch would), then with a stale
+// one (a version conflict), then re-reads and succeeds.
+func (s *script) scale(ctx context.Context) error {
+	const name = "web"
+	deployer, autoscaler := s.as("deployer"), s.as("autoscaler")
+	labels := map[string]string{"app": name}
+	d := &appsv1.Deployment{
+		ObjectMeta: metav1.ObjectMeta{Namespace: nsMisc, Name: name},
+		Spec: appsv1.DeploymentSpec{
+			Selector: &metav1.LabelSelector{MatchLabels: labels},
+			Template: corev1.PodTemplateSpec{
+				ObjectMeta: metav1.ObjectMeta{Labels: labels},
+				Spec:       corev1.PodSpec{Containers: []corev1.Container{{Name: "web", Image: "registry.k8s.io/pause:3.10"}}},
+			},
+		},
+	}
+	_, err := deployer.AppsV1().Deployments(nsMisc).Create(ctx, d, metav1.CreateOptions{})
+	if err := expect("deployer creates web", err, 201); err != nil {
+		return err
+	}
+	deployments := autoscaler.AppsV1().Deployments(nsMisc)
+	stale, err := deployments.GetScale(ctx, name, metav1.GetOptions{})
+	if err != nil {
+		return fmt.Errorf("autoscaler reads the scale: %w", err)
+	}
+	scale := func(replicas int32, rv string) error {
+		sc := &autoscalingv1.Scale{ObjectMeta: metav1.ObjectMeta{Namespace: nsMisc, Name: name, ResourceVersion: rv}, Spec: autoscalingv1.ScaleSpec{Replicas: replicas}}
+		_, err := deployments.UpdateScale(ctx, name, sc, metav1.UpdateOptions{})
+		return err
+	}
+	if err := expect("autoscaler scales without a stamp", scale(3, ""), 200); err != nil {
+		return err
+	}
+	if err := expect("autoscaler scales with a stale stamp", scale(4, stale.ResourceVersion), 409); err != nil {
+		return err
+	}
+	cur, err := deployments.GetScale(ctx, name, metav1.GetOptions{})
+	if err != nil {
+		return fmt.Errorf("autoscaler re-reads the scale: %w", err)
+	}
+	return expect("autoscaler scales", scale(4, cur.ResourceVersion), 200)
+}
+
 // The lease of the leader election scenario and its expected holders.
 const (
 	LeaseName = "stampguard-leader"
@@ -446,7 +494,7 @@ func (s *script) gone(ctx context.Context) error {
 // waitCompacted polls with the (unaudited) admin client until both lists
 // answer 410, touching a ConfigMap so that etcd's revision moves on.
 func (s *script) waitCompacted(ctx context.Context, lists ...metav1.ListOptions) error {
-	ctx, cancel := context.WithTimeoutCause(ctx, 30*time.Second, errors.New("etcd compaction did not pass the listed resourceVersion"))
+	ctx, cancel := context.WithTimeoutCause(ctx, time.Minute, errors.New("etcd compaction did not pass the listed resourceVersion"))
 	defer cancel()
 	adm := s.admin.CoreV1().ConfigMaps(nsGone)
 	for i := 0; ; i++ {

@@ -114,8 +114,8 @@ func Run(ctx context.Context, env *kubetest.Env) (*Result, error) {
 		return nil, err
 	}
 	// The apiserver writes an event's last stage just after the client has the
-	// response; a second of slack keeps it inside the window.
-	until := time.Now().UTC().Add(time.Second).Truncate(time.Microsecond)
+	// response; five seconds of slack keep it inside the window.
+	until := time.Now().UTC().Add(5 * time.Second).Truncate(time.Microsecond)
 	res := &Result{Requests: rec.requests(), Since: since, Until: until, AuditLogPath: env.AuditLogPath}
 	for i, r := range res.Requests {
 		if r.AuditID == "" {
