@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net/http"
 	"strconv"
 	"time"
 
@@ -45,29 +46,37 @@ type script struct {
 	admin   kubernetes.Interface
 	driver  *rest.Config
 	rec     *recorder
-	clients map[string]*kubernetes.Clientset
+	clients map[string]kubernetes.Interface
 }
 
-// as is a client for writer: the driver impersonating writer, recorded.
-func (s *script) as(writer string) kubernetes.Interface {
-	if c := s.clients[writer]; c != nil {
-		return c
+// as is writer's client: the driver impersonating writer, recorded. Every
+// writer is in writers; newScript built the clients.
+func (s *script) as(writer string) kubernetes.Interface { return s.clients[writer] }
+
+// writers are the identities the script impersonates.
+var writers = []string{
+	"alice", "bob", "carol", "ci-bot", "deployer", "operator", "stale-controller", "flaky-operator",
+	"patient-operator", "janitor", "autoscaler", leaderA, leaderB, "reporter",
+}
+
+func newScript(admin kubernetes.Interface, driver *rest.Config, rec *recorder) (*script, error) {
+	s := &script{admin: admin, driver: driver, rec: rec, clients: map[string]kubernetes.Interface{}}
+	for _, w := range writers {
+		cfg := rest.CopyConfig(driver)
+		cfg.Impersonate = rest.ImpersonationConfig{UserName: w, Groups: []string{"system:masters"}}
+		cfg.WrapTransport = rec.wrap
+		c, err := kubernetes.NewForConfig(cfg)
+		if err != nil {
+			return nil, fmt.Errorf("client for %s: %w", w, err)
+		}
+		s.clients[w] = c
 	}
-	cfg := rest.CopyConfig(s.driver)
-	cfg.Impersonate = rest.ImpersonationConfig{UserName: writer, Groups: []string{"system:masters"}}
-	cfg.WrapTransport = s.rec.wrap
-	c, err := kubernetes.NewForConfig(cfg)
-	if err != nil {
-		// NewForConfig fails only on an invalid config, which the driver's is not.
-		panic(fmt.Sprintf("client for %s: %v", writer, err))
-	}
-	s.clients[writer] = c
-	return c
+	return s, nil
 }
 
 // expect checks that err is the answer with HTTP code want (2xx: no error).
 func expect(step string, err error, want int) error {
-	got := http200
+	got := http.StatusOK
 	if err != nil {
 		var st apierrors.APIStatus
 		if !errors.As(err, &st) {
@@ -80,8 +89,6 @@ func expect(step string, err error, want int) error {
 	}
 	return nil
 }
-
-const http200 = 200
 
 func cm(ns, name string, data map[string]string) *corev1.ConfigMap {
 	return &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name}, Data: data}
@@ -246,29 +253,23 @@ func (s *script) retryLoops(ctx context.Context) error {
 		{"flaky-operator", "flaky-target", ResolvedConflicts, true},
 		{"patient-operator", "patient-target", ShortConflicts, true},
 	} {
-		w := s.as(c.writer)
-		cms := func(cl kubernetes.Interface) interface {
-			Get(context.Context, string, metav1.GetOptions) (*corev1.ConfigMap, error)
-			Update(context.Context, *corev1.ConfigMap, metav1.UpdateOptions) (*corev1.ConfigMap, error)
-		} {
-			return cl.CoreV1().ConfigMaps(nsLoops)
-		}
-		_, err := owner.CoreV1().ConfigMaps(nsLoops).Create(ctx, cm(nsLoops, c.object, map[string]string{"gen": "0"}), metav1.CreateOptions{})
+		w, o := s.as(c.writer).CoreV1().ConfigMaps(nsLoops), owner.CoreV1().ConfigMaps(nsLoops)
+		_, err := o.Create(ctx, cm(nsLoops, c.object, map[string]string{"gen": "0"}), metav1.CreateOptions{})
 		if err := expect("operator creates "+c.object, err, 201); err != nil {
 			return err
 		}
-		stale, err := cms(w).Get(ctx, c.object, metav1.GetOptions{})
+		stale, err := w.Get(ctx, c.object, metav1.GetOptions{})
 		if err != nil {
 			return fmt.Errorf("%s reads: %w", c.writer, err)
 		}
 		fresh := stale.DeepCopy()
 		fresh.Data["gen"] = "1"
-		if _, err := cms(owner).Update(ctx, fresh, metav1.UpdateOptions{}); err != nil {
+		if _, err := o.Update(ctx, fresh, metav1.UpdateOptions{}); err != nil {
 			return fmt.Errorf("operator updates %s: %w", c.object, err)
 		}
 		stale.Data[c.writer] = "mine"
 		for range c.conflicts {
-			_, err := cms(w).Update(ctx, stale, metav1.UpdateOptions{})
+			_, err := w.Update(ctx, stale, metav1.UpdateOptions{})
 			if err := expect(c.writer+" writes its stale copy", err, 409); err != nil {
 				return err
 			}
@@ -276,12 +277,12 @@ func (s *script) retryLoops(ctx context.Context) error {
 		if !c.resolve {
 			continue
 		}
-		cur, err := cms(w).Get(ctx, c.object, metav1.GetOptions{})
+		cur, err := w.Get(ctx, c.object, metav1.GetOptions{})
 		if err != nil {
 			return fmt.Errorf("%s re-reads: %w", c.writer, err)
 		}
 		cur.Data[c.writer] = "mine"
-		_, err = cms(w).Update(ctx, cur, metav1.UpdateOptions{})
+		_, err = w.Update(ctx, cur, metav1.UpdateOptions{})
 		if err := expect(c.writer+" writes", err, 200); err != nil {
 			return err
 		}
@@ -380,14 +381,7 @@ const (
 // (empty holder: no change), re-acquires (same holder: no change) and
 // releases; leader-a acquires again (a change). Holders: a, b, a.
 func (s *script) leaderElection(ctx context.Context) error {
-	a, b := s.as(leaderA), s.as(leaderB)
-	leases := func(c kubernetes.Interface) interface {
-		Get(context.Context, string, metav1.GetOptions) (*coordinationv1.Lease, error)
-		Create(context.Context, *coordinationv1.Lease, metav1.CreateOptions) (*coordinationv1.Lease, error)
-		Update(context.Context, *coordinationv1.Lease, metav1.UpdateOptions) (*coordinationv1.Lease, error)
-	} {
-		return c.CoordinationV1().Leases(nsElection)
-	}
+	a, b := s.as(leaderA).CoordinationV1().Leases(nsElection), s.as(leaderB).CoordinationV1().Leases(nsElection)
 	now := func() *metav1.MicroTime { t := metav1.NowMicro(); return &t }
 	hold := func(l *coordinationv1.Lease, holder string) *coordinationv1.Lease {
 		l = l.DeepCopy()
@@ -400,38 +394,38 @@ func (s *script) leaderElection(ctx context.Context) error {
 		}
 		return l
 	}
-	la, err := leases(a).Create(ctx, hold(&coordinationv1.Lease{ObjectMeta: metav1.ObjectMeta{Name: LeaseName, Namespace: nsElection}}, leaderA), metav1.CreateOptions{})
+	la, err := a.Create(ctx, hold(&coordinationv1.Lease{ObjectMeta: metav1.ObjectMeta{Name: LeaseName, Namespace: nsElection}}, leaderA), metav1.CreateOptions{})
 	if err := expect("leader-a acquires", err, 201); err != nil {
 		return err
 	}
 	for range 3 {
-		if la, err = leases(a).Update(ctx, hold(la, leaderA), metav1.UpdateOptions{}); err != nil {
+		if la, err = a.Update(ctx, hold(la, leaderA), metav1.UpdateOptions{}); err != nil {
 			return fmt.Errorf("leader-a renews: %w", err)
 		}
 	}
-	lb, err := leases(b).Get(ctx, LeaseName, metav1.GetOptions{})
+	lb, err := b.Get(ctx, LeaseName, metav1.GetOptions{})
 	if err != nil {
 		return fmt.Errorf("leader-b reads: %w", err)
 	}
-	if lb, err = leases(b).Update(ctx, hold(lb, leaderB), metav1.UpdateOptions{}); err != nil {
+	if lb, err = b.Update(ctx, hold(lb, leaderB), metav1.UpdateOptions{}); err != nil {
 		return fmt.Errorf("leader-b takes over: %w", err)
 	}
-	_, err = leases(a).Update(ctx, hold(la, leaderA), metav1.UpdateOptions{})
+	_, err = a.Update(ctx, hold(la, leaderA), metav1.UpdateOptions{})
 	if err := expect("leader-a renews its stale copy", err, 409); err != nil {
 		return err
 	}
-	if _, err := leases(a).Get(ctx, LeaseName, metav1.GetOptions{}); err != nil {
+	if _, err := a.Get(ctx, LeaseName, metav1.GetOptions{}); err != nil {
 		return fmt.Errorf("leader-a re-reads: %w", err)
 	}
 	for _, h := range []string{leaderB, "", leaderB, ""} {
-		if lb, err = leases(b).Update(ctx, hold(lb, h), metav1.UpdateOptions{}); err != nil {
+		if lb, err = b.Update(ctx, hold(lb, h), metav1.UpdateOptions{}); err != nil {
 			return fmt.Errorf("leader-b sets holder %q: %w", h, err)
 		}
 	}
-	if la, err = leases(a).Get(ctx, LeaseName, metav1.GetOptions{}); err != nil {
+	if la, err = a.Get(ctx, LeaseName, metav1.GetOptions{}); err != nil {
 		return fmt.Errorf("leader-a reads: %w", err)
 	}
-	if _, err = leases(a).Update(ctx, hold(la, leaderA), metav1.UpdateOptions{}); err != nil {
+	if _, err = a.Update(ctx, hold(la, leaderA), metav1.UpdateOptions{}); err != nil {
 		return fmt.Errorf("leader-a acquires again: %w", err)
 	}
 	return nil

@@ -51,6 +51,25 @@ const (
 	KindGone
 )
 
+func (k Kind) String() string {
+	switch k {
+	case KindVersionConflict:
+		return "version conflict"
+	case KindFieldConflict:
+		return "field conflict"
+	case KindAlreadyExists:
+		return "already exists"
+	case KindDeletePrecondition:
+		return "delete precondition conflict"
+	case KindOtherConflict:
+		return "other conflict"
+	case KindGone:
+		return "gone"
+	default:
+		return "none"
+	}
+}
+
 // Classify is issue 4's definitions applied to one request.
 func Classify(r Request) Kind {
 	switch {

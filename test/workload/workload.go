@@ -108,7 +108,10 @@ func Run(ctx context.Context, env *kubetest.Env) (*Result, error) {
 		}
 	}
 	rec := &recorder{now: time.Now}
-	s := &script{admin: admin, driver: driver, rec: rec, clients: map[string]*kubernetes.Clientset{}}
+	s, err := newScript(admin, driver, rec)
+	if err != nil {
+		return nil, err
+	}
 	since := time.Now().UTC().Truncate(time.Microsecond)
 	if err := s.run(ctx); err != nil {
 		return nil, err
