@@ -136,7 +136,7 @@ FROM (
 	)
 )
 WHERE conflicts >= @threshold
-ORDER BY resolved ASC, conflicts DESC, first_us ASC, user, api_group, resource, namespace, name
+ORDER BY conflicts DESC, user, api_group, resource, namespace, name, first_us
 LIMIT @top`}
 
 	QueryStamplessUpdates = Query{Name: "stampless_updates", Title: "Stampless updates", SQL: `
@@ -148,13 +148,14 @@ ORDER BY count DESC, user, api_group, resource, namespace, name
 LIMIT @top`}
 
 	// QueryLeaseHolderChanges collapses each lease's non-empty holders, in
-	// time order, into runs: every run after the first is a change.
+	// time order, into runs: every run after the first is a change. holders
+	// lists each holder once, in the order they first took the lease.
 	QueryLeaseHolderChanges = Query{Name: "lease_holder_changes", Title: "Lease holder changes", SQL: `
-SELECT namespace, name, toUInt64(length(holders) - 1) AS changes, holders
+SELECT namespace, name, toUInt64(length(runs) - 1) AS changes, arrayDistinct(hs) AS holders
 FROM (
 	SELECT namespace, name,
 		arrayMap(x -> tupleElement(x, 2), arraySort(groupArray((event_time_us, lease_holder)))) AS hs,
-		arrayFilter((h, p) -> h != p, hs, arrayPushFront(arrayPopBack(hs), '')) AS holders
+		arrayFilter((h, p) -> h != p, hs, arrayPushFront(arrayPopBack(hs), '')) AS runs
 	FROM {db}.events
 	WHERE ` + requests + ` AND api_group = 'coordination.k8s.io' AND resource = 'leases' AND subresource = ''
 		AND ` + isWrite + ` AND ` + isSuccess + ` AND lease_holder != ''
