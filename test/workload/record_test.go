@@ -87,6 +87,7 @@ func TestRecorder(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
+			defer resp.Body.Close()
 			if b, _ := io.ReadAll(resp.Body); string(b) != c.respBody {
 				t.Errorf("the client got body %q, want the server's %q", b, c.respBody)
 			}
