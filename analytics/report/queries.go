@@ -149,9 +149,9 @@ LIMIT @top`}
 
 	// QueryLeaseHolderChanges collapses each lease's non-empty holders, in
 	// time order, into runs: every run after the first is a change. holders
-	// lists each holder once, in the order they first took the lease.
+	// lists the runs' holders in order, so A -> B -> A lists A, B, A.
 	QueryLeaseHolderChanges = Query{Name: "lease_holder_changes", Title: "Lease holder changes", SQL: `
-SELECT namespace, name, toUInt64(length(runs) - 1) AS changes, arrayDistinct(hs) AS holders
+SELECT namespace, name, toUInt64(length(runs) - 1) AS changes, runs AS holders
 FROM (
 	SELECT namespace, name,
 		arrayMap(x -> tupleElement(x, 2), arraySort(groupArray((event_time_us, lease_holder)))) AS hs,

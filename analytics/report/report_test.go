@@ -167,7 +167,7 @@ func TestBuild(t *testing.T) {
 	if fmt.Sprint(r.RetryLoops) != fmt.Sprint(wantLoops) {
 		t.Errorf("retry loops\n got %+v\nwant %+v", r.RetryLoops, wantLoops)
 	}
-	wantLeases := []LeaseChanges{{Namespace: "kube-system", Name: "kube-scheduler", Changes: 2, Holders: []string{"A", "B"}}}
+	wantLeases := []LeaseChanges{{Namespace: "kube-system", Name: "kube-scheduler", Changes: 2, Holders: []string{"A", "B", "A"}}}
 	if fmt.Sprint(r.LeaseHolderChanges) != fmt.Sprint(wantLeases) {
 		t.Errorf("lease changes\n got %+v\nwant %+v", r.LeaseHolderChanges, wantLeases)
 	}

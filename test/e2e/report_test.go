@@ -1,0 +1,121 @@
+package e2e
+
+import (
+	"bytes"
+	"encoding/json"
+	"os"
+	"os/exec"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stampguard/stampguard/analytics/report"
+	"github.com/stampguard/stampguard/internal/chtest"
+	"github.com/stampguard/stampguard/internal/kubetest"
+	wl "github.com/stampguard/stampguard/test/workload"
+)
+
+// TestReportEqualsGroundTruth runs the scripted workload against a real
+// apiserver, feeds its audit log through `auditsink ingest` into a real
+// ClickHouse, and requires `auditsink report --format json` to equal, as a
+// whole, the report computed from what the clients saw.
+func TestReportEqualsGroundTruth(t *testing.T) {
+	ch := chtest.Start(t)
+	db := ch.NewDatabase(t)
+	env := kubetest.Start(t, wl.KubetestOptions())
+	ctx := t.Context()
+	res, err := wl.Run(ctx, env)
+	if err != nil {
+		t.Fatalf("workload: %v", err)
+	}
+	events, err := res.WaitAudited(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want, err := res.TruthAt(events)
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	bin := buildAuditsink(t, kubetest.RepoRoot(t), t.TempDir())
+	sink := func(args ...string) []byte {
+		t.Helper()
+		cmd := exec.CommandContext(ctx, bin, args...)
+		cmd.Env = append(os.Environ(), "AUDITSINK_CLICKHOUSE_DSN="+ch.DSN())
+		var stderr bytes.Buffer
+		cmd.Stderr = &stderr
+		out, err := cmd.Output()
+		if err != nil {
+			t.Fatalf("auditsink %s: %v\n%s", strings.Join(args, " "), err, stderr.String())
+		}
+		return out
+	}
+	ingest := func() { sink("ingest", "--database", db, "--cluster", "e2e", env.AuditLogPath) }
+	reportJSON := func() []byte {
+		return sink("report", "--database", db, "--cluster", "e2e", "--format", "json", "--top", "1000",
+			"--since", res.Since.UTC().Format(time.RFC3339Nano), "--until", res.Until.UTC().Format(time.RFC3339Nano))
+	}
+	ingest()
+	got := reportJSON()
+
+	wantJSON, err := json.MarshalIndent(want, "", "  ")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var gotReport report.Report
+	if err := json.Unmarshal(got, &gotReport); err != nil {
+		t.Fatalf("report is not the JSON contract: %v\n%s", err, got)
+	}
+	gotJSON, _ := json.MarshalIndent(gotReport, "", "  ")
+	if !bytes.Equal(gotJSON, wantJSON) {
+		t.Fatalf("the report differs from the ground truth\n%s", lineDiff(string(wantJSON), string(gotJSON)))
+	}
+
+	t.Run("ingesting the same log again changes nothing", func(t *testing.T) {
+		ingest()
+		if again := reportJSON(); !bytes.Equal(again, got) {
+			t.Fatalf("report changed after a second ingest\n%s", lineDiff(string(got), string(again)))
+		}
+	})
+	t.Run("the table shows the same findings", func(t *testing.T) {
+		table := string(sink("report", "--database", db, "--cluster", "e2e", "--top", "1000",
+			"--since", res.Since.UTC().Format(time.RFC3339Nano), "--until", res.Until.UTC().Format(time.RFC3339Nano)))
+		for _, l := range want.RetryLoops {
+			if !strings.Contains(table, l.User) {
+				t.Errorf("table lacks the retry loop of %s", l.User)
+			}
+		}
+		if !strings.Contains(table, "UNRESOLVED RETRY LOOPS") || !strings.Contains(table, "LEASE HOLDER CHANGES") {
+			t.Errorf("table lacks its sections:\n%s", table)
+		}
+	})
+	t.Run("an empty window says so plainly", func(t *testing.T) {
+		out := string(sink("report", "--database", db, "--cluster", "e2e",
+			"--since", res.Since.Add(-2*time.Hour).UTC().Format(time.RFC3339Nano), "--until", res.Since.Add(-time.Hour).UTC().Format(time.RFC3339Nano)))
+		if !strings.Contains(out, "No requests were recorded in this window") {
+			t.Fatalf("empty window report:\n%s", out)
+		}
+	})
+}
+
+// lineDiff shows the lines of b that differ from a, with context enough to
+// find them.
+func lineDiff(a, b string) string {
+	al, bl := strings.Split(a, "\n"), strings.Split(b, "\n")
+	var out strings.Builder
+	for i := 0; i < max(len(al), len(bl)); i++ {
+		var x, y string
+		if i < len(al) {
+			x = al[i]
+		}
+		if i < len(bl) {
+			y = bl[i]
+		}
+		if x != y {
+			out.WriteString("line " + itoa(i+1) + ":\n  want " + x + "\n  got  " + y + "\n")
+		}
+	}
+	return out.String()
+}
+
+func itoa(i int) string { b, _ := json.Marshal(i); return string(b) }
