@@ -138,6 +138,18 @@ func TestWorkload(t *testing.T) {
 				t.Errorf("audit event the workload did not send: %s %s %s %s by %s", ev.Stage, ev.Verb, ev.RequestURI, ev.AuditID, ev.User.Username)
 			}
 		}
+		// The policy logs every stage: each request has RequestReceived and
+		// ResponseComplete, and nothing else (the script runs no watches).
+		stages := map[string][]auditv1.Stage{}
+		for _, ev := range events {
+			stages[string(ev.AuditID)] = append(stages[string(ev.AuditID)], ev.Stage)
+		}
+		for id, st := range stages {
+			if !slices.Equal(st, []auditv1.Stage{auditv1.StageRequestReceived, auditv1.StageResponseComplete}) {
+				t.Errorf("%s: stages %v, want RequestReceived then ResponseComplete", id, st)
+			}
+		}
+		t.Logf("audit log: %d events for %d requests", len(events), len(stages))
 		// The admin client created the namespaces and polled for compaction:
 		// the policy matches the authenticated user, so none of it shows.
 		if n := len(res.Requests); n == 0 {
