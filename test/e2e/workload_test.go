@@ -8,7 +8,6 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-
 	auditv1 "k8s.io/apiserver/pkg/apis/audit/v1"
 
 	"github.com/stampguard/stampguard/analytics/report"

@@ -152,6 +152,10 @@ type LoopBounds struct {
 //     holders in the order they took the lease, the first one included.
 //   - policy_decisions: empty (no stampguard webhook in the workload).
 //
+// The report's --namespace, --resource and --user filters select whole
+// per-object sequences, so the truth for a filtered report is Truth of the
+// requests that pass the same filter.
+//
 // A retry loop is broken by a successful write (not a read) by its writer
 // on its object, or by a gap longer than LoopOptions.Gap; other failures
 // (404, already exists, ...) neither extend nor break it.
