@@ -12,7 +12,11 @@
 //	events, err := res.WaitAudited(t.Context()) // the log has caught up
 //	want, err := res.TruthAt(events)            // loop times as the apiserver saw them
 //
-// The workload authenticates as its own service account (Driver) and
+// then ingest res.AuditLogPath, run `auditsink report --format json` with
+// --since and --until set to res.Since and res.Until (TimeFormat) and a
+// --top no shorter than want.HotObjects, and compare the whole report.
+//
+// The workload authenticates as its own service account (DriverUser) and
 // impersonates each writer, so that AuditPolicy can log its requests and
 // nothing else: the apiserver's own leases, envtest's setup and the test's
 // admin client never reach the audit log, and the log's totals are exact.
@@ -90,6 +94,7 @@ type Result struct {
 // Run prepares the driver account and namespaces with env's admin client
 // (not audited), runs the script, and computes the truth. It returns an
 // error when any step got an answer other than the one the script expects.
+// Run once per control plane: the script's namespaces must not exist yet.
 func Run(ctx context.Context, env *kubetest.Env) (*Result, error) {
 	if env.AuditLogPath == "" {
 		return nil, errors.New("workload: the control plane has no audit log; start it with KubetestOptions")
