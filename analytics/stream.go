@@ -145,18 +145,19 @@ func NewListReader(r io.Reader, maxEvent int) *ListReader {
 	if maxEvent <= 0 {
 		maxEvent = DefaultMaxEventBytes
 	}
-	return &ListReader{r: r, max: maxEvent, buf: bufPool.Get().([]byte)[:0]}
+	return &ListReader{r: r, max: maxEvent, buf: (*bufPool.Get().(*[]byte))[:0]}
 }
 
 // bufPool recycles the 256 KiB read buffers of ListReaders (one per
 // request); Release returns one.
-var bufPool = sync.Pool{New: func() any { return make([]byte, 0, 256<<10) }}
+var bufPool = sync.Pool{New: func() any { b := make([]byte, 0, 256<<10); return &b }}
 
 // Release returns the reader's buffer for reuse; the reader and the items
 // it returned must not be used afterwards.
 func (l *ListReader) Release() {
 	if cap(l.buf) == 256<<10 {
-		bufPool.Put(l.buf[:0])
+		b := l.buf[:0]
+		bufPool.Put(&b)
 	}
 	l.buf = nil
 }

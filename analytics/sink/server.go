@@ -98,7 +98,7 @@ func NewHandler(o HandlerOptions) (*Handler, error) {
 	if o.DefaultCluster != "" {
 		h.mux.HandleFunc("POST /events", h.events)
 	}
-	h.mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) { io.WriteString(w, "ok\n") })
+	h.mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) { _, _ = io.WriteString(w, "ok\n") })
 	return h, nil
 }
 
@@ -229,7 +229,7 @@ func (h *Handler) events(w http.ResponseWriter, r *http.Request) {
 		log.Warn("audit batch had invalid events; dead-lettered", "rejected", res.Rejected, "accepted", res.Accepted)
 	}
 	w.Header().Set("Content-Type", "application/json")
-	json.NewEncoder(w).Encode(Answer{Accepted: res.Accepted, Rejected: res.Rejected, Skipped: res.Skipped})
+	_ = json.NewEncoder(w).Encode(Answer{Accepted: res.Accepted, Rejected: res.Rejected, Skipped: res.Skipped})
 }
 
 func (h *Handler) readError(w http.ResponseWriter, log *slog.Logger, err error) {
