@@ -65,24 +65,33 @@ const (
 	slashs = '\\' * ones
 )
 
-// quoteOrBackslash finds the first '"' or '\\' at or after j, eight bytes
-// at a time: keys and values in Kubernetes objects are mostly short, where a
-// word-wide scan beats a call to bytes.IndexByte.
+// quoteOrBackslash finds the first '"' or '\\' at or after j. Keys and
+// values in Kubernetes objects are mostly short, where a scan of eight bytes
+// at a time beats a call to bytes.IndexByte; past 32 bytes the string is
+// probably long (an annotation, a certificate) and vector search wins.
 func quoteOrBackslash(data []byte, j int) int {
-	for j+8 <= len(data) {
+	if j >= len(data) {
+		return -1 // an escape at the very end
+	}
+	for short := min(j+32, len(data)); j+8 <= short; j += 8 {
 		w := binary.LittleEndian.Uint64(data[j:])
 		q, b := w^quotes, w^slashs
 		if m := ((q - ones) &^ q & highs) | ((b - ones) &^ b & highs); m != 0 {
 			return j + bits.TrailingZeros64(m)/8
 		}
-		j += 8
 	}
-	for ; j < len(data); j++ {
-		if c := data[j]; c == '"' || c == '\\' {
-			return j
-		}
+	rest := data[j:]
+	q := bytes.IndexByte(rest, '"')
+	if q < 0 {
+		q = len(rest)
 	}
-	return -1
+	if b := bytes.IndexByte(rest[:q], '\\'); b >= 0 {
+		return j + b
+	}
+	if q == len(rest) {
+		return -1
+	}
+	return j + q
 }
 
 // Skip returns the index just after the JSON value that starts at or after i
