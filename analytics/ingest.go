@@ -115,7 +115,7 @@ func insertRecord(ctx context.Context, st Inserter, rec []byte, res *IngestResul
 			return ctx.Err()
 		}
 		if log != nil {
-			log.Warn("ClickHouse insert failed; retrying", "err", err, "retry_in", backoff)
+			log.Warn("ClickHouse insert failed; retrying", "err", err, "retryIn", backoff)
 		}
 		select {
 		case <-ctx.Done():

@@ -21,11 +21,17 @@ func writeLog(t *testing.T, path string, lines []string, gz bool) {
 	data := strings.Join(lines, "\n") + "\n"
 	if gz {
 		zw := gzip.NewWriter(f)
-		zw.Write([]byte(data))
-		zw.Close()
+		if _, err := zw.Write([]byte(data)); err != nil {
+			t.Fatal(err)
+		}
+		if err := zw.Close(); err != nil {
+			t.Fatal(err)
+		}
 		return
 	}
-	f.WriteString(data)
+	if _, err := f.WriteString(data); err != nil {
+		t.Fatal(err)
+	}
 }
 
 func TestIngestingTheSameFilesTwiceStoresNothingTwice(t *testing.T) {

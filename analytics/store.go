@@ -241,7 +241,7 @@ func (s *Store) insertEvents(ctx context.Context, rows []*Row) error {
 	if err != nil {
 		return fmt.Errorf("prepare events insert: %w", err)
 	}
-	defer b.Abort()
+	defer func() { _ = b.Abort() }() // after Send: a no-op that reports "already sent"
 	n := len(rows)
 	var (
 		dates, times                           = make([]time.Time, n), make([]time.Time, n)
@@ -309,7 +309,7 @@ func (s *Store) insertDead(ctx context.Context, dead []DeadLetter) error {
 	if err != nil {
 		return fmt.Errorf("prepare dead letter insert: %w", err)
 	}
-	defer b.Abort()
+	defer func() { _ = b.Abort() }()
 	for _, d := range dead {
 		t := time.UnixMicro(d.ReceivedAt).UTC()
 		day := time.Date(t.Year(), t.Month(), t.Day(), 0, 0, 0, 0, time.UTC)

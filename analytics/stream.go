@@ -79,9 +79,9 @@ func (l *LinesReader) Next() (Item, error) {
 		line, err := l.r.ReadSlice('\n')
 		n := len(line)
 		var item Item
-		if err == bufio.ErrBufferFull {
+		if errors.Is(err, bufio.ErrBufferFull) {
 			l.buf = append(l.buf[:0], line...)
-			for err == bufio.ErrBufferFull {
+			for errors.Is(err, bufio.ErrBufferFull) {
 				line, err = l.r.ReadSlice('\n')
 				n += len(line)
 				if len(l.buf) < l.max+1 {
@@ -229,9 +229,10 @@ func (l *ListReader) value() ([]byte, error) {
 			switch {
 			case first:
 				first = false
-				if c == '"' {
+				switch c {
+				case '"':
 					inString = true
-				} else if c == '{' || c == '[' {
+				case '{', '[':
 					depth = 1
 				}
 				l.pos++

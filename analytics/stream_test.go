@@ -30,7 +30,7 @@ func readAll(t *testing.T, r ItemReader) (items []string, errs []string) {
 	t.Helper()
 	for {
 		it, err := r.Next()
-		if err == io.EOF {
+		if errors.Is(err, io.EOF) {
 			return
 		}
 		if err != nil {
@@ -88,8 +88,12 @@ func TestListReaderDecompressesGzip(t *testing.T) {
 	events := realEvents(t)
 	var buf bytes.Buffer
 	zw := gzip.NewWriter(&buf)
-	zw.Write([]byte(eventList(events...)))
-	zw.Close()
+	if _, err := zw.Write([]byte(eventList(events...))); err != nil {
+		t.Fatal(err)
+	}
+	if err := zw.Close(); err != nil {
+		t.Fatal(err)
+	}
 	r, err := MaybeGzip(&buf)
 	if err != nil {
 		t.Fatal(err)
@@ -149,7 +153,7 @@ func FuzzListReader(f *testing.F) {
 				t.Fatalf("more items than bytes in %q", body)
 			}
 			it, err := lr.Next()
-			if err == io.EOF {
+			if errors.Is(err, io.EOF) {
 				break
 			}
 			if err != nil {

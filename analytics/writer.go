@@ -112,7 +112,7 @@ func (w *Writer) Run(ctx context.Context) error {
 			<-j.done // inserts end promptly once ctx is done
 		}
 		if ctx.Err() != nil {
-			return nil // unconfirmed records replay after a restart
+			return nil //nolint:nilerr // a shutdown, not a failure: unconfirmed records replay after a restart
 		}
 		return err
 	}
@@ -240,7 +240,7 @@ func (w *Writer) insert(ctx context.Context, rows []Row, dead []DeadLetter) erro
 		if w.o.Metrics != nil {
 			w.o.Metrics.CHErrors.Inc()
 		}
-		w.o.Logger.Warn("ClickHouse insert failed; retrying", "err", err, "rows", len(rows), "retry_in", backoff)
+		w.o.Logger.Warn("ClickHouse insert failed; retrying", "err", err, "rows", len(rows), "retryIn", backoff)
 		w.gauge()
 		select {
 		case <-ctx.Done():

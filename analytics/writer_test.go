@@ -187,7 +187,9 @@ func TestWriterWaitsOutClickHouseDowntime(t *testing.T) {
 		time.Sleep(50 * time.Millisecond)
 	}
 	cancel()
-	<-done
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
 	if n := count(t, st, "SELECT count() FROM {db}.events"); n != want {
 		t.Fatalf("%d events after ClickHouse returned, want %d", n, want)
 	}

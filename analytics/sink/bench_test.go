@@ -68,7 +68,12 @@ func startBenchSink(b *testing.B, ch *chtest.Server, parallel int) benchEnv {
 			SpoolMaxBytes: 4 << 30, InsertParallel: parallel, Ready: func(a net.Addr) { addr <- a.String() }})
 	}()
 	url := "http://" + <-addr
-	b.Cleanup(func() { cancel(); <-done })
+	b.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			b.Error(err)
+		}
+	})
 	return benchEnv{ch: ch, url: url, db: db}
 }
 
@@ -87,7 +92,9 @@ func buildSink(b *testing.B) string {
 func startSinkProcess(b *testing.B, bin string, ch *chtest.Server, parallel int) (benchEnv, func() int64) {
 	db := ch.NewDatabase(b)
 	dir := b.TempDir()
-	os.WriteFile(filepath.Join(dir, "token"), []byte("bench"), 0o600)
+	if err := os.WriteFile(filepath.Join(dir, "token"), []byte("bench"), 0o600); err != nil {
+		b.Fatal(err)
+	}
 	l, _ := net.Listen("tcp", "127.0.0.1:0")
 	addr := l.Addr().String()
 	l.Close()
@@ -111,8 +118,8 @@ func startSinkProcess(b *testing.B, bin string, ch *chtest.Server, parallel int)
 	}
 	stop := func() int64 {
 		rss := peakRSS(cmd.Process.Pid)
-		cmd.Process.Signal(syscall.SIGTERM)
-		cmd.Wait()
+		_ = cmd.Process.Signal(syscall.SIGTERM)
+		_ = cmd.Wait() // exit status after SIGTERM is not the point
 		return rss
 	}
 	return benchEnv{ch: ch, url: "http://" + addr, db: db, pid: cmd.Process.Pid}, stop
@@ -125,9 +132,9 @@ func post400(c *http.Client, url string, body []byte) (int, error) {
 	if err != nil {
 		return 0, err
 	}
-	io.Copy(io.Discard, resp.Body)
+	_, err = io.Copy(io.Discard, resp.Body)
 	resp.Body.Close()
-	return resp.StatusCode, nil
+	return resp.StatusCode, err
 }
 
 func waitCount(b *testing.B, ch *chtest.Server, db string, want uint64) {

@@ -231,7 +231,7 @@ func migrateUntilDone(ctx context.Context, store *analytics.Store, log *slog.Log
 			}
 			return nil
 		}
-		log.Warn("schema migration failed; retrying", "err", err, "retry_in", backoff)
+		log.Warn("schema migration failed; retrying", "err", err, "retryIn", backoff)
 		select {
 		case <-ctx.Done():
 			return ctx.Err()

@@ -110,7 +110,7 @@ func (h *Handler) Drain() { h.draining.Store(true) }
 func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	defer func() {
 		if p := recover(); p != nil {
-			if p == http.ErrAbortHandler {
+			if err, ok := p.(error); ok && errors.Is(err, http.ErrAbortHandler) {
 				panic(p)
 			}
 			h.o.Logger.Error("panic serving audit batch", "err", fmt.Errorf("%v", p), "path", r.URL.Path)
@@ -183,7 +183,7 @@ func (h *Handler) events(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	body := http.MaxBytesReader(w, r.Body, h.o.MaxBodyBytes)
-	var src io.Reader = body
+	var src io.Reader
 	switch enc := r.Header.Get("Content-Encoding"); enc {
 	case "", "identity":
 		var err error

@@ -90,8 +90,12 @@ func TestHandlerContract(t *testing.T) {
 	gz := func(s string) string {
 		var b bytes.Buffer
 		w := gzip.NewWriter(&b)
-		w.Write([]byte(s))
-		w.Close()
+		if _, err := w.Write([]byte(s)); err != nil {
+			t.Fatal(err)
+		}
+		if err := w.Close(); err != nil {
+			t.Fatal(err)
+		}
 		return b.String()
 	}
 	bearer := map[string]string{"Authorization": "Bearer s3cret"}
@@ -261,7 +265,9 @@ func TestServeOverTLSWithClientCertificatesStoresInClickHouse(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		io.Copy(io.Discard, resp.Body)
+		if _, err := io.Copy(io.Discard, resp.Body); err != nil {
+			t.Fatal(err)
+		}
 		resp.Body.Close()
 		return resp.StatusCode
 	}

@@ -43,7 +43,9 @@ func TestMigrateAndIngestFromTheCommandLine(t *testing.T) {
 	}
 	ch := chtest.Start(t)
 	dsnFile := filepath.Join(t.TempDir(), "dsn")
-	os.WriteFile(dsnFile, []byte(ch.DSN()+"\n"), 0o600)
+	if err := os.WriteFile(dsnFile, []byte(ch.DSN()+"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
 	var out, errb bytes.Buffer
 	if code := run(t.Context(), []string{"migrate", "--clickhouse-dsn-file", dsnFile, "--database", "cli"}, &out, &errb); code != 0 {
 		t.Fatalf("migrate: %d %s", code, errb.String())

@@ -12,6 +12,7 @@ import (
 	"crypto/x509/pkix"
 	"encoding/json"
 	"encoding/pem"
+	"errors"
 	"fmt"
 	"io"
 	"math/big"
@@ -68,7 +69,9 @@ func TestAuditSink(t *testing.T) {
 
 	pki := newSinkPKI(t, dir)
 	tokenFile := filepath.Join(dir, "token")
-	os.WriteFile(tokenFile, []byte("e2e-token\n"), 0o600)
+	if err := os.WriteFile(tokenFile, []byte("e2e-token\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
 	sinkAddr, metricsAddr := freeAddr(t), freeAddr(t)
 	sink := &sinkProcess{t: t, bin: bin, args: []string{"serve", "--listen", sinkAddr,
 		"--tls-cert", pki.cert, "--tls-key", pki.key, "--token-file", tokenFile,
@@ -212,7 +215,9 @@ func TestAuditSink(t *testing.T) {
 		t.Errorf("%d stored events contain the secret's data", leaked)
 	}
 	var secretEvents uint64
-	conn.QueryRow(t.Context(), "SELECT count() FROM events WHERE resource = 'secrets' AND verb = 'create' AND cluster = 'webhook'").Scan(&secretEvents)
+	if err := conn.QueryRow(t.Context(), "SELECT count() FROM events WHERE resource = 'secrets' AND verb = 'create' AND cluster = 'webhook'").Scan(&secretEvents); err != nil {
+		t.Fatal(err)
+	}
 	if secretEvents == 0 {
 		t.Errorf("no secret create events stored: the leak check proves nothing")
 	}
@@ -344,7 +349,7 @@ func responseCompleteIDs(t *testing.T, path string) map[string]int {
 		}
 		for {
 			line, err := r.Next()
-			if err == io.EOF {
+			if errors.Is(err, io.EOF) {
 				break
 			}
 			if err != nil {
@@ -524,7 +529,7 @@ func (s *sinkProcess) start() {
 		s.t.Fatal(err)
 	}
 	done := make(chan struct{})
-	go func() { cmd.Wait(); logf.Close(); close(done) }()
+	go func() { _ = cmd.Wait(); logf.Close(); close(done) }() // killed on purpose: the status is not the point
 	s.cmd, s.done = cmd, done
 	// Ready when the port answers TLS.
 	addr := s.args[2]
@@ -555,7 +560,9 @@ func (s *sinkProcess) kill() {
 	if s.cmd == nil {
 		return
 	}
-	s.cmd.Process.Signal(syscall.SIGKILL)
+	if err := s.cmd.Process.Signal(syscall.SIGKILL); err != nil {
+		s.t.Errorf("SIGKILL the sink: %v", err)
+	}
 	<-s.done
 	s.cmd = nil
 }
@@ -583,7 +590,7 @@ func newRecordingProxy(t *testing.T, pki *sinkPKI, target string) *recordingProx
 		t.Fatal(err)
 	}
 	srv := &http.Server{Handler: http.HandlerFunc(p.serve)}
-	go srv.Serve(ln)
+	go func() { _ = srv.Serve(ln) }() // ends with ErrServerClosed at cleanup
 	t.Cleanup(func() { srv.Close() })
 	p.url = "https://" + ln.Addr().String()
 	return p
@@ -602,7 +609,7 @@ func (p *recordingProxy) serve(w http.ResponseWriter, r *http.Request) {
 		p.mu.Unlock()
 	}
 	w.WriteHeader(code)
-	w.Write(answer)
+	_, _ = w.Write(answer)
 }
 
 func (p *recordingProxy) forward(path, auth string, body []byte) (int, []byte) {
