@@ -104,6 +104,7 @@ func NewSet(policies ...*Policy) *Set {
 			add(r.path)
 		}
 	}
+	s.tree.finish()
 	return s
 }
 

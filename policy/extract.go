@@ -1,6 +1,10 @@
 package policy
 
 import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"slices"
 	"github.com/stampguard/stampguard/policy/internal/rawjson"
 )
 
@@ -16,7 +20,11 @@ type pathTree struct {
 
 type selectNode struct {
 	field, value string
+	quoted       []byte // value as a JSON string, to compare without decoding
 	node         *pathTree
+	// withEach is node merged with the array's each node, so that an item
+	// that matches is walked once for both.
+	withEach *pathTree
 }
 
 func (t *pathTree) add(p FieldPath, index int32) {
@@ -47,12 +55,62 @@ func (t *pathTree) add(p FieldPath, index int32) {
 			}
 			if child == nil {
 				child = &pathTree{}
-				n.selects = append(n.selects, selectNode{field: seg.name, value: seg.keyValue, node: child})
+				q, _ := json.Marshal(seg.keyValue)
+				n.selects = append(n.selects, selectNode{field: seg.name, value: seg.keyValue, quoted: q, node: child})
 			}
 			n = child
 		}
 	}
 	n.terminals = append(n.terminals, index)
+}
+
+// finish prepares the merged nodes; call it once all paths are added.
+func (t *pathTree) finish() {
+	for _, child := range t.members {
+		child.finish()
+	}
+	if t.each != nil {
+		t.each.finish()
+	}
+	for i := range t.selects {
+		s := &t.selects[i]
+		s.node.finish()
+		s.withEach = s.node
+		if t.each != nil {
+			s.withEach = merge(t.each, s.node)
+			s.withEach.finish()
+		}
+	}
+}
+
+// merge returns a tree that selects what a and b select.
+func merge(a, b *pathTree) *pathTree {
+	out := &pathTree{terminals: append(append([]int32(nil), a.terminals...), b.terminals...)}
+	if a.members != nil || b.members != nil {
+		out.members = map[string]*pathTree{}
+		for k, v := range a.members {
+			out.members[k] = v
+		}
+		for k, v := range b.members {
+			if w, ok := out.members[k]; ok {
+				out.members[k] = merge(w, v)
+			} else {
+				out.members[k] = v
+			}
+		}
+	}
+	switch {
+	case a.each != nil && b.each != nil:
+		out.each = merge(a.each, b.each)
+	case a.each != nil:
+		out.each = a.each
+	default:
+		out.each = b.each
+	}
+	for _, s := range append(append([]selectNode(nil), a.selects...), b.selects...) {
+		out.selects = append(out.selects, selectNode{field: s.field, value: s.value, quoted: s.quoted, node: s.node})
+	}
+	return out
 }
 
 // valueRef is one value found for path Path.
@@ -96,21 +154,21 @@ func (t *pathTree) walk(data []byte, i int, out []valueRef) (int, []valueRef, er
 }
 
 func (t *pathTree) walkObject(data []byte, i int, out []valueRef) (int, []valueRef, error) {
+	var seenArr [8]*pathTree
+	seen := seenArr[:0]
 	i = skipWS(data, i+1)
 	if i < len(data) && data[i] == '}' {
 		return i + 1, out, nil
 	}
 	for {
-		kend, err := rawjson.Skip(data, i)
+		kend, err := rawjson.SkipString(data, i)
 		if err != nil {
 			return 0, out, err
 		}
-		if data[i] != '"' {
-			return 0, out, rawjson.ErrSyntax
-		}
-		child := t.members[string(data[i+1:kend-1])]
-		if child == nil && hasEscape(data[i:kend]) {
-			if k, err := rawjson.Unquote(data[i:kend]); err == nil {
+		key := data[i:kend]
+		child := t.members[string(key[1:len(key)-1])]
+		if child == nil && hasEscape(key) {
+			if k, err := rawjson.Unquote(key); err == nil {
 				child = t.members[k]
 			}
 		}
@@ -119,6 +177,12 @@ func (t *pathTree) walkObject(data []byte, i int, out []valueRef) (int, []valueR
 			return 0, out, rawjson.ErrSyntax
 		}
 		if child != nil {
+			// A name read twice would leave its values ambiguous (the first
+			// or the last?); the apiserver never sends one, so refuse it.
+			if slices.Contains(seen, child) {
+				return 0, out, fmt.Errorf("%w: member %s appears twice", rawjson.ErrSyntax, key)
+			}
+			seen = append(seen, child)
 			i, out, err = child.walk(data, i+1, out)
 		} else {
 			i, err = rawjson.Skip(data, i+1)
@@ -147,30 +211,11 @@ func (t *pathTree) walkArray(data []byte, i int, out []valueRef) (int, []valueRe
 		return i + 1, out, nil
 	}
 	for {
-		var end int
-		var err error
-		if t.each != nil {
-			end, out, err = t.each.walk(data, i, out)
-		} else {
-			end, err = rawjson.Skip(data, i)
-		}
+		end, out2, err := t.walkItem(data, i, out)
 		if err != nil {
 			return 0, out, err
 		}
-		if t.selects != nil && rawjson.Kind(data[i:end]) == '{' {
-			item := data[i:end]
-			for _, s := range t.selects {
-				key, found, err := rawjson.Member(item, s.field)
-				if err != nil {
-					return 0, out, err
-				}
-				if k, err := rawjson.String(key); found && err == nil && k == s.value {
-					if _, out, err = s.node.walk(item, 0, out); err != nil {
-						return 0, out, err
-					}
-				}
-			}
-		}
+		out = out2
 		i = skipWS(data, end)
 		if i >= len(data) {
 			return 0, out, rawjson.ErrSyntax
@@ -184,6 +229,75 @@ func (t *pathTree) walkArray(data []byte, i int, out []valueRef) (int, []valueRe
 			return 0, out, rawjson.ErrSyntax
 		}
 	}
+}
+
+// walkItem reads one list item. An item that one select matches is walked
+// once, with that select's tree merged with the each tree; only an item
+// that several selects match is walked more than once.
+func (t *pathTree) walkItem(data []byte, i int, out []valueRef) (int, []valueRef, error) {
+	var matched *selectNode
+	extra := 0
+	if t.selects != nil && i < len(data) && data[i] == '{' {
+		for k := range t.selects {
+			s := &t.selects[k]
+			ok, err := keyMatches(data[i:], s)
+			if err != nil {
+				return 0, out, err
+			}
+			if ok {
+				if matched == nil {
+					matched = s
+				} else {
+					extra++
+				}
+			}
+		}
+	}
+	var end int
+	var err error
+	switch {
+	case matched != nil:
+		end, out, err = matched.withEach.walk(data, i, out)
+	case t.each != nil:
+		end, out, err = t.each.walk(data, i, out)
+	default:
+		end, err = rawjson.Skip(data, i)
+	}
+	if err != nil || extra == 0 {
+		return end, out, err
+	}
+	item := data[i:end]
+	for k := range t.selects {
+		s := &t.selects[k]
+		if s == matched {
+			continue
+		}
+		if ok, _ := keyMatches(item, s); ok {
+			if _, out, err = s.node.walk(item, 0, out); err != nil {
+				return 0, out, err
+			}
+		}
+	}
+	return end, out, nil
+}
+
+// keyMatches reports whether the object starting at obj has s.field equal
+// to s.value. The key field usually comes first (name in containers), so
+// this reads little.
+func keyMatches(obj []byte, s *selectNode) (bool, error) {
+	key, found, err := rawjson.Member(obj, s.field)
+	if err != nil || !found {
+		return false, err
+	}
+	key = rawjson.Trim(key)
+	if bytes.Equal(key, s.quoted) {
+		return true, nil
+	}
+	if bytes.IndexByte(key, '\\') < 0 {
+		return false, nil
+	}
+	v, err := rawjson.String(key)
+	return err == nil && v == s.value, nil
 }
 
 func skipWS(data []byte, i int) int {

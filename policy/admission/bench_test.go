@@ -11,6 +11,7 @@ import (
 
 	"github.com/stampguard/stampguard/policy"
 	"github.com/stampguard/stampguard/policy/api/v1alpha1"
+	"github.com/stampguard/stampguard/policy/internal/rawjson"
 )
 
 // discardWriter is the cheapest ResponseWriter, so the benchmark measures
@@ -195,5 +196,19 @@ func TestBenchmarkFixtureDecides(t *testing.T) {
 	d, err := tenRules(t).CheckFields(&rv.req, &policy.Environment{})
 	if err != nil || len(d.Violations) != 1 || d.Action() != v1alpha1.ActionWarn {
 		t.Fatalf("got %+v, %v", d, err)
+	}
+}
+
+// BenchmarkScanFloor only finds where the recorded review ends: one pass
+// over its bytes with nothing extracted, the floor under any decoder that
+// must read the whole body.
+func BenchmarkScanFloor(b *testing.B) {
+	body := benchReview(b)
+	b.SetBytes(int64(len(body)))
+	b.ReportAllocs()
+	for b.Loop() {
+		if _, err := rawjson.Skip(body, 0); err != nil {
+			b.Fatal(err)
+		}
 	}
 }

@@ -45,6 +45,16 @@ func Trim(v []byte) []byte {
 // skipString returns the index after the closing quote of the string whose
 // opening quote is at i.
 func skipString(data []byte, i int) (int, error) {
+	// Most keys and values end within eight bytes: settle those with one
+	// word test before the general loop.
+	if i+9 <= len(data) {
+		w := binary.LittleEndian.Uint64(data[i+1:])
+		q, b := w^quotes, w^slashs
+		mq, mb := (q-ones)&^q&highs, (b-ones)&^b&highs
+		if mq != 0 && (mb == 0 || bits.TrailingZeros64(mq) < bits.TrailingZeros64(mb)) {
+			return i + 2 + bits.TrailingZeros64(mq)/8, nil
+		}
+	}
 	j := i + 1
 	for {
 		k := quoteOrBackslash(data, j)
@@ -478,4 +488,13 @@ func ObjectScan(obj []byte, fn func(key, data []byte, start int) (end int, err e
 		}
 		i = skipSpace(obj, i+1)
 	}
+}
+
+// SkipString returns the index just after the string whose opening quote is
+// at data[i].
+func SkipString(data []byte, i int) (int, error) {
+	if i >= len(data) || data[i] != '"' {
+		return 0, syntaxErr(data, i, "expected a string")
+	}
+	return skipString(data, i)
 }
