@@ -4,8 +4,8 @@ import (
 	"bytes"
 	"encoding/json"
 	"fmt"
-	"slices"
 	"github.com/stampguard/stampguard/policy/internal/rawjson"
+	"slices"
 )
 
 // pathTree merges every rule path of a set, so that one pass over an object
