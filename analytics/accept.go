@@ -20,7 +20,10 @@ type Accepter struct {
 	Stages []string
 	// RecordRows caps the rows per record; defaulted to 5000.
 	RecordRows int
-	Metrics    *Metrics
+	// RecordBytes starts a new record once one is this large; defaulted to
+	// 16 MiB (large raw events must not make a record the spool refuses).
+	RecordBytes int
+	Metrics     *Metrics
 }
 
 // AcceptResult counts what Accept saw.
@@ -36,9 +39,12 @@ type AcceptResult struct {
 // is; records already emitted stay emitted (redelivery deduplicates them).
 func (a *Accepter) Accept(cluster, source string, items ItemReader, emit func(rec []byte) error) (AcceptResult, error) {
 	var res AcceptResult
-	maxRows := a.RecordRows
+	maxRows, maxBytes := a.RecordRows, a.RecordBytes
 	if maxRows <= 0 {
 		maxRows = 5000
+	}
+	if maxBytes <= 0 {
+		maxBytes = 16 << 20
 	}
 	stages := a.Stages
 	if len(stages) == 0 {
@@ -85,7 +91,7 @@ func (a *Accepter) Accept(cluster, source string, items ItemReader, emit func(re
 				row.Cluster = cluster
 				rec = AppendRow(rec, &row)
 				res.Accepted++
-				if n++; n >= maxRows {
+				if n++; n >= maxRows || len(rec) >= maxBytes {
 					if err := flush(); err != nil {
 						return res, err
 					}
@@ -101,7 +107,7 @@ func (a *Accepter) Accept(cluster, source string, items ItemReader, emit func(re
 		if a.Metrics != nil {
 			a.Metrics.DeadLettered.WithLabelValues(source).Inc()
 		}
-		if n++; n >= maxRows {
+		if n++; n >= maxRows || len(rec) >= maxBytes {
 			if err := flush(); err != nil {
 				return res, err
 			}

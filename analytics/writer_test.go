@@ -89,6 +89,40 @@ func TestAcceptKeepsStagesAndDeadLettersInvalidNeighbours(t *testing.T) {
 	}
 }
 
+func TestAcceptSplitsRecordsByRowsAndBytes(t *testing.T) {
+	events := realEvents(t)
+	body := eventList(append(append([]string{}, events...), events...)...)
+	tests := []struct {
+		name       string
+		accepter   Accepter
+		wantChunks int
+	}{
+		{"all rows of a small body fit one record", Accepter{}, 1},
+		{"a row cap of 4 cuts 20 rows into 5 records", Accepter{RecordRows: 4}, 5},
+		{"a byte cap below one row makes a record per row", Accepter{RecordBytes: 10, Decoder: Decoder{KeepRaw: true}}, 20},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			var chunks, rows int
+			_, err := tt.accepter.Accept("prod", "webhook", NewListReader(strings.NewReader(body), 0), func(rec []byte) error {
+				b, err := DecodeBatch(string(rec))
+				if err != nil {
+					return err
+				}
+				chunks++
+				rows += len(b.Rows)
+				return nil
+			})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if chunks != tt.wantChunks || rows != 20 {
+				t.Errorf("%d records with %d rows, want %d records with 20", chunks, rows, tt.wantChunks)
+			}
+		})
+	}
+}
+
 func TestWriterStoresSpooledEventsExactlyOnce(t *testing.T) {
 	st, _ := newStore(t, false)
 	dir := t.TempDir()
