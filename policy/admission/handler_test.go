@@ -3,6 +3,7 @@ package admission
 import (
 	"bytes"
 	"encoding/json"
+	"fmt"
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
@@ -176,4 +177,34 @@ func FuzzReview(f *testing.F) {
 			}
 		}
 	})
+}
+
+// The hand-written annotation must be the JSON that annotationValue
+// documents, whatever the strings hold.
+func TestAnnotationEncoding(t *testing.T) {
+	odd := "p\"\\\n\t\x01<&>ü"
+	d := policy.Decision{Violations: []policy.Violation{
+		{Policy: odd, Rule: policy.RuleFieldOwner, Index: 12, Action: "Deny", Path: `metadata.labels["a"]`, Writer: odd},
+		{Policy: "b", Rule: policy.RuleImmutableField, Index: 0, Action: "Audit", Path: "x", Writer: "w"},
+		{Policy: "c", Rule: policy.RuleFieldOwner, Index: 1, Action: "Warn", Path: "y", Writer: "w"},
+	}}
+	got := auditAnnotations(d)
+	for kind, want := range map[string][]annotationValue{
+		"field-owner": {
+			{Policy: odd, Rule: "fieldOwners[12]", Action: "Deny", Path: `metadata.labels["a"]`, Writer: odd},
+			{Policy: "c", Rule: "fieldOwners[1]", Action: "Warn", Path: "y", Writer: "w"},
+		},
+		"immutable-field": {{Policy: "b", Rule: "immutableFields[0]", Action: "Audit", Path: "x", Writer: "w"}},
+	} {
+		var vals []annotationValue
+		if err := json.Unmarshal([]byte(got[kind]), &vals); err != nil {
+			t.Fatalf("%s: %q is not JSON: %v", kind, got[kind], err)
+		}
+		if fmt.Sprint(vals) != fmt.Sprint(want) {
+			t.Fatalf("%s: got %+v, want %+v", kind, vals, want)
+		}
+	}
+	if len(got) != 2 {
+		t.Fatalf("keys %v", got)
+	}
 }

@@ -10,6 +10,7 @@ import (
 
 	"github.com/stampguard/stampguard/policy"
 	"github.com/stampguard/stampguard/policy/api/v1alpha1"
+	"github.com/stampguard/stampguard/policy/internal/rawjson"
 )
 
 // The answer is written with these small types rather than the k8s.io
@@ -148,19 +149,40 @@ func forbiddenStatus(denied []policy.Violation) *statusOut {
 // because the apiserver refuses a second call that sets the same key to a
 // different value.
 func auditAnnotations(d policy.Decision) map[string]string {
-	byKind := make(map[policy.RuleKind][]annotationValue, 2)
-	for _, v := range d.Violations {
-		byKind[v.Rule] = append(byKind[v.Rule], annotationValue{
-			Policy: v.Policy, Rule: ruleName(v), Action: v.Action, Path: v.Path, Writer: v.Writer,
-		})
-	}
-	out := make(map[string]string, len(byKind))
-	for kind, vals := range byKind {
-		b, err := json.Marshal(vals)
-		if err != nil {
-			continue // cannot happen: plain strings only
+	out := make(map[string]string, 2)
+	var buf []byte
+	for i, v := range d.Violations {
+		kind := string(v.Rule)
+		if _, done := out[kind]; done {
+			continue
 		}
-		out[string(kind)] = string(b)
+		buf = append(buf[:0], '[')
+		for _, w := range d.Violations[i:] {
+			if w.Rule != v.Rule {
+				continue
+			}
+			if len(buf) > 1 {
+				buf = append(buf, ',')
+			}
+			buf = appendEntry(buf, w)
+		}
+		out[kind] = string(append(buf, ']'))
 	}
 	return out
+}
+
+// appendEntry writes {"policy","rule","action","path","writer"}: the fields
+// and order that annotationValue documents.
+func appendEntry(b []byte, v policy.Violation) []byte {
+	b = append(b, `{"policy":`...)
+	b = rawjson.AppendString(b, v.Policy)
+	b = append(b, `,"rule":`...)
+	b = rawjson.AppendString(b, ruleName(v))
+	b = append(b, `,"action":`...)
+	b = rawjson.AppendString(b, string(v.Action))
+	b = append(b, `,"path":`...)
+	b = rawjson.AppendString(b, v.Path)
+	b = append(b, `,"writer":`...)
+	b = rawjson.AppendString(b, v.Writer)
+	return append(b, '}')
 }

@@ -39,7 +39,14 @@ func skipSpace(data []byte, i int) int {
 
 // Trim drops surrounding white space.
 func Trim(v []byte) []byte {
-	return bytes.TrimFunc(v, func(r rune) bool { return r < 128 && isSpace(byte(r)) })
+	i, j := 0, len(v)
+	for i < j && isSpace(v[i]) {
+		i++
+	}
+	for j > i && isSpace(v[j-1]) {
+		j--
+	}
+	return v[i:j]
 }
 
 // skipString returns the index after the closing quote of the string whose
@@ -497,4 +504,34 @@ func SkipString(data []byte, i int) (int, error) {
 		return 0, syntaxErr(data, i, "expected a string")
 	}
 	return skipString(data, i)
+}
+
+// AppendString appends s as a JSON string. Unlike encoding/json it leaves
+// <, > and & alone: the output is for machines, not HTML.
+func AppendString(dst []byte, s string) []byte {
+	const hex = "0123456789abcdef"
+	dst = append(dst, '"')
+	start := 0
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		if c >= 0x20 && c != '"' && c != '\\' {
+			continue
+		}
+		dst = append(dst, s[start:i]...)
+		switch c {
+		case '"', '\\':
+			dst = append(dst, '\\', c)
+		case '\n':
+			dst = append(dst, '\\', 'n')
+		case '\r':
+			dst = append(dst, '\\', 'r')
+		case '\t':
+			dst = append(dst, '\\', 't')
+		default:
+			dst = append(dst, '\\', 'u', '0', '0', hex[c>>4], hex[c&0xf])
+		}
+		start = i + 1
+	}
+	dst = append(dst, s[start:]...)
+	return append(dst, '"')
 }

@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"errors"
 	"testing"
+	"unicode/utf8"
 )
 
 func TestSkip(t *testing.T) {
@@ -115,5 +116,23 @@ func FuzzSkip(f *testing.F) {
 			})
 		}
 		_ = Equal(data, data)
+	})
+}
+
+// FuzzAppendString checks the hand-written string encoder against
+// encoding/json: what it writes decodes back to the same string.
+func FuzzAppendString(f *testing.F) {
+	for _, s := range []string{"", "plain", "q\"b\\n\n\t\r\x00\x1f<&>", "ü€"} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, s string) {
+		if !utf8.ValidString(s) {
+			return // encoding/json would replace invalid bytes; policies hold valid UTF-8
+		}
+		out := AppendString(nil, s)
+		var back string
+		if err := json.Unmarshal(out, &back); err != nil || back != s {
+			t.Fatalf("%q encoded as %s decodes to %q, %v", s, out, back, err)
+		}
 	})
 }
