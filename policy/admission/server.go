@@ -228,10 +228,14 @@ func notifyReady(ctx context.Context, ready func() error, fn func()) {
 func probeMux(reg *prometheus.Registry, ready func() error) *http.ServeMux {
 	mux := http.NewServeMux()
 	mux.Handle("/metrics", promhttp.HandlerFor(prometheus.Gatherers{reg, ctrlmetrics.Registry}, promhttp.HandlerOpts{}))
-	mux.Handle("/healthz", &healthz.Handler{Checks: map[string]healthz.Checker{"ping": healthz.Ping}})
-	mux.Handle("/readyz", &healthz.Handler{Checks: map[string]healthz.Checker{
-		"webhook": func(*http.Request) error { return ready() },
-	}})
+	// healthz.Handler reads the check name from the path below its mount point.
+	for path, h := range map[string]*healthz.Handler{
+		"/healthz": {Checks: map[string]healthz.Checker{"ping": healthz.Ping}},
+		"/readyz":  {Checks: map[string]healthz.Checker{"webhook": func(*http.Request) error { return ready() }}},
+	} {
+		mux.Handle(path, http.StripPrefix(path, h))
+		mux.Handle(path+"/", http.StripPrefix(path, h))
+	}
 	return mux
 }
 

@@ -1,0 +1,161 @@
+package admission
+
+import (
+	"bytes"
+	"context"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/tls"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"encoding/pem"
+	"io"
+	"log/slog"
+	"math/big"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+)
+
+func writeCert(t *testing.T, dir string) {
+	t.Helper()
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tmpl := &x509.Certificate{
+		SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "stampguard-test"},
+		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour),
+		IPAddresses: []net.IP{net.ParseIP("127.0.0.1")}, KeyUsage: x509.KeyUsageDigitalSignature,
+		ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
+	}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	kb, err := x509.MarshalECPrivateKey(key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for name, block := range map[string]*pem.Block{"tls.crt": {Type: "CERTIFICATE", Bytes: der}, "tls.key": {Type: "EC PRIVATE KEY", Bytes: kb}} {
+		if err := os.WriteFile(filepath.Join(dir, name), pem.EncodeToMemory(block), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+func freePort(t *testing.T) int {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	return ln.Addr().(*net.TCPAddr).Port
+}
+
+const filePolicy = `apiVersion: stampguard.dev/v1alpha1
+kind: ConcurrencyPolicy
+metadata: {name: deployments}
+spec:
+  match: {resources: [{group: apps, resource: deployments}]}
+  requireResourceVersion: true
+`
+
+// TestRunFileMode starts the whole webhook process logic in file mode: TLS
+// admission endpoints, probes and metrics, and a graceful stop.
+func TestRunFileMode(t *testing.T) {
+	dir := t.TempDir()
+	writeCert(t, dir)
+	file := filepath.Join(dir, "policies.yaml")
+	if err := os.WriteFile(file, []byte(filePolicy), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	port, probePort := freePort(t), freePort(t)
+	ctx2, cancel := context.WithCancel(t.Context())
+	defer cancel()
+	ready := make(chan string, 1)
+	done := make(chan error, 1)
+	go func() {
+		done <- Run(ctx2, Options{
+			Host: "127.0.0.1", Port: port, CertDir: dir, ProbeAddr: "127.0.0.1:" + strconv.Itoa(probePort),
+			PolicyFile: file, Logger: slog.New(slog.DiscardHandler), Ready: func(a string) { ready <- a },
+		})
+	}()
+	select {
+	case <-ready:
+	case err := <-done:
+		t.Fatalf("Run: %v", err)
+	case <-time.After(30 * time.Second):
+		t.Fatal("not ready after 30s")
+	}
+	probe := "http://127.0.0.1:" + strconv.Itoa(probePort)
+	for _, path := range []string{"/healthz", "/readyz"} {
+		resp, err := http.Get(probe + path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		if resp.StatusCode != 200 {
+			t.Fatalf("%s: HTTP %d", path, resp.StatusCode)
+		}
+	}
+
+	// A stampless update through TLS is refused by the file's policy.
+	cur := bigDeployment(3, "x", "a")
+	cur.ResourceVersion = ""
+	body := updateReview(t, "alice", bigDeployment(3, "x", "a"), cur)
+	client := &http.Client{Transport: &http.Transport{TLSClientConfig: &tls.Config{InsecureSkipVerify: true}}} //nolint:gosec // a test certificate
+	resp, err := client.Post("https://127.0.0.1:"+strconv.Itoa(port)+StampPath, "application/json", bytes.NewReader(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	answer, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if !strings.Contains(string(answer), `"allowed":false`) || !strings.Contains(string(answer), `ConcurrencyPolicy \"deployments\"`) {
+		t.Fatalf("answer %s", answer)
+	}
+
+	resp, err = http.Get(probe + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	metrics, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	for _, want := range []string{
+		`stampguard_policies{state="ready"} 1`,
+		`stampguard_admission_requests_total{endpoint="stamp"} 1`,
+		`stampguard_admission_decisions_total{action="Deny",endpoint="stamp",outcome="denied",policy="deployments",rule="stamp-missing"} 1`,
+	} {
+		if !strings.Contains(string(metrics), want) {
+			t.Errorf("metrics lack %s", want)
+		}
+	}
+
+	cancel()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatalf("Run after cancel: %v", err)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("Run did not stop")
+	}
+}
+
+func TestRunRefusesABadPolicyFile(t *testing.T) {
+	file := filepath.Join(t.TempDir(), "bad.yaml")
+	if err := os.WriteFile(file, []byte(strings.Replace(filePolicy, "requireResourceVersion: true", "immutableFields: [{path: 'spec..x'}]", 1)), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	err := Run(t.Context(), Options{PolicyFile: file, ProbeAddr: "0", Logger: slog.New(slog.DiscardHandler)})
+	if err == nil || !strings.Contains(err.Error(), file) || !strings.Contains(err.Error(), "spec.immutableFields[0].path") {
+		t.Fatalf("want an error naming the file and the field, got %v", err)
+	}
+}
