@@ -23,14 +23,14 @@ import (
 	"time"
 )
 
-func writeCert(t *testing.T, dir string) {
+func writeCert(t *testing.T, dir string, serial int64) {
 	t.Helper()
 	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 	if err != nil {
 		t.Fatal(err)
 	}
 	tmpl := &x509.Certificate{
-		SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "stampguard-test"},
+		SerialNumber: big.NewInt(serial), Subject: pkix.Name{CommonName: "stampguard-test"},
 		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour),
 		IPAddresses: []net.IP{net.ParseIP("127.0.0.1")}, KeyUsage: x509.KeyUsageDigitalSignature,
 		ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
@@ -72,7 +72,7 @@ spec:
 // admission endpoints, probes and metrics, and a graceful stop.
 func TestRunFileMode(t *testing.T) {
 	dir := t.TempDir()
-	writeCert(t, dir)
+	writeCert(t, dir, 1)
 	file := filepath.Join(dir, "policies.yaml")
 	if err := os.WriteFile(file, []byte(filePolicy), 0o600); err != nil {
 		t.Fatal(err)
@@ -136,6 +136,27 @@ func TestRunFileMode(t *testing.T) {
 		if !strings.Contains(string(metrics), want) {
 			t.Errorf("metrics lack %s", want)
 		}
+	}
+
+	// Certificates are reloaded when they change on disk.
+	servedSerial := func() int64 {
+		conn, err := tls.Dial("tcp", "127.0.0.1:"+strconv.Itoa(port), &tls.Config{InsecureSkipVerify: true}) //nolint:gosec // a test certificate
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer conn.Close()
+		return conn.ConnectionState().PeerCertificates[0].SerialNumber.Int64()
+	}
+	if got := servedSerial(); got != 1 {
+		t.Fatalf("serving certificate %d, want 1", got)
+	}
+	writeCert(t, dir, 2)
+	deadline := time.Now().Add(30 * time.Second)
+	for servedSerial() != 2 {
+		if time.Now().After(deadline) {
+			t.Fatal("the new certificate was not served within 30s")
+		}
+		time.Sleep(200 * time.Millisecond)
 	}
 
 	cancel()
