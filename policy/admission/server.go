@@ -16,7 +16,9 @@ import (
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
 	"k8s.io/client-go/rest"
+	"k8s.io/utils/ptr"
 	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/controller"
 	"sigs.k8s.io/controller-runtime/pkg/healthz"
 	"sigs.k8s.io/controller-runtime/pkg/manager"
 	ctrlmetrics "sigs.k8s.io/controller-runtime/pkg/metrics"
@@ -152,7 +154,10 @@ func Run(ctx context.Context, o Options) error {
 		if err := mgr.Add(cs); err != nil {
 			return fmt.Errorf("add policy source: %w", err)
 		}
+		// Run may be called more than once in a process (tests, the demo):
+		// controller names need not be unique process-wide.
 		if err := ctrl.NewControllerManagedBy(mgr).Named("concurrencypolicy").
+			WithOptions(controller.Options{SkipNameValidation: ptr.To(true)}).
 			For(&v1alpha1.ConcurrencyPolicy{}).Complete(cs); err != nil {
 			return fmt.Errorf("create policy controller: %w", err)
 		}

@@ -61,6 +61,7 @@ func startWebhookEnv(t testing.TB) *webhookEnv {
 	select {
 	case <-ready:
 	case err := <-done:
+		done <- err // for the cleanup, which waits for Run to end
 		t.Fatalf("webhook failed to start: %v", err)
 	case <-time.After(60 * time.Second):
 		t.Fatal("webhook not ready after 60s")
