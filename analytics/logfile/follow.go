@@ -375,12 +375,12 @@ func (fl *Follower) Next(ctx context.Context) (Line, error) {
 // happened.
 func (fl *Follower) check() (bool, error) {
 	st, err := os.Stat(fl.path)
-	if err != nil && !errors.Is(err, os.ErrNotExist) {
-		return false, fmt.Errorf("stat %s: %w", fl.path, err)
-	}
-	if err != nil {
-		fl.cur.final = true
+	switch {
+	case errors.Is(err, os.ErrNotExist):
+		fl.cur.final = true // renamed away, not yet recreated
 		return true, nil
+	case err != nil:
+		return false, fmt.Errorf("stat %s: %w", fl.path, err)
 	}
 	if id, _ := fileIDOf(st); id != fl.cur.id {
 		fl.cur.final = true

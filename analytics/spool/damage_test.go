@@ -99,12 +99,12 @@ func TestTornTailIsTruncated(t *testing.T) {
 	}{
 		{
 			name: "the last batch cut inside its body keeps the batches before it",
-			tear: func(t *testing.T, w written, path string) { os.Truncate(path, w.ends[2].Offset-10) },
+			tear: func(t *testing.T, w written, path string) { must(t, os.Truncate(path, w.ends[2].Offset-10)) },
 			keep: []int{0, 1},
 		},
 		{
 			name: "the last batch cut inside its header keeps the batches before it",
-			tear: func(t *testing.T, w written, path string) { os.Truncate(path, w.starts(2).Offset+10) },
+			tear: func(t *testing.T, w written, path string) { must(t, os.Truncate(path, w.starts(2).Offset+10)) },
 			keep: []int{0, 1},
 		},
 		{
@@ -322,5 +322,12 @@ func TestDamageFoundWhileReading(t *testing.T) {
 				t.Fatalf("End = %v, want %v", b.End, ends[2])
 			}
 		})
+	}
+}
+
+func must(t *testing.T, err error) {
+	t.Helper()
+	if err != nil {
+		t.Fatal(err)
 	}
 }

@@ -351,7 +351,7 @@ func (s *Spool) recoverSegment(seq uint64, cp Position, last bool) (*segment, in
 		if at, _ := nextIntact(rest, 0); at >= 0 {
 			skip = int64(at)
 		}
-		s.log.Error("skipping damaged spool data", "err", cerr, "skipped_bytes", skip)
+		s.log.Error("skipping damaged spool data", "err", cerr, "skippedBytes", skip)
 		off += skip
 	}
 	return &segment{seq: seq, size: size, sealed: true}, recs, nil
@@ -593,7 +593,6 @@ func (s *Spool) writeGroup(group []*appendReq) ([]segUpdate, error) {
 			}
 			updates = append(updates, segUpdate{seg: s.wseg, size: s.wsize, add: true})
 			groupStart = s.wsize
-			dirty = false
 		}
 		setGroupStart(r.buf, groupStart)
 		if _, err := s.wf.WriteAt(r.buf, s.wsize); err != nil {
@@ -751,7 +750,7 @@ func (s *Spool) readNext(seq uint64, off, size int64) ([][]byte, int64, error) {
 	if at, _ := nextIntact(rest, 0); at >= 0 {
 		skip = int64(at)
 	}
-	s.log.Error("skipping damaged spool data", "err", cerr, "skipped_bytes", skip)
+	s.log.Error("skipping damaged spool data", "err", cerr, "skippedBytes", skip)
 	return nil, off + skip, nil
 }
 
