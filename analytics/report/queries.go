@@ -186,6 +186,11 @@ LIMIT @top`}
 	// object or at a gap longer than @gap_us. Without window functions the
 	// per-object sequence is an array: runs start where a conflict follows
 	// a success, nothing, or a long gap, and a running sum numbers them.
+	// Each conflict then becomes a row with its run number, and a GROUP BY
+	// measures the runs: linear in the sequence, where filtering the
+	// sequence once per run was quadratic on hot objects (5.4 s at 10M).
+	// A loop is resolved when the writer's last success on the object in
+	// the window comes after the loop's last conflict.
 	//
 	// Only (writer, object) pairs with at least @threshold version conflicts
 	// in the window can hold a loop (loopCandidates). Their sequences are
@@ -193,14 +198,14 @@ LIMIT @top`}
 	// the events key, so ClickHouse reads only their granules.
 	QueryRetryLoops = Query{Name: "retry_loops", Title: "Retry loops", SQL: `
 SELECT user, api_group, resource, namespace, name,
-	length(loop_ts) AS conflicts, loop_ts[1] AS first_us, loop_ts[-1] AS last_us,
-	arrayExists((t, k) -> k = 0 AND t > last_us, ts, kinds) AS resolved
+	count() AS conflicts, min(conflict_us) AS first_us, max(conflict_us) AS last_us, any(last_success) > last_us AS resolved
 FROM (
-	SELECT user, api_group, resource, namespace, name, ts, kinds, run,
-		arrayJoin(arrayDistinct(arrayFilter((r, k) -> k = 1, run, kinds))) AS rid,
-		arrayFilter((t, r, k) -> r = rid AND k = 1, ts, run, kinds) AS loop_ts
+	SELECT user, api_group, resource, namespace, name, last_success,
+		arrayJoin(arrayFilter((x, k) -> k = 1, arrayMap((ct, cr) -> (ct, cr), ts, run), kinds)) AS conflict,
+		tupleElement(conflict, 1) AS conflict_us, tupleElement(conflict, 2) AS rid
 	FROM (
 		SELECT user, api_group, resource, namespace, name, ts, kinds,
+			arrayReduce('max', arrayFilter((st, sk) -> sk = 0, ts, kinds)) AS last_success,
 			arrayCumSum(arrayMap((k, pk, t, pt) -> toUInt64(k = 1 AND (pk = 0 OR t - pt > @gap_us)),
 				kinds, arrayPushFront(arrayPopBack(kinds), toUInt8(0)), ts, arrayPushFront(arrayPopBack(ts), toUInt64(0)))) AS run
 		FROM (
@@ -216,7 +221,8 @@ FROM (
 		)
 	)
 )
-WHERE conflicts >= @threshold
+GROUP BY user, api_group, resource, namespace, name, rid
+HAVING conflicts >= @threshold
 ORDER BY conflicts DESC, user, api_group, resource, namespace, name, first_us
 LIMIT @top`}
 
