@@ -111,6 +111,71 @@ var Migrations = []Migration{
 			ORDER BY (cluster, received_us, raw_hash)`,
 		},
 	},
+	{
+		Version: 2,
+		Name:    "request_rollup: hourly request counters for the report",
+		Statements: []string{
+			// Hourly counters per object and writer, one row per request
+			// (ResponseComplete or Panic, no dry runs), with each 409
+			// classified once. The expressions are those of
+			// analytics/report/queries.go (a test there checks they did not
+			// drift). LowCardinality columns keep the types of events: a view
+			// cannot convert them on 18.16. Retention: its day partitions are
+			// not yet in retentionTables; drop them with those of events.
+			`CREATE TABLE IF NOT EXISTS {db}.request_rollup (
+				event_date                    Date,
+				hour                          DateTime,
+				cluster                       LowCardinality(String),
+				api_group                     LowCardinality(String),
+				resource                      LowCardinality(String),
+				namespace                     LowCardinality(String),
+				name                          String,
+				writer                        LowCardinality(String),
+				requests                      UInt64,
+				write_attempts                UInt64,
+				version_conflicts             UInt64,
+				write_version_conflicts       UInt64,
+				field_conflicts               UInt64,
+				already_exists                UInt64,
+				delete_precondition_conflicts UInt64,
+				stampless_updates             UInt64,
+				other_conflicts               UInt64,
+				gone                          UInt64
+			) ENGINE = SummingMergeTree()
+			PARTITION BY event_date
+			ORDER BY (cluster, hour, api_group, resource, namespace, name, writer)`,
+			`CREATE MATERIALIZED VIEW IF NOT EXISTS {db}.request_rollup_mv TO {db}.request_rollup AS
+			SELECT event_date, toDateTime(intDiv(event_time_us, 3600000000) * 3600) AS hour,
+				cluster, api_group, resource, namespace, name, writer,
+				count() AS requests,
+				countIf((verb IN ('create', 'update', 'patch', 'delete', 'deletecollection') AND api_group NOT IN ('authentication.k8s.io', 'authorization.k8s.io')) AS is_write) AS write_attempts,
+				countIf((multiIf(code != 409, '',
+						has(cause_reasons, 'FieldManagerConflict'), 'field',
+						reason = 'AlreadyExists', 'already_exists',
+						reason = 'Conflict' AND position(message, 'the object has been modified; please apply your changes to the latest version and try again') > 0, 'version',
+						reason = 'Conflict' AND verb IN ('delete', 'deletecollection') AND match(message, '(UID|ResourceVersion) in the precondition .* does not match'), 'delete_precondition',
+						'other') AS class) = 'version') AS version_conflicts,
+				countIf(is_write AND class = 'version') AS write_version_conflicts,
+				countIf(class = 'field') AS field_conflicts,
+				countIf(class = 'already_exists') AS already_exists,
+				countIf(class = 'delete_precondition') AS delete_precondition_conflicts,
+				countIf(verb = 'update' AND code >= 200 AND code < 300 AND stamp = '') AS stampless_updates,
+				countIf(class = 'other') AS other_conflicts,
+				countIf(code = 410) AS gone
+			FROM {db}.events
+			WHERE stage IN ('ResponseComplete', 'Panic') AND dry_run = 0
+			GROUP BY event_date, hour, cluster, api_group, resource, namespace, name, writer`,
+			// From which hour the rollup holds every event: all hours when
+			// events was empty as the view started, else from two hours after
+			// now (events stored before the view exist only in events). The
+			// report uses the rollup only from max(complete_from).
+			`CREATE TABLE IF NOT EXISTS {db}.request_rollup_epoch (
+				complete_from DateTime
+			) ENGINE = MergeTree() ORDER BY complete_from`,
+			`INSERT INTO {db}.request_rollup_epoch (complete_from)
+			SELECT toDateTime(if(count() = 0, 0, intDiv(toUInt32(now()), 3600) * 3600 + 7200)) FROM {db}.events`,
+		},
+	},
 }
 
 // Tables whose day partitions retention drops.

@@ -38,8 +38,11 @@ func BenchmarkReport(b *testing.B) {
 		b.Fatal(err)
 	}
 	b.Logf("synthesized %d events in %s", n, time.Since(start).Round(time.Millisecond))
-	if err := store.Conn().Exec(ctx, "OPTIMIZE TABLE "+db+".events FINAL"); err != nil {
-		b.Logf("optimize: %v", err)
+	// Merged parts, as background merges leave them after a while.
+	for _, table := range []string{"events", "request_rollup"} {
+		if err := store.Conn().Exec(ctx, "OPTIMIZE TABLE "+db+"."+table+" FINAL"); err != nil {
+			b.Logf("optimize %s: %v", table, err)
+		}
 	}
 	o := Options{Database: db, Cluster: "bench", Since: t0, Until: t0.Add(24 * time.Hour), Top: 10}
 	o.setDefaults()
@@ -50,21 +53,38 @@ func BenchmarkReport(b *testing.B) {
 	if r.Totals.Requests < n*99/100 || r.Totals.VersionConflicts == 0 || len(r.RetryLoops) == 0 || len(r.LeaseHolderChanges) == 0 || len(r.PolicyDecisions) == 0 {
 		b.Fatalf("synthetic data does not exercise every section: %+v, %d loops, %d leases, %d decisions", r.Totals, len(r.RetryLoops), len(r.LeaseHolderChanges), len(r.PolicyDecisions))
 	}
-	b.Run("whole", func(b *testing.B) {
-		for b.Loop() {
-			if _, err := Build(ctx, store.Conn(), o); err != nil {
-				b.Fatal(err)
-			}
-		}
-	})
-	q := querier{ctx: ctx, conn: store.Conn(), db: db, args: o.args()}
-	for _, query := range All {
-		b.Run(query.Name, func(b *testing.B) {
+	var rollupRows uint64
+	if err := store.Conn().QueryRow(ctx, "SELECT count() FROM "+db+".request_rollup").Scan(&rollupRows); err != nil {
+		b.Fatal(err)
+	}
+	b.Logf("request_rollup holds %d rows for %d events", rollupRows, n)
+	// Side by side: the rollup-backed report (whole hours from
+	// request_rollup) and the raw-only computation (NoRollup).
+	for _, mode := range []struct {
+		name string
+		raw  bool
+	}{{"rollup", false}, {"raw", true}} {
+		o := o
+		o.NoRollup = mode.raw
+		b.Run(mode.name+"/whole", func(b *testing.B) {
 			for b.Loop() {
-				if err := q.each(query, func(rows driverRows) error { return nil }); err != nil {
+				if _, err := Build(ctx, store.Conn(), o); err != nil {
 					b.Fatal(err)
 				}
 			}
 		})
+		if !mode.raw {
+			o.rollupFrom, o.rollupTo = rollupHours(o.Since, o.Until, time.Time{})
+		}
+		q := querier{ctx: ctx, conn: store.Conn(), db: db, args: o.args()}
+		for _, query := range All {
+			b.Run(mode.name+"/"+query.Name, func(b *testing.B) {
+				for b.Loop() {
+					if err := q.each(query, func(rows driverRows) error { return nil }); err != nil {
+						b.Fatal(err)
+					}
+				}
+			})
+		}
 	}
 }

@@ -4,13 +4,37 @@ import "strings"
 
 // The analytics SQL is defined here once. The report runs it with the window
 // as bound parameters; the dashboards and alert rules run the same
-// statements with Grafana's time macros in place of {window}. Every
-// statement runs on ClickHouse 18.16 and on current releases: no window
-// functions, no JSONExtract, no toStartOfInterval.
+// statements with Grafana's time macros in place of the window placeholders.
+// Every statement runs on ClickHouse 18.16 and on current releases: no
+// window functions, no JSONExtract, no toStartOfInterval.
 //
-// Placeholders: {db} is the database, {window} the time filter. Bound
-// parameters (client-side, quoted by the driver): @cluster, @namespace,
-// @resource, @user (empty means any), @top, @gap_us, @threshold.
+// Placeholders:
+//   - {db} is the database.
+//   - {window} is the whole window on the raw events table (ReportWindow).
+//     The per-object sequences (retry loops, lease holders) and the policy
+//     decisions read only raw events, over the whole window.
+//   - {raw_window} is the part of the window that the rollup does not answer:
+//     the partial hours at its edges (ReportRawWindow).
+//   - {rollup_window} is the whole hours that request_rollup answers
+//     (ReportRollupWindow).
+//
+// The counting statements (totals, by user, by resource, hot objects,
+// stampless updates) read request_rollup for {rollup_window} UNION ALL the
+// raw events for {raw_window}; the two are disjoint and together make the
+// window, so the sums are exact. A dashboard renders them either raw-only,
+// with {raw_window} = $__timeFilter(event_time) and {rollup_window} = 0, or
+// split, with {rollup_window} = the whole hours of the range on `hour` and
+// {raw_window} = $__timeFilter(event_time) AND NOT (those hours on
+// event_time). The counters of the rollup and of the raw part are generated
+// from one list (counters), and its view's SELECT (migration 2 in
+// analytics/schema.go) repeats them; TestRollupViewMatchesQueries checks it.
+//
+// Bound parameters (client-side, quoted by the driver): @cluster,
+// @namespace, @resource, @user (empty means any), @top, @gap_us,
+// @threshold, @since_us, @until_us, @rollup_from_us, @rollup_to_us.
+//
+// Filters: namespace, resource and writer are columns of the rollup key, so
+// every filter is answered from the rollup; nothing falls back to raw.
 
 // Query is one named analytics statement.
 type Query struct {
@@ -19,9 +43,11 @@ type Query struct {
 	SQL   string
 }
 
-// Render fills in the database and the time filter.
-func (q Query) Render(db, window string) string {
-	return strings.NewReplacer("{db}", db, "{window}", window).Replace(q.SQL)
+// Render fills in the database and the time filters: window for whole-window
+// raw reads, raw for the raw edges of a split window, rollup for its whole
+// hours.
+func (q Query) Render(db, window, raw, rollup string) string {
+	return strings.NewReplacer("{db}", db, "{window}", window, "{raw_window}", raw, "{rollup_window}", rollup).Replace(q.SQL)
 }
 
 // ReportWindow is the report's half-open window [@since_us, @until_us) on
@@ -29,12 +55,23 @@ func (q Query) Render(db, window string) string {
 // that ClickHouse reads only those.
 const ReportWindow = `event_date >= toDate(toDateTime(intDiv(@since_us, 1000000))) AND event_date <= toDate(toDateTime(intDiv(@until_us, 1000000))) AND event_time_us >= @since_us AND event_time_us < @until_us`
 
+// ReportRawWindow is the report's window minus the whole hours
+// [@rollup_from_us, @rollup_to_us) that the rollup answers (both 0 when the
+// rollup answers nothing).
+const ReportRawWindow = ReportWindow + ` AND NOT (event_time_us >= @rollup_from_us AND event_time_us < @rollup_to_us)`
+
+// ReportRollupWindow selects the rollup's whole hours [@rollup_from_us, @rollup_to_us).
+const ReportRollupWindow = `hour >= toDateTime(intDiv(@rollup_from_us, 1000000)) AND hour < toDateTime(intDiv(@rollup_to_us, 1000000))`
+
 // Building blocks, shared by the statements below.
 const (
 	// requests selects each request once: its ResponseComplete event, or
 	// its Panic event. dryRun requests are excluded everywhere.
-	requests = `stage IN ('ResponseComplete', 'Panic') AND dry_run = 0 AND cluster = @cluster AND {window}
-		AND (@namespace = '' OR namespace = @namespace) AND (@resource = '' OR resource = @resource) AND (@user = '' OR writer = @user)`
+	requests = `stage IN ('ResponseComplete', 'Panic') AND dry_run = 0 AND cluster = @cluster AND {window} AND ` + filters
+
+	// filters are the report's narrowing options, on columns that both
+	// events and request_rollup have.
+	filters = `(@namespace = '' OR namespace = @namespace) AND (@resource = '' OR resource = @resource) AND (@user = '' OR writer = @user)`
 
 	// isWrite: a write attempt; the review APIs store nothing.
 	isWrite = `verb IN ('create', 'update', 'patch', 'delete', 'deletecollection') AND api_group NOT IN ('authentication.k8s.io', 'authorization.k8s.io')`
@@ -61,46 +98,87 @@ const (
 		FROM {db}.events WHERE ` + requests + `)`
 )
 
+// counters are request_rollup's columns and what each counts per request,
+// over the columns of classified plus is_write. The rollup's view sums them
+// per hour, object and writer; the raw part of a split window yields them
+// per event (0 or 1).
+var counters = []struct{ name, cond string }{
+	{"requests", "1"},
+	{"write_attempts", "is_write"},
+	{"version_conflicts", "class = 'version'"},
+	{"write_version_conflicts", "is_write AND class = 'version'"},
+	{"field_conflicts", "class = 'field'"},
+	{"already_exists", "class = 'already_exists'"},
+	{"delete_precondition_conflicts", "class = 'delete_precondition'"},
+	{"stampless_updates", "verb = 'update' AND " + isSuccess + " AND stamp = ''"},
+	{"other_conflicts", "class = 'other'"},
+	{"gone", "code = 410"},
+}
+
+// counted is the window's requests as counter rows: request_rollup's whole
+// hours UNION ALL one row per raw event at the edges. Sum the counters.
+var counted = func() string {
+	var names, raw []string
+	for _, c := range counters {
+		names = append(names, c.name)
+		raw = append(raw, "toUInt64("+c.cond+") AS "+c.name)
+	}
+	return `(
+	SELECT api_group, resource, namespace, name, writer, ` + strings.Join(names, ", ") + `
+	FROM {db}.request_rollup
+	WHERE cluster = @cluster AND {rollup_window} AND ` + filters + `
+	UNION ALL
+	SELECT api_group, resource, namespace, name, writer, ` + strings.Join(raw, ", ") + `
+	FROM (SELECT writer, api_group, resource, namespace, name, verb, code, stamp, ` + conflictClass + ` AS class, ` + isWrite + ` AS is_write
+		FROM {db}.events
+		PREWHERE {raw_window}
+		WHERE stage IN ('ResponseComplete', 'Panic') AND dry_run = 0 AND cluster = @cluster AND ` + filters + `)
+)`
+}()
+
+// loopCandidates are the (writer, object) pairs with at least @threshold
+// version conflicts among their write attempts in the window. PREWHERE on
+// code reads one small column of the window first.
+const loopCandidates = `(
+	SELECT api_group, resource, namespace, name, writer FROM {db}.events
+	PREWHERE code = 409
+	WHERE ` + requests + ` AND ` + isWrite + ` AND ` + versionConflict + `
+	GROUP BY api_group, resource, namespace, name, writer HAVING count() >= @threshold)`
+
 // Queries, in report order.
 var (
 	QueryTotals = Query{Name: "totals", Title: "Totals", SQL: `
-SELECT
-	count() AS requests,
-	countIf(` + isWrite + `) AS write_attempts,
-	countIf(class = 'version') AS version_conflicts,
-	countIf(class = 'field') AS field_conflicts,
-	countIf(class = 'already_exists') AS already_exists,
-	countIf(class = 'delete_precondition') AS delete_precondition_conflicts,
-	countIf(verb = 'update' AND ` + isSuccess + ` AND stamp = '') AS stampless_updates,
-	countIf(class = 'other') AS other_conflicts,
-	countIf(code = 410) AS gone
-FROM ` + classified}
+SELECT sum(requests), sum(write_attempts), sum(version_conflicts), sum(field_conflicts), sum(already_exists),
+	sum(delete_precondition_conflicts), sum(stampless_updates), sum(other_conflicts), sum(gone)
+FROM ` + counted}
 
 	QueryConflictsByUser = Query{Name: "conflicts_by_user", Title: "Version conflicts by writer", SQL: `
-SELECT writer AS user, count() AS write_attempts, countIf(class = 'version') AS version_conflicts
-FROM ` + classified + `
-WHERE ` + isWrite + `
+SELECT writer AS user, sum(write_attempts) AS attempts, sum(write_version_conflicts) AS conflicts
+FROM ` + counted + `
+WHERE write_attempts > 0
 GROUP BY user
-ORDER BY version_conflicts DESC, write_attempts DESC, user ASC
+ORDER BY conflicts DESC, attempts DESC, user ASC
 LIMIT @top`}
 
 	QueryConflictsByResource = Query{Name: "conflicts_by_resource", Title: "Version conflicts by resource", SQL: `
-SELECT api_group, resource, count() AS write_attempts, countIf(class = 'version') AS version_conflicts
-FROM ` + classified + `
-WHERE ` + isWrite + `
+SELECT api_group, resource, sum(write_attempts) AS attempts, sum(write_version_conflicts) AS conflicts
+FROM ` + counted + `
+WHERE write_attempts > 0
 GROUP BY api_group, resource
-ORDER BY version_conflicts DESC, write_attempts DESC, api_group ASC, resource ASC
+ORDER BY conflicts DESC, attempts DESC, api_group ASC, resource ASC
 LIMIT @top`}
 
 	// Grouping by a hash of the object, not by its four strings, keeps the
-	// per-object aggregation cheap; any() recovers the names.
+	// per-object aggregation cheap; any() recovers the names. A writer is
+	// distinct on an object when one of its counter rows there has a write
+	// attempt.
 	QueryHotObjects = Query{Name: "hot_objects", Title: "Hot objects", SQL: `
 SELECT any(api_group) AS g, any(resource) AS r, any(namespace) AS ns, any(name) AS n,
-	count() AS write_attempts, uniqExact(writer) AS distinct_writers, countIf(class = 'version') AS version_conflicts
-FROM ` + classified + `
-WHERE ` + isWrite + `
+	sum(write_attempts) AS attempts, uniqExact(writer) AS distinct_writers, sum(write_version_conflicts) AS conflicts
+FROM ` + counted + `
+WHERE write_attempts > 0
 GROUP BY cityHash64(api_group, resource, namespace, name)
-ORDER BY version_conflicts DESC, distinct_writers DESC, write_attempts DESC, g, r, ns, n
+ORDER BY conflicts DESC, distinct_writers DESC, attempts DESC, g, r, ns, n
 LIMIT @top`}
 
 	// QueryRetryLoops finds maximal runs of version conflicts by one writer
@@ -108,41 +186,50 @@ LIMIT @top`}
 	// object or at a gap longer than @gap_us. Without window functions the
 	// per-object sequence is an array: runs start where a conflict follows
 	// a success, nothing, or a long gap, and a running sum numbers them.
+	// Each conflict then becomes a row with its run number, and a GROUP BY
+	// measures the runs: linear in the sequence, where filtering the
+	// sequence once per run was quadratic on hot objects (5.4 s at 10M).
+	// A loop is resolved when the writer's last success on the object in
+	// the window comes after the loop's last conflict.
+	//
+	// Only (writer, object) pairs with at least @threshold version conflicts
+	// in the window can hold a loop (loopCandidates). Their sequences are
+	// read with the candidates in PREWHERE: (cluster, object) is a prefix of
+	// the events key, so ClickHouse reads only their granules.
 	QueryRetryLoops = Query{Name: "retry_loops", Title: "Retry loops", SQL: `
 SELECT user, api_group, resource, namespace, name,
-	length(loop_ts) AS conflicts, loop_ts[1] AS first_us, loop_ts[-1] AS last_us,
-	arrayExists((t, k) -> k = 0 AND t > last_us, ts, kinds) AS resolved
+	count() AS conflicts, min(conflict_us) AS first_us, max(conflict_us) AS last_us, any(last_success) > last_us AS resolved
 FROM (
-	SELECT user, api_group, resource, namespace, name, ts, kinds, run,
-		arrayJoin(arrayDistinct(arrayFilter((r, k) -> k = 1, run, kinds))) AS rid,
-		arrayFilter((t, r, k) -> r = rid AND k = 1, ts, run, kinds) AS loop_ts
+	SELECT user, api_group, resource, namespace, name, last_success,
+		arrayJoin(arrayFilter((x, k) -> k = 1, arrayMap((ct, cr) -> (ct, cr), ts, run), kinds)) AS conflict,
+		tupleElement(conflict, 1) AS conflict_us, tupleElement(conflict, 2) AS rid
 	FROM (
 		SELECT user, api_group, resource, namespace, name, ts, kinds,
+			arrayReduce('max', arrayFilter((st, sk) -> sk = 0, ts, kinds)) AS last_success,
 			arrayCumSum(arrayMap((k, pk, t, pt) -> toUInt64(k = 1 AND (pk = 0 OR t - pt > @gap_us)),
 				kinds, arrayPushFront(arrayPopBack(kinds), toUInt8(0)), ts, arrayPushFront(arrayPopBack(ts), toUInt64(0)))) AS run
 		FROM (
 			SELECT writer AS user, api_group, resource, namespace, name,
-				arraySort(groupArray((event_time_us, toUInt8(class = 'version')))) AS seq,
+				arraySort(groupArray((event_time_us, toUInt8(version)))) AS seq,
 				arrayMap(x -> tupleElement(x, 1), seq) AS ts,
 				arrayMap(x -> tupleElement(x, 2), seq) AS kinds
-			FROM ` + classified + `
-			WHERE ` + isWrite + ` AND (class = 'version' OR ` + isSuccess + `)
-				AND (writer, cityHash64(api_group, resource, namespace, name)) IN (
-					SELECT writer, cityHash64(api_group, resource, namespace, name) AS object FROM {db}.events
-					WHERE ` + requests + ` AND ` + versionConflict + `
-					GROUP BY writer, object HAVING count() >= @threshold)
+			FROM (SELECT writer, api_group, resource, namespace, name, event_time_us, ` + versionConflict + ` AS version
+				FROM {db}.events
+				PREWHERE cluster = @cluster AND (api_group, resource, namespace, name, writer) IN ` + loopCandidates + `
+				WHERE ` + requests + ` AND ` + isWrite + ` AND (version OR ` + isSuccess + `))
 			GROUP BY user, api_group, resource, namespace, name
 		)
 	)
 )
-WHERE conflicts >= @threshold
+GROUP BY user, api_group, resource, namespace, name, rid
+HAVING conflicts >= @threshold
 ORDER BY conflicts DESC, user, api_group, resource, namespace, name, first_us
 LIMIT @top`}
 
 	QueryStamplessUpdates = Query{Name: "stampless_updates", Title: "Stampless updates", SQL: `
-SELECT writer AS user, api_group, resource, namespace, name, count() AS count
-FROM {db}.events
-WHERE ` + requests + ` AND verb = 'update' AND ` + isSuccess + ` AND stamp = ''
+SELECT writer AS user, api_group, resource, namespace, name, sum(stampless_updates) AS count
+FROM ` + counted + `
+WHERE stampless_updates > 0
 GROUP BY user, api_group, resource, namespace, name
 ORDER BY count DESC, user, api_group, resource, namespace, name
 LIMIT @top`}
@@ -174,7 +261,8 @@ FROM (
 		splitByChar('/', tupleElement(kv, 1))[2] AS kind,
 		arrayJoin(extractAll(tupleElement(kv, 2), '\\{[^{}]*\\}')) AS entry
 	FROM {db}.events
-	WHERE ` + requests + ` AND notEmpty(annotation_keys)
+	PREWHERE notEmpty(annotation_keys)
+	WHERE ` + requests + `
 )
 GROUP BY policy, kind, action
 ORDER BY count DESC, policy, kind, action

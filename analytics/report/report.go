@@ -26,6 +26,15 @@ type Options struct {
 	LoopGap time.Duration
 	// LoopThreshold is the fewest conflicts that make a retry loop. Defaults to 5.
 	LoopThreshold int
+	// NoRollup computes every count from the raw events table, for
+	// verification and benchmarks. By default the whole hours of the
+	// window come from request_rollup and only the partial hours at its
+	// edges from events; both give the same numbers.
+	NoRollup bool
+
+	// rollupFrom and rollupTo are the whole hours [rollupFrom, rollupTo)
+	// that request_rollup answers; both zero when it answers nothing.
+	rollupFrom, rollupTo time.Time
 }
 
 func (o *Options) setDefaults() {
@@ -58,6 +67,13 @@ func Build(ctx context.Context, conn driver.Conn, o Options) (*Report, error) {
 		return nil, err
 	}
 	r := &Report{Window: Window{Since: o.Since.UTC().Format(TimeFormat), Until: o.Until.UTC().Format(TimeFormat)}}
+	if !o.NoRollup {
+		var complete time.Time
+		if err := conn.QueryRow(ctx, "SELECT max(complete_from) FROM "+o.Database+".request_rollup_epoch").Scan(&complete); err != nil {
+			return nil, fmt.Errorf("read rollup epoch: %w", err)
+		}
+		o.rollupFrom, o.rollupTo = rollupHours(o.Since, o.Until, complete)
+	}
 	q := querier{ctx: ctx, conn: conn, db: o.Database, args: o.args()}
 
 	t := &r.Totals
@@ -130,9 +146,40 @@ func Build(ctx context.Context, conn driver.Conn, o Options) (*Report, error) {
 	return r, nil
 }
 
+// rollupHours are the whole UTC hours inside [since, until) from complete
+// on, as [from, to); both zero when there is none.
+func rollupHours(since, until, complete time.Time) (from, to time.Time) {
+	from = since.UTC().Truncate(time.Hour)
+	if from.Before(since) {
+		from = from.Add(time.Hour)
+	}
+	c := complete.UTC().Truncate(time.Hour)
+	if c.Before(complete) {
+		c = c.Add(time.Hour)
+	}
+	if from.Before(c) {
+		from = c
+	}
+	to = until.UTC().Truncate(time.Hour)
+	if !from.Before(to) {
+		return time.Time{}, time.Time{}
+	}
+	return from, to
+}
+
+// micros is t in Unix microseconds, 0 for the zero time.
+func micros(t time.Time) uint64 {
+	if t.IsZero() {
+		return 0
+	}
+	return uint64(t.UnixMicro())
+}
+
 // args binds the options to the queries' parameters.
 func (o *Options) args() []any {
 	return []any{
+		clickhouse.Named("rollup_from_us", micros(o.rollupFrom)),
+		clickhouse.Named("rollup_to_us", micros(o.rollupTo)),
 		clickhouse.Named("cluster", o.Cluster),
 		clickhouse.Named("since_us", uint64(o.Since.UnixMicro())),
 		clickhouse.Named("until_us", uint64(o.Until.UnixMicro())),
@@ -155,7 +202,7 @@ type querier struct {
 }
 
 func (q querier) each(query Query, scan func(driver.Rows) error) error {
-	rows, err := q.conn.Query(q.ctx, query.Render(q.db, ReportWindow), q.args...)
+	rows, err := q.conn.Query(q.ctx, query.Render(q.db, ReportWindow, ReportRawWindow, ReportRollupWindow), q.args...)
 	if err != nil {
 		return fmt.Errorf("query %s: %w", query.Name, err)
 	}

@@ -15,7 +15,10 @@ import (
 // load tests: 10 million rows take seconds, where sending them from Go
 // would take minutes.
 //
-// The mix: 60 % reads; writes are updates, patches, creates and deletes; 2 %
+// The mix is skewed the way clusters are (Zipf-like: a uniform draw to the 4th power):
+// a few namespaces and objects take most requests, and 90 % of an object's
+// requests come from its one owning writer (its controller), the rest from
+// writers drawn with the same skew. The mix: 60 % reads; writes are updates, patches, creates and deletes; 2 %
 // of updates are version conflicts, concentrated on a few hundred hot
 // objects with retry runs; 0.5 % of updates are stampless; a slice of the
 // writes renew leases whose holders change now and then; 0.1 % carry a
@@ -39,7 +42,7 @@ SELECT toDate(toDateTime(intDiv(ts, 1000000))), toDateTime(intDiv(ts, 1000000)),
 	cause_reasons, [], 'allow', ann_keys, ann_values, holder, ''
 FROM (
 	SELECT number,
-		intHash64(number + @seed * 1000003) AS h1, intHash64(h1) AS h2, intHash64(h2) AS h3, intHash64(h3) AS h4, intHash64(h4) AS h5,
+		intHash64(number + @seed * 1000003) AS h1, intHash64(h1) AS h2, intHash64(h2) AS h3, intHash64(h3) AS h4, intHash64(h4) AS h5, intHash64(h5) AS h6, intHash64(h6) AS h7,
 		@start_us + intDiv(number * @span_us, @n) AS ts,
 		200 + h5 %% 5000 AS lat,
 		h2 %% 100 AS kind,
@@ -47,10 +50,10 @@ FROM (
 		is_lease,
 		if(is_lease, 'coordination.k8s.io', ['', 'apps', 'batch', 'networking.k8s.io', 'example.com'][1 + h3 %% 5]) AS grp,
 		multiIf(is_lease, 'leases', hot, 'configmaps', ['configmaps', 'secrets', 'deployments', 'jobs', 'ingresses', 'widgets', 'services', 'pods'][1 + h4 %% 8]) AS res,
-		multiIf(is_lease, 'kube-system', hot, 'ns-hot', concat('ns-', toString(h5 %% 100))) AS ns,
-		if(is_lease, concat('lease-', toString(h5 %% 50)), concat('obj-', toString(if(hot, h1 %% 4, h1 %% 1000)))) AS nm,
+		multiIf(is_lease, 'kube-system', hot, 'ns-hot', concat('ns-', toString(toUInt64(pow((h6 %% 1000000) / 1000000, 4) * 20)))) AS ns,
+		if(is_lease, concat('lease-', toString(h5 %% 50)), concat('obj-', toString(if(hot, h1 %% 4, toUInt64(pow((h7 %% 1000000) / 1000000, 4) * 100))))) AS nm,
 		kind >= 95 AND h1 %% 3 = 0 AND NOT hot AS is_lease,
-		concat(if(h2 %% 4 = 0, 'system:serviceaccount:ns-', 'user-'), toString(if(hot, h4 %% 4, h4 %% 200))) AS usr,
+		concat(if(h2 %% 4 = 0, 'system:serviceaccount:ns-', 'user-'), toString(multiIf(hot, h4 %% 4, h4 %% 100 < 90, cityHash64(res, ns, nm) %% 200, toUInt64(pow((h4 %% 1000000) / 1000000, 4) * 200)))) AS usr,
 		multiIf(is_lease, 'update', kind < 40, 'get', kind < 55, 'list', kind < 60, 'watch', kind < 85, 'update', kind < 93, 'patch', kind < 97, 'create', 'delete') AS verb,
 		verb = 'update' AND (hot AND h5 %% 100 < 60 OR h5 %% 1000 < 5) AS conflict,
 		verb = 'list' AND h5 %% 5000 = 0 AS gone,

@@ -1,0 +1,278 @@
+package report
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"reflect"
+	"regexp"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/ClickHouse/clickhouse-go/v2/lib/driver"
+	"github.com/stampguard/stampguard/analytics"
+	"github.com/stampguard/stampguard/internal/chtest"
+)
+
+var spaces = regexp.MustCompile(`\s+`)
+
+func squash(s string) string { return strings.TrimSpace(spaces.ReplaceAllString(s, " ")) }
+
+// The rollup's view repeats the classification and the counters of
+// queries.go (package analytics cannot import this one); this keeps them
+// from drifting apart.
+func TestRollupViewMatchesQueries(t *testing.T) {
+	var view string
+	for _, m := range analytics.Migrations {
+		for _, st := range m.Statements {
+			if strings.Contains(st, "request_rollup_mv") {
+				view = squash(st)
+			}
+		}
+	}
+	if view == "" {
+		t.Fatal("no migration creates request_rollup_mv")
+	}
+	want := []string{
+		squash(conflictClass) + " AS class",
+		"(" + squash(isWrite) + ") AS is_write",
+		"WHERE stage IN ('ResponseComplete', 'Panic') AND dry_run = 0",
+		"count() AS requests",
+	}
+	for _, c := range counters[3:] {
+		want = append(want, "countIf("+squash(c.cond)+") AS "+c.name)
+	}
+	for _, w := range want {
+		if !strings.Contains(view, w) {
+			t.Errorf("the rollup view lacks %q", w)
+		}
+	}
+}
+
+func TestRollupHours(t *testing.T) {
+	h := func(m int) time.Time { return t0.Add(time.Duration(m) * time.Minute) }
+	cases := []struct {
+		since, until, complete time.Time
+		from, to               time.Time
+	}{
+		{h(0), h(60), time.Time{}, h(0), h(60)},
+		{h(1), h(179), time.Time{}, h(60), h(120)},
+		{h(1), h(119), time.Time{}, time.Time{}, time.Time{}},
+		{h(0), h(59), time.Time{}, time.Time{}, time.Time{}},
+		{h(0).Add(time.Microsecond), h(240), h(90), h(120), h(240)},
+		{h(0), h(240), h(240), time.Time{}, time.Time{}},
+	}
+	for _, c := range cases {
+		from, to := rollupHours(c.since, c.until, c.complete)
+		if !from.Equal(c.from) || !to.Equal(c.to) {
+			t.Errorf("rollupHours(%s, %s, %s) = [%s, %s), want [%s, %s)", c.since, c.until, c.complete, from, to, c.from, c.to)
+		}
+	}
+}
+
+// randomRows are skewed audit rows over [t0-1h, t0+5h): a few writers and
+// objects take most writes, with every kind of 409, stampless updates,
+// expired lists, leases, dry runs, other stages and another cluster.
+func randomRows(seed uint64, n int) []analytics.Row {
+	rnd := rand.New(rand.NewPCG(seed, 7))
+	zipf := func(k int) int { return int(float64(k) * rnd.Float64() * rnd.Float64() * rnd.Float64()) }
+	s := &scenario{}
+	span := 6 * time.Hour
+	for range n {
+		at := -time.Hour + time.Duration(rnd.Int64N(int64(span/time.Microsecond)))*time.Microsecond
+		user := fmt.Sprintf("user-%d", zipf(12))
+		ns := fmt.Sprintf("ns-%d", zipf(4))
+		name := fmt.Sprintf("obj-%d", zipf(40))
+		res, group := "configmaps", ""
+		if rnd.IntN(3) == 0 {
+			res, group = "deployments", "apps"
+		}
+		verb := []string{"get", "list", "update", "update", "update", "patch", "create", "delete"}[rnd.IntN(8)]
+		code := int32(200)
+		var mod func(*analytics.Row)
+		switch p := rnd.IntN(100); {
+		case verb == "list" && p < 10:
+			code, mod = 410, func(r *analytics.Row) {
+				r.Reason, r.Message = "Expired", "The resourceVersion for the provided list is too old."
+			}
+		case verb == "update" && p < 30:
+			code = 409
+		case verb == "update" && p < 40:
+			mod = func(r *analytics.Row) { r.Stamp = "" }
+		case verb == "patch" && p < 20:
+			code, mod = 409, func(r *analytics.Row) {
+				r.Message, r.CauseReasons, r.CauseFields = `Apply failed with 1 conflict: conflict with "x": .data.x`, []string{"FieldManagerConflict"}, []string{".data.x"}
+			}
+		case verb == "create" && p < 30:
+			code, mod = 409, func(r *analytics.Row) { r.Reason, r.Message = "AlreadyExists", `configmaps "a" already exists` }
+		case verb == "delete" && p < 20:
+			code, mod = 409, func(r *analytics.Row) {
+				r.Message = `Operation cannot be fulfilled: the UID in the precondition (1) does not match the UID in record (2). The object might have been deleted and then recreated`
+			}
+		case p < 3:
+			code, mod = 409, func(r *analytics.Row) { r.Message = "denied by quota-webhook" }
+		case p < 5:
+			mod = func(r *analytics.Row) { r.DryRun = true }
+		case p < 7:
+			mod = func(r *analytics.Row) { r.Stage = analytics.StageRequestReceived }
+		case p < 8:
+			mod = func(r *analytics.Row) { r.Cluster = "c2" }
+		case p < 10:
+			mod = func(r *analytics.Row) { r.ImpersonatedUser = "imp-" + user }
+		}
+		stamp := fmt.Sprint(rnd.IntN(1000))
+		s.add(at, user, verb, group, res, ns, name, code, func(r *analytics.Row) {
+			if verb == "update" {
+				r.Stamp = stamp
+			}
+			if mod != nil {
+				mod(r)
+			}
+		})
+	}
+	return s.rows
+}
+
+// rollupUsed says whether the report over o reads whole hours from the rollup.
+func rollupUsed(o Options) bool {
+	from, _ := rollupHours(o.Since, o.Until, time.Time{})
+	return !from.IsZero()
+}
+
+func assertSameReports(t *testing.T, ctx context.Context, conn driver.Conn, o Options) {
+	t.Helper()
+	rolled, err := Build(ctx, conn, o)
+	if err != nil && !errors.Is(err, ErrNoEvents) {
+		t.Fatalf("rollup report over [%s, %s): %v", o.Since, o.Until, err)
+	}
+	o.NoRollup = true
+	raw, rawErr := Build(ctx, conn, o)
+	if rawErr != nil && !errors.Is(rawErr, ErrNoEvents) {
+		t.Fatalf("raw report over [%s, %s): %v", o.Since, o.Until, rawErr)
+	}
+	if !errors.Is(err, rawErr) || !reflect.DeepEqual(rolled, raw) {
+		t.Errorf("window [%s, %s) filters %q/%q/%q: rollup and raw differ\nrollup %+v\n   raw %+v",
+			o.Since, o.Until, o.Namespace, o.Resource, o.User, rolled, raw)
+	}
+}
+
+func migrated(t *testing.T) (*analytics.Store, string) {
+	srv := chtest.Start(t)
+	db := srv.NewDatabase(t)
+	store, err := analytics.OpenStore(t.Context(), analytics.StoreOptions{DSN: srv.DSN(), Database: db})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { store.Close() })
+	if _, err := store.Migrate(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	return store, db
+}
+
+// TestRollupEqualsRaw proves that the rollup-backed report equals the
+// raw-only computation: on the scenario of TestBuild and on random skewed
+// rows, every batch delivered twice through Store.Insert, over windows that
+// cut hours in the middle at microsecond precision, with and without
+// filters.
+func TestRollupEqualsRaw(t *testing.T) {
+	store, db := migrated(t)
+	ctx := t.Context()
+	rows := append(buildScenario().rows, randomRows(3, 6000)...)
+	rand.New(rand.NewPCG(4, 5)).Shuffle(len(rows), func(i, j int) { rows[i], rows[j] = rows[j], rows[i] })
+	dups := 0
+	for i := 0; i < len(rows); i += 700 {
+		batch := rows[i:min(i+700, len(rows))]
+		for range 2 {
+			res, err := store.Insert(ctx, batch, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			dups += res.Duplicates
+		}
+	}
+	if dups != len(rows) {
+		t.Fatalf("the second deliveries dropped %d duplicates, want %d", dups, len(rows))
+	}
+	var rolled uint64
+	if err := store.Conn().QueryRow(ctx, "SELECT sum(requests) FROM "+db+".request_rollup").Scan(&rolled); err != nil {
+		t.Fatal(err)
+	}
+	var requests uint64
+	if err := store.Conn().QueryRow(ctx, "SELECT count() FROM "+db+".events WHERE stage IN ('ResponseComplete', 'Panic') AND dry_run = 0").Scan(&requests); err != nil {
+		t.Fatal(err)
+	}
+	if rolled != requests || requests == 0 {
+		t.Fatalf("the rollup counts %d requests, events hold %d", rolled, requests)
+	}
+
+	base := Options{Database: db, Cluster: "c1", Top: 1000}
+	windows := [][2]time.Time{
+		{t0, t0.Add(time.Hour)},
+		{t0.Add(-time.Hour), t0.Add(5 * time.Hour)},
+		{t0.Add(35 * time.Second), t0.Add(3*time.Hour + 1)},
+		{t0.Add(-30 * time.Minute), t0.Add(2*time.Hour + time.Microsecond)},
+		{t0.Add(time.Hour - time.Microsecond), t0.Add(2*time.Hour + time.Microsecond)},
+	}
+	rnd := rand.New(rand.NewPCG(8, 9))
+	for range 4 {
+		a := t0.Add(-time.Hour + time.Duration(rnd.Int64N(int64(3*time.Hour/time.Microsecond)))*time.Microsecond)
+		b := a.Add(time.Duration(rnd.Int64N(int64(3*time.Hour/time.Microsecond))) * time.Microsecond)
+		windows = append(windows, [2]time.Time{a, b})
+	}
+	split := 0
+	for _, w := range windows {
+		o := base
+		o.Since, o.Until = w[0], w[1]
+		if rollupUsed(o) {
+			split++
+		}
+		assertSameReports(t, ctx, store.Conn(), o)
+		for _, f := range []Options{{User: "user-0"}, {Namespace: "ns-1", Resource: "deployments"}, {Namespace: "shop", Resource: "configmaps", User: "dave"}} {
+			f.Database, f.Cluster, f.Top, f.Since, f.Until = o.Database, o.Cluster, o.Top, o.Since, o.Until
+			assertSameReports(t, ctx, store.Conn(), f)
+		}
+	}
+	if split < 4 {
+		t.Fatalf("only %d windows read the rollup", split)
+	}
+
+	// The scenario's expectations hold on the rollup path too, over a
+	// window that cuts hours on both sides.
+	o := base
+	o.Since, o.Until = t0.Add(-30*time.Minute), t0.Add(90*time.Minute)
+	o.User = "frank"
+	r, err := Build(ctx, store.Conn(), o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []StamplessUpdates{{User: "frank", Resource: "configmaps", Namespace: "shop", Name: "d", Count: 4}}
+	if !reflect.DeepEqual(r.StamplessUpdates, want) {
+		t.Errorf("stampless: got %+v, want %+v", r.StamplessUpdates, want)
+	}
+}
+
+// TestRollupEqualsRawOnSynthetic compares both paths on the benchmark's
+// generator, over windows cutting hours in the middle.
+func TestRollupEqualsRawOnSynthetic(t *testing.T) {
+	store, db := migrated(t)
+	ctx := t.Context()
+	if err := Synthesize(ctx, store.Conn(), db, "bench", 200_000, 42, t0, 6*time.Hour); err != nil {
+		t.Fatal(err)
+	}
+	base := Options{Database: db, Cluster: "bench", Top: 50}
+	for _, w := range [][2]time.Duration{
+		{0, 6 * time.Hour},
+		{17*time.Minute + 3*time.Microsecond, 4*time.Hour + 59*time.Minute},
+		{90 * time.Minute, 150*time.Minute + 1},
+		{-time.Hour, 3*time.Hour + 30*time.Minute},
+	} {
+		o := base
+		o.Since, o.Until = t0.Add(w[0]), t0.Add(w[1])
+		assertSameReports(t, ctx, store.Conn(), o)
+		o.Resource = "configmaps"
+		assertSameReports(t, ctx, store.Conn(), o)
+	}
+}
