@@ -120,8 +120,8 @@ var Migrations = []Migration{
 			// classified once. The expressions are those of
 			// analytics/report/queries.go (a test there checks they did not
 			// drift). LowCardinality columns keep the types of events: a view
-			// cannot convert them on 18.16. Retention: its day partitions are
-			// not yet in retentionTables; drop them with those of events.
+			// cannot convert them on 18.16. Retention drops its day
+			// partitions with those of events.
 			`CREATE TABLE IF NOT EXISTS {db}.request_rollup (
 				event_date                    Date,
 				hour                          DateTime,
@@ -179,7 +179,7 @@ var Migrations = []Migration{
 }
 
 // Tables whose day partitions retention drops.
-var retentionTables = []string{"events", "event_keys", "dead_letters"}
+var retentionTables = []string{"events", "event_keys", "dead_letters", "request_rollup"}
 
 var dbName = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]*$`)
 

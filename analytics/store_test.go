@@ -223,6 +223,9 @@ func TestRetentionDropsWholeDays(t *testing.T) {
 	if n := count(t, st, "SELECT count() FROM {db}.event_keys"); n != 3 {
 		t.Errorf("%d keys left, want 3", n)
 	}
+	if n := count(t, st, "SELECT toUInt64(sum(requests)) FROM {db}.request_rollup"); n != 3 {
+		t.Errorf("the report rollup counts %d requests after retention, want 3", n)
+	}
 }
 
 func TestBatchRecordRoundTrips(t *testing.T) {
