@@ -92,14 +92,10 @@ const (
 	// versionConflict is class 'version' of conflictClass, on its own: a
 	// cheap filter for queries that need only version conflicts.
 	versionConflict = `code = 409 AND reason = 'Conflict' AND NOT has(cause_reasons, 'FieldManagerConflict') AND position(message, '` + optimisticLock + `') > 0`
-
-	// classified is the request set with its conflict class.
-	classified = `(SELECT writer, api_group, resource, namespace, name, verb, code, stamp, event_time_us, ` + conflictClass + ` AS class
-		FROM {db}.events WHERE ` + requests + `)`
 )
 
 // counters are request_rollup's columns and what each counts per request,
-// over the columns of classified plus is_write. The rollup's view sums them
+// over an event's class (conflictClass) and is_write. The rollup's view sums them
 // per hour, object and writer; the raw part of a split window yields them
 // per event (0 or 1).
 var counters = []struct{ name, cond string }{

@@ -8,6 +8,8 @@ import (
 
 	"github.com/ClickHouse/clickhouse-go/v2"
 	"github.com/ClickHouse/clickhouse-go/v2/lib/driver"
+
+	"github.com/stampguard/stampguard/analytics"
 )
 
 // Options select what the report covers.
@@ -63,7 +65,7 @@ func Build(ctx context.Context, conn driver.Conn, o Options) (*Report, error) {
 	if !o.Since.Before(o.Until) {
 		return nil, fmt.Errorf("empty window: since %s is not before until %s", o.Since.Format(time.RFC3339), o.Until.Format(time.RFC3339))
 	}
-	if err := validDatabase(o.Database); err != nil {
+	if err := analytics.ValidDatabase(o.Database); err != nil {
 		return nil, err
 	}
 	r := &Report{Window: Window{Since: o.Since.UTC().Format(TimeFormat), Until: o.Until.UTC().Format(TimeFormat)}}
@@ -214,18 +216,6 @@ func (q querier) each(query Query, scan func(driver.Rows) error) error {
 	}
 	if err := rows.Err(); err != nil {
 		return fmt.Errorf("query %s: %w", query.Name, err)
-	}
-	return nil
-}
-
-func validDatabase(name string) error {
-	if name == "" {
-		return errors.New("database name is empty")
-	}
-	for _, c := range name {
-		if !(c == '_' || c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9') {
-			return fmt.Errorf("database name %q: want letters, digits and underscores", name)
-		}
 	}
 	return nil
 }

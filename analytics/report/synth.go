@@ -7,6 +7,8 @@ import (
 	"time"
 
 	"github.com/ClickHouse/clickhouse-go/v2/lib/driver"
+
+	"github.com/stampguard/stampguard/analytics"
 )
 
 // Synthesize inserts n realistic audit rows for cluster into db.events,
@@ -24,7 +26,7 @@ import (
 // writes renew leases whose holders change now and then; 0.1 % carry a
 // stampguard annotation; a few lists expire (410).
 func Synthesize(ctx context.Context, conn driver.Conn, db, cluster string, n uint64, seed uint64, start time.Time, span time.Duration) error {
-	if err := validDatabase(db); err != nil {
+	if err := analytics.ValidDatabase(db); err != nil {
 		return err
 	}
 	startUS, spanUS := uint64(start.UnixMicro()), uint64(span.Microseconds())
