@@ -301,11 +301,7 @@ func migrate(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	if err != nil {
 		return err
 	}
-	so, err := c.storeOptions(log)
-	if err != nil {
-		return err
-	}
-	st, err := analytics.OpenStore(ctx, so)
+	st, err := c.open(ctx, log)
 	if err != nil {
 		return err
 	}
@@ -328,12 +324,17 @@ func migrate(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	return err
 }
 
-func openMigrated(ctx context.Context, c *common, log *slog.Logger) (*analytics.Store, error) {
+// open connects to the store the flags name.
+func (c *common) open(ctx context.Context, log *slog.Logger) (*analytics.Store, error) {
 	so, err := c.storeOptions(log)
 	if err != nil {
 		return nil, err
 	}
-	st, err := analytics.OpenStore(ctx, so)
+	return analytics.OpenStore(ctx, so)
+}
+
+func openMigrated(ctx context.Context, c *common, log *slog.Logger) (*analytics.Store, error) {
+	st, err := c.open(ctx, log)
 	if err != nil {
 		return nil, err
 	}

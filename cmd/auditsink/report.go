@@ -8,7 +8,6 @@ import (
 	"io"
 	"time"
 
-	"github.com/stampguard/stampguard/analytics"
 	"github.com/stampguard/stampguard/analytics/report"
 )
 
@@ -37,7 +36,7 @@ func reportCmd(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	}
 	now := time.Now().UTC()
 	o := report.Options{
-		Cluster: c.cluster, Top: *top, Namespace: *namespace, Resource: *resource, User: *user,
+		Cluster: clusterOr(c.cluster), Top: *top, Namespace: *namespace, Resource: *resource, User: *user,
 		LoopGap: *loopGap, LoopThreshold: *loopThreshold, Until: now,
 	}
 	var err error
@@ -53,11 +52,7 @@ func reportCmd(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	if err != nil {
 		return err
 	}
-	so, err := c.storeOptions(log)
-	if err != nil {
-		return err
-	}
-	st, err := analytics.OpenStore(ctx, so)
+	st, err := c.open(ctx, log)
 	if err != nil {
 		return err
 	}
