@@ -4,14 +4,14 @@ import (
 	"fmt"
 	"testing"
 	"time"
+
+	"github.com/stampguard/stampguard/internal/testenv"
 )
 
 // BenchmarkStoreInsert inserts batches of 20,000 fresh rows (dedup lookup
 // included) and reports rows/s, and separately the lookup alone.
 func BenchmarkStoreInsert(b *testing.B) {
-	if testing.Short() {
-		b.Skip("starts clickhouse-server")
-	}
+	testenv.SkipIfShort(b, "starts clickhouse-server")
 	srv := chtestStart(b)
 	db := srv.NewDatabase(b)
 	st, err := OpenStore(b.Context(), StoreOptions{DSN: srv.DSN(), Database: db})

@@ -16,15 +16,15 @@ import (
 	"time"
 
 	"github.com/stampguard/stampguard/internal/chtest"
+
+	"github.com/stampguard/stampguard/internal/testenv"
 )
 
 // newStore starts (once per test binary) a ClickHouse server and returns a
 // migrated store on a fresh database.
 func newStore(t *testing.T, keepRaw bool) (*Store, *chtest.Server) {
 	t.Helper()
-	if testing.Short() {
-		t.Skip("starts clickhouse-server")
-	}
+	testenv.SkipIfShort(t, "starts clickhouse-server")
 	srv := sharedServer(t)
 	db := srv.NewDatabase(t)
 	st, err := OpenStore(t.Context(), StoreOptions{DSN: srv.DSN(), Database: db, KeepRaw: keepRaw})

@@ -8,6 +8,8 @@ import (
 
 	"github.com/stampguard/stampguard/analytics/spool"
 	"github.com/stampguard/stampguard/internal/chtest"
+
+	"github.com/stampguard/stampguard/internal/testenv"
 )
 
 // acceptInto splits an EventList body and appends its records to sp.
@@ -187,9 +189,7 @@ func TestWriterStoresSpooledEventsExactlyOnce(t *testing.T) {
 }
 
 func TestWriterWaitsOutClickHouseDowntime(t *testing.T) {
-	if testing.Short() {
-		t.Skip("starts clickhouse-server")
-	}
+	testenv.SkipIfShort(t, "starts clickhouse-server")
 	srv := chtest.Start(t)
 	db := srv.NewDatabase(t)
 	st, err := OpenStore(t.Context(), StoreOptions{DSN: srv.DSN(), Database: db})

@@ -18,6 +18,8 @@ import (
 	"github.com/stampguard/stampguard/analytics"
 	"github.com/stampguard/stampguard/analytics/spool"
 	"github.com/stampguard/stampguard/internal/chtest"
+
+	"github.com/stampguard/stampguard/internal/testenv"
 )
 
 func realEvents(t testing.TB) []string {
@@ -241,9 +243,7 @@ func waitFor(t *testing.T, what string, cond func() bool) {
 }
 
 func TestServeOverTLSWithClientCertificatesStoresInClickHouse(t *testing.T) {
-	if testing.Short() {
-		t.Skip("starts clickhouse-server")
-	}
+	testenv.SkipIfShort(t, "starts clickhouse-server")
 	ch := chtest.Start(t)
 	db := ch.NewDatabase(t)
 	pki := newPKI(t)

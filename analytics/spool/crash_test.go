@@ -9,6 +9,8 @@ import (
 	"strings"
 	"sync"
 	"testing"
+
+	"github.com/stampguard/stampguard/internal/testenv"
 )
 
 // crashDirEnv makes the test binary run crashChild instead of the tests.
@@ -91,9 +93,7 @@ func batchNames(recs [][]byte) []string {
 // acknowledge and confirm protocol, not fsync against power loss; the torn
 // tail tests cover what a power loss leaves on disk.
 func TestCrashKeepsAcknowledgedBatches(t *testing.T) {
-	if testing.Short() {
-		t.Skip("starts child processes")
-	}
+	testenv.SkipIfShort(t, "starts child processes")
 	dir := t.TempDir()
 	acked := map[string]bool{}
 	confirming := map[string]bool{}

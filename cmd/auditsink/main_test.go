@@ -11,6 +11,8 @@ import (
 
 	"github.com/stampguard/stampguard/analytics"
 	"github.com/stampguard/stampguard/internal/chtest"
+
+	"github.com/stampguard/stampguard/internal/testenv"
 )
 
 func TestParseFlagValues(t *testing.T) {
@@ -40,9 +42,7 @@ func TestParseFlagValues(t *testing.T) {
 }
 
 func TestMigrateAndIngestFromTheCommandLine(t *testing.T) {
-	if testing.Short() {
-		t.Skip("starts clickhouse-server")
-	}
+	testenv.SkipIfShort(t, "starts clickhouse-server")
 	ch := chtest.Start(t)
 	dsnFile := filepath.Join(t.TempDir(), "dsn")
 	if err := os.WriteFile(dsnFile, []byte(ch.DSN()+"\n"), 0o600); err != nil {

@@ -4,12 +4,12 @@ import (
 	"testing"
 
 	"github.com/stampguard/stampguard/internal/chtest"
+
+	"github.com/stampguard/stampguard/internal/testenv"
 )
 
 func TestServerAnswersAndSurvivesRestart(t *testing.T) {
-	if testing.Short() {
-		t.Skip("starts clickhouse-server")
-	}
+	testenv.SkipIfShort(t, "starts clickhouse-server")
 	srv := chtest.Start(t)
 	db := srv.NewDatabase(t)
 	conn := srv.Conn(t, db)

@@ -19,6 +19,8 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
 
 	"github.com/stampguard/stampguard/policy/api/v1alpha1"
+
+	"github.com/stampguard/stampguard/internal/testenv"
 )
 
 // DefaultAuditPolicy records writes with their request bodies and reads at
@@ -114,9 +116,7 @@ func BinDir(t testing.TB) string {
 // Start runs a control plane for the rest of the test and stops it at cleanup.
 func Start(t testing.TB, o Options) *Env {
 	t.Helper()
-	if testing.Short() {
-		t.Skip("starts a real kube-apiserver; not in -short mode")
-	}
+	testenv.SkipIfShort(t, "starts a real kube-apiserver")
 	root := RepoRoot(t)
 	if o.BinDir == "" {
 		o.BinDir = BinDir(t)

@@ -43,6 +43,8 @@ import (
 	"github.com/stampguard/stampguard/analytics/logfile"
 	"github.com/stampguard/stampguard/internal/chtest"
 	"github.com/stampguard/stampguard/internal/kubetest"
+
+	"github.com/stampguard/stampguard/internal/testenv"
 )
 
 // TestAuditSink runs a real apiserver with BOTH audit backends: the log
@@ -56,9 +58,7 @@ import (
 // once; redelivering every webhook batch and ingesting the files again
 // changes no count, also as seen by a materialized view (a rollup).
 func TestAuditSink(t *testing.T) {
-	if testing.Short() {
-		t.Skip("starts kube-apiserver, etcd, clickhouse-server and the sink")
-	}
+	testenv.SkipIfShort(t, "starts kube-apiserver, etcd, clickhouse-server and the sink")
 	root := kubetest.RepoRoot(t)
 	dir := t.TempDir()
 	bin := buildAuditsink(t, root, dir)
