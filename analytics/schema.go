@@ -176,10 +176,66 @@ var Migrations = []Migration{
 			SELECT toDateTime(if(count() = 0, 0, intDiv(toUInt32(now()), 3600) * 3600 + 7200)) FROM {db}.events`,
 		},
 	},
+	{
+		Version: 3,
+		Name:    "loop_conflicts, loop_successes: the rows retry loops are made of",
+		Statements: []string{
+			// Retry loops need, per (writer, object), the version
+			// conflicts and the successful writes in time order. Read from
+			// events, the few objects with conflicts are the busiest ones,
+			// so the report read much of the day. These two narrow tables
+			// hold just those rows, one per request, ordered for a lookup by
+			// writer and object. The expressions are those of
+			// analytics/report/queries.go (a test there checks them).
+			`CREATE TABLE IF NOT EXISTS {db}.loop_conflicts (
+				event_date    Date,
+				cluster       LowCardinality(String),
+				writer        LowCardinality(String),
+				api_group     LowCardinality(String),
+				resource      LowCardinality(String),
+				namespace     LowCardinality(String),
+				name          String,
+				event_time_us UInt64
+			) ENGINE = MergeTree()
+			PARTITION BY event_date
+			ORDER BY (cluster, writer, api_group, resource, namespace, name, event_time_us)`,
+			`CREATE MATERIALIZED VIEW IF NOT EXISTS {db}.loop_conflicts_mv TO {db}.loop_conflicts AS
+			SELECT event_date, cluster, writer, api_group, resource, namespace, name, event_time_us
+			FROM {db}.events
+			WHERE stage IN ('ResponseComplete', 'Panic') AND dry_run = 0
+				AND verb IN ('create', 'update', 'patch', 'delete', 'deletecollection') AND api_group NOT IN ('authentication.k8s.io', 'authorization.k8s.io')
+				AND code = 409 AND reason = 'Conflict' AND NOT has(cause_reasons, 'FieldManagerConflict') AND position(message, 'the object has been modified; please apply your changes to the latest version and try again') > 0`,
+			// Successes are most writes, so they keep only a hash of
+			// (writer, object): a lookup of a few hundred pairs then compares
+			// integers, and small granules keep it from reading neighbours.
+			`CREATE TABLE IF NOT EXISTS {db}.loop_successes (
+				event_date    Date,
+				cluster       LowCardinality(String),
+				pair          UInt64,
+				event_time_us UInt64
+			) ENGINE = MergeTree()
+			PARTITION BY event_date
+			ORDER BY (cluster, pair, event_time_us)
+			SETTINGS index_granularity = 1024`,
+			`CREATE MATERIALIZED VIEW IF NOT EXISTS {db}.loop_successes_mv TO {db}.loop_successes AS
+			SELECT event_date, cluster, cityHash64(writer, api_group, resource, namespace, name) AS pair, event_time_us
+			FROM {db}.events
+			WHERE stage IN ('ResponseComplete', 'Panic') AND dry_run = 0
+				AND verb IN ('create', 'update', 'patch', 'delete', 'deletecollection') AND api_group NOT IN ('authentication.k8s.io', 'authorization.k8s.io')
+				AND code >= 200 AND code < 300`,
+			// As for request_rollup: windows from complete_from on are in
+			// the loop tables; earlier ones are computed from events.
+			`CREATE TABLE IF NOT EXISTS {db}.loop_epoch (
+				complete_from DateTime
+			) ENGINE = MergeTree() ORDER BY complete_from`,
+			`INSERT INTO {db}.loop_epoch (complete_from)
+			SELECT toDateTime(if(count() = 0, 0, intDiv(toUInt32(now()), 3600) * 3600 + 7200)) FROM {db}.events`,
+		},
+	},
 }
 
 // Tables whose day partitions retention drops.
-var retentionTables = []string{"events", "event_keys", "dead_letters", "request_rollup"}
+var retentionTables = []string{"events", "event_keys", "dead_letters", "request_rollup", "loop_conflicts", "loop_successes"}
 
 var dbName = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]*$`)
 

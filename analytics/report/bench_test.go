@@ -65,7 +65,7 @@ func BenchmarkReport(b *testing.B) {
 		raw  bool
 	}{{"rollup", false}, {"raw", true}} {
 		o := o
-		o.NoRollup = mode.raw
+		o.NoRollup, o.rawLoops = mode.raw, mode.raw
 		b.Run(mode.name+"/whole", func(b *testing.B) {
 			for b.Loop() {
 				if _, err := Build(ctx, store.Conn(), o); err != nil {
@@ -76,7 +76,7 @@ func BenchmarkReport(b *testing.B) {
 		if !mode.raw {
 			o.rollupFrom, o.rollupTo = rollupHours(o.Since, o.Until, time.Time{})
 		}
-		q := querier{ctx: ctx, conn: store.Conn(), db: db, args: o.args()}
+		q := o.querier(ctx, store.Conn())
 		for _, query := range All {
 			b.Run(mode.name+"/"+query.Name, func(b *testing.B) {
 				for b.Loop() {

@@ -8,15 +8,19 @@ import "strings"
 // Every statement runs on ClickHouse 18.16 and on current releases: no
 // window functions, no JSONExtract, no toStartOfInterval.
 //
-// Placeholders:
+// Placeholders (filled by Query.Render from Sources):
 //   - {db} is the database.
-//   - {window} is the whole window on the raw events table (ReportWindow).
-//     The per-object sequences (retry loops, lease holders) and the policy
-//     decisions read only raw events, over the whole window.
+//   - {window} is the whole window on a raw table (ReportWindow). Lease
+//     holders and policy decisions read raw events over the whole window;
+//     retry loops read their rows ({loop_conflicts}, {loop_successes}) over
+//     the whole window.
 //   - {raw_window} is the part of the window that the rollup does not answer:
 //     the partial hours at its edges (ReportRawWindow).
 //   - {rollup_window} is the whole hours that request_rollup answers
 //     (ReportRollupWindow).
+//   - {loop_conflicts} and {loop_successes} are the retry-loop rows: the
+//     tables of migration 3 or their raw forms (LoopConflictsRaw,
+//     LoopSuccessesRaw).
 //
 // The counting statements (totals, by user, by resource, hot objects,
 // stampless updates) read request_rollup for {rollup_window} UNION ALL the
@@ -27,14 +31,17 @@ import "strings"
 // {raw_window} = $__timeFilter(event_time) AND NOT (those hours on
 // event_time). The counters of the rollup and of the raw part are generated
 // from one list (counters), and its view's SELECT (migration 2 in
-// analytics/schema.go) repeats them; TestRollupViewMatchesQueries checks it.
+// analytics/schema.go) repeats them; TestViewsMatchQueries checks it, and
+// the loop views of migration 3.
 //
 // Bound parameters (client-side, quoted by the driver): @cluster,
 // @namespace, @resource, @user (empty means any), @top, @gap_us,
-// @threshold, @since_us, @until_us, @rollup_from_us, @rollup_to_us.
+// @threshold, @since_us, @until_us, @rollup_from_us, @rollup_to_us,
+// @edge1_from_us, @edge1_last_us, @edge2_from_us, @edge2_last_us.
 //
-// Filters: namespace, resource and writer are columns of the rollup key, so
-// every filter is answered from the rollup; nothing falls back to raw.
+// Filters: namespace, resource and writer are columns of the rollup key and
+// of loop_conflicts, so every filter is answered there; nothing falls back
+// to raw.
 
 // Query is one named analytics statement.
 type Query struct {
@@ -43,11 +50,34 @@ type Query struct {
 	SQL   string
 }
 
-// Render fills in the database and the time filters: window for whole-window
-// raw reads, raw for the raw edges of a split window, rollup for its whole
-// hours.
-func (q Query) Render(db, window, raw, rollup string) string {
-	return strings.NewReplacer("{db}", db, "{window}", window, "{raw_window}", raw, "{rollup_window}", rollup).Replace(q.SQL)
+// Sources fill a statement's placeholders: the time filters of each part
+// of the window, and where the retry-loop rows come from.
+type Sources struct {
+	// Window filters the whole window on a raw table ({window}).
+	Window string
+	// RawWindow filters the parts of the window that request_rollup does
+	// not answer ({raw_window}); RollupWindow its whole hours
+	// ({rollup_window}).
+	RawWindow, RollupWindow string
+	// LoopConflicts and LoopSuccesses are the retry-loop rows
+	// ({loop_conflicts}, {loop_successes}): the tables of migration 3, or
+	// the same rows derived from events.
+	LoopConflicts, LoopSuccesses string
+}
+
+// ReportSources are the sources of the report: split windows, loop tables.
+var ReportSources = Sources{
+	Window: ReportWindow, RawWindow: ReportRawWindow, RollupWindow: ReportRollupWindow,
+	LoopConflicts: LoopConflictsTable, LoopSuccesses: LoopSuccessesTable,
+}
+
+// Render fills in the database and the sources.
+func (q Query) Render(db string, s Sources) string {
+	sql := strings.NewReplacer(
+		"{loop_conflicts}", s.LoopConflicts, "{loop_successes}", s.LoopSuccesses,
+		"{window}", s.Window, "{raw_window}", s.RawWindow, "{rollup_window}", s.RollupWindow,
+	).Replace(q.SQL)
+	return strings.ReplaceAll(sql, "{db}", db) // after the sources, which name tables too
 }
 
 // ReportWindow is the report's half-open window [@since_us, @until_us) on
@@ -55,10 +85,17 @@ func (q Query) Render(db, window, raw, rollup string) string {
 // that ClickHouse reads only those.
 const ReportWindow = `event_date >= toDate(toDateTime(intDiv(@since_us, 1000000))) AND event_date <= toDate(toDateTime(intDiv(@until_us, 1000000))) AND event_time_us >= @since_us AND event_time_us < @until_us`
 
-// ReportRawWindow is the report's window minus the whole hours
-// [@rollup_from_us, @rollup_to_us) that the rollup answers (both 0 when the
-// rollup answers nothing).
-const ReportRawWindow = ReportWindow + ` AND NOT (event_time_us >= @rollup_from_us AND event_time_us < @rollup_to_us)`
+// ReportRawWindow is the window minus the rollup's whole hours: two edges,
+// each the closed range [@edgeN_from_us, @edgeN_last_us] with the day
+// partitions it spans. An empty edge has from > last and spans no day, so
+// ClickHouse reads nothing for it (a condition the partition pruning cannot
+// see through, such as if(), would make it read the day).
+const ReportRawWindow = `(` + rawEdge1 + ` OR ` + rawEdge2 + `)`
+
+const (
+	rawEdge1 = `(event_date >= toDate(toDateTime(intDiv(@edge1_from_us, 1000000))) AND event_date <= toDate(toDateTime(intDiv(@edge1_last_us, 1000000))) AND event_time_us >= @edge1_from_us AND event_time_us <= @edge1_last_us)`
+	rawEdge2 = `(event_date >= toDate(toDateTime(intDiv(@edge2_from_us, 1000000))) AND event_date <= toDate(toDateTime(intDiv(@edge2_last_us, 1000000))) AND event_time_us >= @edge2_from_us AND event_time_us <= @edge2_last_us)`
+)
 
 // ReportRollupWindow selects the rollup's whole hours [@rollup_from_us, @rollup_to_us).
 const ReportRollupWindow = `hour >= toDateTime(intDiv(@rollup_from_us, 1000000)) AND hour < toDateTime(intDiv(@rollup_to_us, 1000000))`
@@ -88,6 +125,9 @@ const (
 		'other')`
 
 	isSuccess = `code >= 200 AND code < 300`
+
+	// objectHash identifies an object in GROUP BY and IN.
+	objectHash = `cityHash64(api_group, resource, namespace, name)`
 
 	// versionConflict is class 'version' of conflictClass, on its own: a
 	// cheap filter for queries that need only version conflicts.
@@ -132,14 +172,35 @@ var counted = func() string {
 )`
 }()
 
+// The retry-loop rows: version conflicts and successful writes, one row per
+// request, each with its writer and object. The tables hold them as
+// migration 3's views write them (same expressions, checked by a test); the
+// Raw forms derive the same rows from events, for windows that begin before
+// loop_epoch and to prove the tables right.
+const (
+	LoopConflictsTable = `{db}.loop_conflicts`
+	LoopSuccessesTable = `{db}.loop_successes`
+
+	LoopConflictsRaw = `(SELECT event_date, event_time_us, cluster, writer, api_group, resource, namespace, name FROM {db}.events
+		PREWHERE code = 409
+		WHERE stage IN ('ResponseComplete', 'Panic') AND dry_run = 0 AND ` + isWrite + ` AND ` + versionConflict + `)`
+	LoopSuccessesRaw = `(SELECT event_date, event_time_us, cluster, ` + loopPair + ` AS pair FROM {db}.events
+		WHERE stage IN ('ResponseComplete', 'Panic') AND dry_run = 0 AND ` + isWrite + ` AND ` + isSuccess + `)`
+
+	// loopPair identifies a (writer, object) pair in loop_successes.
+	loopPair = `cityHash64(writer, api_group, resource, namespace, name)`
+)
+
 // loopCandidates are the (writer, object) pairs with at least @threshold
-// version conflicts among their write attempts in the window. PREWHERE on
-// code reads one small column of the window first.
-const loopCandidates = `(
-	SELECT api_group, resource, namespace, name, writer FROM {db}.events
-	PREWHERE code = 409
-	WHERE ` + requests + ` AND ` + isWrite + ` AND ` + versionConflict + `
-	GROUP BY api_group, resource, namespace, name, writer HAVING count() >= @threshold)`
+// version conflicts in the window, each with its conflicts in time order.
+// Only they can hold a loop.
+const loopCandidates = `
+	SELECT ` + loopPair + ` AS pair, writer, api_group, resource, namespace, name,
+		arraySort(groupArray(event_time_us)) AS conflicts_us
+	FROM {loop_conflicts}
+	WHERE cluster = @cluster AND {window} AND ` + filters + `
+	GROUP BY writer, api_group, resource, namespace, name
+	HAVING length(conflicts_us) >= @threshold`
 
 // Queries, in report order.
 var (
@@ -167,31 +228,37 @@ LIMIT @top`}
 	// Grouping by a hash of the object, not by its four strings, keeps the
 	// per-object aggregation cheap; any() recovers the names. A writer is
 	// distinct on an object when one of its counter rows there has a write
-	// attempt.
+	// attempt. Counting distinct writers for every object is most of the
+	// cost, and only the contenders need it: the objects with at least as
+	// many version conflicts as the @top-th most conflicted one (every
+	// object when it has none, so the ranking stays exact).
 	QueryHotObjects = Query{Name: "hot_objects", Title: "Hot objects", SQL: `
 SELECT any(api_group) AS g, any(resource) AS r, any(namespace) AS ns, any(name) AS n,
 	sum(write_attempts) AS attempts, uniqExact(writer) AS distinct_writers, sum(write_version_conflicts) AS conflicts
 FROM ` + counted + `
-WHERE write_attempts > 0
-GROUP BY cityHash64(api_group, resource, namespace, name)
+WHERE write_attempts > 0 AND ` + objectHash + ` IN (
+	SELECT tupleElement(arrayJoin(arrayFilter((o, least) -> tupleElement(o, 2) >= least, objs,
+		replicate(arrayReduce('min', arraySlice(arrayReverseSort(arrayMap(o -> tupleElement(o, 2), objs)), 1, @top)), objs))), 1)
+	FROM (
+		SELECT groupArray((h, c)) AS objs
+		FROM (SELECT ` + objectHash + ` AS h, sum(write_version_conflicts) AS c FROM ` + counted + ` WHERE write_attempts > 0 GROUP BY h)
+	)
+)
+GROUP BY ` + objectHash + `
 ORDER BY conflicts DESC, distinct_writers DESC, attempts DESC, g, r, ns, n
 LIMIT @top`}
 
 	// QueryRetryLoops finds maximal runs of version conflicts by one writer
 	// on one object: the run breaks at a success by that writer on that
 	// object or at a gap longer than @gap_us. Without window functions the
-	// per-object sequence is an array: runs start where a conflict follows
-	// a success, nothing, or a long gap, and a running sum numbers them.
-	// Each conflict then becomes a row with its run number, and a GROUP BY
-	// measures the runs: linear in the sequence, where filtering the
-	// sequence once per run was quadratic on hot objects (5.4 s at 10M).
+	// per-pair sequence is an array: each candidate pair's conflicts
+	// (loopCandidates) joined with its successes, merged in time order as
+	// 2*t+1 and 2*t (a success sorts before a conflict at the same
+	// microsecond). Runs start where a conflict follows a success, nothing,
+	// or a long gap, and a running sum numbers them; each conflict then
+	// becomes a row with its run number, and a GROUP BY measures the runs.
 	// A loop is resolved when the writer's last success on the object in
 	// the window comes after the loop's last conflict.
-	//
-	// Only (writer, object) pairs with at least @threshold version conflicts
-	// in the window can hold a loop (loopCandidates). Their sequences are
-	// read with the candidates in PREWHERE: (cluster, object) is a prefix of
-	// the events key, so ClickHouse reads only their granules.
 	QueryRetryLoops = Query{Name: "retry_loops", Title: "Retry loops", SQL: `
 SELECT user, api_group, resource, namespace, name,
 	count() AS conflicts, min(conflict_us) AS first_us, max(conflict_us) AS last_us, any(last_success) > last_us AS resolved
@@ -200,21 +267,20 @@ FROM (
 		arrayJoin(arrayFilter((x, k) -> k = 1, arrayMap((ct, cr) -> (ct, cr), ts, run), kinds)) AS conflict,
 		tupleElement(conflict, 1) AS conflict_us, tupleElement(conflict, 2) AS rid
 	FROM (
-		SELECT user, api_group, resource, namespace, name, ts, kinds,
-			arrayReduce('max', arrayFilter((st, sk) -> sk = 0, ts, kinds)) AS last_success,
+		SELECT writer AS user, api_group, resource, namespace, name,
+			arrayReduce('max', successes_us) AS last_success,
+			arraySort(arrayConcat(arrayMap(t -> t * 2 + 1, conflicts_us), arrayMap(t -> t * 2, successes_us))) AS seq,
+			arrayMap(x -> intDiv(x, 2), seq) AS ts,
+			arrayMap(x -> toUInt8(x % 2), seq) AS kinds,
 			arrayCumSum(arrayMap((k, pk, t, pt) -> toUInt64(k = 1 AND (pk = 0 OR t - pt > @gap_us)),
 				kinds, arrayPushFront(arrayPopBack(kinds), toUInt8(0)), ts, arrayPushFront(arrayPopBack(ts), toUInt64(0)))) AS run
-		FROM (
-			SELECT writer AS user, api_group, resource, namespace, name,
-				arraySort(groupArray((event_time_us, toUInt8(version)))) AS seq,
-				arrayMap(x -> tupleElement(x, 1), seq) AS ts,
-				arrayMap(x -> tupleElement(x, 2), seq) AS kinds
-			FROM (SELECT writer, api_group, resource, namespace, name, event_time_us, ` + versionConflict + ` AS version
-				FROM {db}.events
-				PREWHERE cluster = @cluster AND (api_group, resource, namespace, name, writer) IN ` + loopCandidates + `
-				WHERE ` + requests + ` AND ` + isWrite + ` AND (version OR ` + isSuccess + `))
-			GROUP BY user, api_group, resource, namespace, name
-		)
+		FROM (` + loopCandidates + `)
+		ANY LEFT JOIN (
+			SELECT pair, arraySort(groupArray(event_time_us)) AS successes_us
+			FROM {loop_successes}
+			WHERE cluster = @cluster AND pair IN (SELECT pair FROM (` + loopCandidates + `)) AND {window}
+			GROUP BY pair
+		) USING pair
 	)
 )
 GROUP BY user, api_group, resource, namespace, name, rid

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync"
 	"time"
 
 	"github.com/ClickHouse/clickhouse-go/v2"
@@ -37,6 +38,8 @@ type Options struct {
 	// rollupFrom and rollupTo are the whole hours [rollupFrom, rollupTo)
 	// that request_rollup answers; both zero when it answers nothing.
 	rollupFrom, rollupTo time.Time
+	// rawLoops computes retry loops from events instead of the loop tables.
+	rawLoops bool
 }
 
 func (o *Options) setDefaults() {
@@ -69,50 +72,45 @@ func Build(ctx context.Context, conn driver.Conn, o Options) (*Report, error) {
 		return nil, err
 	}
 	r := &Report{Window: Window{Since: o.Since.UTC().Format(TimeFormat), Until: o.Until.UTC().Format(TimeFormat)}}
+	o.rawLoops = o.NoRollup
 	if !o.NoRollup {
-		var complete time.Time
-		if err := conn.QueryRow(ctx, "SELECT max(complete_from) FROM "+o.Database+".request_rollup_epoch").Scan(&complete); err != nil {
-			return nil, fmt.Errorf("read rollup epoch: %w", err)
+		var rollupComplete, loopsComplete time.Time
+		if err := conn.QueryRow(ctx, "SELECT (SELECT max(complete_from) FROM "+o.Database+".request_rollup_epoch), (SELECT max(complete_from) FROM "+o.Database+".loop_epoch)").
+			Scan(&rollupComplete, &loopsComplete); err != nil {
+			return nil, fmt.Errorf("read rollup epochs: %w", err)
 		}
-		o.rollupFrom, o.rollupTo = rollupHours(o.Since, o.Until, complete)
+		o.rollupFrom, o.rollupTo = rollupHours(o.Since, o.Until, rollupComplete)
+		o.rawLoops = o.Since.Before(loopsComplete)
 	}
-	q := querier{ctx: ctx, conn: conn, db: o.Database, args: o.args()}
+	q := o.querier(ctx, conn)
 
 	t := &r.Totals
-	if err := q.each(QueryTotals, func(rows driver.Rows) error {
-		return rows.Scan(&t.Requests, &t.WriteAttempts, &t.VersionConflicts, &t.FieldConflicts, &t.AlreadyExists,
-			&t.DeletePreconditionConflicts, &t.StamplessUpdates, &t.OtherConflicts, &t.Gone)
-	}); err != nil {
-		return nil, err
-	}
-	if t.WriteAttempts > 0 {
-		t.ConflictRate = float64(t.VersionConflicts) / float64(t.WriteAttempts)
-	}
 	r.ConflictsByUser, r.ConflictsByResource, r.HotObjects = []UserConflicts{}, []ResourceConflicts{}, []HotObject{}
 	r.RetryLoops, r.StamplessUpdates, r.LeaseHolderChanges, r.PolicyDecisions = []RetryLoop{}, []StamplessUpdates{}, []LeaseChanges{}, []PolicyDecisions{}
-	if t.Requests == 0 {
-		return r, ErrNoEvents
-	}
-	err := errors.Join(
-		q.each(QueryConflictsByUser, func(rows driver.Rows) error {
+	err := q.parallel(reportParallelism,
+		run{QueryTotals, func(rows driver.Rows) error {
+			return rows.Scan(&t.Requests, &t.WriteAttempts, &t.VersionConflicts, &t.FieldConflicts, &t.AlreadyExists,
+				&t.DeletePreconditionConflicts, &t.StamplessUpdates, &t.OtherConflicts, &t.Gone)
+		}},
+		run{QueryConflictsByUser, func(rows driver.Rows) error {
 			var u UserConflicts
 			err := rows.Scan(&u.User, &u.WriteAttempts, &u.VersionConflicts)
 			r.ConflictsByUser = append(r.ConflictsByUser, u)
 			return err
-		}),
-		q.each(QueryConflictsByResource, func(rows driver.Rows) error {
+		}},
+		run{QueryConflictsByResource, func(rows driver.Rows) error {
 			var c ResourceConflicts
 			err := rows.Scan(&c.APIGroup, &c.Resource, &c.WriteAttempts, &c.VersionConflicts)
 			r.ConflictsByResource = append(r.ConflictsByResource, c)
 			return err
-		}),
-		q.each(QueryHotObjects, func(rows driver.Rows) error {
+		}},
+		run{QueryHotObjects, func(rows driver.Rows) error {
 			var h HotObject
 			err := rows.Scan(&h.APIGroup, &h.Resource, &h.Namespace, &h.Name, &h.WriteAttempts, &h.DistinctWriters, &h.VersionConflicts)
 			r.HotObjects = append(r.HotObjects, h)
 			return err
-		}),
-		q.each(QueryRetryLoops, func(rows driver.Rows) error {
+		}},
+		run{QueryRetryLoops, func(rows driver.Rows) error {
 			var l RetryLoop
 			var first, last uint64
 			var resolved uint8
@@ -122,28 +120,34 @@ func Build(ctx context.Context, conn driver.Conn, o Options) (*Report, error) {
 			l.Resolved = resolved == 1
 			r.RetryLoops = append(r.RetryLoops, l)
 			return err
-		}),
-		q.each(QueryStamplessUpdates, func(rows driver.Rows) error {
+		}},
+		run{QueryStamplessUpdates, func(rows driver.Rows) error {
 			var s StamplessUpdates
 			err := rows.Scan(&s.User, &s.APIGroup, &s.Resource, &s.Namespace, &s.Name, &s.Count)
 			r.StamplessUpdates = append(r.StamplessUpdates, s)
 			return err
-		}),
-		q.each(QueryLeaseHolderChanges, func(rows driver.Rows) error {
+		}},
+		run{QueryLeaseHolderChanges, func(rows driver.Rows) error {
 			var l LeaseChanges
 			err := rows.Scan(&l.Namespace, &l.Name, &l.Changes, &l.Holders)
 			r.LeaseHolderChanges = append(r.LeaseHolderChanges, l)
 			return err
-		}),
-		q.each(QueryPolicyDecisions, func(rows driver.Rows) error {
+		}},
+		run{QueryPolicyDecisions, func(rows driver.Rows) error {
 			var p PolicyDecisions
 			err := rows.Scan(&p.Policy, &p.Kind, &p.Action, &p.Count)
 			r.PolicyDecisions = append(r.PolicyDecisions, p)
 			return err
-		}),
+		}},
 	)
 	if err != nil {
 		return nil, err
+	}
+	if t.Requests == 0 {
+		return r, ErrNoEvents
+	}
+	if t.WriteAttempts > 0 {
+		t.ConflictRate = float64(t.VersionConflicts) / float64(t.WriteAttempts)
 	}
 	return r, nil
 }
@@ -169,6 +173,29 @@ func rollupHours(since, until, complete time.Time) (from, to time.Time) {
 	return from, to
 }
 
+// edge is a closed range of microseconds [from, last]; from > last when empty.
+type edge struct{ from, last uint64 }
+
+// noEdge is empty, and its day range (1970-01-03 to 1970-01-01) is empty
+// too, so that ClickHouse prunes every partition.
+var noEdge = edge{from: 2 * 86_400_000_000, last: 0}
+
+func span(from, to time.Time) edge {
+	if !from.Before(to) {
+		return noEdge
+	}
+	return edge{uint64(from.UnixMicro()), uint64(to.UnixMicro()) - 1}
+}
+
+// rawEdges are the parts of [since, until) outside the rollup's hours
+// [from, to): the whole window when the rollup answers nothing.
+func rawEdges(since, until, from, to time.Time) (edge, edge) {
+	if from.IsZero() {
+		return span(since, until), noEdge
+	}
+	return span(since, from), span(to, until)
+}
+
 // micros is t in Unix microseconds, 0 for the zero time.
 func micros(t time.Time) uint64 {
 	if t.IsZero() {
@@ -179,9 +206,12 @@ func micros(t time.Time) uint64 {
 
 // args binds the options to the queries' parameters.
 func (o *Options) args() []any {
+	e1, e2 := rawEdges(o.Since, o.Until, o.rollupFrom, o.rollupTo)
 	return []any{
 		clickhouse.Named("rollup_from_us", micros(o.rollupFrom)),
 		clickhouse.Named("rollup_to_us", micros(o.rollupTo)),
+		clickhouse.Named("edge1_from_us", e1.from), clickhouse.Named("edge1_last_us", e1.last),
+		clickhouse.Named("edge2_from_us", e2.from), clickhouse.Named("edge2_last_us", e2.last),
 		clickhouse.Named("cluster", o.Cluster),
 		clickhouse.Named("since_us", uint64(o.Since.UnixMicro())),
 		clickhouse.Named("until_us", uint64(o.Until.UnixMicro())),
@@ -196,15 +226,52 @@ func (o *Options) args() []any {
 
 type driverRows = driver.Rows
 
+// reportParallelism is how many queries run at once: each runs on up to
+// max_threads cores, but spends part of its time in single-threaded stages
+// (merging aggregates, sorting, arrays), which a second query fills.
+const reportParallelism = 2
+
 type querier struct {
-	ctx  context.Context
-	conn driver.Conn
-	db   string
-	args []any
+	ctx     context.Context
+	conn    driver.Conn
+	db      string
+	sources Sources
+	args    []any
+}
+
+func (o *Options) querier(ctx context.Context, conn driver.Conn) querier {
+	s := ReportSources
+	if o.rawLoops {
+		s.LoopConflicts, s.LoopSuccesses = LoopConflictsRaw, LoopSuccessesRaw
+	}
+	return querier{ctx: ctx, conn: conn, db: o.Database, sources: s, args: o.args()}
+}
+
+// run is one query of the report with its row handler.
+type run struct {
+	query Query
+	scan  func(driver.Rows) error
+}
+
+// parallel runs the queries, at most n at a time, and joins their errors.
+// Each handler is called from one goroutine only.
+func (q querier) parallel(n int, runs ...run) error {
+	errs := make([]error, len(runs))
+	sem := make(chan struct{}, n)
+	var wg sync.WaitGroup
+	for i, r := range runs {
+		sem <- struct{}{}
+		wg.Go(func() {
+			defer func() { <-sem }()
+			errs[i] = q.each(r.query, r.scan)
+		})
+	}
+	wg.Wait()
+	return errors.Join(errs...)
 }
 
 func (q querier) each(query Query, scan func(driver.Rows) error) error {
-	rows, err := q.conn.Query(q.ctx, query.Render(q.db, ReportWindow, ReportRawWindow, ReportRollupWindow), q.args...)
+	rows, err := q.conn.Query(q.ctx, query.Render(q.db, q.sources), q.args...)
 	if err != nil {
 		return fmt.Errorf("query %s: %w", query.Name, err)
 	}

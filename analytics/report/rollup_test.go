@@ -20,33 +20,41 @@ var spaces = regexp.MustCompile(`\s+`)
 
 func squash(s string) string { return strings.TrimSpace(spaces.ReplaceAllString(s, " ")) }
 
-// The rollup's view repeats the classification and the counters of
-// queries.go (package analytics cannot import this one); this keeps them
-// from drifting apart.
-func TestRollupViewMatchesQueries(t *testing.T) {
-	var view string
-	for _, m := range analytics.Migrations {
-		for _, st := range m.Statements {
-			if strings.Contains(st, "request_rollup_mv") {
-				view = squash(st)
-			}
-		}
-	}
-	if view == "" {
-		t.Fatal("no migration creates request_rollup_mv")
-	}
-	want := []string{
+// The views of migrations 2 and 3 repeat the classification, the counters
+// and the loop rows of queries.go (package analytics cannot import this
+// one); this keeps them from drifting apart.
+func TestViewsMatchQueries(t *testing.T) {
+	requests := "WHERE stage IN ('ResponseComplete', 'Panic') AND dry_run = 0"
+	rollup := []string{
 		squash(conflictClass) + " AS class",
 		"(" + squash(isWrite) + ") AS is_write",
-		"WHERE stage IN ('ResponseComplete', 'Panic') AND dry_run = 0",
+		requests,
 		"count() AS requests",
 	}
 	for _, c := range counters[3:] {
-		want = append(want, "countIf("+squash(c.cond)+") AS "+c.name)
+		rollup = append(rollup, "countIf("+squash(c.cond)+") AS "+c.name)
 	}
-	for _, w := range want {
-		if !strings.Contains(view, w) {
-			t.Errorf("the rollup view lacks %q", w)
+	for view, want := range map[string][]string{
+		"request_rollup_mv": rollup,
+		"loop_conflicts_mv": {requests + " AND " + squash(isWrite) + " AND " + squash(versionConflict)},
+		"loop_successes_mv": {requests + " AND " + squash(isWrite) + " AND " + squash(isSuccess), loopPair + " AS pair"},
+	} {
+		var def string
+		for _, m := range analytics.Migrations {
+			for _, st := range m.Statements {
+				if strings.Contains(st, "VIEW IF NOT EXISTS {db}."+view+" ") {
+					def = squash(st)
+				}
+			}
+		}
+		if def == "" {
+			t.Errorf("no migration creates %s", view)
+			continue
+		}
+		for _, w := range want {
+			if !strings.Contains(def, w) {
+				t.Errorf("%s lacks %q", view, w)
+			}
 		}
 	}
 }
