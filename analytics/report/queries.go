@@ -202,6 +202,12 @@ const loopCandidates = `
 	GROUP BY writer, api_group, resource, namespace, name
 	HAVING length(conflicts_us) >= @threshold`
 
+// conflictedObjects is one row: objs, the (object hash, version conflicts)
+// of every object with a version conflict in the window.
+const conflictedObjects = `(
+	SELECT groupArray((h, c)) AS objs
+	FROM (SELECT ` + objectHash + ` AS h, count() AS c FROM {loop_conflicts} WHERE cluster = @cluster AND {window} AND ` + filters + ` GROUP BY h))`
+
 // Queries, in report order.
 var (
 	QueryTotals = Query{Name: "totals", Title: "Totals", SQL: `
@@ -230,20 +236,19 @@ LIMIT @top`}
 	// distinct on an object when one of its counter rows there has a write
 	// attempt. Counting distinct writers for every object is most of the
 	// cost, and only the contenders need it: the objects with at least as
-	// many version conflicts as the @top-th most conflicted one (every
-	// object when it has none, so the ranking stays exact).
+	// many version conflicts as the @top-th most conflicted one, counted in
+	// the small {loop_conflicts} (its rows are exactly the
+	// write_version_conflicts). When fewer than @top objects have a
+	// conflict, every object contends, so the ranking stays exact.
 	QueryHotObjects = Query{Name: "hot_objects", Title: "Hot objects", SQL: `
 SELECT any(api_group) AS g, any(resource) AS r, any(namespace) AS ns, any(name) AS n,
 	sum(write_attempts) AS attempts, uniqExact(writer) AS distinct_writers, sum(write_version_conflicts) AS conflicts
 FROM ` + counted + `
-WHERE write_attempts > 0 AND ` + objectHash + ` IN (
-	SELECT tupleElement(arrayJoin(arrayFilter((o, least) -> tupleElement(o, 2) >= least, objs,
-		replicate(arrayReduce('min', arraySlice(arrayReverseSort(arrayMap(o -> tupleElement(o, 2), objs)), 1, @top)), objs))), 1)
-	FROM (
-		SELECT groupArray((h, c)) AS objs
-		FROM (SELECT ` + objectHash + ` AS h, sum(write_version_conflicts) AS c FROM ` + counted + ` WHERE write_attempts > 0 GROUP BY h)
-	)
-)
+WHERE write_attempts > 0 AND (` + objectHash + ` IN (
+		SELECT tupleElement(arrayJoin(arrayFilter((o, least) -> tupleElement(o, 2) >= least, objs,
+			replicate(arrayReduce('min', arraySlice(arrayReverseSort(arrayMap(o -> tupleElement(o, 2), objs)), 1, @top)), objs))), 1)
+		FROM ` + conflictedObjects + `)
+	OR (SELECT length(objs) < @top FROM ` + conflictedObjects + `))
 GROUP BY ` + objectHash + `
 ORDER BY conflicts DESC, distinct_writers DESC, attempts DESC, g, r, ns, n
 LIMIT @top`}

@@ -284,3 +284,57 @@ func TestRollupEqualsRawOnSynthetic(t *testing.T) {
 		assertSameReports(t, ctx, store.Conn(), o)
 	}
 }
+
+// TestHotObjectsMatchPlainRanking checks the contender shortcut of
+// QueryHotObjects against the plain ranking (every object, its distinct
+// writers counted), written independently over raw events, for lists
+// shorter and longer than the number of conflicted objects.
+func TestHotObjectsMatchPlainRanking(t *testing.T) {
+	store, db := migrated(t)
+	ctx := t.Context()
+	if err := Synthesize(ctx, store.Conn(), db, "bench", 100_000, 7, t0, 2*time.Hour); err != nil {
+		t.Fatal(err)
+	}
+	plain := `SELECT api_group, resource, namespace, name, countIf(w) AS attempts, uniqExactIf(writer, w) AS writers,
+		countIf(w AND code = 409 AND position(message, 'the object has been modified') > 0) AS conflicts
+	FROM (SELECT *, verb IN ('create', 'update', 'patch', 'delete', 'deletecollection') AND api_group NOT IN ('authentication.k8s.io', 'authorization.k8s.io') AS w
+		FROM ` + db + `.events
+		WHERE stage IN ('ResponseComplete', 'Panic') AND dry_run = 0 AND cluster = 'bench' AND event_time_us >= ? AND event_time_us < ?)
+	GROUP BY api_group, resource, namespace, name
+	HAVING attempts > 0
+	ORDER BY conflicts DESC, writers DESC, attempts DESC, api_group, resource, namespace, name
+	LIMIT ?`
+	var n int64
+	if err := store.Conn().QueryRow(ctx, "SELECT toInt64(uniqExact(api_group, resource, namespace, name)) FROM "+db+".loop_conflicts").Scan(&n); err != nil {
+		t.Fatal(err)
+	}
+	conflicted := int(n)
+	if conflicted < 5 {
+		t.Fatalf("only %d conflicted objects: the shortcut is not exercised", conflicted)
+	}
+	for _, top := range []int{1, 3, conflicted, conflicted + 20} {
+		for _, w := range [][2]time.Duration{{0, 2 * time.Hour}, {13 * time.Minute, 97 * time.Minute}} {
+			o := Options{Database: db, Cluster: "bench", Top: top, Since: t0.Add(w[0]), Until: t0.Add(w[1])}
+			r, err := Build(ctx, store.Conn(), o)
+			if err != nil {
+				t.Fatal(err)
+			}
+			rows, err := store.Conn().Query(ctx, plain, uint64(o.Since.UnixMicro()), uint64(o.Until.UnixMicro()), top)
+			if err != nil {
+				t.Fatal(err)
+			}
+			want := []HotObject{}
+			for rows.Next() {
+				var h HotObject
+				if err := rows.Scan(&h.APIGroup, &h.Resource, &h.Namespace, &h.Name, &h.WriteAttempts, &h.DistinctWriters, &h.VersionConflicts); err != nil {
+					t.Fatal(err)
+				}
+				want = append(want, h)
+			}
+			rows.Close()
+			if !reflect.DeepEqual(r.HotObjects, want) {
+				t.Errorf("top %d over %v: got\n%+v\nwant\n%+v", top, w, r.HotObjects, want)
+			}
+		}
+	}
+}
