@@ -263,7 +263,8 @@ LIMIT @top`}
 	// or a long gap, and a running sum numbers them; each conflict then
 	// becomes a row with its run number, and a GROUP BY measures the runs.
 	// A loop is resolved when the writer's last success on the object in
-	// the window comes after the loop's last conflict.
+	// the window comes after the loop's last conflict. Only the merged
+	// sequence needs sorting: successes enter it unsorted.
 	QueryRetryLoops = Query{Name: "retry_loops", Title: "Retry loops", SQL: `
 SELECT user, api_group, resource, namespace, name,
 	count() AS conflicts, min(conflict_us) AS first_us, max(conflict_us) AS last_us, any(last_success) > last_us AS resolved
@@ -281,7 +282,7 @@ FROM (
 				kinds, arrayPushFront(arrayPopBack(kinds), toUInt8(0)), ts, arrayPushFront(arrayPopBack(ts), toUInt64(0)))) AS run
 		FROM (` + loopCandidates + `)
 		ANY LEFT JOIN (
-			SELECT pair, arraySort(groupArray(event_time_us)) AS successes_us
+			SELECT pair, groupArray(event_time_us) AS successes_us
 			FROM {loop_successes}
 			WHERE cluster = @cluster AND pair IN (SELECT pair FROM (` + loopCandidates + `)) AND {window}
 			GROUP BY pair
