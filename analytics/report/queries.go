@@ -63,21 +63,29 @@ type Sources struct {
 	// ({loop_conflicts}, {loop_successes}): the tables of migration 3, or
 	// the same rows derived from events.
 	LoopConflicts, LoopSuccesses string
+	// EdgeRows are the counter rows per request for {raw_window}
+	// ({edge_rows}): request_log (migration 4) or the same rows derived
+	// from events.
+	EdgeRows string
 }
 
-// ReportSources are the sources of the report: split windows, loop tables.
+// ReportSources are the sources of the report: split windows, the tables
+// of migrations 3 and 4.
 var ReportSources = Sources{
 	Window: ReportWindow, RawWindow: ReportRawWindow, RollupWindow: ReportRollupWindow,
-	LoopConflicts: LoopConflictsTable, LoopSuccesses: LoopSuccessesTable,
+	LoopConflicts: LoopConflictsTable, LoopSuccesses: LoopSuccessesTable, EdgeRows: RequestLogTable,
 }
 
-// Render fills in the database and the sources.
+// Render fills in the sources, then the time filters (which the raw
+// sources use too), then the database.
 func (q Query) Render(db string, s Sources) string {
 	sql := strings.NewReplacer(
-		"{loop_conflicts}", s.LoopConflicts, "{loop_successes}", s.LoopSuccesses,
-		"{window}", s.Window, "{raw_window}", s.RawWindow, "{rollup_window}", s.RollupWindow,
+		"{loop_conflicts}", s.LoopConflicts, "{loop_successes}", s.LoopSuccesses, "{edge_rows}", s.EdgeRows,
 	).Replace(q.SQL)
-	return strings.ReplaceAll(sql, "{db}", db) // after the sources, which name tables too
+	sql = strings.NewReplacer(
+		"{window}", s.Window, "{raw_window}", s.RawWindow, "{rollup_window}", s.RollupWindow,
+	).Replace(sql)
+	return strings.ReplaceAll(sql, "{db}", db)
 }
 
 // ReportWindow is the report's half-open window [@since_us, @until_us) on
@@ -154,22 +162,39 @@ var counters = []struct{ name, cond string }{
 // counted is the window's requests as counter rows: request_rollup's whole
 // hours UNION ALL one row per raw event at the edges. Sum the counters.
 var counted = func() string {
-	var names, raw []string
+	var names []string
 	for _, c := range counters {
 		names = append(names, c.name)
-		raw = append(raw, "toUInt64("+c.cond+") AS "+c.name)
 	}
 	return `(
 	SELECT api_group, resource, namespace, name, writer, ` + strings.Join(names, ", ") + `
 	FROM {db}.request_rollup
 	WHERE cluster = @cluster AND {rollup_window} AND ` + filters + `
 	UNION ALL
-	SELECT api_group, resource, namespace, name, writer, ` + strings.Join(raw, ", ") + `
-	FROM (SELECT writer, api_group, resource, namespace, name, verb, code, stamp, ` + conflictClass + ` AS class, ` + isWrite + ` AS is_write
+	SELECT api_group, resource, namespace, name, writer, ` + strings.Join(names, ", ") + `
+	FROM {edge_rows}
+	WHERE cluster = @cluster AND {raw_window} AND ` + filters + `
+)`
+}()
+
+// RequestLogTable holds a counter row per request in time order
+// (migration 4, its view repeats the counters; a test checks them).
+// RequestLogRaw derives the same rows from events, for windows that begin
+// before request_log_epoch and to prove the table right.
+const RequestLogTable = `{db}.request_log`
+
+var RequestLogRaw = func() string {
+	var raw []string
+	for _, c := range counters {
+		raw = append(raw, "toUInt64("+c.cond+") AS "+c.name)
+	}
+	return `(
+	SELECT event_date, event_time_us, cluster, api_group, resource, namespace, name, writer, ` + strings.Join(raw, ", ") + `
+	FROM (SELECT event_date, event_time_us, cluster, writer, api_group, resource, namespace, name, verb, code, stamp,
+			` + conflictClass + ` AS class, ` + isWrite + ` AS is_write
 		FROM {db}.events
 		PREWHERE {raw_window}
-		WHERE stage IN ('ResponseComplete', 'Panic') AND dry_run = 0 AND cluster = @cluster AND ` + filters + `)
-)`
+		WHERE stage IN ('ResponseComplete', 'Panic') AND dry_run = 0))`
 }()
 
 // The retry-loop rows: version conflicts and successful writes, one row per
@@ -183,8 +208,9 @@ const (
 
 	LoopConflictsRaw = `(SELECT event_date, event_time_us, cluster, writer, api_group, resource, namespace, name FROM {db}.events
 		PREWHERE code = 409
-		WHERE stage IN ('ResponseComplete', 'Panic') AND dry_run = 0 AND ` + isWrite + ` AND ` + versionConflict + `)`
+		WHERE {window} AND stage IN ('ResponseComplete', 'Panic') AND dry_run = 0 AND ` + isWrite + ` AND ` + versionConflict + `)`
 	LoopSuccessesRaw = `(SELECT event_date, event_time_us, cluster, ` + loopPair + ` AS pair FROM {db}.events
+		PREWHERE {window}
 		WHERE stage IN ('ResponseComplete', 'Panic') AND dry_run = 0 AND ` + isWrite + ` AND ` + isSuccess + `)`
 
 	// loopPair identifies a (writer, object) pair in loop_successes.
