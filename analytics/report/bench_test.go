@@ -73,6 +73,16 @@ func BenchmarkReport(b *testing.B) {
 				}
 			}
 		})
+		// As `--since 24h` gives: edges that cut hours, read per request.
+		cut := o
+		cut.Since, cut.Until = t0.Add(17*time.Minute+13*time.Second+5*time.Microsecond), t0.Add(23*time.Hour+41*time.Minute)
+		b.Run(mode.name+"/whole-cut-hours", func(b *testing.B) {
+			for b.Loop() {
+				if _, err := Build(ctx, store.Conn(), cut); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
 		if !mode.raw {
 			o.rollupFrom, o.rollupTo = rollupHours(o.Since, o.Until, time.Time{})
 		}
