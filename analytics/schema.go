@@ -114,7 +114,7 @@ var Migrations = []Migration{
 	{
 		Version: 2,
 		Name:    "request_rollup: hourly request counters for the report",
-		Statements: []string{
+		Statements: append([]string{
 			// Hourly counters per object and writer, one row per request
 			// (ResponseComplete or Panic, no dry runs), with each 409
 			// classified once. The expressions are those of
@@ -165,21 +165,12 @@ var Migrations = []Migration{
 			FROM {db}.events
 			WHERE stage IN ('ResponseComplete', 'Panic') AND dry_run = 0
 			GROUP BY event_date, hour, cluster, api_group, resource, namespace, name, writer`,
-			// From which hour the rollup holds every event: all hours when
-			// events was empty as the view started, else from two hours after
-			// now (events stored before the view exist only in events). The
-			// report uses the rollup only from max(complete_from).
-			`CREATE TABLE IF NOT EXISTS {db}.request_rollup_epoch (
-				complete_from DateTime
-			) ENGINE = MergeTree() ORDER BY complete_from`,
-			`INSERT INTO {db}.request_rollup_epoch (complete_from)
-			SELECT toDateTime(if(count() = 0, 0, intDiv(toUInt32(now()), 3600) * 3600 + 7200)) FROM {db}.events`,
-		},
+		}, epoch("request_rollup_epoch")...),
 	},
 	{
 		Version: 3,
 		Name:    "loop_conflicts, loop_successes: the rows retry loops are made of",
-		Statements: []string{
+		Statements: append([]string{
 			// Retry loops need, per (writer, object), the version
 			// conflicts and the successful writes in time order. Read from
 			// events, the few objects with conflicts are the busiest ones,
@@ -223,19 +214,12 @@ var Migrations = []Migration{
 			WHERE stage IN ('ResponseComplete', 'Panic') AND dry_run = 0
 				AND verb IN ('create', 'update', 'patch', 'delete', 'deletecollection') AND api_group NOT IN ('authentication.k8s.io', 'authorization.k8s.io')
 				AND code >= 200 AND code < 300`,
-			// As for request_rollup: windows from complete_from on are in
-			// the loop tables; earlier ones are computed from events.
-			`CREATE TABLE IF NOT EXISTS {db}.loop_epoch (
-				complete_from DateTime
-			) ENGINE = MergeTree() ORDER BY complete_from`,
-			`INSERT INTO {db}.loop_epoch (complete_from)
-			SELECT toDateTime(if(count() = 0, 0, intDiv(toUInt32(now()), 3600) * 3600 + 7200)) FROM {db}.events`,
-		},
+		}, epoch("loop_epoch")...),
 	},
 	{
 		Version: 4,
 		Name:    "request_log: the report's counters per request, in time order",
-		Statements: []string{
+		Statements: append([]string{
 			// The report reads whole hours from request_rollup and the
 			// partial hours at a window's edges per request. events is
 			// ordered by object, so any time range there reads the whole day
@@ -284,13 +268,22 @@ var Migrations = []Migration{
 				toUInt64(code = 410) AS gone
 			FROM {db}.events
 			WHERE stage IN ('ResponseComplete', 'Panic') AND dry_run = 0`,
-			`CREATE TABLE IF NOT EXISTS {db}.request_log_epoch (
+		}, epoch("request_log_epoch")...),
+	},
+}
+
+// epoch records from which hour a table fed by a view holds every event:
+// all hours when events was empty as the view started, else from two hours
+// after now (events stored before the view exist only in events). The
+// report uses the table only for windows from max(complete_from) on.
+func epoch(table string) []string {
+	return []string{
+		`CREATE TABLE IF NOT EXISTS {db}.` + table + ` (
 				complete_from DateTime
 			) ENGINE = MergeTree() ORDER BY complete_from`,
-			`INSERT INTO {db}.request_log_epoch (complete_from)
+		`INSERT INTO {db}.` + table + ` (complete_from)
 			SELECT toDateTime(if(count() = 0, 0, intDiv(toUInt32(now()), 3600) * 3600 + 7200)) FROM {db}.events`,
-		},
-	},
+	}
 }
 
 // Tables whose day partitions retention drops.
