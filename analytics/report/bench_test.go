@@ -73,6 +73,17 @@ func BenchmarkReport(b *testing.B) {
 				}
 			}
 		})
+		if !mode.raw { // side by side: one query at a time
+			seq := o
+			seq.parallel = 1
+			b.Run(mode.name+"/whole-sequential", func(b *testing.B) {
+				for b.Loop() {
+					if _, err := Build(ctx, store.Conn(), seq); err != nil {
+						b.Fatal(err)
+					}
+				}
+			})
+		}
 		// As `--since 24h` gives: edges that cut hours, read per request.
 		cut := o
 		cut.Since, cut.Until = t0.Add(17*time.Minute+13*time.Second+5*time.Microsecond), t0.Add(23*time.Hour+41*time.Minute)

@@ -38,12 +38,17 @@ type Options struct {
 	// rollupFrom and rollupTo are the whole hours [rollupFrom, rollupTo)
 	// that request_rollup answers; both zero when it answers nothing.
 	rollupFrom, rollupTo time.Time
+	// parallel is how many queries run at once (reportParallelism).
+	parallel int
 	// rawLoops computes retry loops from events instead of the loop
 	// tables, rawEdges the edges of a split window instead of request_log.
 	rawLoops, rawEdges bool
 }
 
 func (o *Options) setDefaults() {
+	if o.parallel <= 0 {
+		o.parallel = reportParallelism
+	}
 	if o.Top <= 0 {
 		o.Top = 10
 	}
@@ -90,7 +95,7 @@ func Build(ctx context.Context, conn driver.Conn, o Options) (*Report, error) {
 	t := &r.Totals
 	r.ConflictsByUser, r.ConflictsByResource, r.HotObjects = []UserConflicts{}, []ResourceConflicts{}, []HotObject{}
 	r.RetryLoops, r.StamplessUpdates, r.LeaseHolderChanges, r.PolicyDecisions = []RetryLoop{}, []StamplessUpdates{}, []LeaseChanges{}, []PolicyDecisions{}
-	err := q.parallel(reportParallelism,
+	err := q.parallel(o.parallel,
 		run{QueryTotals, func(rows driver.Rows) error {
 			return rows.Scan(&t.Requests, &t.WriteAttempts, &t.VersionConflicts, &t.FieldConflicts, &t.AlreadyExists,
 				&t.DeletePreconditionConflicts, &t.StamplessUpdates, &t.OtherConflicts, &t.Gone)
