@@ -173,12 +173,13 @@ type Spool struct {
 	nextSeq uint64
 
 	// Reader state, guarded by rmu.
-	rmu       sync.Mutex
-	read      Position
-	rfile     *os.File
-	rseq      uint64
-	confirmed Position
-	handed    []delivered
+	rmu        sync.Mutex
+	read       Position
+	rfile      *os.File
+	rseq       uint64
+	confirmed  Position
+	handed     []delivered
+	checkpoint *checkpointFile
 }
 
 // Open opens or creates the spool in dir and recovers it: see the package
@@ -237,10 +238,11 @@ func listSegments(dir string) ([]uint64, error) {
 
 // recover loads the checkpoint and checks every unconfirmed segment.
 func (s *Spool) recover() error {
-	cp, err := readCheckpoint(s.dir)
+	st, err := readCheckpoint(s.dir)
 	if err != nil {
 		return err
 	}
+	cp := st.pos
 	seqs, err := listSegments(s.dir)
 	if err != nil {
 		return err
@@ -268,7 +270,8 @@ func (s *Spool) recover() error {
 	}
 	s.nextSeq = maxSeq + 1
 	s.read, s.confirmed = cp, cp
-	return nil
+	s.checkpoint, err = openCheckpoint(s.dir, st, s.opts.NoSync)
+	return err
 }
 
 // recoverSegment checks one segment from its start (or the checkpoint) to
@@ -410,12 +413,14 @@ func readBatch(f *os.File, off, size int64) (batchHeader, []byte, error) {
 	return bh, body, nil
 }
 
-// sync fsyncs f unless fsync is off.
+// sync makes f's data durable unless fsync is off. fdatasync is enough:
+// it also flushes the size and block metadata that reading the data back
+// needs, and skips only timestamps.
 func (s *Spool) sync(f *os.File) error {
 	if s.opts.NoSync {
 		return nil
 	}
-	return f.Sync()
+	return fdatasync(f)
 }
 
 // syncDir fsyncs the spool directory so a created, renamed or removed
@@ -777,7 +782,7 @@ func (s *Spool) Confirm(pos Position) error {
 	if i < 0 {
 		return fmt.Errorf("confirm %s: not a batch end returned by Next", pos)
 	}
-	if err := writeCheckpoint(s.dir, pos, s.opts.NoSync); err != nil {
+	if err := s.checkpoint.write(pos); err != nil {
 		return err
 	}
 	var recs int64
@@ -851,6 +856,11 @@ func (s *Spool) Close() error {
 
 	s.rmu.Lock()
 	s.closeReader()
+	if s.checkpoint != nil {
+		if cerr := s.checkpoint.close(); cerr != nil && err == nil {
+			err = cerr
+		}
+	}
 	s.rmu.Unlock()
 	s.releaseLock()
 	if err != nil {
