@@ -477,12 +477,24 @@ func (s *Spool) Append(records [][]byte) (Position, error) {
 	}
 	s.queuedBytes += size
 	s.queue = append(s.queue, req)
-	if !s.committing {
-		s.committing = true
-		go s.commitLoop()
-	}
+	lead := !s.committing
+	s.committing = true
 	s.mu.Unlock()
 
+	if lead {
+		// No commit is running: write this group on the caller's
+		// goroutine rather than hand it to another and wait to be woken,
+		// two scheduling delays that a busy machine makes long.
+		s.commitGroup()
+		s.mu.Lock()
+		if len(s.queue) > 0 {
+			go s.commitLoop() // batches that queued behind this group
+		} else {
+			s.committing = false
+			s.idle.Broadcast()
+		}
+		s.mu.Unlock()
+	}
 	<-req.done
 	s.putBuf(buf)
 	return req.pos, req.err
@@ -513,61 +525,70 @@ type segUpdate struct {
 }
 
 // commitLoop writes queued batches in groups until the queue is empty.
-// Only one runs at a time (s.committing), and it owns the write side.
+// Only one committer runs at a time (s.committing: this loop, or an
+// Append writing its own group), and it owns the write side.
 func (s *Spool) commitLoop() {
-	for {
-		s.mu.Lock()
-		group := s.queue
-		s.queue = nil
-		if len(group) == 0 {
-			s.committing = false
-			s.idle.Broadcast()
-			s.mu.Unlock()
-			return
-		}
-		failed := s.failed
-		s.mu.Unlock()
-
-		var groupBytes int64
-		var recs int64
-		for _, r := range group {
-			groupBytes += int64(len(r.buf))
-			recs += int64(r.recs)
-		}
-		var updates []segUpdate
-		err := failed
-		if err == nil {
-			updates, err = s.writeGroup(group)
-		} else {
-			err = fmt.Errorf("spool failed earlier, reopen to recover: %w", err)
-		}
-
-		s.mu.Lock()
-		s.queuedBytes -= groupBytes
-		if err != nil && failed == nil {
-			s.failed = err
-		}
-		if err == nil {
-			for _, u := range updates {
-				if u.add {
-					s.segs = append(s.segs, u.seg)
-					s.diskBytes += u.size
-				} else {
-					s.diskBytes += u.size - u.seg.size
-				}
-				u.seg.size = u.size
-				u.seg.sealed = u.seal
-			}
-			s.pending += recs
-			close(s.notify)
-			s.notify = make(chan struct{})
-		}
-		s.mu.Unlock()
-		for _, r := range group {
-			r.err = err
-			close(r.done)
-		}
+	for s.commitGroup() {
 	}
+}
+
+// commitGroup writes, fsyncs and publishes the queued batches as one
+// group, and reports whether there was any. With none, it ends the
+// committer's turn (under the same lock that Append checks it with). Only
+// the committer calls it.
+func (s *Spool) commitGroup() bool {
+	s.mu.Lock()
+	group := s.queue
+	s.queue = nil
+	if len(group) == 0 {
+		s.committing = false
+		s.idle.Broadcast()
+		s.mu.Unlock()
+		return false
+	}
+	failed := s.failed
+	s.mu.Unlock()
+
+	var groupBytes int64
+	var recs int64
+	for _, r := range group {
+		groupBytes += int64(len(r.buf))
+		recs += int64(r.recs)
+	}
+	var updates []segUpdate
+	err := failed
+	if err == nil {
+		updates, err = s.writeGroup(group)
+	} else {
+		err = fmt.Errorf("spool failed earlier, reopen to recover: %w", err)
+	}
+
+	s.mu.Lock()
+	s.queuedBytes -= groupBytes
+	if err != nil && failed == nil {
+		s.failed = err
+	}
+	if err == nil {
+		for _, u := range updates {
+			if u.add {
+				s.segs = append(s.segs, u.seg)
+				s.diskBytes += u.size
+			} else {
+				s.diskBytes += u.size - u.seg.size
+			}
+			u.seg.size = u.size
+			u.seg.sealed = u.seal
+		}
+		s.pending += recs
+		close(s.notify)
+		s.notify = make(chan struct{})
+	}
+	s.mu.Unlock()
+	for _, r := range group {
+		r.err = err
+		close(r.done)
+	}
+	return true
 }
 
 // writeGroup writes and fsyncs one commit group, rolling segments as
