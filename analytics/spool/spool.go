@@ -11,6 +11,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"time"
 )
 
 // Defaults applied by Open to zero Options fields.
@@ -165,6 +166,9 @@ type Spool struct {
 	closed      bool
 	closedCh    chan struct{}
 	failed      error // sticky I/O failure; see Append
+	// When the last commit group ended and how long it took.
+	lastCommit     time.Time
+	lastCommitTook time.Duration
 
 	// Owned by the committer goroutine (at most one runs, see committing).
 	wf      *os.File
@@ -477,14 +481,23 @@ func (s *Spool) Append(records [][]byte) (Position, error) {
 	}
 	s.queuedBytes += size
 	s.queue = append(s.queue, req)
-	lead := !s.committing
-	s.committing = true
+	// After a lull (no commit for longer than the last one took) the
+	// batch is probably alone: write it on the caller's goroutine rather
+	// than hand it to a committer and wait to be woken, two scheduling
+	// delays that a busy machine makes long. In a steady stream, hand it
+	// over, so that the batches arriving meanwhile share its fsync.
+	lead := false
+	if !s.committing {
+		s.committing = true
+		if time.Since(s.lastCommit) > s.lastCommitTook {
+			lead = true
+		} else {
+			go s.commitLoop()
+		}
+	}
 	s.mu.Unlock()
 
 	if lead {
-		// No commit is running: write this group on the caller's
-		// goroutine rather than hand it to another and wait to be woken,
-		// two scheduling delays that a busy machine makes long.
 		s.commitGroup()
 		s.mu.Lock()
 		if len(s.queue) > 0 {
@@ -557,6 +570,7 @@ func (s *Spool) commitGroup() bool {
 	}
 	var updates []segUpdate
 	err := failed
+	start := time.Now()
 	if err == nil {
 		updates, err = s.writeGroup(group)
 	} else {
@@ -564,6 +578,8 @@ func (s *Spool) commitGroup() bool {
 	}
 
 	s.mu.Lock()
+	s.lastCommit = time.Now()
+	s.lastCommitTook = s.lastCommit.Sub(start)
 	s.queuedBytes -= groupBytes
 	if err != nil && failed == nil {
 		s.failed = err
