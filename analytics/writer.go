@@ -27,7 +27,9 @@ type WriterOptions struct {
 	// Parallel is the number of inserts in flight; defaulted to 2.
 	Parallel int
 	// Linger is how long a small read waits for more records before it is
-	// inserted; defaulted to 200ms (negative: no wait).
+	// inserted; defaulted to 1s (negative: no wait). The wait also ends
+	// once no record arrived for a quarter of it, so that the end of a
+	// burst is stored promptly.
 	Linger time.Duration
 	// MinBackoff and MaxBackoff bound the wait between failed inserts;
 	// defaulted to 200ms and 10s.
@@ -68,7 +70,7 @@ func NewWriter(sp *spool.Spool, st Inserter, o WriterOptions) *Writer {
 		o.Parallel = 2
 	}
 	if o.Linger == 0 {
-		o.Linger = 200 * time.Millisecond
+		o.Linger = time.Second
 	}
 	return &Writer{spool: sp, store: st, o: o, inflight: map[eventKey]struct{}{}}
 }
@@ -175,11 +177,16 @@ func (w *Writer) Run(ctx context.Context) error {
 
 // linger gathers more records for up to Linger when b is small, so that a
 // trickle of small webhook batches becomes fewer, larger inserts (each
-// insert costs ClickHouse a part, and CPU the HTTP side needs).
+// insert costs ClickHouse a part, and CPU the HTTP side needs). It stops
+// early once no record arrived for Linger/4: the trickle has paused.
 func (w *Writer) linger(ctx context.Context, b spool.Batch) spool.Batch {
 	deadline := time.Now().Add(w.o.Linger)
 	for len(b.Records) < w.o.MaxRecords && w.o.Linger > 0 {
-		wait, cancel := context.WithDeadline(ctx, deadline)
+		until := time.Now().Add(w.o.Linger / 4)
+		if deadline.Before(until) {
+			until = deadline
+		}
+		wait, cancel := context.WithDeadline(ctx, until)
 		more, err := w.spool.Next(wait, w.o.MaxRecords-len(b.Records))
 		cancel()
 		if err != nil {

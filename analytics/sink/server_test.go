@@ -15,6 +15,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ClickHouse/clickhouse-go/v2/lib/driver"
+
 	"github.com/stampguard/stampguard/analytics"
 	"github.com/stampguard/stampguard/analytics/spool"
 	"github.com/stampguard/stampguard/internal/chtest"
@@ -224,11 +226,17 @@ func startSink(t *testing.T, o Options) (string, func()) {
 
 func countEvents(t *testing.T, srv *chtest.Server, db string) uint64 {
 	t.Helper()
-	var n uint64
-	if err := srv.Conn(t, db).QueryRow(t.Context(), "SELECT count() FROM events").Scan(&n); err != nil {
+	n, err := tryCountEvents(t, srv.Conn(t, db))
+	if err != nil {
 		t.Fatal(err)
 	}
 	return n
+}
+
+func tryCountEvents(t *testing.T, conn driver.Conn) (uint64, error) {
+	var n uint64
+	err := conn.QueryRow(t.Context(), "SELECT count() FROM events").Scan(&n)
+	return n, err
 }
 
 func waitFor(t *testing.T, what string, cond func() bool) {
@@ -280,7 +288,13 @@ func TestServeOverTLSWithClientCertificatesStoresInClickHouse(t *testing.T) {
 	if s := send(client(true)); s != 200 { // the apiserver retrying the same batch
 		t.Fatalf("redelivery: %d, want 200", s)
 	}
-	waitFor(t, "10 events in ClickHouse", func() bool { return countEvents(t, ch, db) == 10 })
+	conn := ch.Conn(t, db)
+	waitFor(t, "10 events in ClickHouse", func() bool {
+		// The writer creates the tables in the background, after the
+		// 200s: until then the query fails.
+		n, err := tryCountEvents(t, conn)
+		return err == nil && n == 10
+	})
 	stop()
 	// A restart with the same spool replays nothing new and doubles nothing.
 	_, stop = startSink(t, opts)

@@ -33,6 +33,9 @@
 // number ("00000000000000000001.seg"), a checkpoint file ("checkpoint")
 // that holds the confirmed Position, and a "lock" file: an open Spool holds
 // an flock on it, so a second Open of the directory fails with ErrInUse.
+// The checkpoint has two checksummed slots that Confirm overwrites in turn
+// and fdatasyncs (see checkpoint.go), so a confirm renames nothing and
+// costs the appends no extra journal commit.
 // A segment starts with a 16-byte header
 // (magic "SGSPOOL1", segment number, big endian) followed by batches:
 //

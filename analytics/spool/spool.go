@@ -11,6 +11,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"time"
 )
 
 // Defaults applied by Open to zero Options fields.
@@ -165,6 +166,9 @@ type Spool struct {
 	closed      bool
 	closedCh    chan struct{}
 	failed      error // sticky I/O failure; see Append
+	// When the last commit group ended and how long it took.
+	lastCommit     time.Time
+	lastCommitTook time.Duration
 
 	// Owned by the committer goroutine (at most one runs, see committing).
 	wf      *os.File
@@ -173,12 +177,13 @@ type Spool struct {
 	nextSeq uint64
 
 	// Reader state, guarded by rmu.
-	rmu       sync.Mutex
-	read      Position
-	rfile     *os.File
-	rseq      uint64
-	confirmed Position
-	handed    []delivered
+	rmu        sync.Mutex
+	read       Position
+	rfile      *os.File
+	rseq       uint64
+	confirmed  Position
+	handed     []delivered
+	checkpoint *checkpointFile
 }
 
 // Open opens or creates the spool in dir and recovers it: see the package
@@ -237,10 +242,11 @@ func listSegments(dir string) ([]uint64, error) {
 
 // recover loads the checkpoint and checks every unconfirmed segment.
 func (s *Spool) recover() error {
-	cp, err := readCheckpoint(s.dir)
+	st, err := readCheckpoint(s.dir)
 	if err != nil {
 		return err
 	}
+	cp := st.pos
 	seqs, err := listSegments(s.dir)
 	if err != nil {
 		return err
@@ -268,7 +274,8 @@ func (s *Spool) recover() error {
 	}
 	s.nextSeq = maxSeq + 1
 	s.read, s.confirmed = cp, cp
-	return nil
+	s.checkpoint, err = openCheckpoint(s.dir, st, s.opts.NoSync)
+	return err
 }
 
 // recoverSegment checks one segment from its start (or the checkpoint) to
@@ -410,12 +417,14 @@ func readBatch(f *os.File, off, size int64) (batchHeader, []byte, error) {
 	return bh, body, nil
 }
 
-// sync fsyncs f unless fsync is off.
+// sync makes f's data durable unless fsync is off. fdatasync is enough:
+// it also flushes the size and block metadata that reading the data back
+// needs, and skips only timestamps.
 func (s *Spool) sync(f *os.File) error {
 	if s.opts.NoSync {
 		return nil
 	}
-	return f.Sync()
+	return fdatasync(f)
 }
 
 // syncDir fsyncs the spool directory so a created, renamed or removed
@@ -472,12 +481,33 @@ func (s *Spool) Append(records [][]byte) (Position, error) {
 	}
 	s.queuedBytes += size
 	s.queue = append(s.queue, req)
+	// After a lull (no commit for longer than the last one took) the
+	// batch is probably alone: write it on the caller's goroutine rather
+	// than hand it to a committer and wait to be woken, two scheduling
+	// delays that a busy machine makes long. In a steady stream, hand it
+	// over, so that the batches arriving meanwhile share its fsync.
+	lead := false
 	if !s.committing {
 		s.committing = true
-		go s.commitLoop()
+		if time.Since(s.lastCommit) > s.lastCommitTook {
+			lead = true
+		} else {
+			go s.commitLoop()
+		}
 	}
 	s.mu.Unlock()
 
+	if lead {
+		s.commitGroup()
+		s.mu.Lock()
+		if len(s.queue) > 0 {
+			go s.commitLoop() // batches that queued behind this group
+		} else {
+			s.committing = false
+			s.idle.Broadcast()
+		}
+		s.mu.Unlock()
+	}
 	<-req.done
 	s.putBuf(buf)
 	return req.pos, req.err
@@ -508,61 +538,73 @@ type segUpdate struct {
 }
 
 // commitLoop writes queued batches in groups until the queue is empty.
-// Only one runs at a time (s.committing), and it owns the write side.
+// Only one committer runs at a time (s.committing: this loop, or an
+// Append writing its own group), and it owns the write side.
 func (s *Spool) commitLoop() {
-	for {
-		s.mu.Lock()
-		group := s.queue
-		s.queue = nil
-		if len(group) == 0 {
-			s.committing = false
-			s.idle.Broadcast()
-			s.mu.Unlock()
-			return
-		}
-		failed := s.failed
-		s.mu.Unlock()
-
-		var groupBytes int64
-		var recs int64
-		for _, r := range group {
-			groupBytes += int64(len(r.buf))
-			recs += int64(r.recs)
-		}
-		var updates []segUpdate
-		err := failed
-		if err == nil {
-			updates, err = s.writeGroup(group)
-		} else {
-			err = fmt.Errorf("spool failed earlier, reopen to recover: %w", err)
-		}
-
-		s.mu.Lock()
-		s.queuedBytes -= groupBytes
-		if err != nil && failed == nil {
-			s.failed = err
-		}
-		if err == nil {
-			for _, u := range updates {
-				if u.add {
-					s.segs = append(s.segs, u.seg)
-					s.diskBytes += u.size
-				} else {
-					s.diskBytes += u.size - u.seg.size
-				}
-				u.seg.size = u.size
-				u.seg.sealed = u.seal
-			}
-			s.pending += recs
-			close(s.notify)
-			s.notify = make(chan struct{})
-		}
-		s.mu.Unlock()
-		for _, r := range group {
-			r.err = err
-			close(r.done)
-		}
+	for s.commitGroup() {
 	}
+}
+
+// commitGroup writes, fsyncs and publishes the queued batches as one
+// group, and reports whether there was any. With none, it ends the
+// committer's turn (under the same lock that Append checks it with). Only
+// the committer calls it.
+func (s *Spool) commitGroup() bool {
+	s.mu.Lock()
+	group := s.queue
+	s.queue = nil
+	if len(group) == 0 {
+		s.committing = false
+		s.idle.Broadcast()
+		s.mu.Unlock()
+		return false
+	}
+	failed := s.failed
+	s.mu.Unlock()
+
+	var groupBytes int64
+	var recs int64
+	for _, r := range group {
+		groupBytes += int64(len(r.buf))
+		recs += int64(r.recs)
+	}
+	var updates []segUpdate
+	err := failed
+	start := time.Now()
+	if err == nil {
+		updates, err = s.writeGroup(group)
+	} else {
+		err = fmt.Errorf("spool failed earlier, reopen to recover: %w", err)
+	}
+
+	s.mu.Lock()
+	s.lastCommit = time.Now()
+	s.lastCommitTook = s.lastCommit.Sub(start)
+	s.queuedBytes -= groupBytes
+	if err != nil && failed == nil {
+		s.failed = err
+	}
+	if err == nil {
+		for _, u := range updates {
+			if u.add {
+				s.segs = append(s.segs, u.seg)
+				s.diskBytes += u.size
+			} else {
+				s.diskBytes += u.size - u.seg.size
+			}
+			u.seg.size = u.size
+			u.seg.sealed = u.seal
+		}
+		s.pending += recs
+		close(s.notify)
+		s.notify = make(chan struct{})
+	}
+	s.mu.Unlock()
+	for _, r := range group {
+		r.err = err
+		close(r.done)
+	}
+	return true
 }
 
 // writeGroup writes and fsyncs one commit group, rolling segments as
@@ -777,7 +819,7 @@ func (s *Spool) Confirm(pos Position) error {
 	if i < 0 {
 		return fmt.Errorf("confirm %s: not a batch end returned by Next", pos)
 	}
-	if err := writeCheckpoint(s.dir, pos, s.opts.NoSync); err != nil {
+	if err := s.checkpoint.write(pos); err != nil {
 		return err
 	}
 	var recs int64
@@ -851,6 +893,11 @@ func (s *Spool) Close() error {
 
 	s.rmu.Lock()
 	s.closeReader()
+	if s.checkpoint != nil {
+		if cerr := s.checkpoint.close(); cerr != nil && err == nil {
+			err = cerr
+		}
+	}
 	s.rmu.Unlock()
 	s.releaseLock()
 	if err != nil {
