@@ -35,7 +35,11 @@ func BenchmarkStoreInsert(b *testing.B) {
 			rows[i].AuditID = fmt.Sprintf("run%d-%d", run, i)
 		}
 		t0 := time.Now()
-		if _, err := st.fresh(b.Context(), rows); err != nil {
+		set, err := recordSetOf(rows, nil)
+		if err != nil {
+			b.Fatal(err)
+		}
+		if _, err := st.fresh(b.Context(), set.rows); err != nil {
 			b.Fatal(err)
 		}
 		lookup += time.Since(t0)

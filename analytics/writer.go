@@ -12,9 +12,11 @@ import (
 	"github.com/stampguard/stampguard/analytics/spool"
 )
 
-// Inserter stores rows and dead letters exactly once; *Store is one.
+// Inserter stores the rows and dead letters of spool records exactly once;
+// *Store is one. InsertRecords must not change the set: a failed insert is
+// retried with it.
 type Inserter interface {
-	Insert(ctx context.Context, rows []Row, dead []DeadLetter) (InsertResult, error)
+	InsertRecords(ctx context.Context, set *RecordSet) (InsertResult, error)
 }
 
 var _ Inserter = (*Store)(nil)
@@ -146,28 +148,23 @@ func (w *Writer) Run(ctx context.Context) error {
 			return stop(fmt.Errorf("read spool: %w", err))
 		}
 		b = w.linger(ctx, b)
-		var rows []Row
-		var dead []DeadLetter
+		set := &RecordSet{}
 		for _, rec := range b.Records {
-			// The records belong to us and are never changed: decode
+			// The records belong to us and are never changed: parse
 			// without copying.
-			batch, err := DecodeBatch(unsafe.String(unsafe.SliceData(rec), len(rec)))
-			if err != nil {
+			if err := set.Add(unsafe.String(unsafe.SliceData(rec), len(rec))); err != nil {
 				// The spool's checksum matched, so this is a record from a
 				// newer or broken sink: keep it visible, do not block.
 				w.o.Logger.Error("undecodable spool record; dead-lettering it", "err", err)
-				dead = append(dead, DeadLetter{Source: "spool", Reason: err.Error(), Raw: string(sample(rec)), ReceivedAt: time.Now().UnixMicro()})
-				continue
+				set.AddDead(DeadLetter{Source: "spool", Reason: err.Error(), Raw: string(sample(rec)), ReceivedAt: time.Now().UnixMicro()})
 			}
-			rows = append(rows, batch.Rows...)
-			dead = append(dead, batch.Dead...)
 		}
-		rows, keys := w.claim(rows)
+		keys := w.claim(set)
 		j := &job{end: b.End, done: make(chan struct{})}
 		pending = append(pending, j)
 		go func() {
 			defer close(j.done)
-			j.err = w.insert(ctx, rows, dead)
+			j.err = w.insert(ctx, set)
 			w.release(keys)
 		}()
 	}
@@ -191,26 +188,28 @@ func (w *Writer) linger(ctx context.Context, b spool.Batch) spool.Batch {
 	return b
 }
 
-// claim drops rows whose key an in-flight batch is inserting and marks the
-// rest as in flight.
-func (w *Writer) claim(rows []Row) ([]Row, []eventKey) {
+// claim drops the set's rows whose key an in-flight batch is inserting and
+// marks the rest as in flight.
+func (w *Writer) claim(set *RecordSet) []eventKey {
 	w.mu.Lock()
 	defer w.mu.Unlock()
+	rows := set.rows
 	kept := rows[:0]
 	keys := make([]eventKey, 0, len(rows))
 	for _, r := range rows {
-		k := eventKey{r.Cluster, r.AuditID, r.Stage, r.Fingerprint}
-		if _, busy := w.inflight[k]; busy {
+		if _, busy := w.inflight[r.key]; busy {
 			continue
 		}
-		w.inflight[k] = struct{}{}
-		keys = append(keys, k)
+		w.inflight[r.key] = struct{}{}
+		keys = append(keys, r.key)
 		kept = append(kept, r)
 	}
+	clear(rows[len(kept):])
+	set.rows = kept
 	if dropped := len(rows) - len(kept); dropped > 0 && w.o.Metrics != nil {
 		w.o.Metrics.Deduplicated.Add(float64(dropped))
 	}
-	return kept, keys
+	return keys
 }
 
 func (w *Writer) release(keys []eventKey) {
@@ -221,11 +220,11 @@ func (w *Writer) release(keys []eventKey) {
 	}
 }
 
-func (w *Writer) insert(ctx context.Context, rows []Row, dead []DeadLetter) error {
+func (w *Writer) insert(ctx context.Context, set *RecordSet) error {
 	backoff := w.o.MinBackoff
 	for {
 		start := time.Now()
-		res, err := w.store.Insert(ctx, rows, dead)
+		res, err := w.store.InsertRecords(ctx, set)
 		if err == nil {
 			if m := w.o.Metrics; m != nil {
 				m.FlushSeconds.Observe(time.Since(start).Seconds())
@@ -240,7 +239,7 @@ func (w *Writer) insert(ctx context.Context, rows []Row, dead []DeadLetter) erro
 		if w.o.Metrics != nil {
 			w.o.Metrics.CHErrors.Inc()
 		}
-		w.o.Logger.Warn("ClickHouse insert failed; retrying", "err", err, "rows", len(rows), "retryIn", backoff)
+		w.o.Logger.Warn("ClickHouse insert failed; retrying", "err", err, "rows", set.Rows(), "retryIn", backoff)
 		w.gauge()
 		select {
 		case <-ctx.Done():
