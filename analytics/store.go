@@ -256,7 +256,7 @@ const EventColumns = `event_date, event_time, event_time_us, request_received_us
 // stays bounded while ClickHouse still writes few, large parts: on this
 // project's test machines creating a part's files costs more server CPU
 // than the rows in it.
-const insertBlockRows = 16 << 10
+const insertBlockRows = 8 << 10
 
 func (s *Store) insertEvents(ctx context.Context, rows []*rowRef) error {
 	b, err := s.conn.PrepareBatch(ctx, "INSERT INTO "+s.db+".events ("+EventColumns+")")

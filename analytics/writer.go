@@ -23,14 +23,20 @@ var _ Inserter = (*Store)(nil)
 
 // WriterOptions configure a Writer.
 type WriterOptions struct {
-	// MaxRecords caps the spool records per insert; defaulted to 25
-	// (10,000 rows of 400-event webhook batches).
+	// MaxRecords caps the spool records per insert; defaulted to 100
+	// (40,000 rows of 400-event webhook batches, about 20 MB of records).
 	MaxRecords int
 	// Parallel is the number of inserts in flight; defaulted to 2.
 	Parallel int
-	// Linger is how long a small read waits for more records before it is
-	// inserted; defaulted to 200ms (negative: no wait).
+	// Linger is how long a read of fewer than MaxRecords waits for more
+	// records before it is inserted; defaulted to 1s (negative: no wait).
+	// Every insert makes ClickHouse write a part per table (events and its
+	// views) and merge it later, which costs far more server CPU than the
+	// rows themselves until inserts reach tens of thousands of rows.
 	Linger time.Duration
+	// LingerIdle ends the wait early once no record arrived for this long,
+	// so that the end of a burst is not held back; defaulted to 100ms.
+	LingerIdle time.Duration
 	// MinBackoff and MaxBackoff bound the wait between failed inserts;
 	// defaulted to 200ms and 10s.
 	MinBackoff, MaxBackoff time.Duration
@@ -55,7 +61,7 @@ type Writer struct {
 // NewWriter makes a writer; call Run.
 func NewWriter(sp *spool.Spool, st Inserter, o WriterOptions) *Writer {
 	if o.MaxRecords <= 0 {
-		o.MaxRecords = 25
+		o.MaxRecords = 100
 	}
 	if o.MinBackoff <= 0 {
 		o.MinBackoff = 200 * time.Millisecond
@@ -70,7 +76,10 @@ func NewWriter(sp *spool.Spool, st Inserter, o WriterOptions) *Writer {
 		o.Parallel = 2
 	}
 	if o.Linger == 0 {
-		o.Linger = 200 * time.Millisecond
+		o.Linger = time.Second
+	}
+	if o.LingerIdle <= 0 {
+		o.LingerIdle = 100 * time.Millisecond
 	}
 	return &Writer{spool: sp, store: st, o: o, inflight: map[eventKey]struct{}{}}
 }
@@ -171,12 +180,17 @@ func (w *Writer) Run(ctx context.Context) error {
 }
 
 // linger gathers more records for up to Linger when b is small, so that a
-// trickle of small webhook batches becomes fewer, larger inserts (each
-// insert costs ClickHouse a part, and CPU the HTTP side needs).
+// stream of webhook batches becomes fewer, larger inserts (each insert
+// costs ClickHouse parts, and CPU the HTTP side needs). It stops early
+// when records stop arriving for LingerIdle.
 func (w *Writer) linger(ctx context.Context, b spool.Batch) spool.Batch {
 	deadline := time.Now().Add(w.o.Linger)
 	for len(b.Records) < w.o.MaxRecords && w.o.Linger > 0 {
-		wait, cancel := context.WithDeadline(ctx, deadline)
+		until := time.Now().Add(w.o.LingerIdle)
+		if deadline.Before(until) {
+			until = deadline
+		}
+		wait, cancel := context.WithDeadline(ctx, until)
 		more, err := w.spool.Next(wait, w.o.MaxRecords-len(b.Records))
 		cancel()
 		if err != nil {
