@@ -1,6 +1,10 @@
 package analytics
 
-import "fmt"
+import (
+	"encoding/binary"
+	"fmt"
+	"hash/maphash"
+)
 
 // RecordSet holds the rows and dead letters of encoded Batch records (spool
 // records), parsed only as far as deduplication needs: each row's key, its
@@ -18,7 +22,8 @@ type rowRef struct {
 	rec    string // the whole record
 	off    int    // where the row's fields start in rec (after its tag)
 	key    eventKey
-	micros int64 // stage timestamp, Unix microseconds
+	hash   uint64 // of key
+	micros int64  // stage timestamp, Unix microseconds
 }
 
 // Rows is the number of rows in the set.
@@ -68,6 +73,7 @@ func (s *RecordSet) add(rec string) error {
 			d.varint()  // request received
 			r.micros = d.varint()
 			r.key.fingerprint = d.uint64()
+			r.hash = r.key.hash()
 			if d.err == nil {
 				s.rows = append(s.rows, r)
 			}
@@ -90,6 +96,67 @@ const (
 	rowStrings = 23
 	rowLists   = 5
 )
+
+var keySeed = maphash.MakeSeed()
+
+func (k *eventKey) hash() uint64 {
+	var h maphash.Hash
+	h.SetSeed(keySeed)
+	var buf [8]byte
+	for _, s := range [...]string{k.cluster, k.auditID, k.stage} {
+		binary.LittleEndian.PutUint64(buf[:], uint64(len(s)))
+		_, _ = h.Write(buf[:])
+		_, _ = h.WriteString(s)
+	}
+	binary.LittleEndian.PutUint64(buf[:], k.fingerprint)
+	_, _ = h.Write(buf[:])
+	return h.Sum64()
+}
+
+// keyIndex finds rows by key: it maps a key's hash to the row's position,
+// so that a lookup hashes nothing and compares the strings only on a hit.
+// Two keys with one hash (about never) keep the first: the second is then
+// never found, which can let a repeat of it through to the store, but
+// never drops a row.
+type keyIndex map[uint64]int32
+
+// has reports whether rows (the rows idx indexes) hold r's key.
+func (idx keyIndex) has(rows []rowRef, r *rowRef) bool {
+	i, ok := idx[r.hash]
+	return ok && rows[i].key == r.key
+}
+
+// dedup returns rows without those whose key an earlier row holds and
+// those drop reports, and the index of what it returns. It does not change
+// rows: when nothing is dropped it returns rows itself.
+func dedup(rows []rowRef, drop func(*rowRef) bool) ([]rowRef, keyIndex) {
+	idx := make(keyIndex, len(rows))
+	kept := rows
+	copied := false
+	for i := range rows {
+		r := &rows[i]
+		if (drop != nil && drop(r)) || idx.has(kept, r) {
+			if !copied {
+				kept = append(make([]rowRef, 0, len(rows)-1), rows[:i]...)
+				copied = true
+			}
+			continue
+		}
+		if _, taken := idx[r.hash]; !taken {
+			idx[r.hash] = int32(i)
+			if copied {
+				idx[r.hash] = int32(len(kept))
+			}
+		}
+		if copied {
+			kept = append(kept, *r)
+		}
+	}
+	if !copied {
+		return rows, idx
+	}
+	return kept, idx
+}
 
 func (d *recordReader) skipStr() {
 	n := d.count()

@@ -5,8 +5,10 @@ import (
 	"crypto/x509"
 	"errors"
 	"fmt"
+	"math"
 	"net/url"
 	"os"
+	"slices"
 	"time"
 
 	"github.com/ClickHouse/clickhouse-go/v2"
@@ -166,26 +168,13 @@ func (s *Store) InsertRecords(ctx context.Context, set *RecordSet) (InsertResult
 }
 
 // fresh returns the rows not yet stored, without in-batch repeats.
-func (s *Store) fresh(ctx context.Context, rows []rowRef) ([]*rowRef, error) {
-	seen := make(map[eventKey]struct{}, len(rows))
-	out := make([]*rowRef, 0, len(rows))
-	for i := range rows {
-		r := &rows[i]
-		if _, dup := seen[r.key]; dup {
-			continue
-		}
-		seen[r.key] = struct{}{}
-		out = append(out, r)
-	}
+func (s *Store) fresh(ctx context.Context, rows []rowRef) ([]rowRef, error) {
+	out, _ := dedup(rows, nil)
 	if len(out) == 0 {
 		return out, nil
 	}
-	byCluster := map[string][]*rowRef{}
-	for _, r := range out {
-		byCluster[r.key.cluster] = append(byCluster[r.key.cluster], r)
-	}
 	stored := map[eventKey]struct{}{}
-	for cluster, rs := range byCluster {
+	for cluster, rs := range byCluster(out) {
 		if err := s.lookup(ctx, cluster, rs, stored); err != nil {
 			return nil, err
 		}
@@ -193,7 +182,7 @@ func (s *Store) fresh(ctx context.Context, rows []rowRef) ([]*rowRef, error) {
 	if len(stored) == 0 {
 		return out, nil
 	}
-	kept := out[:0]
+	var kept []rowRef // not out[:0]: out may be the caller's rows
 	for _, r := range out {
 		if _, ok := stored[r.key]; !ok {
 			kept = append(kept, r)
@@ -202,21 +191,39 @@ func (s *Store) fresh(ctx context.Context, rows []rowRef) ([]*rowRef, error) {
 	return kept, nil
 }
 
+// byCluster splits rows by cluster (almost always one).
+func byCluster(rows []rowRef) map[string][]rowRef {
+	one := rows[0].key.cluster
+	if !slices.ContainsFunc(rows, func(r rowRef) bool { return r.key.cluster != one }) {
+		return map[string][]rowRef{one: rows}
+	}
+	m := map[string][]rowRef{}
+	for _, r := range rows {
+		m[r.key.cluster] = append(m[r.key.cluster], r)
+	}
+	return m
+}
+
 // lookup returns which of the rows' keys event_keys holds. The batch's keys
 // travel as an external table of the native protocol (a data block, not a
 // literal IN list the server would have to parse), and the days of the
 // batch prune the partitions read.
-func (s *Store) lookup(ctx context.Context, cluster string, rows []*rowRef, stored map[eventKey]struct{}) error {
+func (s *Store) lookup(ctx context.Context, cluster string, rows []rowRef, stored map[eventKey]struct{}) error {
 	keys, err := ext.NewTable("batch_keys", ext.Column("audit_id", "String"))
 	if err != nil {
 		return err
 	}
+	ids := make([]string, len(rows))
 	days := map[int64]struct{}{}
-	for _, r := range rows {
-		if err := keys.Append(r.key.auditID); err != nil {
-			return err
+	last := int64(math.MinInt64)
+	for i := range rows {
+		ids[i] = rows[i].key.auditID
+		if d := floorDiv(rows[i].micros, 86_400_000_000); d != last {
+			days[d], last = struct{}{}, d
 		}
-		days[floorDiv(r.micros, 86_400_000_000)] = struct{}{}
+	}
+	if _, err := keys.Block().Columns[0].Append(ids); err != nil {
+		return err
 	}
 	dayList := make([]any, 0, len(days))
 	for d := range days {
@@ -258,7 +265,7 @@ const EventColumns = `event_date, event_time, event_time_us, request_received_us
 // than the rows in it.
 const insertBlockRows = 8 << 10
 
-func (s *Store) insertEvents(ctx context.Context, rows []*rowRef) error {
+func (s *Store) insertEvents(ctx context.Context, rows []rowRef) error {
 	b, err := s.conn.PrepareBatch(ctx, "INSERT INTO "+s.db+".events ("+EventColumns+")")
 	if err != nil {
 		return fmt.Errorf("prepare events insert: %w", err)
@@ -273,8 +280,8 @@ func (s *Store) insertEvents(ctx context.Context, rows []*rowRef) error {
 		chunk := rows[:min(len(rows), insertBlockRows)]
 		rows = rows[len(chunk):]
 		cols.reset()
-		for _, r := range chunk {
-			if err := cols.appendRow(r, s.raw); err != nil {
+		for i := range chunk {
+			if err := cols.appendRow(&chunk[i], s.raw); err != nil {
 				return err
 			}
 		}

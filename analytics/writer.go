@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"sync"
 	"time"
 	"unsafe"
@@ -55,7 +56,13 @@ type Writer struct {
 	o     WriterOptions
 
 	mu       sync.Mutex
-	inflight map[eventKey]struct{}
+	inflight []*claim // the rows of the inserts in flight
+}
+
+// claim is the rows of an insert in flight, indexed.
+type claim struct {
+	rows  []rowRef
+	index keyIndex
 }
 
 // NewWriter makes a writer; call Run.
@@ -81,7 +88,7 @@ func NewWriter(sp *spool.Spool, st Inserter, o WriterOptions) *Writer {
 	if o.LingerIdle <= 0 {
 		o.LingerIdle = 100 * time.Millisecond
 	}
-	return &Writer{spool: sp, store: st, o: o, inflight: map[eventKey]struct{}{}}
+	return &Writer{spool: sp, store: st, o: o}
 }
 
 // Run drains until ctx is done or the spool is closed. Insert errors are
@@ -168,13 +175,13 @@ func (w *Writer) Run(ctx context.Context) error {
 				set.AddDead(DeadLetter{Source: "spool", Reason: err.Error(), Raw: string(sample(rec)), ReceivedAt: time.Now().UnixMicro()})
 			}
 		}
-		keys := w.claim(set)
+		c := w.claim(set)
 		j := &job{end: b.End, done: make(chan struct{})}
 		pending = append(pending, j)
 		go func() {
 			defer close(j.done)
 			j.err = w.insert(ctx, set)
-			w.release(keys)
+			w.release(c)
 		}()
 	}
 }
@@ -202,36 +209,37 @@ func (w *Writer) linger(ctx context.Context, b spool.Batch) spool.Batch {
 	return b
 }
 
-// claim drops the set's rows whose key an in-flight batch is inserting and
-// marks the rest as in flight.
-func (w *Writer) claim(set *RecordSet) []eventKey {
+// claim drops the set's rows whose key an in-flight insert is inserting,
+// and repeats within the set, and marks the rest as in flight. Only Run
+// claims; inserts release concurrently.
+func (w *Writer) claim(set *RecordSet) *claim {
 	w.mu.Lock()
-	defer w.mu.Unlock()
-	rows := set.rows
-	kept := rows[:0]
-	keys := make([]eventKey, 0, len(rows))
-	for _, r := range rows {
-		if _, busy := w.inflight[r.key]; busy {
-			continue
+	busy := slices.Clone(w.inflight)
+	w.mu.Unlock()
+	n := len(set.rows)
+	c := &claim{}
+	c.rows, c.index = dedup(set.rows, func(r *rowRef) bool {
+		for _, b := range busy {
+			if b.index.has(b.rows, r) {
+				return true
+			}
 		}
-		w.inflight[r.key] = struct{}{}
-		keys = append(keys, r.key)
-		kept = append(kept, r)
-	}
-	clear(rows[len(kept):])
-	set.rows = kept
-	if dropped := len(rows) - len(kept); dropped > 0 && w.o.Metrics != nil {
+		return false
+	})
+	set.rows = c.rows
+	if dropped := n - len(c.rows); dropped > 0 && w.o.Metrics != nil {
 		w.o.Metrics.Deduplicated.Add(float64(dropped))
 	}
-	return keys
+	w.mu.Lock()
+	w.inflight = append(w.inflight, c)
+	w.mu.Unlock()
+	return c
 }
 
-func (w *Writer) release(keys []eventKey) {
+func (w *Writer) release(c *claim) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	for _, k := range keys {
-		delete(w.inflight, k)
-	}
+	w.inflight = slices.DeleteFunc(w.inflight, func(x *claim) bool { return x == c })
 }
 
 func (w *Writer) insert(ctx context.Context, set *RecordSet) error {
