@@ -29,15 +29,11 @@ type WriterOptions struct {
 	MaxRecords int
 	// Parallel is the number of inserts in flight; defaulted to 2.
 	Parallel int
-	// Linger is how long a read of fewer than MaxRecords waits for more
-	// records before it is inserted; defaulted to 1s (negative: no wait).
-	// Every insert makes ClickHouse write a part per table (events and its
-	// views) and merge it later, which costs far more server CPU than the
-	// rows themselves until inserts reach tens of thousands of rows.
+	// Linger is how long a small read waits for more records before it is
+	// inserted; defaulted to 1s (negative: no wait). The wait also ends
+	// once no record arrived for a quarter of it, so that the end of a
+	// burst is stored promptly.
 	Linger time.Duration
-	// LingerIdle ends the wait early once no record arrived for this long,
-	// so that the end of a burst is not held back; defaulted to 100ms.
-	LingerIdle time.Duration
 	// MinBackoff and MaxBackoff bound the wait between failed inserts;
 	// defaulted to 200ms and 10s.
 	MinBackoff, MaxBackoff time.Duration
@@ -84,9 +80,6 @@ func NewWriter(sp *spool.Spool, st Inserter, o WriterOptions) *Writer {
 	}
 	if o.Linger == 0 {
 		o.Linger = time.Second
-	}
-	if o.LingerIdle <= 0 {
-		o.LingerIdle = 100 * time.Millisecond
 	}
 	return &Writer{spool: sp, store: st, o: o}
 }
@@ -187,13 +180,13 @@ func (w *Writer) Run(ctx context.Context) error {
 }
 
 // linger gathers more records for up to Linger when b is small, so that a
-// stream of webhook batches becomes fewer, larger inserts (each insert
-// costs ClickHouse parts, and CPU the HTTP side needs). It stops early
-// when records stop arriving for LingerIdle.
+// trickle of small webhook batches becomes fewer, larger inserts (each
+// insert costs ClickHouse a part, and CPU the HTTP side needs). It stops
+// early once no record arrived for Linger/4: the trickle has paused.
 func (w *Writer) linger(ctx context.Context, b spool.Batch) spool.Batch {
 	deadline := time.Now().Add(w.o.Linger)
 	for len(b.Records) < w.o.MaxRecords && w.o.Linger > 0 {
-		until := time.Now().Add(w.o.LingerIdle)
+		until := time.Now().Add(w.o.Linger / 4)
 		if deadline.Before(until) {
 			until = deadline
 		}
