@@ -273,10 +273,9 @@ func (c *eventColumns) appendRow(r *rowRef, keepRaw bool) error {
 			cols[col].lc(strs[i])
 		}
 	}
-	const user, impersonated = 5, 6 // positions in strs
-	writer := strs[impersonated]
+	writer := strs[strImpersonated]
 	if writer == "" {
-		writer = strs[user]
+		writer = strs[strUser]
 	}
 	cols[colWriter].lc(writer)
 	cols[colCluster].lc(r.key.cluster)

@@ -300,3 +300,25 @@ func processCPU() time.Duration {
 	}
 	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }
+
+func TestInsertSendsEventsInTheTablesOrder(t *testing.T) {
+	st, _ := newStore(t, false)
+	rows := columnTestRows(t, 3000)
+	for i := range rows { // a shuffled order, as batches from many apiservers arrive
+		j := (i * 7919) % len(rows)
+		rows[i], rows[j] = rows[j], rows[i]
+	}
+	event := func(name string) uint64 {
+		return count(t, st, "SELECT toUInt64(sum(value)) FROM system.events WHERE event = ?", name)
+	}
+	sorted0 := event("MergeTreeDataWriterBlocksAlreadySorted")
+	if _, err := st.Insert(t.Context(), rows, nil); err != nil {
+		t.Fatal(err)
+	}
+	// The events block (one per day partition the rows span) arrives sorted;
+	// event_keys and the rollup have orders of their own.
+	parts := count(t, st, "SELECT count() FROM system.parts WHERE database = ? AND table = 'events' AND active", st.db)
+	if got := event("MergeTreeDataWriterBlocksAlreadySorted") - sorted0; got < parts {
+		t.Errorf("%d blocks arrived sorted, want at least the %d events parts", got, parts)
+	}
+}

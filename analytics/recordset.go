@@ -1,9 +1,12 @@
 package analytics
 
 import (
+	"cmp"
 	"encoding/binary"
 	"fmt"
 	"hash/maphash"
+	"slices"
+	"strings"
 )
 
 // RecordSet holds the rows and dead letters of encoded Batch records (spool
@@ -24,6 +27,8 @@ type rowRef struct {
 	key    eventKey
 	hash   uint64 // of key
 	micros int64  // stage timestamp, Unix microseconds
+	// The object, for the events sorting key.
+	apiGroup, resource, namespace, name string
 }
 
 // Rows is the number of rows in the set.
@@ -60,8 +65,19 @@ func (s *RecordSet) add(rec string) error {
 			r.key.cluster = cluster
 			r.key.auditID = d.str()
 			r.key.stage = d.str()
-			for range rowStrings - 2 {
-				d.skipStr()
+			for i := 2; i < rowStrings; i++ {
+				switch i {
+				case strAPIGroup:
+					r.apiGroup = d.str()
+				case strResource:
+					r.resource = d.str()
+				case strNamespace:
+					r.namespace = d.str()
+				case strName:
+					r.name = d.str()
+				default:
+					d.skipStr()
+				}
 			}
 			for range rowLists {
 				for k := d.count(); k > 0; k-- {
@@ -96,6 +112,100 @@ const (
 	rowStrings = 23
 	rowLists   = 5
 )
+
+// Positions of a row's strings in its record.
+const (
+	strUser         = 5
+	strImpersonated = 6
+	strAPIGroup     = 9
+	strResource     = 11
+	strNamespace    = 13
+	strName         = 14
+)
+
+// eventOrder returns the positions of rows in the order of the events
+// table's sorting key (cluster, api_group, resource, namespace, name,
+// event_time_us, audit_id, stage, fingerprint), strings compared bytewise
+// as ClickHouse compares them. A block that arrives in this order is not
+// sorted again by the server.
+//
+// Rows are sorted as small fixed-size keys: the object's rank among the
+// batch's distinct objects, the time, and the first 16 bytes of the audit
+// ID; only rows equal in all of that compare their strings.
+func eventOrder(rows []rowRef) []int32 {
+	type object struct{ cluster, apiGroup, resource, namespace, name string }
+	ranks := map[object]uint32{}
+	var objects []object
+	keys := make([]orderKey, len(rows))
+	for i := range rows {
+		r := &rows[i]
+		o := object{r.key.cluster, r.apiGroup, r.resource, r.namespace, r.name}
+		k, ok := ranks[o]
+		if !ok {
+			k = uint32(len(objects))
+			ranks[o] = k
+			objects = append(objects, o)
+		}
+		keys[i] = orderKey{obj: k, row: int32(i), micros: uint64(r.micros)}
+		keys[i].id0, keys[i].id1 = prefix16(r.key.auditID)
+	}
+	// Rank the objects by their own order.
+	byName := make([]uint32, len(objects))
+	for i := range byName {
+		byName[i] = uint32(i)
+	}
+	slices.SortFunc(byName, func(a, b uint32) int {
+		x, y := &objects[a], &objects[b]
+		return cmp.Or(strings.Compare(x.cluster, y.cluster), strings.Compare(x.apiGroup, y.apiGroup),
+			strings.Compare(x.resource, y.resource), strings.Compare(x.namespace, y.namespace),
+			strings.Compare(x.name, y.name))
+	})
+	rank := make([]uint32, len(objects))
+	for r, o := range byName {
+		rank[o] = uint32(r)
+	}
+	for i := range keys {
+		keys[i].obj = rank[keys[i].obj]
+	}
+	slices.SortFunc(keys, func(a, b orderKey) int {
+		if c := cmp.Compare(a.obj, b.obj); c != 0 {
+			return c
+		}
+		if c := cmp.Compare(a.micros, b.micros); c != 0 {
+			return c
+		}
+		if c := cmp.Compare(a.id0, b.id0); c != 0 {
+			return c
+		}
+		if c := cmp.Compare(a.id1, b.id1); c != 0 {
+			return c
+		}
+		x, y := &rows[a.row], &rows[b.row]
+		return cmp.Or(strings.Compare(x.key.auditID, y.key.auditID), strings.Compare(x.key.stage, y.key.stage),
+			cmp.Compare(x.key.fingerprint, y.key.fingerprint))
+	})
+	order := make([]int32, len(keys))
+	for i := range keys {
+		order[i] = keys[i].row
+	}
+	return order
+}
+
+type orderKey struct {
+	obj      uint32
+	row      int32
+	micros   uint64
+	id0, id1 uint64 // the audit ID's first 16 bytes, big-endian, zero-padded
+}
+
+// prefix16 packs s's first 16 bytes so that comparing the numbers compares
+// the bytes (a shorter string pads with zeros, which sorts it first unless
+// it ends in NUL bytes; the full comparison after it settles those).
+func prefix16(s string) (uint64, uint64) {
+	var b [16]byte
+	copy(b[:], s)
+	return binary.BigEndian.Uint64(b[:8]), binary.BigEndian.Uint64(b[8:])
+}
 
 var keySeed = maphash.MakeSeed()
 

@@ -1,6 +1,8 @@
 package analytics
 
 import (
+	"cmp"
+	"strings"
 	"testing"
 )
 
@@ -83,4 +85,36 @@ func TestDedup(t *testing.T) {
 			t.Fatalf("kept %v", got)
 		}
 	})
+}
+
+func TestEventOrderIsTheEventsSortingKey(t *testing.T) {
+	pick := func(i int, vals ...string) string { return vals[i%len(vals)] }
+	var rows []rowRef
+	for i := range 5000 {
+		k := eventKey{pick(i/7, "prod", "dev"), pick(i*31, "a", "ab", "ab\x00", "ab\x00x", "b", "", "0123456789abcdef0", "0123456789abcdef"),
+			pick(i/3, StageResponseComplete, StagePanic), uint64(i % 5)}
+		rows = append(rows, rowRef{key: k, micros: int64(i%4) - 1, apiGroup: pick(i/11, "", "apps"),
+			resource: pick(i/13, "configmaps", "leases"), namespace: pick(i/17, "a", "b", ""), name: pick(i/19, "x", "y", "xy")})
+	}
+	want := func(a, b *rowRef) int {
+		return cmp.Or(strings.Compare(a.key.cluster, b.key.cluster), strings.Compare(a.apiGroup, b.apiGroup),
+			strings.Compare(a.resource, b.resource), strings.Compare(a.namespace, b.namespace),
+			strings.Compare(a.name, b.name), cmp.Compare(uint64(a.micros), uint64(b.micros)),
+			strings.Compare(a.key.auditID, b.key.auditID), strings.Compare(a.key.stage, b.key.stage),
+			cmp.Compare(a.key.fingerprint, b.key.fingerprint))
+	}
+	order := eventOrder(rows)
+	if len(order) != len(rows) {
+		t.Fatalf("%d positions for %d rows", len(order), len(rows))
+	}
+	seen := make([]bool, len(rows))
+	for i, p := range order {
+		if seen[p] {
+			t.Fatalf("row %d twice", p)
+		}
+		seen[p] = true
+		if i > 0 && want(&rows[order[i-1]], &rows[p]) > 0 {
+			t.Fatalf("position %d: %+v before %+v", i, rows[order[i-1]], rows[p])
+		}
+	}
 }

@@ -266,6 +266,10 @@ const EventColumns = `event_date, event_time, event_time_us, request_received_us
 const insertBlockRows = 8 << 10
 
 func (s *Store) insertEvents(ctx context.Context, rows []rowRef) error {
+	// Send the rows in the table's order: the server then skips sorting
+	// the block (for 18.16 on a 2-core machine a third of its insert CPU).
+	order := eventOrder(rows)
+
 	b, err := s.conn.PrepareBatch(ctx, "INSERT INTO "+s.db+".events ("+EventColumns+")")
 	if err != nil {
 		return fmt.Errorf("prepare events insert: %w", err)
@@ -276,19 +280,19 @@ func (s *Store) insertEvents(ctx context.Context, rows []rowRef) error {
 		cols.reset()
 		columnsPool.Put(cols)
 	}()
-	for len(rows) > 0 {
-		chunk := rows[:min(len(rows), insertBlockRows)]
-		rows = rows[len(chunk):]
+	for len(order) > 0 {
+		chunk := order[:min(len(order), insertBlockRows)]
+		order = order[len(chunk):]
 		cols.reset()
-		for i := range chunk {
-			if err := cols.appendRow(&chunk[i], s.raw); err != nil {
+		for _, i := range chunk {
+			if err := cols.appendRow(&rows[i], s.raw); err != nil {
 				return err
 			}
 		}
 		if err := cols.load(b.Columns()); err != nil {
 			return err
 		}
-		if len(rows) > 0 {
+		if len(order) > 0 {
 			if err := b.Flush(); err != nil {
 				return fmt.Errorf("insert events: %w", err)
 			}
