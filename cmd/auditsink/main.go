@@ -181,7 +181,7 @@ func serve(ctx context.Context, args []string, _, stderr io.Writer) error {
 	fs.StringVar(&retention, "retention", "", "drop day partitions older than this, e.g. 30d (empty: keep all)")
 	fs.IntVar(&o.InsertParallel, "insert-parallel", 2, "ClickHouse inserts in flight")
 	memLimit := fs.String("memory-limit", "240MiB", "soft memory limit of the Go runtime (GOMEMLIMIT); the GC works harder near it")
-	gcPercent := fs.Int("gc-percent", 200, "Go GC target percentage (GOGC): higher trades memory, capped by --memory-limit, for less GC CPU")
+	gcPercent := fs.Int("gc-percent", 100, "Go GC target percentage (GOGC): higher trades memory, capped by --memory-limit, for less GC CPU")
 	cpuProfile := fs.String("cpu-profile", "", "write a Go CPU profile (pprof) of the whole run to this file (diagnostics)")
 	if err := parse(fs, args); err != nil {
 		return err
