@@ -53,6 +53,8 @@ type Writer struct {
 
 	mu       sync.Mutex
 	inflight []*claim // the rows of the inserts in flight
+
+	rowsPerRecord int // of the last read, to size the next set (Run only)
 }
 
 // claim is the rows of an insert in flight, indexed.
@@ -157,7 +159,7 @@ func (w *Writer) Run(ctx context.Context) error {
 			return stop(fmt.Errorf("read spool: %w", err))
 		}
 		b = w.linger(ctx, b)
-		set := &RecordSet{}
+		set := &RecordSet{rows: make([]rowRef, 0, len(b.Records)*w.rowsPerRecord*9/8)}
 		for _, rec := range b.Records {
 			// The records belong to us and are never changed: parse
 			// without copying.
@@ -167,6 +169,9 @@ func (w *Writer) Run(ctx context.Context) error {
 				w.o.Logger.Error("undecodable spool record; dead-lettering it", "err", err)
 				set.AddDead(DeadLetter{Source: "spool", Reason: err.Error(), Raw: string(sample(rec)), ReceivedAt: time.Now().UnixMicro()})
 			}
+		}
+		if len(b.Records) > 0 {
+			w.rowsPerRecord = set.Rows() / len(b.Records)
 		}
 		c := w.claim(set)
 		j := &job{end: b.End, done: make(chan struct{})}
