@@ -81,7 +81,7 @@ func columnTestRows(t testing.TB, distinct int) []Row {
 // them into fresh driver columns of the events types.
 func loadColumns(t *testing.T, rows []Row, keepRaw bool) []column.Interface {
 	t.Helper()
-	set, err := recordSetOf(rows, nil)
+	set, err := recordSetOf(rows, nil, true)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -116,7 +116,7 @@ func TestNativeColumnsHoldEveryRowAsTheDriverReadsIt(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			rows := columnTestRows(t, tt.distinct)
 			// The set groups rows by cluster; compare in that order.
-			set, _ := recordSetOf(rows, nil)
+			set, _ := recordSetOf(rows, nil, true)
 			byKey := map[string]*Row{}
 			for i := range rows {
 				byKey[rows[i].Cluster+"/"+rows[i].AuditID] = &rows[i]
@@ -257,7 +257,7 @@ func BenchmarkEventColumns(b *testing.B) {
 		rows[i].AuditID = fmt.Sprintf("bench-%d", i)
 		rows[i].Raw = ""
 	}
-	set, err := recordSetOf(rows, nil)
+	set, err := recordSetOf(rows, nil, false)
 	if err != nil {
 		b.Fatal(err)
 	}

@@ -275,8 +275,9 @@ func (d *recordReader) skipStr() {
 
 // recordSetOf encodes rows and dead letters into records (one per cluster)
 // and parses them back: Store.Insert takes Rows through the same path as
-// the spool's records.
-func recordSetOf(rows []Row, dead []DeadLetter) (*RecordSet, error) {
+// the spool's records. Without keepRaw the rows' Raw is not encoded (the
+// store would not keep it).
+func recordSetOf(rows []Row, dead []DeadLetter, keepRaw bool) (*RecordSet, error) {
 	recs := map[string][]byte{}
 	var order []string
 	rec := func(cluster string) []byte {
@@ -287,17 +288,54 @@ func recordSetOf(rows []Row, dead []DeadLetter) (*RecordSet, error) {
 		}
 		return r
 	}
+	if len(rows) > 0 {
+		// Size the first cluster's record for all rows: nearly always
+		// there is one cluster, and growing a large record by doubling
+		// copies it over and over.
+		size := 0
+		for i := range rows {
+			size += encodedSize(&rows[i], keepRaw)
+		}
+		c := rows[0].Cluster
+		recs[c] = append(make([]byte, 0, size+len(c)+binary.MaxVarintLen64+1), rec(c)...)
+	}
 	for i := range rows {
-		recs[rows[i].Cluster] = AppendRow(rec(rows[i].Cluster), &rows[i])
+		r := &rows[i]
+		if !keepRaw && r.Raw != "" {
+			cp := *r
+			cp.Raw = ""
+			r = &cp
+		}
+		recs[r.Cluster] = AppendRow(rec(r.Cluster), r)
 	}
 	for i := range dead {
 		recs[dead[i].Cluster] = AppendDeadLetter(rec(dead[i].Cluster), &dead[i])
 	}
-	set := &RecordSet{}
+	set := &RecordSet{rows: make([]rowRef, 0, len(rows))}
 	for _, c := range order {
 		if err := set.Add(string(recs[c])); err != nil {
 			return nil, err
 		}
 	}
 	return set, nil
+}
+
+// encodedSize is about the bytes AppendRow takes for r (an upper bound).
+func encodedSize(r *Row, keepRaw bool) int {
+	n := 1 + rowStrings*binary.MaxVarintLen32 + rowLists*binary.MaxVarintLen32 + 5*binary.MaxVarintLen64 + 8
+	for _, s := range [...]string{r.AuditID, r.Stage, r.Level, r.Verb, r.RequestURI, r.User,
+		r.ImpersonatedUser, r.UserAgent, r.SourceIP, r.APIGroup, r.APIVersion, r.Resource,
+		r.Subresource, r.Namespace, r.Name, r.ObjectUID, r.Stamp, r.FieldManager, r.Reason,
+		r.Message, r.AuthzDecision, r.LeaseHolder} {
+		n += len(s)
+	}
+	if keepRaw {
+		n += len(r.Raw)
+	}
+	for _, l := range [...][]string{r.UserGroups, r.CauseReasons, r.CauseFields, r.AnnotationKeys, r.AnnotationValues} {
+		for _, s := range l {
+			n += binary.MaxVarintLen32 + len(s)
+		}
+	}
+	return n
 }

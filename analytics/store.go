@@ -135,7 +135,7 @@ type eventKey struct {
 // Insert encodes the rows as spool records and stores them with
 // InsertRecords, the path the sink's writer takes.
 func (s *Store) Insert(ctx context.Context, rows []Row, dead []DeadLetter) (InsertResult, error) {
-	set, err := recordSetOf(rows, dead)
+	set, err := recordSetOf(rows, dead, s.raw)
 	if err != nil {
 		return InsertResult{}, err
 	}
