@@ -7,7 +7,8 @@
 // each into a Row (decode.go), the rows of one request are encoded into a
 // Batch record (record.go) and appended to the spool, and the Writer
 // (writer.go) replays spool records into the Store (store.go), which drops
-// events already stored before it inserts.
+// events already stored before it inserts and builds the ClickHouse columns
+// straight from the records (recordset.go, columns.go).
 package analytics
 
 import "time"

@@ -96,16 +96,16 @@ func ingestFile(ctx context.Context, st Inserter, path string, o IngestOptions, 
 	return err
 }
 
-// insertRecord decodes an encoded batch and inserts it, retrying while
-// ClickHouse is away (until ctx ends).
+// insertRecord inserts an encoded batch, retrying while ClickHouse is away
+// (until ctx ends).
 func insertRecord(ctx context.Context, st Inserter, rec []byte, res *IngestResult, log *slog.Logger) error {
-	b, err := DecodeBatch(string(rec))
-	if err != nil {
+	var set RecordSet
+	if err := set.Add(string(rec)); err != nil {
 		return err
 	}
 	backoff := 200 * time.Millisecond
 	for {
-		ir, err := st.Insert(ctx, b.Rows, b.Dead)
+		ir, err := st.InsertRecords(ctx, &set)
 		if err == nil {
 			res.Stored += ir.Stored
 			res.Duplicates += ir.Duplicates

@@ -34,8 +34,12 @@ func BenchmarkStoreInsert(b *testing.B) {
 			rows[i] = tmpl[i%len(tmpl)]
 			rows[i].AuditID = fmt.Sprintf("run%d-%d", run, i)
 		}
+		set, err := recordSetOf(rows, nil, false)
+		if err != nil {
+			b.Fatal(err)
+		}
 		t0 := time.Now()
-		if _, err := st.fresh(b.Context(), rows); err != nil {
+		if _, err := st.fresh(b.Context(), set.rows); err != nil {
 			b.Fatal(err)
 		}
 		lookup += time.Since(t0)

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"sync"
 	"time"
 	"unsafe"
@@ -12,17 +13,19 @@ import (
 	"github.com/stampguard/stampguard/analytics/spool"
 )
 
-// Inserter stores rows and dead letters exactly once; *Store is one.
+// Inserter stores the rows and dead letters of spool records exactly once;
+// *Store is one. InsertRecords must not change the set: a failed insert is
+// retried with it.
 type Inserter interface {
-	Insert(ctx context.Context, rows []Row, dead []DeadLetter) (InsertResult, error)
+	InsertRecords(ctx context.Context, set *RecordSet) (InsertResult, error)
 }
 
 var _ Inserter = (*Store)(nil)
 
 // WriterOptions configure a Writer.
 type WriterOptions struct {
-	// MaxRecords caps the spool records per insert; defaulted to 25
-	// (10,000 rows of 400-event webhook batches).
+	// MaxRecords caps the spool records per insert; defaulted to 100
+	// (40,000 rows of 400-event webhook batches, about 20 MB of records).
 	MaxRecords int
 	// Parallel is the number of inserts in flight; defaulted to 2.
 	Parallel int
@@ -49,13 +52,21 @@ type Writer struct {
 	o     WriterOptions
 
 	mu       sync.Mutex
-	inflight map[eventKey]struct{}
+	inflight []*claim // the rows of the inserts in flight
+
+	rowsPerRecord int // of the last read, to size the next set (Run only)
+}
+
+// claim is the rows of an insert in flight, indexed.
+type claim struct {
+	rows  []rowRef
+	index keyIndex
 }
 
 // NewWriter makes a writer; call Run.
 func NewWriter(sp *spool.Spool, st Inserter, o WriterOptions) *Writer {
 	if o.MaxRecords <= 0 {
-		o.MaxRecords = 25
+		o.MaxRecords = 100
 	}
 	if o.MinBackoff <= 0 {
 		o.MinBackoff = 200 * time.Millisecond
@@ -72,7 +83,7 @@ func NewWriter(sp *spool.Spool, st Inserter, o WriterOptions) *Writer {
 	if o.Linger == 0 {
 		o.Linger = time.Second
 	}
-	return &Writer{spool: sp, store: st, o: o, inflight: map[eventKey]struct{}{}}
+	return &Writer{spool: sp, store: st, o: o}
 }
 
 // Run drains until ctx is done or the spool is closed. Insert errors are
@@ -148,29 +159,27 @@ func (w *Writer) Run(ctx context.Context) error {
 			return stop(fmt.Errorf("read spool: %w", err))
 		}
 		b = w.linger(ctx, b)
-		var rows []Row
-		var dead []DeadLetter
+		set := &RecordSet{rows: make([]rowRef, 0, len(b.Records)*w.rowsPerRecord*9/8)}
 		for _, rec := range b.Records {
-			// The records belong to us and are never changed: decode
+			// The records belong to us and are never changed: parse
 			// without copying.
-			batch, err := DecodeBatch(unsafe.String(unsafe.SliceData(rec), len(rec)))
-			if err != nil {
+			if err := set.Add(unsafe.String(unsafe.SliceData(rec), len(rec))); err != nil {
 				// The spool's checksum matched, so this is a record from a
 				// newer or broken sink: keep it visible, do not block.
 				w.o.Logger.Error("undecodable spool record; dead-lettering it", "err", err)
-				dead = append(dead, DeadLetter{Source: "spool", Reason: err.Error(), Raw: string(sample(rec)), ReceivedAt: time.Now().UnixMicro()})
-				continue
+				set.AddDead(DeadLetter{Source: "spool", Reason: err.Error(), Raw: string(sample(rec)), ReceivedAt: time.Now().UnixMicro()})
 			}
-			rows = append(rows, batch.Rows...)
-			dead = append(dead, batch.Dead...)
 		}
-		rows, keys := w.claim(rows)
+		if len(b.Records) > 0 {
+			w.rowsPerRecord = set.Rows() / len(b.Records)
+		}
+		c := w.claim(set)
 		j := &job{end: b.End, done: make(chan struct{})}
 		pending = append(pending, j)
 		go func() {
 			defer close(j.done)
-			j.err = w.insert(ctx, rows, dead)
-			w.release(keys)
+			j.err = w.insert(ctx, set)
+			w.release(c)
 		}()
 	}
 }
@@ -198,41 +207,44 @@ func (w *Writer) linger(ctx context.Context, b spool.Batch) spool.Batch {
 	return b
 }
 
-// claim drops rows whose key an in-flight batch is inserting and marks the
-// rest as in flight.
-func (w *Writer) claim(rows []Row) ([]Row, []eventKey) {
+// claim drops the set's rows whose key an in-flight insert is inserting,
+// and repeats within the set, and marks the rest as in flight. Only Run
+// claims; inserts release concurrently.
+func (w *Writer) claim(set *RecordSet) *claim {
 	w.mu.Lock()
-	defer w.mu.Unlock()
-	kept := rows[:0]
-	keys := make([]eventKey, 0, len(rows))
-	for _, r := range rows {
-		k := eventKey{r.Cluster, r.AuditID, r.Stage, r.Fingerprint}
-		if _, busy := w.inflight[k]; busy {
-			continue
+	busy := slices.Clone(w.inflight)
+	w.mu.Unlock()
+	n := len(set.rows)
+	c := &claim{}
+	c.rows, c.index = dedup(set.rows, func(r *rowRef) bool {
+		for _, b := range busy {
+			if b.index.has(b.rows, r) {
+				return true
+			}
 		}
-		w.inflight[k] = struct{}{}
-		keys = append(keys, k)
-		kept = append(kept, r)
-	}
-	if dropped := len(rows) - len(kept); dropped > 0 && w.o.Metrics != nil {
+		return false
+	})
+	set.rows = c.rows
+	if dropped := n - len(c.rows); dropped > 0 && w.o.Metrics != nil {
 		w.o.Metrics.Deduplicated.Add(float64(dropped))
 	}
-	return kept, keys
+	w.mu.Lock()
+	w.inflight = append(w.inflight, c)
+	w.mu.Unlock()
+	return c
 }
 
-func (w *Writer) release(keys []eventKey) {
+func (w *Writer) release(c *claim) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	for _, k := range keys {
-		delete(w.inflight, k)
-	}
+	w.inflight = slices.DeleteFunc(w.inflight, func(x *claim) bool { return x == c })
 }
 
-func (w *Writer) insert(ctx context.Context, rows []Row, dead []DeadLetter) error {
+func (w *Writer) insert(ctx context.Context, set *RecordSet) error {
 	backoff := w.o.MinBackoff
 	for {
 		start := time.Now()
-		res, err := w.store.Insert(ctx, rows, dead)
+		res, err := w.store.InsertRecords(ctx, set)
 		if err == nil {
 			if m := w.o.Metrics; m != nil {
 				m.FlushSeconds.Observe(time.Since(start).Seconds())
@@ -247,7 +259,7 @@ func (w *Writer) insert(ctx context.Context, rows []Row, dead []DeadLetter) erro
 		if w.o.Metrics != nil {
 			w.o.Metrics.CHErrors.Inc()
 		}
-		w.o.Logger.Warn("ClickHouse insert failed; retrying", "err", err, "rows", len(rows), "retryIn", backoff)
+		w.o.Logger.Warn("ClickHouse insert failed; retrying", "err", err, "rows", set.Rows(), "retryIn", backoff)
 		w.gauge()
 		select {
 		case <-ctx.Done():

@@ -66,6 +66,9 @@ func buildSink(b *testing.B) string {
 	return bin
 }
 
+// profiles numbers the CPU profiles written under AUDITSINK_BENCH_PROFILE_DIR.
+var profiles int
+
 // startSinkProcess runs `auditsink serve` as its own process, as in
 // production, so that its peak RSS can be read.
 func startSinkProcess(b *testing.B, bin string, ch *chtest.Server, parallel int) (benchEnv, func() int64) {
@@ -80,6 +83,11 @@ func startSinkProcess(b *testing.B, bin string, ch *chtest.Server, parallel int)
 	cmd := exec.Command(bin, "serve", "--plaintext", "--listen", addr, "--token-file", filepath.Join(dir, "token"),
 		"--spool-dir", filepath.Join(dir, "spool"), "--spool-max", "4GiB", "--metrics-listen", "",
 		"--database", db, "--insert-parallel", strconv.Itoa(parallel), "--log-level", "warn")
+	if d := os.Getenv("AUDITSINK_BENCH_PROFILE_DIR"); d != "" {
+		// One CPU profile per sink process: go tool pprof <binary> <file>.
+		profiles++
+		cmd.Args = append(cmd.Args, "--cpu-profile", filepath.Join(d, fmt.Sprintf("sink-%d.pprof", profiles)))
+	}
 	cmd.Env = append(os.Environ(), "AUDITSINK_CLICKHOUSE_DSN="+ch.DSN())
 	cmd.Stderr = os.Stderr
 	if err := cmd.Start(); err != nil {

@@ -20,6 +20,7 @@ import (
 	"os"
 	"os/signal"
 	"runtime/debug"
+	"runtime/pprof"
 	"strconv"
 	"strings"
 	"syscall"
@@ -180,7 +181,8 @@ func serve(ctx context.Context, args []string, _, stderr io.Writer) error {
 	fs.StringVar(&retention, "retention", "", "drop day partitions older than this, e.g. 30d (empty: keep all)")
 	fs.IntVar(&o.InsertParallel, "insert-parallel", 2, "ClickHouse inserts in flight")
 	memLimit := fs.String("memory-limit", "240MiB", "soft memory limit of the Go runtime (GOMEMLIMIT); the GC works harder near it")
-	gcPercent := fs.Int("gc-percent", 200, "Go GC target percentage (GOGC): higher trades memory, capped by --memory-limit, for less GC CPU")
+	gcPercent := fs.Int("gc-percent", 100, "Go GC target percentage (GOGC): higher trades memory, capped by --memory-limit, for less GC CPU")
+	cpuProfile := fs.String("cpu-profile", "", "write a Go CPU profile (pprof) of the whole run to this file (diagnostics)")
 	if err := parse(fs, args); err != nil {
 		return err
 	}
@@ -224,6 +226,22 @@ func serve(ctx context.Context, args []string, _, stderr io.Writer) error {
 	o.Stages = splitList(c.stages)
 	o.RedactResources = splitList(c.redact)
 	o.Logger = log
+	if *cpuProfile != "" {
+		f, err := os.Create(*cpuProfile)
+		if err != nil {
+			return fmt.Errorf("--cpu-profile: %w", err)
+		}
+		if err := pprof.StartCPUProfile(f); err != nil {
+			f.Close()
+			return fmt.Errorf("--cpu-profile: %w", err)
+		}
+		defer func() {
+			pprof.StopCPUProfile()
+			if err := f.Close(); err != nil {
+				log.Error("write CPU profile", "err", err)
+			}
+		}()
+	}
 	return sink.Run(ctx, o)
 }
 

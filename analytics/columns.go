@@ -1,0 +1,323 @@
+package analytics
+
+import (
+	"bytes"
+	"encoding/binary"
+	"fmt"
+	"io"
+	"math"
+	"sync"
+
+	"github.com/ClickHouse/ch-go/proto"
+	"github.com/ClickHouse/clickhouse-go/v2/lib/column"
+)
+
+// eventColumns builds the events insert block in ClickHouse's native
+// column format straight from spool records: no Row per event, no boxing
+// of values, and LowCardinality dictionaries kept in typed maps. The
+// driver's own append path costs about three times as much CPU per event
+// (reflection and a map[any]int per LowCardinality value).
+//
+// The finished columns are loaded into the driver's batch with Decode, the
+// same call that reads a block from the server, so the driver sends exactly
+// the bytes built here. load checks the types the server asked for first.
+type eventColumns struct {
+	n       int
+	cols    [len(eventColumnTypes)]nativeColumn
+	scratch []byte // a LowCardinality column's encoding, one at a time
+}
+
+// eventColumnTypes are the types of EventColumns, in order, as the events
+// table declares them (migration 1).
+var eventColumnTypes = [...]string{
+	"Date", "DateTime", "UInt64", "UInt64", "UInt64",
+	lcString, "String", lcString, "UInt64", lcString, lcString, "String", "UInt8",
+	lcString, "Array(String)", lcString, lcString, lcString, "String",
+	lcString, lcString, lcString, lcString, lcString, "String", "String",
+	"String", lcString, "UInt16", lcString, "String", "Array(String)", "Array(String)",
+	lcString, "Array(String)", "Array(String)", "String", "String",
+}
+
+const lcString = "LowCardinality(String)"
+
+// Column positions in EventColumns.
+const (
+	colDate = iota
+	colTime
+	colTimeUS
+	colReceivedUS
+	colLatencyUS
+	colCluster
+	colAuditID
+	colStage
+	colFingerprint
+	colLevel
+	colVerb
+	colRequestURI
+	colDryRun
+	colUser
+	colUserGroups
+	colImpersonatedUser
+	colWriter
+	colUserAgent
+	colSourceIP
+	colAPIGroup
+	colAPIVersion
+	colResource
+	colSubresource
+	colNamespace
+	colName
+	colObjectUID
+	colStamp
+	colFieldManager
+	colCode
+	colReason
+	colMessage
+	colCauseReasons
+	colCauseFields
+	colAuthzDecision
+	colAnnotationKeys
+	colAnnotationValues
+	colLeaseHolder
+	colRaw
+)
+
+// recordStringCols are the columns of a row's strings, in record order
+// (AppendRow); -1 is a string the insert does not store as such (raw is
+// handled apart).
+var recordStringCols = [rowStrings]int{colAuditID, colStage, colLevel, colVerb, colRequestURI, colUser,
+	colImpersonatedUser, colUserAgent, colSourceIP, colAPIGroup, colAPIVersion, colResource,
+	colSubresource, colNamespace, colName, colObjectUID, colStamp, colFieldManager, colReason,
+	colMessage, colAuthzDecision, colLeaseHolder, colRaw}
+
+var recordListCols = [rowLists]int{colUserGroups, colCauseReasons, colCauseFields, colAnnotationKeys, colAnnotationValues}
+
+var columnsPool = sync.Pool{New: func() any { return newEventColumns() }}
+
+func newEventColumns() *eventColumns {
+	c := &eventColumns{}
+	for i, t := range eventColumnTypes {
+		switch t {
+		case lcString:
+			c.cols[i].dict = map[string]uint32{}
+		case "Array(String)":
+			c.cols[i].array = true
+		}
+	}
+	return c
+}
+
+// reset empties the columns and keeps their memory.
+func (c *eventColumns) reset() {
+	c.n = 0
+	for i := range c.cols {
+		c.cols[i].reset()
+	}
+}
+
+// nativeColumn is one column being built: data holds fixed-width values,
+// strings (length-prefixed), or an array's elements; an array keeps its
+// offsets apart; a LowCardinality column keeps a dictionary and one key
+// per row.
+type nativeColumn struct {
+	array   bool
+	data    []byte
+	offsets []byte
+	total   uint64 // array elements so far
+
+	dict    map[string]uint32
+	values  []string // the dictionary in key order; values[0] is ""
+	keys    []uint32
+	last    string // the previous row's value and key: runs are common
+	lastKey uint32
+	hasLast bool
+}
+
+func (c *nativeColumn) reset() {
+	c.data, c.offsets, c.total = c.data[:0], c.offsets[:0], 0
+	if c.dict != nil {
+		clear(c.dict)
+		clear(c.values)
+		c.values, c.keys = c.values[:0], c.keys[:0]
+		c.last, c.lastKey, c.hasLast = "", 0, false
+	}
+	// Do not pin huge buffers of a rare large batch for good.
+	if cap(c.data) > 64<<20 {
+		c.data = nil
+	}
+}
+
+func (c *nativeColumn) str(s string) {
+	c.data = binary.AppendUvarint(c.data, uint64(len(s)))
+	c.data = append(c.data, s...)
+}
+
+func (c *nativeColumn) lc(s string) {
+	if c.hasLast && s == c.last {
+		c.keys = append(c.keys, c.lastKey)
+		return
+	}
+	if len(c.values) == 0 {
+		// Like the driver, start the dictionary with the default value.
+		c.values = append(c.values, "")
+		c.dict[""] = 0
+	}
+	k, ok := c.dict[s]
+	if !ok {
+		k = uint32(len(c.values))
+		c.values = append(c.values, s)
+		c.dict[s] = k
+	}
+	c.keys = append(c.keys, k)
+	c.last, c.lastKey, c.hasLast = s, k, true
+}
+
+func (c *nativeColumn) u8(v uint8)   { c.data = append(c.data, v) }
+func (c *nativeColumn) u16(v uint16) { c.data = binary.LittleEndian.AppendUint16(c.data, v) }
+func (c *nativeColumn) u32(v uint32) { c.data = binary.LittleEndian.AppendUint32(c.data, v) }
+func (c *nativeColumn) u64(v uint64) { c.data = binary.LittleEndian.AppendUint64(c.data, v) }
+
+// endArray closes a row of an array column after its elements went to data.
+func (c *nativeColumn) endArray(elems int) {
+	c.total += uint64(elems)
+	c.offsets = binary.LittleEndian.AppendUint64(c.offsets, c.total)
+}
+
+// LowCardinality serialization (ClickHouse's SerializationLowCardinality,
+// as the driver writes it): one flags word saying the block carries its own
+// dictionary ("additional keys") and the key width, the dictionary, then
+// the keys.
+const (
+	lcHasAdditionalKeys = 1 << 9
+	lcUpdateDictionary  = 1 << 10
+)
+
+// reader returns the column's native encoding; a LowCardinality column
+// is encoded into scratch.
+func (c *nativeColumn) reader(rows int, scratch *[]byte) io.Reader {
+	switch {
+	case c.dict != nil:
+		var key uint64 // key width: 0 is UInt8, 1 UInt16, 2 UInt32
+		switch n := len(c.values); {
+		case n <= math.MaxUint8+1:
+			key = 0
+		case n <= math.MaxUint16+1:
+			key = 1
+		default:
+			key = 2
+		}
+		b := binary.LittleEndian.AppendUint64((*scratch)[:0], lcHasAdditionalKeys|lcUpdateDictionary|key)
+		b = binary.LittleEndian.AppendUint64(b, uint64(len(c.values)))
+		for _, v := range c.values {
+			b = binary.AppendUvarint(b, uint64(len(v)))
+			b = append(b, v...)
+		}
+		b = binary.LittleEndian.AppendUint64(b, uint64(rows))
+		switch key {
+		case 0:
+			for _, k := range c.keys {
+				b = append(b, uint8(k))
+			}
+		case 1:
+			for _, k := range c.keys {
+				b = binary.LittleEndian.AppendUint16(b, uint16(k))
+			}
+		default:
+			for _, k := range c.keys {
+				b = binary.LittleEndian.AppendUint32(b, k)
+			}
+		}
+		*scratch = b
+		return bytes.NewReader(b)
+	case c.array:
+		return io.MultiReader(bytes.NewReader(c.offsets), bytes.NewReader(c.data))
+	}
+	return bytes.NewReader(c.data)
+}
+
+// appendRow decodes one row of a record (its fields start at r.off) onto
+// the columns. keepRaw stores the raw column; without it raw is empty.
+func (c *eventColumns) appendRow(r *rowRef, keepRaw bool) error {
+	d := recordReader{s: r.rec, i: r.off}
+	var strs [rowStrings]string
+	for i := range strs {
+		strs[i] = d.str()
+	}
+	cols := &c.cols
+	for _, l := range recordListCols {
+		k := d.count()
+		col := &cols[l]
+		for range k {
+			col.str(d.str())
+		}
+		col.endArray(k)
+	}
+	flags := d.uvarint()
+	code := d.varint()
+	received := d.varint()
+	stage := d.varint()
+	fingerprint := d.uint64()
+	if d.err != nil {
+		return fmt.Errorf("spool record row: %w", d.err)
+	}
+	for i, col := range recordStringCols {
+		switch col {
+		case colRaw:
+			if !keepRaw {
+				strs[i] = ""
+			}
+			cols[col].str(strs[i])
+		case colAuditID, colRequestURI, colSourceIP, colName, colObjectUID, colStamp, colMessage, colLeaseHolder:
+			cols[col].str(strs[i])
+		default:
+			cols[col].lc(strs[i])
+		}
+	}
+	writer := strs[strImpersonated]
+	if writer == "" {
+		writer = strs[strUser]
+	}
+	cols[colWriter].lc(writer)
+	cols[colCluster].lc(r.key.cluster)
+
+	secs := floorDiv(stage, 1e6)
+	cols[colDate].u16(uint16(floorDiv(secs, 86400)))
+	cols[colTime].u32(uint32(secs))
+	cols[colTimeUS].u64(uint64(stage))
+	cols[colReceivedUS].u64(uint64(received))
+	var latency int64
+	if received != 0 && stage >= received {
+		latency = stage - received
+	}
+	cols[colLatencyUS].u64(uint64(latency))
+	cols[colFingerprint].u64(fingerprint)
+	cols[colDryRun].u8(uint8(flags & 1))
+	cols[colCode].u16(uint16(code))
+	c.n++
+	return nil
+}
+
+func floorDiv(a, b int64) int64 {
+	q := a / b
+	if a%b != 0 && (a < 0) != (b < 0) {
+		q--
+	}
+	return q
+}
+
+// load decodes the built columns into the driver's batch columns, after
+// checking that the server asked for the types built here.
+func (c *eventColumns) load(dst []column.Interface) error {
+	if len(dst) != len(c.cols) {
+		return fmt.Errorf("events insert: the server asked for %d columns, want %d", len(dst), len(c.cols))
+	}
+	for i, col := range dst {
+		if got := string(col.Type()); got != eventColumnTypes[i] {
+			return fmt.Errorf("events insert: column %s is %s, want %s", col.Name(), got, eventColumnTypes[i])
+		}
+		if err := col.Decode(proto.NewReader(c.cols[i].reader(c.n, &c.scratch)), c.n); err != nil {
+			return fmt.Errorf("events insert: load column %s: %w", col.Name(), err)
+		}
+	}
+	return nil
+}

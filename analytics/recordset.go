@@ -1,0 +1,341 @@
+package analytics
+
+import (
+	"cmp"
+	"encoding/binary"
+	"fmt"
+	"hash/maphash"
+	"slices"
+	"strings"
+)
+
+// RecordSet holds the rows and dead letters of encoded Batch records (spool
+// records), parsed only as far as deduplication needs: each row's key, its
+// stage time and where its fields start in its record. The Store builds the
+// ClickHouse columns straight from the records, so a row never becomes a Row
+// on its way from the spool to the insert. A RecordSet shares memory with
+// its records, which must not change while it is in use.
+type RecordSet struct {
+	rows []rowRef
+	dead []DeadLetter
+}
+
+// rowRef is one row of a record.
+type rowRef struct {
+	rec    string // the whole record
+	off    int    // where the row's fields start in rec (after its tag)
+	key    eventKey
+	hash   uint64 // of key
+	micros int64  // stage timestamp, Unix microseconds
+	// The object, for the events sorting key.
+	apiGroup, resource, namespace, name string
+}
+
+// Rows is the number of rows in the set.
+func (s *RecordSet) Rows() int { return len(s.rows) }
+
+// Dead are the set's dead letters.
+func (s *RecordSet) Dead() []DeadLetter { return s.dead }
+
+// AddDead adds a dead letter.
+func (s *RecordSet) AddDead(d DeadLetter) { s.dead = append(s.dead, d) }
+
+// Add parses a record made by AppendBatch and adds its rows and dead
+// letters. A record that does not parse adds nothing.
+func (s *RecordSet) Add(rec string) error {
+	nrows, ndead := len(s.rows), len(s.dead)
+	if err := s.add(rec); err != nil {
+		clear(s.rows[nrows:])
+		s.rows, s.dead = s.rows[:nrows], s.dead[:ndead]
+		return err
+	}
+	return nil
+}
+
+func (s *RecordSet) add(rec string) error {
+	d := recordReader{s: rec}
+	if v := d.byte(); v != recordVersion {
+		return fmt.Errorf("spool record version %d, want %d", v, recordVersion)
+	}
+	cluster := d.str()
+	for d.err == nil && d.i < len(d.s) {
+		switch tag := d.byte(); tag {
+		case tagRow:
+			r := rowRef{rec: rec, off: d.i}
+			r.key.cluster = cluster
+			r.key.auditID = d.str()
+			r.key.stage = d.str()
+			for i := 2; i < rowStrings; i++ {
+				switch i {
+				case strAPIGroup:
+					r.apiGroup = d.str()
+				case strResource:
+					r.resource = d.str()
+				case strNamespace:
+					r.namespace = d.str()
+				case strName:
+					r.name = d.str()
+				default:
+					d.skipStr()
+				}
+			}
+			for range rowLists {
+				for k := d.count(); k > 0; k-- {
+					d.skipStr()
+				}
+			}
+			d.uvarint() // flags
+			d.varint()  // code
+			d.varint()  // request received
+			r.micros = d.varint()
+			r.key.fingerprint = d.uint64()
+			r.hash = r.key.hash()
+			if d.err == nil {
+				s.rows = append(s.rows, r)
+			}
+		case tagDead:
+			dl := DeadLetter{Cluster: cluster, Source: d.str(), Reason: d.str(), Raw: d.str(), ReceivedAt: d.varint()}
+			if d.err == nil {
+				s.dead = append(s.dead, dl)
+			}
+		default:
+			if d.err == nil {
+				d.err = fmt.Errorf("spool record: unknown entry tag %d", tag)
+			}
+		}
+	}
+	return d.err
+}
+
+// The strings and string lists of a row, in record order (AppendRow).
+const (
+	rowStrings = 23
+	rowLists   = 5
+)
+
+// Positions of a row's strings in its record.
+const (
+	strUser         = 5
+	strImpersonated = 6
+	strAPIGroup     = 9
+	strResource     = 11
+	strNamespace    = 13
+	strName         = 14
+)
+
+// eventOrder returns the positions of rows in the order of the events
+// table's sorting key (cluster, api_group, resource, namespace, name,
+// event_time_us, audit_id, stage, fingerprint), strings compared bytewise
+// as ClickHouse compares them. A block that arrives in this order is not
+// sorted again by the server.
+//
+// Rows are sorted as small fixed-size keys: the object's rank among the
+// batch's distinct objects, the time, and the first 16 bytes of the audit
+// ID; only rows equal in all of that compare their strings.
+func eventOrder(rows []rowRef) []int32 {
+	type object struct{ cluster, apiGroup, resource, namespace, name string }
+	ranks := map[object]uint32{}
+	var objects []object
+	keys := make([]orderKey, len(rows))
+	for i := range rows {
+		r := &rows[i]
+		o := object{r.key.cluster, r.apiGroup, r.resource, r.namespace, r.name}
+		k, ok := ranks[o]
+		if !ok {
+			k = uint32(len(objects))
+			ranks[o] = k
+			objects = append(objects, o)
+		}
+		keys[i] = orderKey{obj: k, row: int32(i), micros: uint64(r.micros)}
+		keys[i].id0, keys[i].id1 = prefix16(r.key.auditID)
+	}
+	// Rank the objects by their own order.
+	byName := make([]uint32, len(objects))
+	for i := range byName {
+		byName[i] = uint32(i)
+	}
+	slices.SortFunc(byName, func(a, b uint32) int {
+		x, y := &objects[a], &objects[b]
+		return cmp.Or(strings.Compare(x.cluster, y.cluster), strings.Compare(x.apiGroup, y.apiGroup),
+			strings.Compare(x.resource, y.resource), strings.Compare(x.namespace, y.namespace),
+			strings.Compare(x.name, y.name))
+	})
+	rank := make([]uint32, len(objects))
+	for r, o := range byName {
+		rank[o] = uint32(r)
+	}
+	for i := range keys {
+		keys[i].obj = rank[keys[i].obj]
+	}
+	slices.SortFunc(keys, func(a, b orderKey) int {
+		if c := cmp.Compare(a.obj, b.obj); c != 0 {
+			return c
+		}
+		if c := cmp.Compare(a.micros, b.micros); c != 0 {
+			return c
+		}
+		if c := cmp.Compare(a.id0, b.id0); c != 0 {
+			return c
+		}
+		if c := cmp.Compare(a.id1, b.id1); c != 0 {
+			return c
+		}
+		x, y := &rows[a.row], &rows[b.row]
+		return cmp.Or(strings.Compare(x.key.auditID, y.key.auditID), strings.Compare(x.key.stage, y.key.stage),
+			cmp.Compare(x.key.fingerprint, y.key.fingerprint))
+	})
+	order := make([]int32, len(keys))
+	for i := range keys {
+		order[i] = keys[i].row
+	}
+	return order
+}
+
+type orderKey struct {
+	obj      uint32
+	row      int32
+	micros   uint64
+	id0, id1 uint64 // the audit ID's first 16 bytes, big-endian, zero-padded
+}
+
+// prefix16 packs s's first 16 bytes so that comparing the numbers compares
+// the bytes (a shorter string pads with zeros, which sorts it first unless
+// it ends in NUL bytes; the full comparison after it settles those).
+func prefix16(s string) (uint64, uint64) {
+	var b [16]byte
+	copy(b[:], s)
+	return binary.BigEndian.Uint64(b[:8]), binary.BigEndian.Uint64(b[8:])
+}
+
+var keySeed = maphash.MakeSeed()
+
+func (k *eventKey) hash() uint64 {
+	var h maphash.Hash
+	h.SetSeed(keySeed)
+	var buf [8]byte
+	for _, s := range [...]string{k.cluster, k.auditID, k.stage} {
+		binary.LittleEndian.PutUint64(buf[:], uint64(len(s)))
+		_, _ = h.Write(buf[:])
+		_, _ = h.WriteString(s)
+	}
+	binary.LittleEndian.PutUint64(buf[:], k.fingerprint)
+	_, _ = h.Write(buf[:])
+	return h.Sum64()
+}
+
+// keyIndex finds rows by key: it maps a key's hash to the row's position,
+// so that a lookup hashes nothing and compares the strings only on a hit.
+// Two keys with one hash (about never) keep the first: the second is then
+// never found, which can let a repeat of it through to the store, but
+// never drops a row.
+type keyIndex map[uint64]int32
+
+// has reports whether rows (the rows idx indexes) hold r's key.
+func (idx keyIndex) has(rows []rowRef, r *rowRef) bool {
+	i, ok := idx[r.hash]
+	return ok && rows[i].key == r.key
+}
+
+// dedup returns rows without those whose key an earlier row holds and
+// those drop reports, and the index of what it returns. It does not change
+// rows: when nothing is dropped it returns rows itself.
+func dedup(rows []rowRef, drop func(*rowRef) bool) ([]rowRef, keyIndex) {
+	idx := make(keyIndex, len(rows))
+	kept := rows
+	copied := false
+	for i := range rows {
+		r := &rows[i]
+		if (drop != nil && drop(r)) || idx.has(kept, r) {
+			if !copied {
+				kept = append(make([]rowRef, 0, len(rows)-1), rows[:i]...)
+				copied = true
+			}
+			continue
+		}
+		if _, taken := idx[r.hash]; !taken {
+			idx[r.hash] = int32(i)
+			if copied {
+				idx[r.hash] = int32(len(kept))
+			}
+		}
+		if copied {
+			kept = append(kept, *r)
+		}
+	}
+	if !copied {
+		return rows, idx
+	}
+	return kept, idx
+}
+
+func (d *recordReader) skipStr() {
+	n := d.count()
+	d.i += n
+}
+
+// recordSetOf encodes rows and dead letters into records (one per cluster)
+// and parses them back: Store.Insert takes Rows through the same path as
+// the spool's records. Without keepRaw the rows' Raw is not encoded (the
+// store would not keep it).
+func recordSetOf(rows []Row, dead []DeadLetter, keepRaw bool) (*RecordSet, error) {
+	recs := map[string][]byte{}
+	var order []string
+	rec := func(cluster string) []byte {
+		r, ok := recs[cluster]
+		if !ok {
+			r = AppendBatchHeader(nil, cluster)
+			order = append(order, cluster)
+		}
+		return r
+	}
+	if len(rows) > 0 {
+		// Size the first cluster's record for all rows: nearly always
+		// there is one cluster, and growing a large record by doubling
+		// copies it over and over.
+		size := 0
+		for i := range rows {
+			size += encodedSize(&rows[i], keepRaw)
+		}
+		c := rows[0].Cluster
+		recs[c] = append(make([]byte, 0, size+len(c)+binary.MaxVarintLen64+1), rec(c)...)
+	}
+	for i := range rows {
+		r := &rows[i]
+		if !keepRaw && r.Raw != "" {
+			cp := *r
+			cp.Raw = ""
+			r = &cp
+		}
+		recs[r.Cluster] = AppendRow(rec(r.Cluster), r)
+	}
+	for i := range dead {
+		recs[dead[i].Cluster] = AppendDeadLetter(rec(dead[i].Cluster), &dead[i])
+	}
+	set := &RecordSet{rows: make([]rowRef, 0, len(rows))}
+	for _, c := range order {
+		if err := set.Add(string(recs[c])); err != nil {
+			return nil, err
+		}
+	}
+	return set, nil
+}
+
+// encodedSize is about the bytes AppendRow takes for r (an upper bound).
+func encodedSize(r *Row, keepRaw bool) int {
+	n := 1 + rowStrings*binary.MaxVarintLen32 + rowLists*binary.MaxVarintLen32 + 5*binary.MaxVarintLen64 + 8
+	for _, s := range [...]string{r.AuditID, r.Stage, r.Level, r.Verb, r.RequestURI, r.User,
+		r.ImpersonatedUser, r.UserAgent, r.SourceIP, r.APIGroup, r.APIVersion, r.Resource,
+		r.Subresource, r.Namespace, r.Name, r.ObjectUID, r.Stamp, r.FieldManager, r.Reason,
+		r.Message, r.AuthzDecision, r.LeaseHolder} {
+		n += len(s)
+	}
+	if keepRaw {
+		n += len(r.Raw)
+	}
+	for _, l := range [...][]string{r.UserGroups, r.CauseReasons, r.CauseFields, r.AnnotationKeys, r.AnnotationValues} {
+		for _, s := range l {
+			n += binary.MaxVarintLen32 + len(s)
+		}
+	}
+	return n
+}
