@@ -216,60 +216,6 @@ var Migrations = []Migration{
 				AND code >= 200 AND code < 300`,
 		}, epoch("loop_epoch")...),
 	},
-	{
-		Version: 4,
-		Name:    "request_log: the report's counters per request, in time order",
-		Statements: append([]string{
-			// The report reads whole hours from request_rollup and the
-			// partial hours at a window's edges per request. events is
-			// ordered by object, so any time range there reads the whole day
-			// partition; this table holds the counters of each request
-			// (request_rollup's, before summing) ordered by time, so an edge
-			// reads only its rows. The expressions are those of
-			// analytics/report/queries.go (a test there checks them).
-			`CREATE TABLE IF NOT EXISTS {db}.request_log (
-				event_date                    Date,
-				event_time_us                 UInt64,
-				cluster                       LowCardinality(String),
-				api_group                     LowCardinality(String),
-				resource                      LowCardinality(String),
-				namespace                     LowCardinality(String),
-				name                          String,
-				writer                        LowCardinality(String),
-				requests                      UInt64,
-				write_attempts                UInt64,
-				version_conflicts             UInt64,
-				write_version_conflicts       UInt64,
-				field_conflicts               UInt64,
-				already_exists                UInt64,
-				delete_precondition_conflicts UInt64,
-				stampless_updates             UInt64,
-				other_conflicts               UInt64,
-				gone                          UInt64
-			) ENGINE = MergeTree()
-			PARTITION BY event_date
-			ORDER BY (cluster, event_time_us)`,
-			`CREATE MATERIALIZED VIEW IF NOT EXISTS {db}.request_log_mv TO {db}.request_log AS
-			SELECT event_date, event_time_us, cluster, api_group, resource, namespace, name, writer,
-				toUInt64(1) AS requests,
-				toUInt64((verb IN ('create', 'update', 'patch', 'delete', 'deletecollection') AND api_group NOT IN ('authentication.k8s.io', 'authorization.k8s.io')) AS is_write) AS write_attempts,
-				toUInt64((multiIf(code != 409, '',
-						has(cause_reasons, 'FieldManagerConflict'), 'field',
-						reason = 'AlreadyExists', 'already_exists',
-						reason = 'Conflict' AND position(message, 'the object has been modified; please apply your changes to the latest version and try again') > 0, 'version',
-						reason = 'Conflict' AND verb IN ('delete', 'deletecollection') AND match(message, '(UID|ResourceVersion) in the precondition .* does not match'), 'delete_precondition',
-						'other') AS class) = 'version') AS version_conflicts,
-				toUInt64(is_write AND class = 'version') AS write_version_conflicts,
-				toUInt64(class = 'field') AS field_conflicts,
-				toUInt64(class = 'already_exists') AS already_exists,
-				toUInt64(class = 'delete_precondition') AS delete_precondition_conflicts,
-				toUInt64(verb = 'update' AND code >= 200 AND code < 300 AND stamp = '') AS stampless_updates,
-				toUInt64(class = 'other') AS other_conflicts,
-				toUInt64(code = 410) AS gone
-			FROM {db}.events
-			WHERE stage IN ('ResponseComplete', 'Panic') AND dry_run = 0`,
-		}, epoch("request_log_epoch")...),
-	},
 }
 
 // epoch records from which hour a table fed by a view holds every event:
@@ -287,7 +233,7 @@ func epoch(table string) []string {
 }
 
 // Tables whose day partitions retention drops.
-var retentionTables = []string{"events", "event_keys", "dead_letters", "request_rollup", "loop_conflicts", "loop_successes", "request_log"}
+var retentionTables = []string{"events", "event_keys", "dead_letters", "request_rollup", "loop_conflicts", "loop_successes"}
 
 var dbName = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]*$`)
 

@@ -65,7 +65,7 @@ func BenchmarkReport(b *testing.B) {
 		raw  bool
 	}{{"rollup", false}, {"raw", true}} {
 		o := o
-		o.NoRollup, o.rawLoops, o.rawEdges = mode.raw, mode.raw, mode.raw
+		o.NoRollup, o.rawLoops = mode.raw, mode.raw
 		b.Run(mode.name+"/whole", func(b *testing.B) {
 			for b.Loop() {
 				if _, err := Build(ctx, store.Conn(), o); err != nil {

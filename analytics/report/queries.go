@@ -63,24 +63,19 @@ type Sources struct {
 	// ({loop_conflicts}, {loop_successes}): the tables of migration 3, or
 	// the same rows derived from events.
 	LoopConflicts, LoopSuccesses string
-	// EdgeRows are the counter rows per request for {raw_window}
-	// ({edge_rows}): request_log (migration 4) or the same rows derived
-	// from events.
-	EdgeRows string
 }
 
-// ReportSources are the sources of the report: split windows, the tables
-// of migrations 3 and 4.
+// ReportSources are the sources of the report: split windows, loop tables.
 var ReportSources = Sources{
 	Window: ReportWindow, RawWindow: ReportRawWindow, RollupWindow: ReportRollupWindow,
-	LoopConflicts: LoopConflictsTable, LoopSuccesses: LoopSuccessesTable, EdgeRows: RequestLogTable,
+	LoopConflicts: LoopConflictsTable, LoopSuccesses: LoopSuccessesTable,
 }
 
 // Render fills in the sources, then the time filters (which the raw
 // sources use too), then the database.
 func (q Query) Render(db string, s Sources) string {
 	sql := strings.NewReplacer(
-		"{loop_conflicts}", s.LoopConflicts, "{loop_successes}", s.LoopSuccesses, "{edge_rows}", s.EdgeRows,
+		"{loop_conflicts}", s.LoopConflicts, "{loop_successes}", s.LoopSuccesses,
 	).Replace(q.SQL)
 	sql = strings.NewReplacer(
 		"{window}", s.Window, "{raw_window}", s.RawWindow, "{rollup_window}", s.RollupWindow,
@@ -162,39 +157,22 @@ var counters = []struct{ name, cond string }{
 // counted is the window's requests as counter rows: request_rollup's whole
 // hours UNION ALL one row per raw event at the edges. Sum the counters.
 var counted = func() string {
-	var names []string
+	var names, raw []string
 	for _, c := range counters {
 		names = append(names, c.name)
+		raw = append(raw, "toUInt64("+c.cond+") AS "+c.name)
 	}
 	return `(
 	SELECT api_group, resource, namespace, name, writer, ` + strings.Join(names, ", ") + `
 	FROM {db}.request_rollup
 	WHERE cluster = @cluster AND {rollup_window} AND ` + filters + `
 	UNION ALL
-	SELECT api_group, resource, namespace, name, writer, ` + strings.Join(names, ", ") + `
-	FROM {edge_rows}
-	WHERE cluster = @cluster AND {raw_window} AND ` + filters + `
-)`
-}()
-
-// RequestLogTable holds a counter row per request in time order
-// (migration 4, its view repeats the counters; a test checks them).
-// RequestLogRaw derives the same rows from events, for windows that begin
-// before request_log_epoch and to prove the table right.
-const RequestLogTable = `{db}.request_log`
-
-var RequestLogRaw = func() string {
-	var raw []string
-	for _, c := range counters {
-		raw = append(raw, "toUInt64("+c.cond+") AS "+c.name)
-	}
-	return `(
-	SELECT event_date, event_time_us, cluster, api_group, resource, namespace, name, writer, ` + strings.Join(raw, ", ") + `
-	FROM (SELECT event_date, event_time_us, cluster, writer, api_group, resource, namespace, name, verb, code, stamp,
-			` + conflictClass + ` AS class, ` + isWrite + ` AS is_write
+	SELECT api_group, resource, namespace, name, writer, ` + strings.Join(raw, ", ") + `
+	FROM (SELECT writer, api_group, resource, namespace, name, verb, code, stamp, ` + conflictClass + ` AS class, ` + isWrite + ` AS is_write
 		FROM {db}.events
 		PREWHERE {raw_window}
-		WHERE stage IN ('ResponseComplete', 'Panic') AND dry_run = 0))`
+		WHERE stage IN ('ResponseComplete', 'Panic') AND dry_run = 0 AND cluster = @cluster AND ` + filters + `)
+)`
 }()
 
 // The retry-loop rows: version conflicts and successful writes, one row per

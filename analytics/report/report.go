@@ -40,9 +40,8 @@ type Options struct {
 	rollupFrom, rollupTo time.Time
 	// parallel is how many queries run at once (reportParallelism).
 	parallel int
-	// rawLoops computes retry loops from events instead of the loop
-	// tables, rawEdges the edges of a split window instead of request_log.
-	rawLoops, rawEdges bool
+	// rawLoops computes retry loops from events instead of the loop tables.
+	rawLoops bool
 }
 
 func (o *Options) setDefaults() {
@@ -78,17 +77,16 @@ func Build(ctx context.Context, conn driver.Conn, o Options) (*Report, error) {
 		return nil, err
 	}
 	r := &Report{Window: Window{Since: o.Since.UTC().Format(TimeFormat), Until: o.Until.UTC().Format(TimeFormat)}}
-	o.rawLoops, o.rawEdges = o.NoRollup, o.NoRollup
+	o.rawLoops = o.NoRollup
 	if !o.NoRollup {
-		var rollupComplete, loopsComplete, logComplete time.Time
+		var rollupComplete, loopsComplete time.Time
 		epoch := func(table string) string { return "(SELECT max(complete_from) FROM " + o.Database + "." + table + ")" }
-		if err := conn.QueryRow(ctx, "SELECT "+epoch("request_rollup_epoch")+", "+epoch("loop_epoch")+", "+epoch("request_log_epoch")).
-			Scan(&rollupComplete, &loopsComplete, &logComplete); err != nil {
+		if err := conn.QueryRow(ctx, "SELECT "+epoch("request_rollup_epoch")+", "+epoch("loop_epoch")).
+			Scan(&rollupComplete, &loopsComplete); err != nil {
 			return nil, fmt.Errorf("read rollup epochs: %w", err)
 		}
 		o.rollupFrom, o.rollupTo = rollupHours(o.Since, o.Until, rollupComplete)
 		o.rawLoops = o.Since.Before(loopsComplete)
-		o.rawEdges = o.Since.Before(logComplete)
 	}
 	q := o.querier(ctx, conn)
 
@@ -251,9 +249,6 @@ func (o *Options) querier(ctx context.Context, conn driver.Conn) querier {
 	s := ReportSources
 	if o.rawLoops {
 		s.LoopConflicts, s.LoopSuccesses = LoopConflictsRaw, LoopSuccessesRaw
-	}
-	if o.rawEdges {
-		s.EdgeRows = RequestLogRaw
 	}
 	return querier{ctx: ctx, conn: conn, db: o.Database, sources: s, args: o.args()}
 }

@@ -34,19 +34,8 @@ func TestViewsMatchQueries(t *testing.T) {
 	for _, c := range counters[3:] {
 		rollup = append(rollup, "countIf("+squash(c.cond)+") AS "+c.name)
 	}
-	requestLog := []string{
-		"toUInt64((" + squash(isWrite) + ") AS is_write) AS write_attempts",
-		"toUInt64((" + squash(conflictClass) + " AS class) = 'version') AS version_conflicts",
-		requests,
-	}
-	for _, c := range counters {
-		if c.name != "write_attempts" && c.name != "version_conflicts" {
-			requestLog = append(requestLog, "toUInt64("+squash(c.cond)+") AS "+c.name)
-		}
-	}
 	for view, want := range map[string][]string{
 		"request_rollup_mv": rollup,
-		"request_log_mv":    requestLog,
 		"loop_conflicts_mv": {requests + " AND " + squash(isWrite) + " AND " + squash(versionConflict)},
 		"loop_successes_mv": {requests + " AND " + squash(isWrite) + " AND " + squash(isSuccess), loopPair + " AS pair"},
 	} {
