@@ -118,3 +118,40 @@ func TestEventOrderIsTheEventsSortingKey(t *testing.T) {
 		}
 	}
 }
+
+// FuzzRecordSet feeds arbitrary bytes to the writer's record parser, the
+// path of every spool record to ClickHouse: no panic; it accepts exactly
+// what DecodeBatch accepts, with the same rows and dead letters; and every
+// row it accepts builds its columns.
+func FuzzRecordSet(f *testing.F) {
+	rows := decodeAll(f, "prod", realEvents(f))
+	dead := []DeadLetter{{Cluster: "prod", Source: "webhook", Reason: "r", Raw: "x", ReceivedAt: 7}}
+	rec := AppendBatch(nil, &Batch{Cluster: "prod", Rows: rows[:1], Dead: dead})
+	f.Add(rec)
+	f.Add(rec[:len(rec)/2])
+	f.Add(AppendBatch(nil, &Batch{Cluster: "c"}))
+	f.Fuzz(func(t *testing.T, data []byte) {
+		rec := string(data)
+		var set RecordSet
+		err := set.Add(rec)
+		b, decErr := DecodeBatch(rec)
+		if (err == nil) != (decErr == nil) {
+			t.Fatalf("RecordSet.Add: %v, DecodeBatch: %v", err, decErr)
+		}
+		if err != nil {
+			if set.Rows() != 0 || len(set.Dead()) != 0 {
+				t.Fatalf("a failed record added %d rows and %d dead letters", set.Rows(), len(set.Dead()))
+			}
+			return
+		}
+		if set.Rows() != len(b.Rows) || len(set.Dead()) != len(b.Dead) {
+			t.Fatalf("RecordSet has %d rows and %d dead letters, DecodeBatch %d and %d", set.Rows(), len(set.Dead()), len(b.Rows), len(b.Dead))
+		}
+		cols := newEventColumns()
+		for i := range set.rows {
+			if err := cols.appendRow(&set.rows[i], true); err != nil {
+				t.Fatalf("row %d of an accepted record: %v", i, err)
+			}
+		}
+	})
+}
