@@ -117,11 +117,9 @@ var Migrations = []Migration{
 		Statements: append([]string{
 			// Hourly counters per object and writer, one row per request
 			// (ResponseComplete or Panic, no dry runs), with each 409
-			// classified once. The expressions are those of
-			// analytics/report/queries.go (a test there checks they did not
-			// drift). LowCardinality columns keep the types of events: a view
-			// cannot convert them on 18.16. Retention drops its day
-			// partitions with those of events.
+			// classified once (sql.go). LowCardinality columns keep the
+			// types of events: a view cannot convert them on 18.16.
+			// Retention drops its day partitions with those of events.
 			`CREATE TABLE IF NOT EXISTS {db}.request_rollup (
 				event_date                    Date,
 				hour                          DateTime,
@@ -147,23 +145,9 @@ var Migrations = []Migration{
 			`CREATE MATERIALIZED VIEW IF NOT EXISTS {db}.request_rollup_mv TO {db}.request_rollup AS
 			SELECT event_date, toDateTime(intDiv(event_time_us, 3600000000) * 3600) AS hour,
 				cluster, api_group, resource, namespace, name, writer,
-				count() AS requests,
-				countIf((verb IN ('create', 'update', 'patch', 'delete', 'deletecollection') AND api_group NOT IN ('authentication.k8s.io', 'authorization.k8s.io')) AS is_write) AS write_attempts,
-				countIf((multiIf(code != 409, '',
-						has(cause_reasons, 'FieldManagerConflict'), 'field',
-						reason = 'AlreadyExists', 'already_exists',
-						reason = 'Conflict' AND position(message, 'the object has been modified; please apply your changes to the latest version and try again') > 0, 'version',
-						reason = 'Conflict' AND verb IN ('delete', 'deletecollection') AND match(message, '(UID|ResourceVersion) in the precondition .* does not match'), 'delete_precondition',
-						'other') AS class) = 'version') AS version_conflicts,
-				countIf(is_write AND class = 'version') AS write_version_conflicts,
-				countIf(class = 'field') AS field_conflicts,
-				countIf(class = 'already_exists') AS already_exists,
-				countIf(class = 'delete_precondition') AS delete_precondition_conflicts,
-				countIf(verb = 'update' AND code >= 200 AND code < 300 AND stamp = '') AS stampless_updates,
-				countIf(class = 'other') AS other_conflicts,
-				countIf(code = 410) AS gone
+				` + rollupSums + `
 			FROM {db}.events
-			WHERE stage IN ('ResponseComplete', 'Panic') AND dry_run = 0
+			WHERE ` + SQLRequest + `
 			GROUP BY event_date, hour, cluster, api_group, resource, namespace, name, writer`,
 		}, epoch("request_rollup_epoch")...),
 	},
@@ -176,8 +160,7 @@ var Migrations = []Migration{
 			// events, the few objects with conflicts are the busiest ones,
 			// so the report read much of the day. These two narrow tables
 			// hold just those rows, one per request, ordered for a lookup by
-			// writer and object. The expressions are those of
-			// analytics/report/queries.go (a test there checks them).
+			// writer and object.
 			`CREATE TABLE IF NOT EXISTS {db}.loop_conflicts (
 				event_date    Date,
 				cluster       LowCardinality(String),
@@ -193,9 +176,7 @@ var Migrations = []Migration{
 			`CREATE MATERIALIZED VIEW IF NOT EXISTS {db}.loop_conflicts_mv TO {db}.loop_conflicts AS
 			SELECT event_date, cluster, writer, api_group, resource, namespace, name, event_time_us
 			FROM {db}.events
-			WHERE stage IN ('ResponseComplete', 'Panic') AND dry_run = 0
-				AND verb IN ('create', 'update', 'patch', 'delete', 'deletecollection') AND api_group NOT IN ('authentication.k8s.io', 'authorization.k8s.io')
-				AND code = 409 AND reason = 'Conflict' AND NOT has(cause_reasons, 'FieldManagerConflict') AND position(message, 'the object has been modified; please apply your changes to the latest version and try again') > 0`,
+			WHERE ` + SQLRequest + ` AND ` + SQLIsWrite + ` AND ` + SQLVersionConflict,
 			// Successes are most writes, so they keep only a hash of
 			// (writer, object): a lookup of a few hundred pairs then compares
 			// integers, and small granules keep it from reading neighbours.
@@ -209,11 +190,9 @@ var Migrations = []Migration{
 			ORDER BY (cluster, pair, event_time_us)
 			SETTINGS index_granularity = 1024`,
 			`CREATE MATERIALIZED VIEW IF NOT EXISTS {db}.loop_successes_mv TO {db}.loop_successes AS
-			SELECT event_date, cluster, cityHash64(writer, api_group, resource, namespace, name) AS pair, event_time_us
+			SELECT event_date, cluster, ` + SQLLoopPair + ` AS pair, event_time_us
 			FROM {db}.events
-			WHERE stage IN ('ResponseComplete', 'Panic') AND dry_run = 0
-				AND verb IN ('create', 'update', 'patch', 'delete', 'deletecollection') AND api_group NOT IN ('authentication.k8s.io', 'authorization.k8s.io')
-				AND code >= 200 AND code < 300`,
+			WHERE ` + SQLRequest + ` AND ` + SQLIsWrite + ` AND ` + SQLIsSuccess,
 		}, epoch("loop_epoch")...),
 	},
 }

@@ -1,6 +1,10 @@
 package report
 
-import "strings"
+import (
+	"strings"
+
+	"github.com/stampguard/stampguard/analytics"
+)
 
 // The analytics SQL is defined here once. The report runs it with the window
 // as bound parameters; the dashboards and alert rules run the same
@@ -29,10 +33,9 @@ import "strings"
 // with {raw_window} = $__timeFilter(event_time) and {rollup_window} = 0, or
 // split, with {rollup_window} = the whole hours of the range on `hour` and
 // {raw_window} = $__timeFilter(event_time) AND NOT (those hours on
-// event_time). The counters of the rollup and of the raw part are generated
-// from one list (counters), and its view's SELECT (migration 2 in
-// analytics/schema.go) repeats them; TestViewsMatchQueries checks it, and
-// the loop views of migration 3.
+// event_time). The definitions (a request, a write, the conflict classes,
+// the rollup's counters) are those of analytics/sql.go, which the views of
+// the migrations select with.
 //
 // Bound parameters (client-side, quoted by the driver): @cluster,
 // @namespace, @resource, @user (empty means any), @top, @gap_us,
@@ -107,60 +110,30 @@ const ReportRollupWindow = `hour >= toDateTime(intDiv(@rollup_from_us, 1000000))
 const (
 	// requests selects each request once: its ResponseComplete event, or
 	// its Panic event. dryRun requests are excluded everywhere.
-	requests = `stage IN ('ResponseComplete', 'Panic') AND dry_run = 0 AND cluster = @cluster AND {window} AND ` + filters
+	requests = analytics.SQLRequest + ` AND cluster = @cluster AND {window} AND ` + filters
 
 	// filters are the report's narrowing options, on columns that both
 	// events and request_rollup have.
 	filters = `(@namespace = '' OR namespace = @namespace) AND (@resource = '' OR resource = @resource) AND (@user = '' OR writer = @user)`
 
-	// isWrite: a write attempt; the review APIs store nothing.
-	isWrite = `verb IN ('create', 'update', 'patch', 'delete', 'deletecollection') AND api_group NOT IN ('authentication.k8s.io', 'authorization.k8s.io')`
-
-	// optimisticLock is the apiserver's message for a stale resourceVersion.
-	optimisticLock = `the object has been modified; please apply your changes to the latest version and try again`
-
-	// conflictClass sorts every 409 into exactly one class.
-	conflictClass = `multiIf(code != 409, '',
-		has(cause_reasons, 'FieldManagerConflict'), 'field',
-		reason = 'AlreadyExists', 'already_exists',
-		reason = 'Conflict' AND position(message, '` + optimisticLock + `') > 0, 'version',
-		reason = 'Conflict' AND verb IN ('delete', 'deletecollection') AND match(message, '(UID|ResourceVersion) in the precondition .* does not match'), 'delete_precondition',
-		'other')`
-
-	isSuccess = `code >= 200 AND code < 300`
+	// The definitions, shared with the views of the migrations.
+	isWrite         = analytics.SQLIsWrite
+	isSuccess       = analytics.SQLIsSuccess
+	conflictClass   = analytics.SQLConflictClass
+	versionConflict = analytics.SQLVersionConflict
+	loopPair        = analytics.SQLLoopPair
 
 	// objectHash identifies an object in GROUP BY and IN.
 	objectHash = `cityHash64(api_group, resource, namespace, name)`
-
-	// versionConflict is class 'version' of conflictClass, on its own: a
-	// cheap filter for queries that need only version conflicts.
-	versionConflict = `code = 409 AND reason = 'Conflict' AND NOT has(cause_reasons, 'FieldManagerConflict') AND position(message, '` + optimisticLock + `') > 0`
 )
-
-// counters are request_rollup's columns and what each counts per request,
-// over an event's class (conflictClass) and is_write. The rollup's view sums them
-// per hour, object and writer; the raw part of a split window yields them
-// per event (0 or 1).
-var counters = []struct{ name, cond string }{
-	{"requests", "1"},
-	{"write_attempts", "is_write"},
-	{"version_conflicts", "class = 'version'"},
-	{"write_version_conflicts", "is_write AND class = 'version'"},
-	{"field_conflicts", "class = 'field'"},
-	{"already_exists", "class = 'already_exists'"},
-	{"delete_precondition_conflicts", "class = 'delete_precondition'"},
-	{"stampless_updates", "verb = 'update' AND " + isSuccess + " AND stamp = ''"},
-	{"other_conflicts", "class = 'other'"},
-	{"gone", "code = 410"},
-}
 
 // counted is the window's requests as counter rows: request_rollup's whole
 // hours UNION ALL one row per raw event at the edges. Sum the counters.
 var counted = func() string {
 	var names, raw []string
-	for _, c := range counters {
-		names = append(names, c.name)
-		raw = append(raw, "toUInt64("+c.cond+") AS "+c.name)
+	for _, c := range analytics.Counters {
+		names = append(names, c.Name)
+		raw = append(raw, "toUInt64("+c.Cond+") AS "+c.Name)
 	}
 	return `(
 	SELECT api_group, resource, namespace, name, writer, ` + strings.Join(names, ", ") + `
@@ -171,7 +144,7 @@ var counted = func() string {
 	FROM (SELECT writer, api_group, resource, namespace, name, verb, code, stamp, ` + conflictClass + ` AS class, ` + isWrite + ` AS is_write
 		FROM {db}.events
 		PREWHERE {raw_window}
-		WHERE stage IN ('ResponseComplete', 'Panic') AND dry_run = 0 AND cluster = @cluster AND ` + filters + `)
+		WHERE ` + analytics.SQLRequest + ` AND cluster = @cluster AND ` + filters + `)
 )`
 }()
 
@@ -186,13 +159,10 @@ const (
 
 	LoopConflictsRaw = `(SELECT event_date, event_time_us, cluster, writer, api_group, resource, namespace, name FROM {db}.events
 		PREWHERE code = 409
-		WHERE {window} AND stage IN ('ResponseComplete', 'Panic') AND dry_run = 0 AND ` + isWrite + ` AND ` + versionConflict + `)`
+		WHERE {window} AND ` + analytics.SQLRequest + ` AND ` + isWrite + ` AND ` + versionConflict + `)`
 	LoopSuccessesRaw = `(SELECT event_date, event_time_us, cluster, ` + loopPair + ` AS pair FROM {db}.events
 		PREWHERE {window}
-		WHERE stage IN ('ResponseComplete', 'Panic') AND dry_run = 0 AND ` + isWrite + ` AND ` + isSuccess + `)`
-
-	// loopPair identifies a (writer, object) pair in loop_successes.
-	loopPair = `cityHash64(writer, api_group, resource, namespace, name)`
+		WHERE ` + analytics.SQLRequest + ` AND ` + isWrite + ` AND ` + isSuccess + `)`
 )
 
 // loopCandidates are the (writer, object) pairs with at least @threshold

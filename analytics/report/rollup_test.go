@@ -6,8 +6,6 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"reflect"
-	"regexp"
-	"strings"
 	"testing"
 	"time"
 
@@ -15,49 +13,6 @@ import (
 	"github.com/stampguard/stampguard/analytics"
 	"github.com/stampguard/stampguard/internal/chtest"
 )
-
-var spaces = regexp.MustCompile(`\s+`)
-
-func squash(s string) string { return strings.TrimSpace(spaces.ReplaceAllString(s, " ")) }
-
-// The views of migrations 2 and 3 repeat the classification, the counters
-// and the loop rows of queries.go (package analytics cannot import this
-// one); this keeps them from drifting apart.
-func TestViewsMatchQueries(t *testing.T) {
-	requests := "WHERE stage IN ('ResponseComplete', 'Panic') AND dry_run = 0"
-	rollup := []string{
-		squash(conflictClass) + " AS class",
-		"(" + squash(isWrite) + ") AS is_write",
-		requests,
-		"count() AS requests",
-	}
-	for _, c := range counters[3:] {
-		rollup = append(rollup, "countIf("+squash(c.cond)+") AS "+c.name)
-	}
-	for view, want := range map[string][]string{
-		"request_rollup_mv": rollup,
-		"loop_conflicts_mv": {requests + " AND " + squash(isWrite) + " AND " + squash(versionConflict)},
-		"loop_successes_mv": {requests + " AND " + squash(isWrite) + " AND " + squash(isSuccess), loopPair + " AS pair"},
-	} {
-		var def string
-		for _, m := range analytics.Migrations {
-			for _, st := range m.Statements {
-				if strings.Contains(st, "VIEW IF NOT EXISTS {db}."+view+" ") {
-					def = squash(st)
-				}
-			}
-		}
-		if def == "" {
-			t.Errorf("no migration creates %s", view)
-			continue
-		}
-		for _, w := range want {
-			if !strings.Contains(def, w) {
-				t.Errorf("%s lacks %q", view, w)
-			}
-		}
-	}
-}
 
 func TestRollupHours(t *testing.T) {
 	h := func(m int) time.Time { return t0.Add(time.Duration(m) * time.Minute) }
