@@ -98,24 +98,15 @@ func Build(ctx context.Context, conn driver.Conn, o Options) (*Report, error) {
 			return rows.Scan(&t.Requests, &t.WriteAttempts, &t.VersionConflicts, &t.FieldConflicts, &t.AlreadyExists,
 				&t.DeletePreconditionConflicts, &t.StamplessUpdates, &t.OtherConflicts, &t.Gone)
 		}},
-		run{QueryConflictsByUser, func(rows driver.Rows) error {
-			var u UserConflicts
-			err := rows.Scan(&u.User, &u.WriteAttempts, &u.VersionConflicts)
-			r.ConflictsByUser = append(r.ConflictsByUser, u)
-			return err
-		}},
-		run{QueryConflictsByResource, func(rows driver.Rows) error {
-			var c ResourceConflicts
-			err := rows.Scan(&c.APIGroup, &c.Resource, &c.WriteAttempts, &c.VersionConflicts)
-			r.ConflictsByResource = append(r.ConflictsByResource, c)
-			return err
-		}},
-		run{QueryHotObjects, func(rows driver.Rows) error {
-			var h HotObject
-			err := rows.Scan(&h.APIGroup, &h.Resource, &h.Namespace, &h.Name, &h.WriteAttempts, &h.DistinctWriters, &h.VersionConflicts)
-			r.HotObjects = append(r.HotObjects, h)
-			return err
-		}},
+		run{QueryConflictsByUser, collect(&r.ConflictsByUser, func(u *UserConflicts) []any {
+			return []any{&u.User, &u.WriteAttempts, &u.VersionConflicts}
+		})},
+		run{QueryConflictsByResource, collect(&r.ConflictsByResource, func(c *ResourceConflicts) []any {
+			return []any{&c.APIGroup, &c.Resource, &c.WriteAttempts, &c.VersionConflicts}
+		})},
+		run{QueryHotObjects, collect(&r.HotObjects, func(h *HotObject) []any {
+			return []any{&h.APIGroup, &h.Resource, &h.Namespace, &h.Name, &h.WriteAttempts, &h.DistinctWriters, &h.VersionConflicts}
+		})},
 		run{QueryRetryLoops, func(rows driver.Rows) error {
 			var l RetryLoop
 			var first, last uint64
@@ -127,24 +118,15 @@ func Build(ctx context.Context, conn driver.Conn, o Options) (*Report, error) {
 			r.RetryLoops = append(r.RetryLoops, l)
 			return err
 		}},
-		run{QueryStamplessUpdates, func(rows driver.Rows) error {
-			var s StamplessUpdates
-			err := rows.Scan(&s.User, &s.APIGroup, &s.Resource, &s.Namespace, &s.Name, &s.Count)
-			r.StamplessUpdates = append(r.StamplessUpdates, s)
-			return err
-		}},
-		run{QueryLeaseHolderChanges, func(rows driver.Rows) error {
-			var l LeaseChanges
-			err := rows.Scan(&l.Namespace, &l.Name, &l.Changes, &l.Holders)
-			r.LeaseHolderChanges = append(r.LeaseHolderChanges, l)
-			return err
-		}},
-		run{QueryPolicyDecisions, func(rows driver.Rows) error {
-			var p PolicyDecisions
-			err := rows.Scan(&p.Policy, &p.Kind, &p.Action, &p.Count)
-			r.PolicyDecisions = append(r.PolicyDecisions, p)
-			return err
-		}},
+		run{QueryStamplessUpdates, collect(&r.StamplessUpdates, func(s *StamplessUpdates) []any {
+			return []any{&s.User, &s.APIGroup, &s.Resource, &s.Namespace, &s.Name, &s.Count}
+		})},
+		run{QueryLeaseHolderChanges, collect(&r.LeaseHolderChanges, func(l *LeaseChanges) []any {
+			return []any{&l.Namespace, &l.Name, &l.Changes, &l.Holders}
+		})},
+		run{QueryPolicyDecisions, collect(&r.PolicyDecisions, func(p *PolicyDecisions) []any {
+			return []any{&p.Policy, &p.Kind, &p.Action, &p.Count}
+		})},
 	)
 	if err != nil {
 		return nil, err
@@ -251,6 +233,19 @@ func (o *Options) querier(ctx context.Context, conn driver.Conn) querier {
 		s.LoopConflicts, s.LoopSuccesses = LoopConflictsRaw, LoopSuccessesRaw
 	}
 	return querier{ctx: ctx, conn: conn, db: o.Database, sources: s, args: o.args()}
+}
+
+// collect scans each row into a new T, through the column targets that
+// fields gives, and appends it to dst.
+func collect[T any](dst *[]T, fields func(*T) []any) func(driver.Rows) error {
+	return func(rows driver.Rows) error {
+		var v T
+		if err := rows.Scan(fields(&v)...); err != nil {
+			return err
+		}
+		*dst = append(*dst, v)
+		return nil
+	}
 }
 
 // run is one query of the report with its row handler.
