@@ -190,18 +190,27 @@ func (t *pathTree) walkObject(data []byte, i int, out []valueRef) (int, []valueR
 		if err != nil {
 			return 0, out, err
 		}
-		i = skipWS(data, i)
-		if i >= len(data) {
-			return 0, out, rawjson.ErrSyntax
+		var done bool
+		if i, done, err = nextMember(data, i, '}'); done || err != nil {
+			return i, out, err
 		}
-		switch data[i] {
-		case '}':
-			return i + 1, out, nil
-		case ',':
-			i = skipWS(data, i+1)
-		default:
-			return 0, out, rawjson.ErrSyntax
-		}
+	}
+}
+
+// nextMember reads what follows a member or item at data[i:]: the closing
+// byte (done, i after it) or a comma (i at the next member).
+func nextMember(data []byte, i int, closing byte) (int, bool, error) {
+	i = skipWS(data, i)
+	if i >= len(data) {
+		return 0, true, rawjson.ErrSyntax
+	}
+	switch data[i] {
+	case closing:
+		return i + 1, true, nil
+	case ',':
+		return skipWS(data, i+1), false, nil
+	default:
+		return 0, true, rawjson.ErrSyntax
 	}
 }
 
@@ -216,17 +225,9 @@ func (t *pathTree) walkArray(data []byte, i int, out []valueRef) (int, []valueRe
 			return 0, out, err
 		}
 		out = out2
-		i = skipWS(data, end)
-		if i >= len(data) {
-			return 0, out, rawjson.ErrSyntax
-		}
-		switch data[i] {
-		case ']':
-			return i + 1, out, nil
-		case ',':
-			i = skipWS(data, i+1)
-		default:
-			return 0, out, rawjson.ErrSyntax
+		var done bool
+		if i, done, err = nextMember(data, end, ']'); done || err != nil {
+			return i, out, err
 		}
 	}
 }
