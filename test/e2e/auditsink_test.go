@@ -147,7 +147,9 @@ func TestAuditSink(t *testing.T) {
 	}
 
 	// ingest the files (all of them, rotated too) as a third source, twice.
-	files := logFiles(t, env.AuditLogPath)
+	// The apiserver keeps appending to the live file, so both ingests read
+	// one snapshot: the second must store nothing.
+	files := snapshot(t, logFiles(t, env.AuditLogPath))
 	res, err := analytics.IngestFiles(t.Context(), st, files, analytics.IngestOptions{Cluster: "file", Accepter: &analytics.Accepter{}})
 	if err != nil {
 		t.Fatal(err)
@@ -335,6 +337,25 @@ func logFiles(t *testing.T, path string) []string {
 	}
 	sort.Strings(matches)
 	return append(matches, path)
+}
+
+// snapshot copies files into a temporary directory, names kept, in order.
+func snapshot(t *testing.T, files []string) []string {
+	t.Helper()
+	dir := t.TempDir()
+	var out []string
+	for _, f := range files {
+		b, err := os.ReadFile(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		dst := filepath.Join(dir, filepath.Base(f))
+		if err := os.WriteFile(dst, b, 0o644); err != nil {
+			t.Fatal(err)
+		}
+		out = append(out, dst)
+	}
+	return out
 }
 
 // responseCompleteIDs reads the log files as ground truth: the audit IDs
