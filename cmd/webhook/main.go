@@ -23,6 +23,10 @@ import (
 func main() { os.Exit(run()) }
 
 func run() int {
+	// Our own flag set: controller-runtime's client/config package registers
+	// --kubeconfig on flag.CommandLine in its init, and a second
+	// registration there panics before any flag is parsed.
+	flag := flag.NewFlagSet(os.Args[0], flag.ExitOnError)
 	var o admission.Options
 	var kubeconfig, logLevel, logFormat string
 	flag.StringVar(&o.Host, "host", "", "address the admission server listens on (default all)")
@@ -36,7 +40,7 @@ func run() int {
 	flag.StringVar(&kubeconfig, "kubeconfig", "", "kubeconfig for cluster mode (default in-cluster config)")
 	flag.StringVar(&logLevel, "log-level", "info", "debug, info, warn or error")
 	flag.StringVar(&logFormat, "log-format", "json", "json or text")
-	flag.Parse()
+	_ = flag.Parse(os.Args[1:]) // ExitOnError: -h exits 0, a bad flag exits 2
 
 	log, err := newLogger(logLevel, logFormat)
 	if err != nil {
