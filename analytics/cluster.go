@@ -1,0 +1,133 @@
+package analytics
+
+import (
+	"fmt"
+	"regexp"
+	"strings"
+)
+
+// Cluster mode. On a ClickHouse cluster every table of the single-node
+// schema becomes two: a Replicated*MergeTree table `<name>_local` on every
+// node (its ZooKeeper path keyed by the {shard} and {replica} macros), and
+// a Distributed table `<name>` over them. Code that reads and writes
+// `{db}.<name>` therefore works unchanged: inserts into `events` are
+// sharded by object, so one object's events, and with them its retry
+// loops and lease holders, live on one shard; the materialized views run
+// on each shard's `events_local` and fill that shard's local tables, so
+// sums over the Distributed tables are exact. A few small tables are the
+// same on every node (one replicated "global" table, no Distributed
+// table): schema_migrations and the epochs.
+//
+// clusterDDL turns the single-node statements into that schema. It works
+// on the project's own DDL (fixed shapes: CREATE TABLE IF NOT EXISTS
+// {db}.name (...) ENGINE = X(...), CREATE MATERIALIZED VIEW IF NOT EXISTS
+// {db}.name TO {db}.target AS SELECT ... FROM {db}.events, INSERT INTO,
+// DROP, ALTER), and refuses anything else, so that a new statement shape
+// fails its test instead of being rendered wrongly.
+type clusterDDL struct {
+	// cluster is the remote_servers name.
+	cluster string
+}
+
+// Tables that hold the same rows on every node: one replica set spanning
+// the cluster, no Distributed table.
+func isGlobalTable(name string) bool {
+	return name == "schema_migrations" || strings.HasSuffix(name, "_epoch")
+}
+
+// shardingKeys are the Distributed tables' sharding expressions for the
+// tables that inserts reach through the Distributed table. Tables that
+// only views fill are never inserted through their Distributed table.
+var shardingKeys = map[string]string{
+	"events":           "cityHash64(cluster, namespace, name)",
+	"duplicate_events": "cityHash64(cluster, namespace, name)",
+	"dead_letters":     "raw_hash",
+}
+
+// LocalSuffix names the per-node table behind a Distributed table.
+const LocalSuffix = "_local"
+
+var (
+	reCreateDB    = regexp.MustCompile(`^CREATE DATABASE IF NOT EXISTS (\S+)$`)
+	reCreateTable = regexp.MustCompile(`(?s)^CREATE TABLE IF NOT EXISTS \{db\}\.(\w+) (\(.*\))\s*ENGINE = (\w*MergeTree)\(([^)]*)\)(.*)$`)
+	reCreateView  = regexp.MustCompile(`(?s)^CREATE MATERIALIZED VIEW IF NOT EXISTS \{db\}\.(\w+) TO \{db\}\.(\w+)(\s+AS\s.*)$`)
+	reFromTable   = regexp.MustCompile(`\{db\}\.(\w+)`)
+	reDrop        = regexp.MustCompile(`^DROP (TABLE|VIEW) IF EXISTS \{db\}\.(\w+)$`)
+	reAlter       = regexp.MustCompile(`(?s)^ALTER TABLE \{db\}\.(\w+) (.*)$`)
+)
+
+// render returns the cluster statements for one single-node statement
+// (still with {db} to fill in).
+func (c clusterDDL) render(stmt string) ([]string, error) {
+	stmt = strings.TrimSpace(stmt)
+	on := " ON CLUSTER " + c.cluster
+	switch {
+	case reCreateDB.MatchString(stmt):
+		return []string{stmt + on}, nil
+	case reCreateTable.MatchString(stmt):
+		m := reCreateTable.FindStringSubmatch(stmt)
+		name, cols, engine, args, rest := m[1], m[2], m[3], strings.TrimSpace(m[4]), m[5]
+		local := name + LocalSuffix
+		zkPath := "/clickhouse/tables/{shard}/{db}/" + name
+		if isGlobalTable(name) {
+			local, zkPath = name, "/clickhouse/tables/global/{db}/"+name
+		}
+		// A global table's one replica set spans the shards, so its
+		// replica names must be unique across them.
+		replica := "{replica}"
+		if isGlobalTable(name) {
+			replica = "{shard}-{replica}"
+		}
+		repArgs := "'" + zkPath + "', '" + replica + "'"
+		if args != "" {
+			repArgs += ", " + args
+		}
+		out := []string{"CREATE TABLE IF NOT EXISTS {db}." + local + on + " " + cols +
+			"\n\tENGINE = Replicated" + engine + "(" + repArgs + ")" + rest}
+		if !isGlobalTable(name) {
+			key := shardingKeys[name]
+			if key == "" {
+				key = "rand()"
+			}
+			out = append(out, "CREATE TABLE IF NOT EXISTS {db}."+name+on+" AS {db}."+local+
+				"\n\tENGINE = Distributed("+c.cluster+", {db}, "+local+", "+key+")")
+		}
+		return out, nil
+	case reCreateView.MatchString(stmt):
+		m := reCreateView.FindStringSubmatch(stmt)
+		view, target, body := m[1], m[2], m[3]
+		if isGlobalTable(target) {
+			return nil, fmt.Errorf("cluster mode: view %s writes to the global table %s", view, target)
+		}
+		// The view reads each node's local tables: it sees the rows that
+		// node stores, once.
+		body = reFromTable.ReplaceAllStringFunc(body, func(t string) string {
+			if isGlobalTable(strings.TrimPrefix(t, "{db}.")) {
+				return t
+			}
+			return t + LocalSuffix
+		})
+		return []string{"CREATE MATERIALIZED VIEW IF NOT EXISTS {db}." + view + on + " TO {db}." + target + LocalSuffix + body}, nil
+	case reDrop.MatchString(stmt):
+		m := reDrop.FindStringSubmatch(stmt)
+		if isGlobalTable(m[2]) || strings.HasSuffix(m[2], "_mv") {
+			return []string{stmt + on}, nil
+		}
+		return []string{
+			"DROP TABLE IF EXISTS {db}." + m[2] + on,
+			"DROP TABLE IF EXISTS {db}." + m[2] + LocalSuffix + on,
+		}, nil
+	case reAlter.MatchString(stmt):
+		m := reAlter.FindStringSubmatch(stmt)
+		name := m[1]
+		if !isGlobalTable(name) {
+			name += LocalSuffix
+		}
+		return []string{"ALTER TABLE {db}." + name + on + " " + m[2]}, nil
+	case strings.HasPrefix(stmt, "INSERT INTO "):
+		// Runs once, on the node the migration talks to: through the
+		// Distributed tables it reads (and writes) the whole cluster.
+		return []string{stmt}, nil
+	}
+	return nil, fmt.Errorf("cluster mode cannot render this statement; teach clusterDDL its shape: %.80q", stmt)
+}
