@@ -1,9 +1,12 @@
 package analytics
 
 import (
+	"context"
 	"fmt"
 	"regexp"
 	"strings"
+
+	"github.com/ClickHouse/clickhouse-go/v2"
 )
 
 // Cluster mode. On a ClickHouse cluster every table of the single-node
@@ -131,3 +134,110 @@ func (c clusterDDL) render(stmt string) ([]string, error) {
 	}
 	return nil, fmt.Errorf("cluster mode cannot render this statement; teach clusterDDL its shape: %.80q", stmt)
 }
+
+var clusterName = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]*$`)
+
+func newClusterDDL(name string) (*clusterDDL, error) {
+	if !clusterName.MatchString(name) {
+		return nil, fmt.Errorf("ClickHouse cluster name %q: want letters, digits and underscores, as in the servers' remote_servers", name)
+	}
+	return &clusterDDL{cluster: name}, nil
+}
+
+// applySettings sets what cluster mode needs on every query:
+// insert_distributed_sync, so that an insert into a Distributed table
+// returns only once every shard stored its rows: an acknowledged batch is
+// stored, and the stored-keys lookup of the next insert sees it.
+func (c *clusterDDL) applySettings(opts *clickhouse.Options) {
+	opts.Settings["insert_distributed_sync"] = 1
+}
+
+// profileSettings are settings cluster mode needs that are strings, which
+// the native protocol of 18.16 cannot carry from a client (it sends
+// settings as numbers), so they belong in the servers' default profile:
+//   - load_balancing in_order: reads and (internal_replication) writes go
+//     to the first healthy replica of each shard, so the stored-keys lookup
+//     reads the replica that took the last insert while it is up;
+//   - distributed_product_mode global: the report's IN and JOIN subqueries
+//     over Distributed tables run once, on the node asked, and their result
+//     goes to the shards (the hot-objects threshold and the loop candidates
+//     are cluster-wide, not per shard).
+var profileSettings = [][2]string{{"load_balancing", "in_order"}, {"distributed_product_mode", "global"}}
+
+// checkProfile refuses a cluster whose profile lacks profileSettings.
+func (s *Store) checkProfile(ctx context.Context) error {
+	for _, kv := range profileSettings {
+		var v string
+		if err := s.conn.QueryRow(ctx, "SELECT value FROM system.settings WHERE name = ?", kv[0]).Scan(&v); err != nil {
+			return fmt.Errorf("read setting %s: %w", kv[0], err)
+		}
+		if v != kv[1] {
+			return fmt.Errorf("cluster mode needs %s = '%s' in the default profile of every server (users.xml; docs/auditsink.md, \"ClickHouse cluster\"), the server has '%s'", kv[0], kv[1], v)
+		}
+	}
+	return nil
+}
+
+// execDDL runs a schema statement with {db} filled in: as it is on one
+// node, rendered for the cluster in cluster mode.
+func (s *Store) execDDL(ctx context.Context, stmt string) error {
+	stmts := []string{stmt}
+	if s.ddl != nil {
+		var err error
+		if stmts, err = s.ddl.render(stmt); err != nil {
+			return err
+		}
+	}
+	for _, q := range stmts {
+		if err := s.conn.Exec(ctx, strings.ReplaceAll(q, "{db}", s.db)); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// localTable is the table that holds table's rows on a node.
+func (s *Store) localTable(table string) string {
+	if s.ddl == nil || isGlobalTable(table) {
+		return table
+	}
+	return table + LocalSuffix
+}
+
+// partsSource is where DropPartitionsBefore lists partitions:
+// system.parts of this node, or of every node of the cluster (a shard may
+// hold a day that the node asked does not).
+func (s *Store) partsSource(ctx context.Context) (string, error) {
+	if s.ddl == nil {
+		return "system.parts", nil
+	}
+	rows, err := s.conn.Query(ctx, "SELECT host_address, port FROM system.clusters WHERE cluster = ?", s.ddl.cluster)
+	if err != nil {
+		return "", fmt.Errorf("list the nodes of cluster %s: %w", s.ddl.cluster, err)
+	}
+	defer rows.Close()
+	var addrs []string
+	for rows.Next() {
+		var host string
+		var port uint16
+		if err := rows.Scan(&host, &port); err != nil {
+			return "", err
+		}
+		if !safeHost.MatchString(host) {
+			return "", fmt.Errorf("cluster %s: unexpected host address %q", s.ddl.cluster, host)
+		}
+		if strings.Contains(host, ":") {
+			host = "[" + host + "]"
+		}
+		addrs = append(addrs, fmt.Sprintf("%s:%d", host, port))
+	}
+	if err := rows.Err(); err != nil {
+		return "", err
+	}
+	if len(addrs) == 0 {
+		return "", fmt.Errorf("cluster %s is not in the servers' remote_servers (system.clusters)", s.ddl.cluster)
+	}
+	return "remote('" + strings.Join(addrs, ",") + "', system, parts)", nil
+}
+
+var safeHost = regexp.MustCompile(`^[0-9A-Za-z.:\-]+$`)

@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"regexp"
-	"strings"
 	"time"
 )
 
@@ -230,15 +229,15 @@ func ValidDatabase(name string) error {
 func (s *Store) Migrate(ctx context.Context) ([]int, error) {
 	db := s.db
 	stmts := []string{
-		"CREATE DATABASE IF NOT EXISTS " + db,
-		`CREATE TABLE IF NOT EXISTS ` + db + `.schema_migrations (
+		"CREATE DATABASE IF NOT EXISTS {db}",
+		`CREATE TABLE IF NOT EXISTS {db}.schema_migrations (
 			version    UInt32,
 			name       String,
 			applied_at DateTime
 		) ENGINE = MergeTree() ORDER BY version`,
 	}
 	for _, q := range stmts {
-		if err := s.conn.Exec(ctx, q); err != nil {
+		if err := s.execDDL(ctx, q); err != nil {
 			return nil, fmt.Errorf("migrate: %w", err)
 		}
 	}
@@ -252,7 +251,7 @@ func (s *Store) Migrate(ctx context.Context) ([]int, error) {
 			continue
 		}
 		for _, q := range m.Statements {
-			if err := s.conn.Exec(ctx, strings.ReplaceAll(q, "{db}", db)); err != nil {
+			if err := s.execDDL(ctx, q); err != nil {
 				return applied, fmt.Errorf("migration %d (%s): %w", m.Version, m.Name, err)
 			}
 		}
@@ -289,9 +288,13 @@ var partitionDate = regexp.MustCompile(`^'?(\d{4}-\d{2}-\d{2})'?$`)
 func (s *Store) DropPartitionsBefore(ctx context.Context, cutoff time.Time) ([]string, error) {
 	limit := cutoff.UTC().Format(time.DateOnly)
 	var dropped []string
+	parts, err := s.partsSource(ctx)
+	if err != nil {
+		return nil, err
+	}
 	for _, table := range retentionTables {
-		rows, err := s.conn.Query(ctx, `SELECT DISTINCT partition FROM system.parts
-			WHERE database = ? AND table = ? AND active`, s.db, table)
+		rows, err := s.conn.Query(ctx, `SELECT DISTINCT partition FROM `+parts+`
+			WHERE database = ? AND table = ? AND active`, s.db, s.localTable(table))
 		if err != nil {
 			return dropped, fmt.Errorf("list partitions of %s: %w", table, err)
 		}
@@ -313,7 +316,7 @@ func (s *Store) DropPartitionsBefore(ctx context.Context, cutoff time.Time) ([]s
 			if m == nil || m[1] >= limit {
 				continue
 			}
-			if err := s.conn.Exec(ctx, fmt.Sprintf("ALTER TABLE %s.%s DROP PARTITION '%s'", s.db, table, m[1])); err != nil {
+			if err := s.execDDL(ctx, fmt.Sprintf("ALTER TABLE {db}.%s DROP PARTITION '%s'", table, m[1])); err != nil {
 				return dropped, fmt.Errorf("drop partition %s of %s: %w", p, table, err)
 			}
 			if table == "events" {

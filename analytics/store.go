@@ -25,6 +25,10 @@ type StoreOptions struct {
 	Database string
 	// KeepRaw stores each event's (redacted) raw JSON in events.raw.
 	KeepRaw bool
+	// ClickHouseCluster, when set, names a cluster of the servers'
+	// remote_servers: the schema is then created ON CLUSTER as replicated
+	// local tables behind Distributed tables (cluster.go). Empty: one node.
+	ClickHouseCluster string
 }
 
 // Store writes rows to ClickHouse exactly once: Insert drops the events
@@ -33,6 +37,8 @@ type Store struct {
 	conn driver.Conn
 	db   string
 	raw  bool
+	// ddl renders DDL for a cluster; nil on a single node.
+	ddl *clusterDDL
 }
 
 // OpenStore connects to ClickHouse. It does not create the schema; call
@@ -62,11 +68,25 @@ func OpenStore(ctx context.Context, o StoreOptions) (*Store, error) {
 	if opts.DialTimeout == 0 {
 		opts.DialTimeout = 5 * time.Second
 	}
+	var ddl *clusterDDL
+	if o.ClickHouseCluster != "" {
+		if ddl, err = newClusterDDL(o.ClickHouseCluster); err != nil {
+			return nil, err
+		}
+		ddl.applySettings(opts)
+	}
 	conn, err := clickhouse.Open(opts)
 	if err != nil {
 		return nil, fmt.Errorf("open ClickHouse: %w", err)
 	}
-	return &Store{conn: conn, db: o.Database, raw: o.KeepRaw}, nil
+	st := &Store{conn: conn, db: o.Database, raw: o.KeepRaw, ddl: ddl}
+	if ddl != nil {
+		if err := st.checkProfile(ctx); err != nil {
+			conn.Close()
+			return nil, err
+		}
+	}
+	return st, nil
 }
 
 // ParseDSN parses a clickhouse-go DSN, plus one parameter of ours:

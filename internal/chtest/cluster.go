@@ -6,6 +6,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"strconv"
 	"strings"
 	"sync"
@@ -120,8 +121,10 @@ func clusterXML(ports [][][]int) string {
 }
 
 // profileUsers writes a copy of Debian's users.xml whose default profile
-// allows LowCardinality columns (18.16 needs the setting; DDL that ON
-// CLUSTER runs on other nodes does not carry the query's settings).
+// holds what cluster mode needs on 18.16: LowCardinality columns allowed
+// (DDL that ON CLUSTER runs on other nodes does not carry the query's
+// settings), and the string settings that 18.16's native protocol cannot
+// take from a client (analytics.profileSettings).
 func profileUsers(path string) (string, error) {
 	b, err := os.ReadFile("/etc/clickhouse-server/users.xml")
 	if err != nil {
@@ -134,7 +137,14 @@ func profileUsers(path string) (string, error) {
 		return "", fmt.Errorf("users.xml has no default profile")
 	}
 	at := i + j + len("<default>")
-	s = s[:at] + "\n            <allow_experimental_low_cardinality_type>1</allow_experimental_low_cardinality_type>" + s[at:]
+	s = s[:at] + `
+            <allow_experimental_low_cardinality_type>1</allow_experimental_low_cardinality_type>
+            <distributed_product_mode>global</distributed_product_mode>` + s[at:]
+	// Debian's profile sets load_balancing already (random).
+	s = regexp.MustCompile(`<load_balancing>[^<]*</load_balancing>`).ReplaceAllLiteralString(s, "<load_balancing>in_order</load_balancing>")
+	if !strings.Contains(s, "<load_balancing>in_order</load_balancing>") {
+		s = s[:at] + "\n            <load_balancing>in_order</load_balancing>" + s[at:]
+	}
 	return path, os.WriteFile(path, []byte(s), 0o644)
 }
 

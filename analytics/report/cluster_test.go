@@ -1,0 +1,95 @@
+package report
+
+import (
+	"math/rand/v2"
+	"reflect"
+	"testing"
+	"time"
+
+	"github.com/stampguard/stampguard/analytics"
+	"github.com/stampguard/stampguard/internal/chtest"
+)
+
+// TestClusterReportEqualsSingleNode stores the same rows, every batch
+// delivered twice, into one node and into a 2-shard x 2-replica cluster in
+// cluster mode, and requires the same report from both over windows that
+// cut hours, rollup-backed and raw.
+func TestClusterReportEqualsSingleNode(t *testing.T) {
+	ctx := t.Context()
+	single, db := migrated(t)
+	c := chtest.StartCluster(t, 2, 2)
+	clustered, err := analytics.OpenStore(ctx, analytics.StoreOptions{DSN: c.DSN(), Database: db, ClickHouseCluster: chtest.ClusterName})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { clustered.Close() })
+	for range 2 { // the second run finds the schema in place
+		if _, err := clustered.Migrate(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	rows := append(buildScenario().rows, randomRows(11, 4000)...)
+	rand.New(rand.NewPCG(12, 13)).Shuffle(len(rows), func(i, j int) { rows[i], rows[j] = rows[j], rows[i] })
+	for i := 0; i < len(rows); i += 500 {
+		batch := rows[i:min(i+500, len(rows))]
+		for _, st := range []*analytics.Store{single, clustered} {
+			stored := 0
+			for range 2 {
+				res, err := st.Insert(ctx, batch, nil)
+				if err != nil {
+					t.Fatal(err)
+				}
+				stored += res.Stored
+			}
+			if stored == 0 {
+				t.Fatalf("batch %d stored nothing", i)
+			}
+		}
+	}
+	var perShard []uint64
+	for _, shard := range c.Shards {
+		var n uint64
+		if err := shard[0].ClusterConn(t, db).QueryRow(ctx, "SELECT count() FROM events_local").Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		perShard = append(perShard, n)
+	}
+	if perShard[0] == 0 || perShard[1] == 0 {
+		t.Errorf("events per shard %v: sharding by object put everything on one shard", perShard)
+	}
+	windows := [][2]time.Time{
+		{t0, t0.Add(time.Hour)},
+		{t0.Add(-time.Hour), t0.Add(5 * time.Hour)},
+		{t0.Add(35 * time.Second), t0.Add(3*time.Hour + 1)},
+		{t0.Add(-30 * time.Minute), t0.Add(2*time.Hour + time.Microsecond)},
+	}
+	for _, w := range windows {
+		for _, noRollup := range []bool{false, true} {
+			o := Options{Database: db, Cluster: "c1", Top: 1000, Since: w[0], Until: w[1], NoRollup: noRollup}
+			want, err := Build(ctx, single.Conn(), o)
+			if err != nil {
+				t.Fatal(err)
+			}
+			got, err := Build(ctx, clustered.Conn(), o)
+			if err != nil {
+				t.Fatalf("cluster report over [%s, %s): %v", w[0], w[1], err)
+			}
+			if !reflect.DeepEqual(got, want) {
+				t.Errorf("window [%s, %s) noRollup=%v: cluster and single node differ\ncluster %+v\n single %+v", w[0], w[1], noRollup, got, want)
+			}
+		}
+	}
+	// Retention drops the days on every node.
+	if _, err := clustered.DropPartitionsBefore(ctx, t0.Add(30*24*time.Hour)); err != nil {
+		t.Fatal(err)
+	}
+	for _, srv := range c.Servers() {
+		var n uint64
+		if err := srv.ClusterConn(t, db).QueryRow(ctx, "SELECT count() FROM events_local").Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		if n != 0 {
+			t.Errorf("server %d keeps %d events after retention dropped every day", srv.Port, n)
+		}
+	}
+}
