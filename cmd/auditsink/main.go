@@ -80,16 +80,21 @@ var errUsage = errors.New("usage")
 // common are the flags every subcommand shares.
 type common struct {
 	dsn, dsnFile, database, logLevel string
+	chCluster                        string
 	cluster, stages, redact          string
 	keepRaw                          bool
 }
 
-const dsnEnv = "AUDITSINK_CLICKHOUSE_DSN"
+const (
+	dsnEnv       = "AUDITSINK_CLICKHOUSE_DSN"
+	chClusterEnv = "AUDITSINK_CLICKHOUSE_CLUSTER"
+)
 
 func (c *common) register(fs *flag.FlagSet) {
 	fs.StringVar(&c.dsn, "clickhouse", "", "ClickHouse native DSN, e.g. clickhouse://127.0.0.1:9000. Credentials belong in --clickhouse-dsn-file or $"+dsnEnv+", not in argv")
 	fs.StringVar(&c.dsnFile, "clickhouse-dsn-file", "", "file holding the ClickHouse DSN (with user, password, secure=true)")
 	fs.StringVar(&c.database, "database", "stampguard", "ClickHouse database")
+	fs.StringVar(&c.chCluster, "clickhouse-cluster", os.Getenv(chClusterEnv), "ClickHouse cluster (from the servers' remote_servers) for sharded, replicated storage; empty: one server (or $"+chClusterEnv+")")
 	fs.StringVar(&c.logLevel, "log-level", "info", "debug, info, warn or error")
 	fs.StringVar(&c.cluster, "cluster", "", "source cluster name stored with each event")
 	fs.StringVar(&c.stages, "stages", strings.Join(analytics.DefaultStages, ","), "audit stages to store")
@@ -125,7 +130,7 @@ func (c *common) storeOptions(log *slog.Logger) (analytics.StoreOptions, error) 
 			log.Warn("the ClickHouse DSN on the command line holds a password that other users can read in the process list; use --clickhouse-dsn-file or $" + dsnEnv)
 		}
 	}
-	return analytics.StoreOptions{DSN: dsn, Database: c.database, KeepRaw: c.keepRaw}, nil
+	return analytics.StoreOptions{DSN: dsn, Database: c.database, KeepRaw: c.keepRaw, ClickHouseCluster: c.chCluster}, nil
 }
 
 func (c *common) accepter() *analytics.Accepter {
