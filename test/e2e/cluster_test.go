@@ -1,0 +1,242 @@
+package e2e
+
+import (
+	"bufio"
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"math/rand/v2"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"crypto/tls"
+
+	"github.com/stampguard/stampguard/analytics/report"
+	"github.com/stampguard/stampguard/internal/chtest"
+	"github.com/stampguard/stampguard/internal/kubetest"
+	"github.com/stampguard/stampguard/internal/testenv"
+	wl "github.com/stampguard/stampguard/test/workload"
+)
+
+// TestClusterMode runs stampguard on a ClickHouse cluster as a platform
+// team would: two shards of two replicas with ZooKeeper, `auditsink
+// migrate --clickhouse-cluster` from two processes at once, and two
+// `auditsink serve` replicas behind "one address": every batch of a real
+// apiserver's audit log goes to one of them at random, some to both. One
+// replica of a shard is stopped while batches flow and started again.
+// Then the whole JSON report, read through the Distributed tables, equals
+// the workload's client-side ground truth.
+func TestClusterMode(t *testing.T) {
+	testenv.SkipIfShort(t, "starts ZooKeeper, four clickhouse-servers, kube-apiserver, etcd and two sinks")
+	ctx := t.Context()
+	root := kubetest.RepoRoot(t)
+	dir := t.TempDir()
+	bin := buildAuditsink(t, root, dir)
+	c := chtest.StartCluster(t, 2, 2)
+	const db = "stampguard"
+	env := append(os.Environ(), "AUDITSINK_CLICKHOUSE_DSN="+c.DSN(), "AUDITSINK_CLICKHOUSE_CLUSTER="+chtest.ClusterName)
+	sink := func(args ...string) []byte {
+		t.Helper()
+		cmd := exec.CommandContext(ctx, bin, args...)
+		cmd.Env = env
+		var stderr bytes.Buffer
+		cmd.Stderr = &stderr
+		out, err := cmd.Output()
+		if err != nil {
+			t.Fatalf("auditsink %s: %v\n%s", strings.Join(args, " "), err, stderr.String())
+		}
+		return out
+	}
+
+	t.Log("migrate from two processes at once")
+	var wg sync.WaitGroup
+	outs := make([][]byte, 2)
+	for i := range outs {
+		wg.Go(func() { outs[i] = sink("migrate", "--database", db) })
+	}
+	wg.Wait()
+	for i, out := range outs {
+		if !strings.Contains(string(out), "at schema version") {
+			t.Fatalf("migrate %d: %s", i, out)
+		}
+	}
+	again := string(sink("migrate", "--database", db))
+	if !strings.Contains(again, "applied now: []") {
+		t.Errorf("a third migrate applied something: %s", again)
+	}
+
+	kenv := kubetest.Start(t, wl.KubetestOptions())
+	res, err := wl.Run(ctx, kenv)
+	if err != nil {
+		t.Fatalf("workload: %v", err)
+	}
+	events, err := res.WaitAudited(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want, err := res.TruthAt(events)
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	pki := newSinkPKI(t, dir)
+	tokenFile := filepath.Join(dir, "token")
+	if err := os.WriteFile(tokenFile, []byte("cluster-token\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	var sinks []*sinkProcess
+	var addrs []string
+	for i := range 2 {
+		addr := freeAddr(t)
+		s := &sinkProcess{t: t, bin: bin, args: []string{"serve", "--listen", addr,
+			"--tls-cert", pki.cert, "--tls-key", pki.key, "--token-file", tokenFile,
+			"--spool-dir", filepath.Join(dir, fmt.Sprintf("spool-%d", i)), "--metrics-listen", "",
+			"--database", db, "--log-level", "warn"},
+			env: env, log: filepath.Join(dir, fmt.Sprintf("sink-%d.log", i))}
+		s.start()
+		t.Cleanup(s.kill)
+		sinks, addrs = append(sinks, s), append(addrs, addr)
+	}
+
+	client := &http.Client{Timeout: 30 * time.Second, Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: pki.pool}}}
+	post := func(addr string, body []byte) error {
+		req, err := http.NewRequestWithContext(ctx, http.MethodPost, "https://"+addr+"/clusters/e2e/events", bytes.NewReader(body))
+		if err != nil {
+			return err
+		}
+		req.Header.Set("Authorization", "Bearer cluster-token")
+		resp, err := client.Do(req)
+		if err != nil {
+			return err
+		}
+		defer resp.Body.Close()
+		if resp.StatusCode != http.StatusOK {
+			return fmt.Errorf("POST to %s: %s", addr, resp.Status)
+		}
+		return nil
+	}
+	// deliver retries like the apiserver until a replica answers 200.
+	deliver := func(addr string, body []byte) {
+		t.Helper()
+		deadline := time.Now().Add(2 * time.Minute)
+		for {
+			err := post(addr, body)
+			if err == nil {
+				return
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("batch never acknowledged: %v", err)
+			}
+			time.Sleep(500 * time.Millisecond)
+		}
+	}
+
+	batches := auditBatches(t, res.AuditLogPath, 40)
+	rnd := rand.New(rand.NewPCG(16, 16))
+	down := c.Shards[0][0]
+	both := 0
+	for i, body := range batches {
+		switch {
+		case i == len(batches)/3:
+			t.Log("stop the first replica of shard 1 while batches flow")
+			down.Stop()
+		case i == 2*len(batches)/3:
+			t.Log("start it again")
+			down.Start()
+		}
+		if rnd.IntN(4) == 0 {
+			// The apiserver retried on the other replica while the first
+			// was still storing: the same batch at the same moment.
+			both++
+			var wg sync.WaitGroup
+			for _, a := range addrs {
+				wg.Go(func() { deliver(a, body) })
+			}
+			wg.Wait()
+			continue
+		}
+		deliver(addrs[rnd.IntN(2)], body)
+	}
+	t.Logf("%d batches, %d of them to both sinks", len(batches), both)
+
+	// Every acknowledged event is stored once the writers drained their
+	// spools and the restarted replica caught up.
+	wantIDs := map[string]bool{}
+	for _, e := range events {
+		if e.Stage == "ResponseComplete" || e.Stage == "Panic" {
+			wantIDs[string(e.AuditID)] = true
+		}
+	}
+	conn := c.Shards[0][1].ClusterConn(t, db)
+	eventuallyTrue(t, "every audit ID to be stored in the cluster", func() bool {
+		var n uint64
+		if err := conn.QueryRow(ctx, "SELECT uniqExact(audit_id) FROM events WHERE cluster = 'e2e'").Scan(&n); err != nil {
+			t.Logf("count stored IDs: %v", err)
+			return false
+		}
+		return int(n) == len(wantIDs)
+	})
+	if err := down.ClusterConn(t, db).Exec(ctx, "SYSTEM SYNC REPLICA events_local"); err != nil {
+		t.Fatalf("sync the restarted replica: %v", err)
+	}
+	for _, s := range sinks {
+		s.kill()
+	}
+
+	got := sink("report", "--database", db, "--cluster", "e2e", "--format", "json", "--top", "1000",
+		"--since", res.Since.UTC().Format(time.RFC3339Nano), "--until", res.Until.UTC().Format(time.RFC3339Nano))
+	wantJSON, err := json.MarshalIndent(want, "", "  ")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var gotReport report.Report
+	if err := json.Unmarshal(got, &gotReport); err != nil {
+		t.Fatalf("report is not the JSON contract: %v\n%s", err, got)
+	}
+	gotJSON, _ := json.MarshalIndent(gotReport, "", "  ")
+	if !bytes.Equal(gotJSON, wantJSON) {
+		t.Fatalf("the cluster's report differs from the ground truth\n%s", lineDiff(string(wantJSON), string(gotJSON)))
+	}
+}
+
+// auditBatches cuts an audit log into EventList bodies of n events, as the
+// apiserver's webhook backend sends them.
+func auditBatches(t *testing.T, path string, n int) [][]byte {
+	t.Helper()
+	f, err := os.Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	var out [][]byte
+	var items [][]byte
+	flush := func() {
+		if len(items) == 0 {
+			return
+		}
+		body := append([]byte(`{"kind":"EventList","apiVersion":"audit.k8s.io/v1","items":[`), bytes.Join(items, []byte(","))...)
+		out = append(out, append(body, "]}"...))
+		items = nil
+	}
+	sc := bufio.NewScanner(f)
+	sc.Buffer(make([]byte, 1<<20), 16<<20)
+	for sc.Scan() {
+		if line := bytes.TrimSpace(sc.Bytes()); len(line) > 0 {
+			items = append(items, append([]byte(nil), line...))
+			if len(items) == n {
+				flush()
+			}
+		}
+	}
+	if err := sc.Err(); err != nil {
+		t.Fatal(err)
+	}
+	flush()
+	return out
+}
