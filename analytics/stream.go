@@ -143,7 +143,9 @@ const EventListVersion = "audit.k8s.io/v1"
 type EnvelopeError struct{ Reason string }
 
 // Error implements error.
-func (e *EnvelopeError) Error() string { return "not an " + EventListVersion + " EventList: " + e.Reason }
+func (e *EnvelopeError) Error() string {
+	return "not an " + EventListVersion + " EventList: " + e.Reason
+}
 
 // ListReader splits an audit.k8s.io/v1 EventList
 // ({"kind":"EventList","apiVersion":"audit.k8s.io/v1",...,"items":[{...},{...}]})
