@@ -123,11 +123,21 @@ func Run(ctx context.Context, o Options) error {
 	metrics := analytics.NewMetrics(o.Registry)
 	log := o.Logger
 
-	sp, err := spool.Open(o.SpoolDir, spool.Options{MaxBytes: o.SpoolMaxBytes, Logger: log.With("component", "spool")})
+	sp, err := spool.Open(o.SpoolDir, spool.Options{MaxBytes: o.SpoolMaxBytes, Logger: log.With("component", "spool"),
+		Observe: func(st spool.Stats) { metrics.SpoolBytes.Set(float64(st.BytesOnDisk)) }})
 	if err != nil {
 		return fmt.Errorf("open spool: %w", err)
 	}
 	defer sp.Close()
+	o.Registry.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Name: "auditsink_spool_oldest_unconfirmed_seconds",
+		Help: "Age of the oldest spool record not yet stored in ClickHouse (0 when all are): the insert lag.",
+	}, func() float64 {
+		if at := sp.Stats().OldestUnconfirmed; !at.IsZero() {
+			return time.Since(at).Seconds()
+		}
+		return 0
+	}))
 	store, err := analytics.OpenStore(ctx, o.Store)
 	if err != nil {
 		return err
