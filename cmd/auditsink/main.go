@@ -180,6 +180,7 @@ func serve(ctx context.Context, args []string, _, stderr io.Writer) error {
 	fs.IntVar(&o.MaxEventBytes, "max-event-bytes", analytics.DefaultMaxEventBytes, "largest event; larger ones are dead-lettered")
 	fs.StringVar(&retention, "retention", "", "drop day partitions older than this, e.g. 30d (empty: keep all)")
 	fs.IntVar(&o.InsertParallel, "insert-parallel", 2, "ClickHouse inserts in flight")
+	fs.DurationVar(&o.ShutdownTimeout, "shutdown-timeout", sink.DefaultShutdownTimeout, "bound of a graceful shutdown (keep it below the pod's terminationGracePeriodSeconds)")
 	memLimit := fs.String("memory-limit", "240MiB", "soft memory limit of the Go runtime (GOMEMLIMIT); the GC works harder near it")
 	gcPercent := fs.Int("gc-percent", 100, "Go GC target percentage (GOGC): higher trades memory, capped by --memory-limit, for less GC CPU")
 	cpuProfile := fs.String("cpu-profile", "", "write a Go CPU profile (pprof) of the whole run to this file (diagnostics)")
@@ -222,7 +223,7 @@ func serve(ctx context.Context, args []string, _, stderr io.Writer) error {
 	default:
 		o.Token = os.Getenv("AUDITSINK_TOKEN")
 	}
-	o.Cluster = c.cluster
+	o.Cluster = clusterOr(c.cluster)
 	o.Stages = splitList(c.stages)
 	o.RedactResources = splitList(c.redact)
 	o.Logger = log
