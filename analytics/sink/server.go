@@ -259,6 +259,7 @@ type pacedBody struct {
 
 	mu    sync.Mutex
 	cutAt time.Time
+	read  bool // the body's end was read; no more deadlines
 }
 
 func (p *pacedBody) deadline() (time.Time, bool) {
@@ -273,12 +274,20 @@ func (p *pacedBody) deadline() (time.Time, bool) {
 
 func (p *pacedBody) cut(at time.Time) {
 	p.mu.Lock()
+	defer p.mu.Unlock()
 	p.cutAt = at
-	p.mu.Unlock()
-	_ = p.rc.SetReadDeadline(at)
+	if !p.read {
+		_ = p.rc.SetReadDeadline(at)
+	}
 }
 
 func (p *pacedBody) Read(b []byte) (int, error) {
+	p.mu.Lock()
+	read := p.read
+	p.mu.Unlock()
+	if read {
+		return 0, io.EOF
+	}
 	d, _ := p.deadline()
 	if err := p.rc.SetReadDeadline(d); err != nil && !errors.Is(err, http.ErrNotSupported) {
 		return 0, err
@@ -289,6 +298,16 @@ func (p *pacedBody) Read(b []byte) (int, error) {
 	}
 	n, err := p.r.Read(b)
 	p.n += int64(n)
+	if errors.Is(err, io.EOF) {
+		// All of it is here: the rest of the request (the spool append)
+		// is bounded elsewhere, and the server's read of the next request
+		// sets its own deadline.
+		p.mu.Lock()
+		p.read = true
+		_ = p.rc.SetReadDeadline(time.Time{})
+		p.mu.Unlock()
+		return n, err
+	}
 	if err != nil && errors.Is(err, os.ErrDeadlineExceeded) {
 		if _, cut := p.deadline(); cut {
 			return n, fmt.Errorf("%w (%d bytes read)", errBodyShutdown, p.n)
@@ -309,11 +328,14 @@ func (h *Handler) pace(w http.ResponseWriter, r *http.Request) *pacedBody {
 	return p
 }
 
+// unpace forgets p. It leaves the read deadline in place: the server reads
+// what is left of an unread body after the handler (to reuse the
+// connection), and that read must be bounded too. It sets its own
+// deadlines for the next request.
 func (h *Handler) unpace(p *pacedBody) {
 	h.mu.Lock()
 	delete(h.inflight, p)
 	h.mu.Unlock()
-	_ = p.rc.SetReadDeadline(time.Time{})
 }
 
 // errTooLarge marks a body past MaxBodyBytes after decompression.
