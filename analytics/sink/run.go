@@ -190,16 +190,9 @@ func Run(ctx context.Context, o Options) error {
 	if o.Retention > 0 {
 		wg.Go(func() { retain(bg, store, o.Retention, metrics, log) })
 	}
-	var metricsSrv *http.Server
+	stopMetrics := func(context.Context) {}
 	if o.MetricsListen != "" {
-		mux := http.NewServeMux()
-		mux.Handle("GET /metrics", promhttp.HandlerFor(o.Registry, promhttp.HandlerOpts{}))
-		metricsSrv = &http.Server{Addr: o.MetricsListen, Handler: mux, ReadHeaderTimeout: 10 * time.Second}
-		go func() {
-			if err := metricsSrv.ListenAndServe(); err != nil && !errors.Is(err, http.ErrServerClosed) {
-				log.Error("metrics listener failed", "err", err)
-			}
-		}()
+		stopMetrics = ServeMetrics(o.MetricsListen, o.Registry, log)
 	}
 
 	serveErr := make(chan error, 1)
@@ -229,9 +222,7 @@ func Run(ctx context.Context, o Options) error {
 		log.Error("shutdown hit its deadline; closing the remaining connections", "err", context.Cause(shutdownCtx), "timeout", o.ShutdownTimeout)
 		_ = srv.Close()
 	}
-	if metricsSrv != nil {
-		_ = metricsSrv.Shutdown(shutdownCtx)
-	}
+	stopMetrics(shutdownCtx)
 	stopBG()
 	wg.Wait()
 	log.Info("audit sink stopped", "shutdownTook", time.Since(stopping).Round(time.Millisecond))
@@ -246,6 +237,21 @@ func Run(ctx context.Context, o Options) error {
 // certificate and names no acceptable CAs, so that a client sends its
 // certificate whatever its CA, and a certificate the handler cannot verify
 // still leaves the token to decide.
+// ServeMetrics serves reg on addr (GET /metrics, plain HTTP) in the
+// background until the returned stop is called; a listener that fails is
+// logged. For serve, and for tail's --metrics-listen.
+func ServeMetrics(addr string, reg *prometheus.Registry, log *slog.Logger) (stop func(context.Context)) {
+	mux := http.NewServeMux()
+	mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
+	srv := &http.Server{Addr: addr, Handler: mux, ReadHeaderTimeout: 10 * time.Second}
+	go func() {
+		if err := srv.ListenAndServe(); err != nil && !errors.Is(err, http.ErrServerClosed) {
+			log.Error("metrics listener failed", "err", err)
+		}
+	}()
+	return func(ctx context.Context) { _ = srv.Shutdown(ctx) }
+}
+
 func serverTLS(o Options) (*tls.Config, *x509.CertPool, error) {
 	if o.Plaintext {
 		if o.ClientCAFile != "" {

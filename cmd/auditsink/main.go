@@ -26,6 +26,9 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+
 	"github.com/stampguard/stampguard/analytics"
 	"github.com/stampguard/stampguard/analytics/sink"
 )
@@ -283,6 +286,7 @@ func tail(ctx context.Context, args []string, _, stderr io.Writer) error {
 	var c common
 	c.register(fs)
 	checkpoint := fs.String("checkpoint", "", "checkpoint file (default: PATH.auditsink-checkpoint)")
+	metricsListen := fs.String("metrics-listen", "", "address of a plain-HTTP /metrics endpoint (empty: off)")
 	if err := parse(fs, args); err != nil {
 		return err
 	}
@@ -303,8 +307,15 @@ func tail(ctx context.Context, args []string, _, stderr io.Writer) error {
 		return err
 	}
 	defer st.Close()
+	var metrics *analytics.Metrics
+	if *metricsListen != "" {
+		reg := prometheus.NewRegistry()
+		reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+		metrics = analytics.NewMetrics(reg)
+		defer sink.ServeMetrics(*metricsListen, reg, log)(context.WithoutCancel(ctx))
+	}
 	return analytics.Tail(ctx, st, path, analytics.TailOptions{Cluster: clusterOr(c.cluster),
-		Accepter: c.accepter(), CheckpointPath: *checkpoint, Logger: log})
+		Accepter: c.accepter(), CheckpointPath: *checkpoint, Metrics: metrics, Logger: log})
 }
 
 func migrate(ctx context.Context, args []string, stdout, stderr io.Writer) error {
@@ -364,9 +375,11 @@ func openMigrated(ctx context.Context, c *common, log *slog.Logger) (*analytics.
 	return st, nil
 }
 
+// clusterOr is c, or sink.DefaultCluster (what POST /events uses) when
+// no --cluster was given.
 func clusterOr(c string) string {
 	if c == "" {
-		return "default"
+		return sink.DefaultCluster
 	}
 	return c
 }
