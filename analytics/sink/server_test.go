@@ -7,6 +7,7 @@ import (
 	"crypto/tls"
 	"encoding/json"
 	"io"
+	"log/slog"
 	"net"
 	"net/http"
 	"os"
@@ -466,5 +467,46 @@ func TestASlowBodyIsCut(t *testing.T) {
 	}
 	if refused != 1 {
 		t.Errorf("batches refused as too_slow: %v, want 1", refused)
+	}
+}
+
+// syncBuffer is a bytes.Buffer safe for a logger and a reader.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+// TestAShutdownThatHitsItsDeadlineIsLogged: a connection that never sends
+// its request holds the server's shutdown; Run gives up at ShutdownTimeout,
+// closes it, says so, and returns without error.
+func TestAShutdownThatHitsItsDeadlineIsLogged(t *testing.T) {
+	var logs syncBuffer
+	url, stop := startSink(t, Options{Plaintext: true, Token: "t", SpoolDir: t.TempDir(),
+		Store:           analytics.StoreOptions{DSN: "clickhouse://127.0.0.1:1"}, // never reached: nothing is stored
+		ShutdownTimeout: time.Second, Logger: slog.New(slog.NewJSONHandler(&logs, nil))})
+	conn, err := net.Dial("tcp", strings.TrimPrefix(url, "http://"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	start := time.Now()
+	stop() // fails the test if Run returns an error
+	if took := time.Since(start); took > 5*time.Second {
+		t.Errorf("shutdown took %s with a 1s timeout", took)
+	}
+	if out := logs.String(); !strings.Contains(out, "shutdown hit its deadline") {
+		t.Errorf("no log of the shutdown deadline:\n%s", out)
 	}
 }
