@@ -242,6 +242,7 @@ func TestAuditSinkFaultSuite(t *testing.T) {
 		retryAfter atomic.Bool
 		sent       atomic.Int64
 		pause      atomic.Bool
+		generation int // of the sink process, under mu: restarts so far
 	)
 	done := make(chan struct{})
 	go func() {
@@ -253,6 +254,9 @@ func TestAuditSinkFaultSuite(t *testing.T) {
 				for pause.Load() {
 					time.Sleep(20 * time.Millisecond)
 				}
+				mu.Lock()
+				gen := generation
+				mu.Unlock()
 				code, hdr, answer := postBatch(c, addr, "/clusters/fault/events", body)
 				if code == http.StatusOK {
 					var a struct{ Accepted int }
@@ -264,7 +268,9 @@ func TestAuditSinkFaultSuite(t *testing.T) {
 						acked[id]++
 					}
 					bodies = append(bodies, body)
-					sinceStart += float64(a.Accepted)
+					if gen == generation { // answered by the process running now
+						sinceStart += float64(a.Accepted)
+					}
 					mu.Unlock()
 					sent.Add(1)
 					break
@@ -287,6 +293,7 @@ func TestAuditSinkFaultSuite(t *testing.T) {
 		sink.kill()
 		mu.Lock()
 		sinceStart = 0
+		generation++
 		mu.Unlock()
 		sink.start()
 	}
