@@ -391,3 +391,86 @@ func TestAuditSinkFaultSuite(t *testing.T) {
 		t.Errorf("%d acknowledged, %d stored: %d missing, %d stored more than once", len(acked), len(stored), missing, doubled)
 	}
 }
+
+// TestAuditSinkAnswersBadInput posts every kind of bad body to the built
+// sink, each to its own cluster, and checks the answer and what reached
+// ClickHouse: a 400 naming the problem and nothing stored for a body that
+// is not a v1 EventList, a 200 with dead letters (and the valid
+// neighbours as rows) for damage inside one.
+func TestAuditSinkAnswersBadInput(t *testing.T) {
+	testenv.SkipIfShort(t, "builds auditsink and starts clickhouse-server")
+	root := kubetest.RepoRoot(t)
+	dir := t.TempDir()
+	bin := buildAuditsink(t, root, dir)
+	ch := chtest.Start(t)
+	_, addr, _ := faultSink(t, bin, dir, ch, "--max-event-bytes", "4096")
+
+	list, _ := batchOf(t, root, "bad", 2)
+	one, _ := batchOf(t, root, "single", 1)
+	event := strings.TrimSuffix(strings.TrimPrefix(string(one), `{"kind":"EventList","apiVersion":"audit.k8s.io/v1","metadata":{},"items":[`), `]}`)
+	wrap := func(items ...string) string {
+		return `{"kind":"EventList","apiVersion":"audit.k8s.io/v1","items":[` + strings.Join(items, ",") + `]}`
+	}
+	big := strings.Replace(event, `{`, `{"pad":"`+strings.Repeat("x", 5000)+`",`, 1)
+	tests := []struct {
+		cluster, body string
+		status        int
+		answer        string // in the body of the answer
+		rows          int    // events stored for the cluster
+		deadReason    string // the one dead letter's reason ("" for none)
+	}{
+		{"garbage", "not json", 200, `"rejected":1`, 0, "malformed EventList: expected an object"},
+		{"truncated", string(list[:len(list)-300]), 200, `"accepted":1,"rejected":1`, 1, "unexpected end of input"},
+		{"no-audit-id", wrap(strings.Replace(event, `"auditID":"single-0"`, `"auditID":""`, 1)), 200, `"rejected":1`, 0, "event has no auditID"},
+		{"oversized", wrap(big, event), 200, `"accepted":1,"rejected":1`, 1, fmt.Sprintf("event of %d bytes is larger than the limit of 4096 bytes", len(big))},
+		{"single-event", event, 400, `kind "Event": a single audit Event`, 0, ""},
+		{"kind-pod", strings.Replace(wrap(event), `"EventList"`, `"Pod"`, 1), 400, `kind "Pod"`, 0, ""},
+		{"v1beta1", strings.Replace(wrap(event), `"audit.k8s.io/v1"`, `"audit.k8s.io/v1beta1"`, 1), 400, `apiVersion "audit.k8s.io/v1beta1" is not read`, 0, ""},
+		{"items-object", `{"kind":"EventList","apiVersion":"audit.k8s.io/v1","items":{"a":1}}`, 400, "items is an object, not an array", 0, ""},
+		{"no-items", `{"kind":"EventList","apiVersion":"audit.k8s.io/v1"}`, 400, "no items", 0, ""},
+	}
+	c := sinkClient()
+	for _, tt := range tests {
+		code, _, answer := postBatch(c, addr, "/clusters/"+tt.cluster+"/events", []byte(tt.body))
+		if code != tt.status || !strings.Contains(string(answer), tt.answer) {
+			t.Errorf("%s: %d %q, want %d with %q", tt.cluster, code, answer, tt.status, tt.answer)
+		}
+	}
+	conn := ch.Conn(t, "fault")
+	count := func(q, cluster string) uint64 {
+		var n uint64
+		if err := conn.QueryRow(t.Context(), q, cluster).Scan(&n); err != nil {
+			return ^uint64(0) // tables not yet created by the sink's migration
+		}
+		return n
+	}
+	// The spool is drained in order: once the last 200's rows are in,
+	// all of them are.
+	eventuallyTrue(t, "the dead letters in ClickHouse", func() bool {
+		return count("SELECT count() FROM dead_letters WHERE cluster = ?", "oversized") == 1
+	})
+	for _, tt := range tests {
+		if n := count("SELECT count() FROM events WHERE cluster = ?", tt.cluster); n != uint64(tt.rows) {
+			t.Errorf("%s: %d events stored, want %d", tt.cluster, n, tt.rows)
+		}
+		var reasons []string
+		rows, err := conn.Query(t.Context(), "SELECT reason FROM dead_letters WHERE cluster = ?", tt.cluster)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for rows.Next() {
+			var r string
+			if err := rows.Scan(&r); err != nil {
+				t.Fatal(err)
+			}
+			reasons = append(reasons, r)
+		}
+		rows.Close()
+		switch {
+		case tt.deadReason == "" && len(reasons) != 0:
+			t.Errorf("%s: dead letters %q, want none (the body was refused)", tt.cluster, reasons)
+		case tt.deadReason != "" && (len(reasons) != 1 || !strings.Contains(reasons[0], tt.deadReason)):
+			t.Errorf("%s: dead letters %q, want one saying %q", tt.cluster, reasons, tt.deadReason)
+		}
+	}
+}
