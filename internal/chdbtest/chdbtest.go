@@ -64,11 +64,16 @@ var (
 	loadErr     error
 )
 
-// Main runs the tests of a package that uses the engine, then closes it
-// and removes its data directory. Call it from TestMain:
+// Main runs the tests of a package that uses the engine, closes the
+// engine and exits. Call it from TestMain:
 //
 //	func TestMain(m *testing.M) { chdbtest.Main(m) }
-func Main(m *testing.M) {
+func Main(m *testing.M) { os.Exit(Run(m)) }
+
+// Run is Main for a TestMain that has more to do after the tests: it runs
+// them, closes the engine and removes its data directory, and returns the
+// exit code.
+func Run(m *testing.M) int {
 	mainRunning = true
 	code := m.Run()
 	if err := closeEngine(); err != nil {
@@ -77,7 +82,7 @@ func Main(m *testing.M) {
 			code = 1
 		}
 	}
-	os.Exit(code)
+	return code
 }
 
 // Open returns the engine, booting it on first use. A missing library
