@@ -27,3 +27,10 @@ func TestEngine(t *testing.T) {
 		t.Fatalf("an unknown function gave %v, want ClickHouse's Code 46", err)
 	}
 }
+
+func TestMissingLibraryNamesTheMakeTarget(t *testing.T) {
+	_, err := load(t.TempDir() + "/libchdb.so")
+	if err == nil || !strings.Contains(err.Error(), "make chdb") {
+		t.Fatalf("load of a missing library: %v, want an error naming make chdb", err)
+	}
+}
