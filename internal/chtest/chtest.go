@@ -179,8 +179,10 @@ func (s *Server) PID() int {
 	return s.cmd.Process.Pid
 }
 
-// Conn opens a native connection to db with the settings the product
-// sends to 18.x (analytics' settingsFor): the harness runs Debian's 18.16.
+// Conn opens a native connection to db with
+// allow_experimental_low_cardinality_type = 1, which LowCardinality DDL
+// needs on 18.x: the harness always runs Debian's 18.16 (the product picks
+// its settings by server version, analytics' settingsFor).
 func (s *Server) Conn(tb testing.TB, db string) driver.Conn {
 	tb.Helper()
 	conn, err := clickhouse.Open(&clickhouse.Options{
