@@ -20,6 +20,7 @@ package enginetest
 import (
 	"encoding/json"
 	"fmt"
+	"regexp"
 	"slices"
 	"strings"
 	"testing"
@@ -124,25 +125,70 @@ func (en *Pair) Migrate26(t *testing.T) []int {
 	return applied
 }
 
-// CopyTo26 loads 26.7 with 18.16's rows of the tables the product writes,
-// by INSERTs into them as the store does (so the views fire there), as
-// text.
+// CopyTo26 loads 26.7 with 18.16's rows of the tables the product writes
+// itself (events, dead_letters, ...), by INSERTs into them as the store
+// does, so that 26.7's views fill their tables from them. The tables that
+// views or the migrations fill are left to each engine.
 func (en *Pair) CopyTo26(t *testing.T) {
 	t.Helper()
-	for table, cols := range map[string]string{
-		"events":       analytics.EventColumns,
-		"dead_letters": "received_date, received_at, received_us, cluster, source, reason, raw, raw_hash",
-	} {
-		rows, err := en.CH.QueryText(t, "", "SELECT "+cols+" FROM "+en.DB+"."+table, "TabSeparated")
+	out, err := en.CH.QueryText(t, "", "SELECT name, engine, create_table_query FROM system.tables WHERE database = '"+en.DB+"' ORDER BY name", "JSONEachRow")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var tables []string
+	filled := map[string]bool{"schema_migrations": true}
+	for _, m := range analytics.Migrations {
+		for _, q := range m.Statements {
+			for _, sub := range migrationInsert.FindAllStringSubmatch(q, -1) {
+				filled[sub[1]] = true
+			}
+		}
+	}
+	viewTarget := regexp.MustCompile(`\bTO\s+` + en.DB + `\.(\w+)`)
+	for line := range strings.Lines(out) {
+		var r struct {
+			Name   string `json:"name"`
+			Engine string `json:"engine"`
+			Create string `json:"create_table_query"`
+		}
+		if err := json.Unmarshal([]byte(line), &r); err != nil {
+			t.Fatal(err)
+		}
+		if strings.HasSuffix(r.Engine, "View") {
+			for _, sub := range viewTarget.FindAllStringSubmatch(r.Create, -1) {
+				filled[sub[1]] = true
+			}
+			continue
+		}
+		tables = append(tables, r.Name)
+	}
+	copied := 0
+	for _, name := range tables {
+		if filled[name] {
+			continue
+		}
+		cols, err := en.CH.QueryText(t, "", "SELECT name FROM system.columns WHERE database = '"+en.DB+"' AND table = '"+name+
+			"' AND default_kind NOT IN ('MATERIALIZED', 'ALIAS')", "TabSeparated")
 		if err != nil {
 			t.Fatal(err)
 		}
-		if rows == "" {
-			continue
+		list := strings.Join(strings.Fields(cols), ", ")
+		rows, err := en.CH.QueryText(t, "", "SELECT "+list+" FROM "+en.DB+"."+name, "TabSeparated")
+		if err != nil {
+			t.Fatal(err)
 		}
-		en.E.Exec(t, "INSERT INTO "+en.DB+"."+table+" ("+cols+") FORMAT TabSeparated\n"+rows)
+		copied++
+		if rows != "" {
+			en.E.Exec(t, "INSERT INTO "+en.DB+"."+name+" ("+list+") FORMAT TabSeparated\n"+rows)
+		}
+	}
+	if copied == 0 {
+		t.Fatal("no table to copy: every table is filled by a view or a migration")
 	}
 }
+
+// migrationInsert finds the tables a migration statement fills.
+var migrationInsert = regexp.MustCompile(`INSERT INTO \{db\}\.(\w+)`)
 
 // Recorded returns the statements that native clients with log_queries =
 // 1 (Store, say) sent to 18.16 about this database since the last call,
