@@ -33,12 +33,12 @@ func TestSettingsFor(t *testing.T) {
 	}
 }
 
-// TestSettingsKnownTo26_7 checks the settings against ClickHouse 26.7
+// TestSettingsKnownToClickHouse26 checks the settings against ClickHouse 26.7
 // itself (chDB): what the store sends a current server exists there, and
 // what it withholds from one is what 26.7 refuses. The native protocol
 // cannot run against chDB, so this is how the connection settings of a
 // current server are proven.
-func TestSettingsKnownTo26_7(t *testing.T) {
+func TestSettingsKnownToClickHouse26(t *testing.T) {
 	testenv.SkipIfShort(t, "loads ClickHouse 26.7 (chDB)")
 	e := chdbtest.Open(t)
 	known := func(name string) bool {
@@ -68,10 +68,10 @@ func TestSettingsKnownTo26_7(t *testing.T) {
 	}
 }
 
-// TestStoreSettingsOn18_16 proves, on a real 18.16, that the store's
+// TestStoreSettingsOnClickHouse18 proves, on a real 18.16, that the store's
 // queries carry the settings its version needs, and that opening a store
 // needs no server: a sink starts while ClickHouse is away.
-func TestStoreSettingsOn18_16(t *testing.T) {
+func TestStoreSettingsOnClickHouse18(t *testing.T) {
 	testenv.SkipIfShort(t, "starts clickhouse-server")
 	ctx := t.Context()
 	srv := chtestStart(t)
