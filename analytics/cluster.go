@@ -149,6 +149,9 @@ func newClusterDDL(name string) (*clusterDDL, error) {
 // returns only once every shard stored its rows: an acknowledged batch is
 // stored, and the stored-keys lookup of the next insert sees it.
 func (c *clusterDDL) applySettings(opts *clickhouse.Options) {
+	if opts.Settings == nil {
+		opts.Settings = clickhouse.Settings{}
+	}
 	opts.Settings["insert_distributed_sync"] = 1
 }
 
@@ -164,8 +167,13 @@ func (c *clusterDDL) applySettings(opts *clickhouse.Options) {
 //     are cluster-wide, not per shard).
 var profileSettings = [][2]string{{"load_balancing", "in_order"}, {"distributed_product_mode", "global"}}
 
-// checkProfile refuses a cluster whose profile lacks profileSettings.
+// checkProfile refuses, in cluster mode, a cluster whose profile lacks
+// profileSettings. Migrate runs it (serve, ingest and tail migrate at
+// start), so OpenStore still dials nothing.
 func (s *Store) checkProfile(ctx context.Context) error {
+	if s.ddl == nil {
+		return nil
+	}
 	for _, kv := range profileSettings {
 		var v string
 		if err := s.conn.QueryRow(ctx, "SELECT value FROM system.settings WHERE name = ?", kv[0]).Scan(&v); err != nil {
