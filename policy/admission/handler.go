@@ -28,9 +28,16 @@ const (
 	phaseFields phase = "fields"
 )
 
-// DefaultMaxReviewBytes bounds an AdmissionReview body: an object and its old
-// version, each at most the apiserver's 3 MiB request limit, with room to spare.
-const DefaultMaxReviewBytes = 16 << 20
+// DefaultMaxReviewBytes bounds an AdmissionReview body. The apiserver refuses
+// request bodies over 3 MiB, and a review carries the object and its old
+// version (oldObject), so a real review stays under 2 x 3 MiB plus the
+// request's envelope; 8 MiB leaves room and refuses anything larger.
+const DefaultMaxReviewBytes = 8 << 20
+
+// maxPooledBuffer is the largest buffer kept for reuse. Reviews are a few
+// kilobytes; a buffer grown by a rare large one is left to the collector
+// rather than held by the pool.
+const maxPooledBuffer = 256 << 10
 
 // PolicySource hands out the policy set in force. It must be cheap and safe
 // for concurrent use; the set it returns is never modified.
@@ -66,9 +73,18 @@ func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 
+	// The apiserver sends a Content-Length: a body declared too large is
+	// refused before a byte of it is buffered.
+	if r.ContentLength > h.maxBytes {
+		h.fail(w, endpoint, "too_large", http.StatusRequestEntityTooLarge, fmt.Errorf("admission review of %d bytes is larger than %d bytes", r.ContentLength, h.maxBytes))
+		return
+	}
 	buf := bufPool.Get().(*bytes.Buffer)
 	buf.Reset()
-	defer bufPool.Put(buf)
+	defer putBuffer(buf)
+	if r.ContentLength > 0 {
+		buf.Grow(int(r.ContentLength) + bytes.MinRead) // one allocation, not a doubling series
+	}
 	n, err := buf.ReadFrom(io.LimitReader(r.Body, h.maxBytes+1))
 	if err != nil {
 		h.fail(w, endpoint, "read", http.StatusBadRequest, fmt.Errorf("read admission review: %w", err))
@@ -121,6 +137,12 @@ func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	w.Header().Set("Content-Type", "application/json")
 	_, _ = w.Write(buf.Bytes())
 	h.metrics.evaluation.WithLabelValues(endpoint).Observe(time.Since(start).Seconds())
+}
+
+func putBuffer(buf *bytes.Buffer) {
+	if buf.Cap() <= maxPooledBuffer {
+		bufPool.Put(buf)
+	}
 }
 
 func (h *handler) record(ctx context.Context, rv *review, endpoint string, d policy.Decision, allowed bool) {
