@@ -82,10 +82,7 @@ func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	buf := bufPool.Get().(*bytes.Buffer)
 	buf.Reset()
 	defer putBuffer(buf)
-	if r.ContentLength > 0 {
-		buf.Grow(int(r.ContentLength) + bytes.MinRead) // one allocation, not a doubling series
-	}
-	n, err := buf.ReadFrom(io.LimitReader(r.Body, h.maxBytes+1))
+	n, err := readReview(buf, r.Body, r.ContentLength, h.maxBytes)
 	if err != nil {
 		h.fail(w, endpoint, "read", http.StatusBadRequest, fmt.Errorf("read admission review: %w", err))
 		return
@@ -137,6 +134,37 @@ func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	w.Header().Set("Content-Type", "application/json")
 	_, _ = w.Write(buf.Bytes())
 	h.metrics.evaluation.WithLabelValues(endpoint).Observe(time.Since(start).Seconds())
+}
+
+// readReview reads body into buf, at most limit+1 bytes, so that a larger
+// body shows as n > limit. The buffer is sized to a declared length at once;
+// without one it doubles, but never past limit+1: bytes.Buffer's own growth
+// would double a refused body's memory at the last step.
+func readReview(buf *bytes.Buffer, body io.Reader, declared, limit int64) (n int64, err error) {
+	if declared > 0 {
+		buf.Grow(int(min(declared, limit)) + 1) // room to read the EOF
+	}
+	lr := io.LimitReader(body, limit+1)
+	for {
+		if int64(buf.Len()) > limit {
+			return int64(buf.Len()), nil
+		}
+		if buf.Available() == 0 {
+			next := int(min(max(2*int64(buf.Cap()), 4<<10), limit+1))
+			grown := bytes.NewBuffer(make([]byte, 0, next))
+			grown.Write(buf.Bytes())
+			*buf = *grown
+		}
+		free := buf.AvailableBuffer()
+		m, err := lr.Read(free[:cap(free)])
+		buf.Write(free[:m]) // in place: free is buf's own spare capacity
+		if err == io.EOF {
+			return int64(buf.Len()), nil
+		}
+		if err != nil {
+			return int64(buf.Len()), err
+		}
+	}
 }
 
 func putBuffer(buf *bytes.Buffer) {

@@ -166,6 +166,37 @@ func TestBadReviews(t *testing.T) {
 	})
 }
 
+func TestReadReviewGrowsNoFurtherThanTheLimit(t *testing.T) {
+	const limit = 1 << 20
+	cases := []struct {
+		name     string
+		size     int
+		declared int64
+		maxCap   int
+	}{
+		{"a declared body is read into one buffer of about its size", 300 << 10, 300 << 10, 320 << 10},
+		{"a chunked body grows by doubling", 300 << 10, -1, 512 << 10},
+		{"a chunked body over the limit stops at limit+1 bytes", 3 << 20, -1, limit + 1},
+		{"a body longer than it declared stops at limit+1 bytes", 3 << 20, 10, limit + 1},
+		{"an empty body", 0, 0, 4 << 10},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			var buf bytes.Buffer
+			n, err := readReview(&buf, bytes.NewReader(bytes.Repeat([]byte("x"), c.size)), c.declared, limit)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if want := int64(min(c.size, limit+1)); n != want || int64(buf.Len()) != want {
+				t.Errorf("read %d bytes (buffer %d), want %d", n, buf.Len(), want)
+			}
+			if buf.Cap() > c.maxCap {
+				t.Errorf("the buffer grew to %d bytes, want at most %d", buf.Cap(), c.maxCap)
+			}
+		})
+	}
+}
+
 // After oversized bodies, the Go heap holds no buffer they grew: a pooled
 // 16 MiB buffer per concurrent request is how the webhook once went from
 // 31 MB to 155 MB RSS and stayed there. sync.Pool keeps its items through
