@@ -1,6 +1,7 @@
 package admission
 
 import (
+	"cmp"
 	"crypto/x509"
 	"errors"
 	"flag"
@@ -20,12 +21,16 @@ import (
 // RegisterConfigFlags binds the flags of `webhook configurations` to o. Each
 // flag writes its own field of o, so ConfigOptions stays the one description
 // of the configurations, whoever builds them (this command, the chart's
-// helper, the demo). o is defaulted first, so every flag shows its default.
-// A flag value that cannot be parsed is refused by fs.Parse with the reason;
-// call Validate (WriteConfigurations does) for what needs all flags at once.
+// helper, the demo). A flag left out leaves its field as it was, so that
+// Configurations applies the default (the help text shows it). A flag value
+// that cannot be parsed is refused by fs.Parse with the reason; call
+// Validate (WriteConfigurations does) for what needs all flags at once.
+//
+// A new option is a field of ConfigOptions and one fs.Var here.
 func RegisterConfigFlags(fs *flag.FlagSet, o *ConfigOptions) {
-	o.setDefaults()
-	fs.StringVar(&o.Name, "name", o.Name, "`name` of both configuration objects")
+	def := *o
+	def.setDefaults() // for the help text only
+	fs.Var(stringValue(&o.Name, def.Name), "name", "`name` of both configuration objects")
 	fs.Var(funcValue(
 		func(s string) error {
 			u, err := parseWebhookURL(s)
@@ -58,7 +63,7 @@ func RegisterConfigFlags(fs *flag.FlagSet, o *ConfigOptions) {
 			o.FailurePolicy = fp
 			return err
 		},
-		func() string { return string(o.FailurePolicy) }),
+		func() string { return string(cmp.Or(o.FailurePolicy, def.FailurePolicy)) }),
 		"failure-policy", "`Fail or Ignore`: what the apiserver does with a guarded write while no webhook replica answers")
 	fs.Var(funcValue(
 		func(s string) error {
@@ -69,7 +74,7 @@ func RegisterConfigFlags(fs *flag.FlagSet, o *ConfigOptions) {
 			o.TimeoutSeconds = int32(n)
 			return nil
 		},
-		func() string { return strconv.Itoa(int(o.TimeoutSeconds)) }),
+		func() string { return strconv.Itoa(int(cmp.Or(o.TimeoutSeconds, def.TimeoutSeconds))) }),
 		"timeout-seconds", "how long the apiserver waits for each call, 1 to 30 `seconds`")
 	fs.Var(funcValue(
 		func(s string) error {
@@ -77,9 +82,14 @@ func RegisterConfigFlags(fs *flag.FlagSet, o *ConfigOptions) {
 			o.Resources = rs
 			return err
 		},
-		func() string { return FormatGuardedResources(o.Resources) }),
-		"resources", "comma-separated `group/resource,...` list to guard, a bare resource for the core group (e.g. apps/deployments,configmaps); the scale subresource of deployments, statefulsets and replicasets is added")
-	fs.StringVar(&o.BreakGlassGroup, "break-glass-group", o.BreakGlassGroup, "`group` whose members are never sent to the webhook (\"-\" disables the exemption)")
+		func() string {
+			if len(o.Resources) == 0 {
+				return FormatGuardedResources(def.Resources)
+			}
+			return FormatGuardedResources(o.Resources)
+		}),
+		"resources", "resources to guard, `group/resource,...` with a bare resource for the core group (e.g. apps/deployments,configmaps); the scale subresource of deployments, statefulsets and replicasets is added")
+	fs.Var(stringValue(&o.BreakGlassGroup, def.BreakGlassGroup), "break-glass-group", "`group` whose members are never sent to the webhook (\"-\" disables the exemption)")
 	fs.Var(funcValue(
 		func(s string) error {
 			sel, err := metav1.ParseToLabelSelector(s)
@@ -285,6 +295,11 @@ func parseWebhookURL(s string) (string, error) {
 		return "", errors.New("the apiserver refuses webhook URLs with user info, a query or a fragment")
 	}
 	return strings.TrimSuffix(s, "/"), nil
+}
+
+// stringValue sets *p; its help text shows def while *p is empty.
+func stringValue(p *string, def string) *fnValue {
+	return funcValue(func(s string) error { *p = s; return nil }, func() string { return cmp.Or(*p, def) })
 }
 
 // funcValue adapts a setter and a getter to flag.Value.

@@ -121,9 +121,11 @@ func TestConfigFlagsFillConfigOptions(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if def.Name != "stampguard" || def.FailurePolicy != admissionregistrationv1.Fail || def.TimeoutSeconds != 5 ||
-		!slices.Equal(def.Resources, DefaultGuardedResources) || def.BreakGlassGroup != DefaultBreakGlassGroup {
-		t.Errorf("defaults %+v", def)
+	if def.Name != "" || def.FailurePolicy != "" || def.TimeoutSeconds != 0 || def.Resources != nil || def.BreakGlassGroup != "" {
+		t.Errorf("flags left out set fields: %+v", def)
+	}
+	if m, _ := Configurations(def); m.Name != "stampguard" || *m.Webhooks[0].FailurePolicy != admissionregistrationv1.Fail || *m.Webhooks[0].TimeoutSeconds != 5 {
+		t.Errorf("the defaults of Configurations did not apply: %+v", m)
 	}
 	t.Run("the mutating configuration guards scale where it guards the workload", func(t *testing.T) {
 		mut, val := Configurations(def)
@@ -191,6 +193,19 @@ func TestBadConfigFlagsAreNamed(t *testing.T) {
 				t.Fatalf("got %v, want an error containing %q", err, c.want)
 			}
 		})
+	}
+}
+
+func TestConfigFlagsShowTheirDefaults(t *testing.T) {
+	fs := flag.NewFlagSet("configurations", flag.ContinueOnError)
+	var help bytes.Buffer
+	fs.SetOutput(&help)
+	RegisterConfigFlags(fs, &ConfigOptions{})
+	fs.PrintDefaults()
+	for _, want := range []string{"(default stampguard)", "(default Fail)", "(default 5)", "(default stampguard:break-glass)", "(default " + FormatGuardedResources(DefaultGuardedResources) + ")"} {
+		if !strings.Contains(help.String(), want) {
+			t.Errorf("help lacks %s:\n%s", want, help.String())
+		}
 	}
 }
 
