@@ -14,6 +14,7 @@ import (
 	"os"
 	"os/signal"
 	"syscall"
+	"time"
 
 	"github.com/go-logr/logr"
 	"k8s.io/client-go/rest"
@@ -56,6 +57,7 @@ func run() int {
 	flag.StringVar(&o.Namespace, "namespace", os.Getenv("POD_NAMESPACE"), "the webhook's own namespace, never guarded unless a policy names it")
 	flag.StringVar(&o.BreakGlassGroup, "break-glass-group", admission.DefaultBreakGlassGroup, "members bypass every policy (\"-\" disables)")
 	flag.Int64Var(&o.MaxReviewBytes, "max-review-bytes", admission.DefaultMaxReviewBytes, "largest AdmissionReview body accepted; the apiserver refuses request bodies over 3 MiB and a review carries object and oldObject, so 8 MiB is above any real review")
+	flag.DurationVar(&o.ShutdownTimeout, "shutdown-timeout", 25*time.Second, "how long SIGTERM waits for reviews in flight; keep it under the pod's terminationGracePeriodSeconds (30s by default)")
 	flag.StringVar(&kubeconfig, "kubeconfig", "", "kubeconfig for cluster mode (default in-cluster config)")
 	flag.StringVar(&logLevel, "log-level", "info", "debug, info, warn or error")
 	flag.StringVar(&logFormat, "log-format", "json", "json or text")

@@ -298,8 +298,22 @@ func TestWebhookBinary(t *testing.T) {
 			oversizedReviews(t, p, tlsClient, "https://"+net.JoinHostPort(env.WebhookHost, strconv.Itoa(env.WebhookPort)), probes)
 		})
 		t.Run("SIGTERM drains the review in flight and exits 0 within the grace period", func(t *testing.T) {
-			drainOnSIGTERM(t, p, env)
+			drainOnSIGTERM(t, p, env, probes)
 		})
+	})
+
+	t.Run("a review that never completes holds SIGTERM no longer than --shutdown-timeout", func(t *testing.T) {
+		probes := freeAddr(t)
+		p := startProcess(t, nil, webhook, append([]string{"--policy-file", filepath.Join(root, "examples", "policies.yaml"),
+			"--probe-addr", probes, "--shutdown-timeout", "2s"}, serving...)...)
+		p.waitFor("/readyz answering 200", func() error { return httpStatus(http.DefaultClient, "http://"+probes+"/readyz", http.StatusOK) })
+		halfSentReview(t, p, env, probes) // and never the rest
+		if code := p.stop(); code != 1 {
+			t.Fatalf("exit code %d, want 1 for an abandoned review; output:\n%s", code, p.out.String())
+		}
+		if out := p.out.String(); !strings.Contains(out, "reviews still in flight after the shutdown timeout of 2s") {
+			t.Fatalf("the output does not say why it stopped:\n%s", out)
+		}
 	})
 
 	t.Run("cluster mode from a kubeconfig", func(t *testing.T) {
@@ -489,10 +503,13 @@ func oversizedReviews(t *testing.T, p *process, c *http.Client, base, probes str
 	}
 }
 
-// drainOnSIGTERM holds a review in flight (its body half sent), sends
-// SIGTERM, waits until the webhook says it is shutting down, then sends the
-// rest: the review is answered, and the process exits 0 within exitBound.
-func drainOnSIGTERM(t *testing.T, p *process, env *kubetest.Env) {
+// halfSentReview opens a connection to the webhook and sends a review's
+// headers and half its body, and returns once the webhook's handler holds
+// it (the request counter moved): a review in flight. It returns the rest.
+func halfSentReview(t *testing.T, p *process, env *kubetest.Env, probes string) (*tls.Conn, []byte) {
+	t.Helper()
+	const counter = `stampguard_admission_requests_total{endpoint="stamp"}`
+	before := metricValue(t, probes, counter)
 	pool := x509.NewCertPool()
 	pool.AppendCertsFromPEM(env.CAData)
 	addr := net.JoinHostPort(env.WebhookHost, strconv.Itoa(env.WebhookPort))
@@ -500,7 +517,7 @@ func drainOnSIGTERM(t *testing.T, p *process, env *kubetest.Env) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer conn.Close()
+	t.Cleanup(func() { conn.Close() })
 	review, err := json.Marshal(map[string]any{
 		"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
 		"request": map[string]any{
@@ -518,6 +535,22 @@ func drainOnSIGTERM(t *testing.T, p *process, env *kubetest.Env) {
 		admission.StampPath, addr, len(review), review[:half]); err != nil {
 		t.Fatal(err)
 	}
+	// Past the TLS handshake and in the handler: a handshake still under
+	// way when SIGTERM arrives is cut off by the webhook server.
+	p.waitFor("the review in flight in the handler", func() error {
+		if metricValue(t, probes, counter) == before {
+			return errors.New("not yet")
+		}
+		return nil
+	})
+	return conn, review[half:]
+}
+
+// drainOnSIGTERM holds a review in flight (its body half sent), sends
+// SIGTERM, waits until the webhook says it is shutting down, then sends the
+// rest: the review is answered, and the process exits 0 within exitBound.
+func drainOnSIGTERM(t *testing.T, p *process, env *kubetest.Env, probes string) {
+	conn, rest := halfSentReview(t, p, env, probes)
 	if err := p.cmd.Process.Signal(syscall.SIGTERM); err != nil {
 		t.Fatal(err)
 	}
@@ -528,7 +561,7 @@ func drainOnSIGTERM(t *testing.T, p *process, env *kubetest.Env) {
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
-	if _, err := conn.Write(review[half:]); err != nil {
+	if _, err := conn.Write(rest); err != nil {
 		t.Fatalf("the connection of the review in flight was closed: %v", err)
 	}
 	resp, err := http.ReadResponse(bufio.NewReader(conn), nil)
