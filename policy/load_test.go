@@ -155,3 +155,25 @@ func TestLoadErrorsNameTheFieldsOwnLine(t *testing.T) {
 		})
 	}
 }
+
+// FuzzLoad feeds arbitrary streams through loading and the line finding of
+// its errors: whatever the file holds, the answer is policies or an error
+// that names a line, never a panic.
+func FuzzLoad(f *testing.F) {
+	f.Add(goodPolicies)
+	f.Add(twoPolicies)
+	f.Add(strings.Replace(twoPolicies, "    writers:\n", "    writers: {\n", 1))
+	f.Add(strings.Replace(twoPolicies, "spec.replicas", "spec..replicas", 1))
+	f.Add("---\n---\nkind: [\n")
+	f.Fuzz(func(t *testing.T, body string) {
+		ps, err := Load(strings.NewReader(body))
+		if err != nil {
+			if ps != nil {
+				t.Fatalf("policies returned with an error: %v", err)
+			}
+			if !strings.Contains(err.Error(), "line ") {
+				t.Fatalf("the error names no line: %v", err)
+			}
+		}
+	})
+}
