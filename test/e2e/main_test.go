@@ -9,12 +9,13 @@ import (
 	ctrllog "sigs.k8s.io/controller-runtime/pkg/log"
 
 	"github.com/stampguard/stampguard/internal/bintest"
+	"github.com/stampguard/stampguard/internal/chdbtest"
 )
 
 func TestMain(m *testing.M) {
 	// controller-runtime complains on stderr unless its global logger is set.
 	ctrllog.SetLogger(logr.Discard())
-	code := m.Run()
+	code := chdbtest.Run(m) // closes ClickHouse 26.7 (chDB) if a test loaded it
 	if err := bintest.RemoveAll(); err != nil {
 		fmt.Fprintln(os.Stderr, "remove the built binaries:", err)
 	}
