@@ -1,0 +1,212 @@
+package chart
+
+import (
+	"encoding/json"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
+	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/clientcmd"
+	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/stampguard/stampguard/internal/kubetest"
+	"github.com/stampguard/stampguard/internal/testenv"
+)
+
+// The foreign CRDs some value sets need, read from the modules that publish
+// them (fetched from the Go module proxy at test time, never copied here).
+var foreignCRDs = []struct {
+	module string
+	files  []string
+}{
+	{"github.com/cert-manager/cert-manager@v1.21.2", []string{
+		"deploy/crds/cert-manager.io_certificates.yaml",
+		"deploy/crds/cert-manager.io_issuers.yaml",
+		"deploy/crds/cert-manager.io_clusterissuers.yaml",
+	}},
+	{"github.com/prometheus-operator/prometheus-operator@v0.85.0", []string{
+		"example/prometheus-operator-crd/monitoring.coreos.com_servicemonitors.yaml",
+		"example/prometheus-operator-crd/monitoring.coreos.com_prometheusrules.yaml",
+	}},
+}
+
+// crdPaths are the chart's CRDs first, then cert-manager's and the
+// Prometheus operator's.
+func crdPaths(t testing.TB) []string {
+	t.Helper()
+	paths := []string{filepath.Join(chartDir(t), "crds")}
+	for _, m := range foreignCRDs {
+		cmd := exec.Command("go", "mod", "download", "-json", m.module)
+		cmd.Dir = t.TempDir() // outside the module: go.mod stays untouched
+		cmd.Env = append(os.Environ(), "GOFLAGS=-mod=mod", "GOWORK=off")
+		out, err := cmd.Output()
+		var info struct{ Dir, Error string }
+		_ = json.Unmarshal(out, &info)
+		if err != nil || info.Dir == "" {
+			t.Fatalf("go mod download %s (for its CRDs): %v %s", m.module, err, info.Error)
+		}
+		for _, f := range m.files {
+			paths = append(paths, filepath.Join(info.Dir, f))
+		}
+	}
+	return paths
+}
+
+func startCluster(t testing.TB) *kubetest.Env {
+	t.Helper()
+	testenv.SkipIfShort(t, "starts a real kube-apiserver")
+	return kubetest.Start(t, kubetest.Options{CRDDirs: crdPaths(t)})
+}
+
+func createNamespace(t testing.TB, c client.Client, name string) {
+	t.Helper()
+	if err := c.Create(t.Context(), &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: name}}); err != nil {
+		t.Fatalf("create namespace %s: %v", name, err)
+	}
+}
+
+// TestServerSideDryRun sends every object of every value set to the real
+// kube-apiserver as a dry-run create: schemas, CRDs (the chart's,
+// cert-manager's, the Prometheus operator's) and validation all apply.
+func TestServerSideDryRun(t *testing.T) {
+	env := startCluster(t)
+	createNamespace(t, env.Client, namespace)
+	for _, set := range valueSets {
+		t.Run(set, func(t *testing.T) {
+			objs := objects(t, render(t, set))
+			if len(objs) == 0 {
+				t.Fatal("nothing rendered")
+			}
+			for _, o := range objs {
+				if err := env.Client.Create(t.Context(), o.DeepCopy(), client.DryRunAll, client.FieldValidation("Strict")); err != nil {
+					t.Errorf("dry-run create %s %s: %v", o.GetKind(), o.GetName(), err)
+				}
+			}
+		})
+	}
+}
+
+// kubeconfig writes a kubeconfig for cfg.
+func kubeconfig(t testing.TB, cfg *rest.Config) string {
+	t.Helper()
+	kc := clientcmdapi.NewConfig()
+	kc.Clusters["envtest"] = &clientcmdapi.Cluster{Server: cfg.Host, CertificateAuthorityData: cfg.CAData}
+	kc.AuthInfos["user"] = &clientcmdapi.AuthInfo{ClientCertificateData: cfg.CertData, ClientKeyData: cfg.KeyData, Token: cfg.BearerToken}
+	kc.Contexts["envtest"] = &clientcmdapi.Context{Cluster: "envtest", AuthInfo: "user"}
+	kc.CurrentContext = "envtest"
+	path := filepath.Join(t.TempDir(), "kubeconfig")
+	if err := clientcmd.WriteToFile(*kc, path); err != nil {
+		t.Fatal(err)
+	}
+	return path
+}
+
+// TestUpgradeKeepsCertificates installs the chart for real into envtest and
+// upgrades it with changed values: the generated CA, serving certificates
+// and sink token stay, while the changed values take effect.
+func TestUpgradeKeepsCertificates(t *testing.T) {
+	env := startCluster(t)
+	kc := kubeconfig(t, env.Config)
+	chart := chartDir(t)
+	out, err := helm(t, kc, "install", release, chart, "--namespace", namespace, "--create-namespace", "-f", valuesFile(t, "defaults"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{"--audit-webhook-config-file=", "auditsink tail", "not Service DNS"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("NOTES lack %q:\n%s", want, out)
+		}
+	}
+	secrets := []string{release + "-stampguard-webhook-tls", release + "-stampguard-auditsink-tls", release + "-stampguard-auditsink-token"}
+	before := map[string]map[string][]byte{}
+	for _, name := range secrets {
+		before[name] = secretData(t, env.Client, name)
+	}
+	caBefore := caBundles(t, env.Client)
+	if string(caBefore[0]) != string(before[secrets[0]]["ca.crt"]) {
+		t.Fatalf("the installed caBundle is not the webhook Secret's ca.crt")
+	}
+
+	if _, err := helm(t, kc, "upgrade", release, chart, "--namespace", namespace, "-f", valuesFile(t, "defaults"),
+		"--set", "webhook.replicas=3", "--set", "webhook.timeoutSeconds=3", "--set", "auditSink.retention=7d"); err != nil {
+		t.Fatal(err)
+	}
+	var d appsv1.Deployment
+	if err := env.Client.Get(t.Context(), types.NamespacedName{Namespace: namespace, Name: release + "-stampguard-webhook"}, &d); err != nil {
+		t.Fatal(err)
+	}
+	if d.Spec.Replicas == nil || *d.Spec.Replicas != 3 {
+		t.Fatalf("the upgrade did not apply: replicas %v", d.Spec.Replicas)
+	}
+	for _, name := range secrets {
+		after := secretData(t, env.Client, name)
+		for k, v := range before[name] {
+			if string(after[k]) != string(v) {
+				t.Errorf("secret %s: %s changed across the upgrade", name, k)
+			}
+		}
+	}
+	caAfter := caBundles(t, env.Client)
+	for i := range caAfter {
+		if string(caAfter[i]) != string(caBefore[i]) {
+			t.Errorf("caBundle %d changed across the upgrade", i)
+		}
+	}
+	var m admissionregistrationv1.MutatingWebhookConfiguration
+	if err := env.Client.Get(t.Context(), types.NamespacedName{Name: release + "-stampguard"}, &m); err != nil {
+		t.Fatal(err)
+	}
+	if got := *m.Webhooks[0].TimeoutSeconds; got != 3 {
+		t.Errorf("timeoutSeconds after the upgrade: %d, want 3", got)
+	}
+
+	// The certificates' host names do not depend on the changed values, and
+	// the uninstall removes everything the chart made.
+	if _, err := helm(t, kc, "uninstall", release, "--namespace", namespace); err != nil {
+		t.Fatal(err)
+	}
+	var left unstructured.UnstructuredList
+	left.SetAPIVersion("v1")
+	left.SetKind("SecretList")
+	if err := env.Client.List(t.Context(), &left, client.InNamespace(namespace)); err != nil {
+		t.Fatal(err)
+	}
+	if len(left.Items) != 0 {
+		t.Errorf("%d Secrets left after helm uninstall", len(left.Items))
+	}
+}
+
+func secretData(t testing.TB, c client.Client, name string) map[string][]byte {
+	t.Helper()
+	var s corev1.Secret
+	if err := c.Get(t.Context(), types.NamespacedName{Namespace: namespace, Name: name}, &s); err != nil {
+		t.Fatalf("get secret %s: %v", name, err)
+	}
+	if len(s.Data) == 0 {
+		t.Fatalf("secret %s is empty", name)
+	}
+	return s.Data
+}
+
+func caBundles(t testing.TB, c client.Client) [][]byte {
+	t.Helper()
+	var m admissionregistrationv1.MutatingWebhookConfiguration
+	var v admissionregistrationv1.ValidatingWebhookConfiguration
+	if err := c.Get(t.Context(), types.NamespacedName{Name: release + "-stampguard"}, &m); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Get(t.Context(), types.NamespacedName{Name: release + "-stampguard"}, &v); err != nil {
+		t.Fatal(err)
+	}
+	return [][]byte{m.Webhooks[0].ClientConfig.CABundle, v.Webhooks[0].ClientConfig.CABundle}
+}
