@@ -190,10 +190,10 @@ func TestWebhookConfigurationsMatchGo(t *testing.T) {
 			gotM.ObjectMeta = metav1.ObjectMeta{Name: gotM.Name}
 			gotV.ObjectMeta = metav1.ObjectMeta{Name: gotV.Name}
 			if !equality.Semantic.DeepEqual(wantM, &gotM) {
-				t.Errorf("MutatingWebhookConfiguration differs from admission.Configurations:\n%s", lineDiff(toYAML(t, wantM), toYAML(t, &gotM)))
+				t.Errorf("MutatingWebhookConfiguration differs from admission.Configurations (change charts/stampguard/templates/webhook/configurations.yaml with policy/admission/config.go):\n%s", lineDiff(toYAML(t, wantM), toYAML(t, &gotM)))
 			}
 			if !equality.Semantic.DeepEqual(wantV, &gotV) {
-				t.Errorf("ValidatingWebhookConfiguration differs from admission.Configurations:\n%s", lineDiff(toYAML(t, wantV), toYAML(t, &gotV)))
+				t.Errorf("ValidatingWebhookConfiguration differs from admission.Configurations (change charts/stampguard/templates/webhook/configurations.yaml with policy/admission/config.go):\n%s", lineDiff(toYAML(t, wantV), toYAML(t, &gotV)))
 			}
 		})
 	}

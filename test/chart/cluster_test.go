@@ -184,6 +184,15 @@ func TestUpgradeKeepsCertificates(t *testing.T) {
 	if len(left.Items) != 0 {
 		t.Errorf("%d Secrets left after helm uninstall", len(left.Items))
 	}
+
+	// With a fixed cluster IP, the NOTES' kubeconfig names it.
+	out, err = helm(t, kc, "install", release, chart, "--namespace", namespace, "--dry-run=server", "-f", valuesFile(t, "ha-sink"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := "server: https://10.0.0.200:443/events"; !strings.Contains(out, want) {
+		t.Errorf("NOTES lack %q:\n%s", want, out)
+	}
 }
 
 func secretData(t testing.TB, c client.Client, name string) map[string][]byte {
