@@ -36,7 +36,7 @@ func TestBadValuesAreRefused(t *testing.T) {
 		sets []string
 		want string
 	}{
-		{"a misspelt value", []string{dsn, "webhook.replica=3"}, "additional properties 'replica' not allowed"},
+		{"a misspelled value", []string{dsn, "webhook.replica=3"}, "additional properties 'replica' not allowed"},
 		{"an unknown failure policy", []string{dsn, "webhook.failurePolicy.stamp=fail"}, "at '/webhook/failurePolicy/stamp': value must be one of 'Fail', 'Ignore'"},
 		{"a timeout above the apiserver's 30 s", []string{dsn, "webhook.timeoutSeconds=31"}, "at '/webhook/timeoutSeconds'"},
 		{"a retention that is not whole hours or days", []string{dsn, "auditSink.retention=30 days"}, "at '/auditSink/retention'"},

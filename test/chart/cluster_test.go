@@ -17,6 +17,7 @@ import (
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
 	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
+	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/stampguard/stampguard/internal/kubetest"
@@ -94,6 +95,39 @@ func TestServerSideDryRun(t *testing.T) {
 			}
 		})
 	}
+
+	// Pod Security Admission enforces on pods, not on their controllers: the
+	// pods the Deployment and the StatefulSet would create are dry-run
+	// created in a namespace that enforces the restricted profile.
+	t.Run("the pods meet the restricted Pod Security Standard", func(t *testing.T) {
+		ctx := t.Context()
+		restricted := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "restricted", Labels: map[string]string{
+			"pod-security.kubernetes.io/enforce": "restricted", "pod-security.kubernetes.io/enforce-version": "latest",
+		}}}
+		if err := env.Client.Create(ctx, restricted); err != nil {
+			t.Fatal(err)
+		}
+		objs := objects(t, render(t, "defaults"))
+		var d appsv1.Deployment
+		var sts appsv1.StatefulSet
+		find(t, objs, "Deployment", release+"-stampguard-webhook", &d)
+		find(t, objs, "StatefulSet", release+"-stampguard-auditsink", &sts)
+		stsSpec := sts.Spec.Template.Spec.DeepCopy()
+		for _, c := range sts.Spec.VolumeClaimTemplates { // the controller adds these
+			stsSpec.Volumes = append(stsSpec.Volumes, corev1.Volume{Name: c.Name, VolumeSource: corev1.VolumeSource{EmptyDir: &corev1.EmptyDirVolumeSource{}}})
+		}
+		for name, spec := range map[string]*corev1.PodSpec{"webhook": &d.Spec.Template.Spec, "auditsink": stsSpec} {
+			for _, c := range append(append([]corev1.Container{}, spec.InitContainers...), spec.Containers...) {
+				if c.SecurityContext == nil || !ptr.Deref(c.SecurityContext.ReadOnlyRootFilesystem, false) {
+					t.Errorf("%s container %s: root filesystem not read-only", name, c.Name)
+				}
+			}
+			p := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: "restricted", Name: name}, Spec: *spec}
+			if err := env.Client.Create(ctx, p, client.DryRunAll); err != nil {
+				t.Errorf("%s pod refused under the restricted profile: %v", name, err)
+			}
+		}
+	})
 }
 
 // kubeconfig writes a kubeconfig for cfg.

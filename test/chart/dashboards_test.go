@@ -3,6 +3,7 @@ package chart
 import (
 	"archive/tar"
 	"compress/gzip"
+	"errors"
 	"io"
 	"io/fs"
 	"os"
@@ -137,7 +138,7 @@ func tarNames(t testing.TB, path string) map[string]bool {
 	names := map[string]bool{}
 	for {
 		h, err := tr.Next()
-		if err == io.EOF {
+		if errors.Is(err, io.EOF) {
 			return names
 		}
 		if err != nil {
