@@ -10,6 +10,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -232,13 +233,14 @@ func waitReady(t testing.TB, c client.Client, name string) {
 }
 
 // pod maps a rendered pod's volume mounts to directories in a temporary
-// directory, filled from the rendered Secrets the volumes name.
+// directory, filled from the rendered Secrets the volumes name or, for
+// Secrets that exist before the install, from existing.
 type pod struct {
 	ns     string
 	mounts map[string]string // mountPath -> local directory
 }
 
-func podFiles(t testing.TB, objs []*unstructured.Unstructured, ns string, spec *corev1.PodSpec) *pod {
+func podFiles(t testing.TB, objs []*unstructured.Unstructured, ns string, spec *corev1.PodSpec, existing ...*corev1.Secret) *pod {
 	t.Helper()
 	root := t.TempDir()
 	p := &pod{ns: ns, mounts: map[string]string{}}
@@ -258,7 +260,11 @@ func podFiles(t testing.TB, objs []*unstructured.Unstructured, ns string, spec *
 				continue // a volume claim template or emptyDir: an empty directory
 			}
 			var s corev1.Secret
-			find(t, objs, "Secret", v.Secret.SecretName, &s)
+			if i := slices.IndexFunc(existing, func(e *corev1.Secret) bool { return e.Name == v.Secret.SecretName }); i >= 0 {
+				s = *existing[i]
+			} else {
+				find(t, objs, "Secret", v.Secret.SecretName, &s)
+			}
 			items := v.Secret.Items
 			if len(items) == 0 {
 				for k := range s.Data {
