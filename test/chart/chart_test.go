@@ -96,6 +96,7 @@ func TestGolden(t *testing.T) {
 var configOptions = map[string]struct {
 	opts                 admission.ConfigOptions
 	stampFail, fieldFail admissionregistrationv1.FailurePolicyType
+	certManager          bool // caBundle comes from cert-manager's cainjector
 }{
 	"defaults": {
 		opts: admission.ConfigOptions{
@@ -110,6 +111,7 @@ var configOptions = map[string]struct {
 			NamespaceSelector: notIn("kube-system", "kube-node-lease", namespace),
 		},
 		stampFail: admissionregistrationv1.Fail, fieldFail: admissionregistrationv1.Ignore,
+		certManager: true,
 	},
 	"existing-secrets": {
 		opts: admission.ConfigOptions{
@@ -117,6 +119,7 @@ var configOptions = map[string]struct {
 			NamespaceSelector: notIn("kube-system", "kube-node-lease", namespace),
 		},
 		stampFail: admissionregistrationv1.Fail, fieldFail: admissionregistrationv1.Ignore,
+		certManager: true,
 	},
 	"minimal": {
 		opts: admission.ConfigOptions{
@@ -165,7 +168,7 @@ func TestWebhookConfigurationsMatchGo(t *testing.T) {
 			o := want.opts
 			o.Name = name
 			o.Service = &admissionregistrationv1.ServiceReference{Namespace: namespace, Name: name + "-webhook", Port: ptr.To[int32](443)}
-			if strings.Contains(set, "cert-manager") || set == "existing-secrets" {
+			if want.certManager {
 				// cert-manager's cainjector fills caBundle from the Certificate.
 				inject := namespace + "/" + name + "-webhook"
 				for _, a := range []map[string]string{gotM.Annotations, gotV.Annotations} {
