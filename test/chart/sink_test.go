@@ -69,7 +69,7 @@ func TestSinkWiring(t *testing.T) {
 				t.Fatalf("migrate said: %s", out)
 			}
 			serve := spec.Containers[0]
-			start(t, bin, pod.remap(serve.Args), pod.env(t, serve))
+			start(t, bin, pod.remap(serve.Args), pod.env(t, serve), spec.TerminationGracePeriodSeconds)
 
 			var tlsSecret corev1.Secret
 			find(t, objs, "Secret", name+"-tls", &tlsSecret)

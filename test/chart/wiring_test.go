@@ -116,7 +116,7 @@ func TestWebhookWiring(t *testing.T) {
 	pod := podFiles(t, objs, d.Namespace, &d.Spec.Template.Spec)
 	c := d.Spec.Template.Spec.Containers[0]
 	args := append(pod.remap(c.Args), "--kubeconfig="+kubeconfig(t, saConfig))
-	start(t, buildBinary(t, "./cmd/webhook"), args, pod.env(t, c))
+	start(t, buildBinary(t, "./cmd/webhook"), args, pod.env(t, c), d.Spec.Template.Spec.TerminationGracePeriodSeconds)
 	waitHTTP(t, http.DefaultClient, fmt.Sprintf("http://127.0.0.1:%d/readyz", probe))
 
 	// Policies the webhook reports Ready on, through the status RBAC.
@@ -328,8 +328,9 @@ func buildBinary(t testing.TB, pkg string) string {
 }
 
 // start runs bin with args and env (added to a minimal environment) until
-// the test ends, then stops it with SIGTERM and expects a clean exit.
-func start(t testing.TB, bin string, args, env []string) {
+// the test ends, then stops it with SIGTERM and expects a clean exit within
+// the pod's grace period, as the kubelet would allow.
+func start(t testing.TB, bin string, args, env []string, grace *int64) {
 	t.Helper()
 	cmd := exec.Command(bin, args...)
 	cmd.Env = append([]string{"PATH=" + os.Getenv("PATH"), "HOME=" + t.TempDir()}, env...)
@@ -344,6 +345,10 @@ func start(t testing.TB, bin string, args, env []string) {
 	}
 	exited := make(chan error, 1)
 	go func() { exited <- cmd.Wait(); logf.Close() }()
+	limit := 30 * time.Second // the kubelet's default
+	if grace != nil {
+		limit = time.Duration(*grace) * time.Second
+	}
 	t.Cleanup(func() {
 		_ = cmd.Process.Signal(syscall.SIGTERM)
 		select {
@@ -352,9 +357,9 @@ func start(t testing.TB, bin string, args, env []string) {
 				b, _ := os.ReadFile(logPath)
 				t.Errorf("%s exited with %v; log:\n%s", filepath.Base(bin), err, tail(b))
 			}
-		case <-time.After(30 * time.Second):
+		case <-time.After(limit):
 			_ = cmd.Process.Kill()
-			t.Errorf("%s did not stop within 30s of SIGTERM", filepath.Base(bin))
+			t.Errorf("%s did not stop within its grace period (%s) after SIGTERM", filepath.Base(bin), limit)
 		}
 		if t.Failed() {
 			b, _ := os.ReadFile(logPath)
