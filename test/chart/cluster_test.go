@@ -161,7 +161,10 @@ func TestUpgradeKeepsCertificates(t *testing.T) {
 			t.Errorf("NOTES lack %q:\n%s", want, out)
 		}
 	}
-	secrets := []string{release + "-stampguard-webhook-tls", release + "-stampguard-auditsink-tls", release + "-stampguard-auditsink-token"}
+	secrets := []string{
+		release + "-stampguard-webhook-tls", release + "-stampguard-webhook-ca",
+		release + "-stampguard-auditsink-tls", release + "-stampguard-auditsink-ca", release + "-stampguard-auditsink-token",
+	}
 	before := map[string]map[string][]byte{}
 	for _, name := range secrets {
 		before[name] = secretData(t, env.Client, name)
@@ -204,8 +207,26 @@ func TestUpgradeKeepsCertificates(t *testing.T) {
 		t.Errorf("timeoutSeconds after the upgrade: %d, want 3", got)
 	}
 
-	// The certificates' host names do not depend on the changed values, and
-	// the uninstall removes everything the chart made.
+	// New names for the sink's certificate: a new serving certificate that
+	// names them, signed by the same CA, so the apiserver's trust holds.
+	if _, err := helm(t, kc, "upgrade", release, chart, "--namespace", namespace, "-f", valuesFile(t, "defaults"),
+		"--set", "auditSink.tls.extraIPAddresses={192.0.2.7}"); err != nil {
+		t.Fatal(err)
+	}
+	sink := release + "-stampguard-auditsink-tls"
+	renamed := secretData(t, env.Client, sink)
+	if string(renamed["ca.crt"]) != string(before[sink]["ca.crt"]) {
+		t.Errorf("the sink's CA changed with its certificate's names")
+	}
+	if string(renamed["tls.crt"]) == string(before[sink]["tls.crt"]) {
+		t.Errorf("the sink's certificate was kept although its names changed")
+	}
+	verifyServing(t, renamed["ca.crt"], renamed["tls.crt"], renamed["tls.key"], "192.0.2.7")
+	if after := secretData(t, env.Client, secrets[0]); string(after["tls.crt"]) != string(before[secrets[0]]["tls.crt"]) {
+		t.Errorf("the webhook's certificate changed with the sink's names")
+	}
+
+	// The uninstall removes everything the chart made.
 	if _, err := helm(t, kc, "uninstall", release, "--namespace", namespace); err != nil {
 		t.Fatal(err)
 	}

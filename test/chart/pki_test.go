@@ -8,7 +8,7 @@ import (
 )
 
 // verifyServing checks that cert (with key) is a serving certificate for
-// dnsName that the CA in caPEM signed.
+// dnsName (a host name or an IP address) that the CA in caPEM signed.
 func verifyServing(t testing.TB, caPEM, certPEM, keyPEM []byte, dnsName string) {
 	t.Helper()
 	if _, err := tls.X509KeyPair(certPEM, keyPEM); err != nil {

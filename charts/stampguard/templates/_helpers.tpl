@@ -68,24 +68,74 @@ seccompProfile:
 {{- end -}}
 
 {{/*
-tlsSecretData returns the data of a kubernetes.io/tls Secret (ca.crt,
-tls.crt, tls.key): the existing Secret's when it has all three, so that
-`helm upgrade` keeps the CA and certificate, else a new CA and a certificate
-it signs. Takes (dict "ctx" $ "name" SECRET "cn" CN "dns" LIST "ips" LIST "days" N).
+tls returns the material of a chart-generated CA and serving certificate
+(caCrt, caKey, crt, key, base64 PEM) and their subject alternative names
+(sans). `helm upgrade` keeps what the cluster has: the CA from its Secret
+always, the serving certificate while its names are unchanged; with new
+names it signs a new one with the same CA, so caBundle never changes.
+Takes (dict "ctx" $ "name" SECRET "caName" CA_SECRET "cn" CN "dns" LIST "ips" LIST "days" N).
 */}}
-{{- define "stampguard.tlsSecretData" -}}
-{{- $old := lookup "v1" "Secret" .ctx.Release.Namespace .name -}}
-{{- if and $old $old.data (index $old.data "ca.crt") (index $old.data "tls.crt") (index $old.data "tls.key") -}}
-ca.crt: {{ index $old.data "ca.crt" }}
-tls.crt: {{ index $old.data "tls.crt" }}
-tls.key: {{ index $old.data "tls.key" }}
+{{- define "stampguard.tls" -}}
+{{- $ns := .ctx.Release.Namespace -}}
+{{- $sans := concat .dns .ips | join "," -}}
+{{- $oldCA := lookup "v1" "Secret" $ns .caName | default dict -}}
+{{- $caCrt := dig "data" "tls.crt" "" $oldCA -}}
+{{- $caKey := dig "data" "tls.key" "" $oldCA -}}
+{{- $ca := dict -}}
+{{- if and $caCrt $caKey -}}
+{{- $ca = buildCustomCert $caCrt $caKey -}}
 {{- else -}}
-{{- $ca := genCA (printf "%s-ca" .name) (int .days) -}}
-{{- $cert := genSignedCert .cn .ips .dns (int .days) $ca -}}
-ca.crt: {{ $ca.Cert | b64enc }}
-tls.crt: {{ $cert.Cert | b64enc }}
-tls.key: {{ $cert.Key | b64enc }}
+{{- $ca = genCA (printf "%s-ca" .name) (int .days) -}}
+{{- $caCrt = $ca.Cert | b64enc -}}
+{{- $caKey = $ca.Key | b64enc -}}
 {{- end -}}
+{{- $old := lookup "v1" "Secret" $ns .name | default dict -}}
+{{- $crt := dig "data" "tls.crt" "" $old -}}
+{{- $key := dig "data" "tls.key" "" $old -}}
+{{- $same := and $crt $key (eq (dig "data" "ca.crt" "" $old) $caCrt) (eq (dig "metadata" "annotations" "stampguard.dev/subject-alt-names" "" $old) $sans) -}}
+{{- if not $same -}}
+{{- $cert := genSignedCert .cn .ips .dns (int .days) $ca -}}
+{{- $crt = $cert.Cert | b64enc -}}
+{{- $key = $cert.Key | b64enc -}}
+{{- end -}}
+caCrt: {{ $caCrt }}
+caKey: {{ $caKey }}
+crt: {{ $crt }}
+key: {{ $key }}
+sans: {{ $sans | quote }}
+{{- end -}}
+
+{{/*
+tlsSecrets renders the CA Secret and the serving Secret of "stampguard.tls".
+Takes (dict "ctx" $ "tls" MATERIAL "name" SECRET "caName" CA_SECRET "component" C).
+*/}}
+{{- define "stampguard.tlsSecrets" -}}
+apiVersion: v1
+kind: Secret
+metadata:
+  name: {{ .caName }}
+  namespace: {{ .ctx.Release.Namespace }}
+  labels:
+    {{- include "stampguard.componentLabels" (dict "ctx" .ctx "component" .component) | nindent 4 }}
+type: kubernetes.io/tls
+data:
+  tls.crt: {{ .tls.caCrt }}
+  tls.key: {{ .tls.caKey }}
+---
+apiVersion: v1
+kind: Secret
+metadata:
+  name: {{ .name }}
+  namespace: {{ .ctx.Release.Namespace }}
+  labels:
+    {{- include "stampguard.componentLabels" (dict "ctx" .ctx "component" .component) | nindent 4 }}
+  annotations:
+    stampguard.dev/subject-alt-names: {{ .tls.sans | quote }}
+type: kubernetes.io/tls
+data:
+  ca.crt: {{ .tls.caCrt }}
+  tls.crt: {{ .tls.crt }}
+  tls.key: {{ .tls.key }}
 {{- end -}}
 
 {{/* The DNS names of a Service: (dict "ctx" $ "service" NAME). */}}
