@@ -17,12 +17,25 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/go-logr/logr"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
+	ctrllog "sigs.k8s.io/controller-runtime/pkg/log"
 	"sigs.k8s.io/yaml"
 
+	"github.com/stampguard/stampguard/internal/bintest"
 	"github.com/stampguard/stampguard/internal/kubetest"
 )
+
+func TestMain(m *testing.M) {
+	// controller-runtime complains on stderr unless its global logger is set.
+	ctrllog.SetLogger(logr.Discard())
+	code := m.Run()
+	if err := bintest.RemoveAll(); err != nil {
+		fmt.Fprintln(os.Stderr, "remove the built binaries:", err)
+	}
+	os.Exit(code)
+}
 
 var update = flag.Bool("update", false, "rewrite the golden files and the values table of the chart's README")
 

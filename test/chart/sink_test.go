@@ -20,6 +20,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
+	"github.com/stampguard/stampguard/internal/bintest"
 	"github.com/stampguard/stampguard/internal/chtest"
 	"github.com/stampguard/stampguard/internal/testenv"
 )
@@ -34,7 +35,7 @@ import (
 func TestSinkWiring(t *testing.T) {
 	testenv.SkipIfShort(t, "starts clickhouse-server and the auditsink binary")
 	ch := chtest.Start(t)
-	bin := buildBinary(t, "./cmd/auditsink")
+	bin := bintest.Build(t, "./cmd/auditsink")
 	name := release + "-stampguard-auditsink"
 	clientCA, clientCert := clientPKI(t)
 

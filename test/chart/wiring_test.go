@@ -32,6 +32,7 @@ import (
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
+	"github.com/stampguard/stampguard/internal/bintest"
 	"github.com/stampguard/stampguard/internal/kubetest"
 	"github.com/stampguard/stampguard/policy/admission"
 	"github.com/stampguard/stampguard/policy/api/v1alpha1"
@@ -116,7 +117,7 @@ func TestWebhookWiring(t *testing.T) {
 	pod := podFiles(t, objs, d.Namespace, &d.Spec.Template.Spec)
 	c := d.Spec.Template.Spec.Containers[0]
 	args := append(pod.remap(c.Args), "--kubeconfig="+kubeconfig(t, saConfig))
-	start(t, buildBinary(t, "./cmd/webhook"), args, pod.env(t, c), d.Spec.Template.Spec.TerminationGracePeriodSeconds)
+	start(t, bintest.Build(t, "./cmd/webhook"), args, pod.env(t, c), d.Spec.Template.Spec.TerminationGracePeriodSeconds)
 	waitHTTP(t, http.DefaultClient, fmt.Sprintf("http://127.0.0.1:%d/readyz", probe))
 
 	// Policies the webhook reports Ready on, through the status RBAC.
@@ -311,18 +312,6 @@ func (p *pod) env(t testing.TB, c corev1.Container) []string {
 		default:
 			t.Fatalf("env %s: the test cannot resolve %+v", e.Name, e.ValueFrom)
 		}
-	}
-	return out
-}
-
-// buildBinary builds a command of the module into a temporary directory.
-func buildBinary(t testing.TB, pkg string) string {
-	t.Helper()
-	out := filepath.Join(t.TempDir(), filepath.Base(pkg))
-	cmd := exec.Command("go", "build", "-o", out, pkg)
-	cmd.Dir = kubetest.RepoRoot(t)
-	if b, err := cmd.CombinedOutput(); err != nil {
-		t.Fatalf("go build %s: %v\n%s", pkg, err, b)
 	}
 	return out
 }
