@@ -46,6 +46,7 @@ func TestBadValuesAreRefused(t *testing.T) {
 		{"a client CA without its Secret", []string{dsn, "auditSink.auth.clientCA.enabled=true"}, "auditSink.auth.clientCA.enabled needs auditSink.auth.clientCA.existingSecret"},
 		{"no sink authentication at all", []string{dsn, "auditSink.auth.token.enabled=false"}, "no authentication configured"},
 		{"a grace period within the sink's shutdown timeout", []string{dsn, "auditSink.terminationGracePeriodSeconds=20"}, "auditSink.terminationGracePeriodSeconds (20) must exceed auditSink.shutdownTimeoutSeconds (20)"},
+		{"a webhook grace period within its shutdown timeout", []string{dsn, "webhook.shutdownTimeoutSeconds=40"}, "webhook.terminationGracePeriodSeconds (30) must exceed webhook.shutdownTimeoutSeconds (40)"},
 		{"a node port on a ClusterIP Service", []string{dsn, "auditSink.service.nodePort=30443"}, "auditSink.service.nodePort needs auditSink.service.type NodePort"},
 		{"a break-glass group that would break the CEL string", []string{dsn, "webhook.breakGlassGroup=a'b"}, "at '/webhook/breakGlassGroup'"},
 	} {
