@@ -19,15 +19,15 @@ import (
 
 // demo is one run. Paths are absolute.
 type demo struct {
-	o    options
-	root string // the repository
-	dir  string // --dir
-	bin  string // dir/bin: the built webhook and auditsink
+	o     options
+	root  string // the repository
+	dir   string // --dir
+	bin   string // dir/bin: the built webhook and auditsink
 	state string // dir/run: everything this run creates
-	logs string // run/logs
-	pids string // run/pids
-	out  io.Writer
-	tty  bool
+	logs  string // run/logs
+	pids  string // run/pids
+	out   io.Writer
+	tty   bool
 
 	// stops undo the started services, last first.
 	stops []func()
@@ -269,4 +269,3 @@ func randomHex(n int) string {
 	_, _ = rand.Read(b)
 	return hex.EncodeToString(b)
 }
-

@@ -120,4 +120,3 @@ func (d *demo) grafana() {
 	d.note("  KUBECONFIG=%s kubectl get concurrencypolicies", d.rel(filepath.Join(d.state, "kubeconfig")))
 	d.note("Logs: %s", d.rel(d.logs))
 }
-
