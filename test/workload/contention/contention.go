@@ -222,7 +222,15 @@ func Count(reqs []wl.Request) (writes, conflicts, refusals int) {
 }
 
 type run struct {
-	clients map[string]kubernetes.Interface
+	// manifest keeps the autoscaler away while the deploy tool reads the
+	// Deployment and PUTs its manifest over it. A PUT that loses that race
+	// is answered 409 even when the webhook refused it: the apiserver first
+	// tries the write on its cached copy, where the webhook refuses it, then
+	// retries on the current object and answers the conflict. Its audit
+	// event keeps the refusal's annotation, which the client never saw, so
+	// the report's policy decisions could not be known from the client.
+	manifest sync.Mutex
+	clients  map[string]kubernetes.Interface
 	rec     *wl.Recorder
 	stop    chan struct{}
 	start   time.Time
@@ -344,6 +352,7 @@ func (r *run) autoscaler(ctx context.Context) error {
 	d := r.clients[Autoscaler].AppsV1().Deployments(Shop)
 	curve := []int32{4, 5, 6, 5}
 	for i := 0; ; i++ {
+		r.manifest.Lock()
 		err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
 			s, err := d.GetScale(ctx, Deployment, metav1.GetOptions{})
 			if err != nil {
@@ -353,6 +362,7 @@ func (r *run) autoscaler(ctx context.Context) error {
 			_, err = d.UpdateScale(ctx, Deployment, s, metav1.UpdateOptions{})
 			return err
 		})
+		r.manifest.Unlock()
 		if err := storyError(err); err != nil {
 			return err
 		}
@@ -417,8 +427,10 @@ func (r *run) deployTool(ctx context.Context) error {
 	opts := metav1.UpdateOptions{FieldManager: DeployTool}
 	for n := 1; r.pause(3 * time.Second); n++ {
 		image := "registry.example/web:1." + strconv.Itoa(n)
+		r.manifest.Lock()
 		live, err := d.Get(ctx, Deployment, metav1.GetOptions{})
 		if err != nil {
+			r.manifest.Unlock()
 			return fmt.Errorf("read the deployment: %w", err)
 		}
 		team := "storefront"
@@ -429,6 +441,7 @@ func (r *run) deployTool(ctx context.Context) error {
 		manifest.ObjectMeta = live.ObjectMeta // a stamped PUT of the whole manifest
 		manifest.Labels = map[string]string{"team": team}
 		_, err = d.Update(ctx, manifest, opts)
+		r.manifest.Unlock()
 		if !apierrors.IsForbidden(err) {
 			if err := storyError(err); err != nil {
 				return err
