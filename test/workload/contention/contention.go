@@ -67,7 +67,7 @@ const (
 )
 
 // Controllers are the three writers in read-modify-write contention.
-var Controllers = []string{"catalog-controller-a", "catalog-controller-b", "catalog-controller-c"}
+var Controllers = []string{"controller-a", "controller-b", "controller-c"}
 
 // AuditPolicyName is the Audit-mode policy of examples/demo-policies.yaml:
 // stampless updates of ConfigMaps in Legacy are let through and recorded.
