@@ -26,13 +26,15 @@ import (
 	"github.com/stampguard/stampguard/test/workload/contention"
 )
 
-// TestDemo runs the demo program as `make demo` does, three times in one
-// demo directory: from scratch with --exit; interrupted (SIGINT, as Ctrl-C)
-// while its writers write; and once more with --exit after that. After
-// each full run the report it printed (and wrote as JSON) must equal the
-// report computed from what the workload's clients saw (run/requests.json,
-// with the retry loops' times from the apiserver's audit log), and after
-// every run no process of the demo and none of its ports may remain.
+// TestDemo runs the demo program as `make demo` does, four times in one
+// demo directory: from scratch with --exit; interrupted (SIGINT, as
+// Ctrl-C) while its writers write; killed (SIGKILL) while its writers
+// write, which leaves its services running; and with --exit again, which
+// must stop those first. After each full run the report it printed (and
+// wrote as JSON) must equal the report computed from what the workload's
+// clients saw (run/requests.json, with the retry loops' times from the
+// apiserver's audit log); after every run but the killed one no process of
+// the demo and none of its ports may remain.
 func TestDemo(t *testing.T) {
 	testenv.SkipIfShort(t, "runs the demo: etcd, kube-apiserver, clickhouse-server, the webhook and the audit sink")
 	root := kubetest.RepoRoot(t)
@@ -46,7 +48,7 @@ func TestDemo(t *testing.T) {
 	dir := filepath.Join(tmp, "state")
 	state := filepath.Join(dir, "run")
 
-	full := func(t *testing.T) {
+	full := func(t *testing.T) string {
 		reportFile := filepath.Join(tmp, "report.json")
 		_ = os.Remove(reportFile)
 		out, code := runDemo(t, root, bin, nil, "--dir", dir, "--exit", "--duration", "15s", "--report-json", reportFile)
@@ -74,9 +76,10 @@ func TestDemo(t *testing.T) {
 		}
 		storyHappened(t, want)
 		nothingLeft(t, state)
+		return out
 	}
 
-	t.Run("from scratch", full)
+	t.Run("from scratch", func(t *testing.T) { full(t) })
 	t.Run("Ctrl-C while the writers write", func(t *testing.T) {
 		out, code := runDemo(t, root, bin, func(line string, p *os.Process) {
 			if strings.Contains(line, "/ 60s   writes") {
@@ -91,7 +94,26 @@ func TestDemo(t *testing.T) {
 		}
 		nothingLeft(t, state)
 	})
-	t.Run("again after the Ctrl-C", full)
+	t.Run("killed while the writers write", func(t *testing.T) {
+		out, code := runDemo(t, root, bin, func(line string, p *os.Process) {
+			if strings.Contains(line, "/ 60s   writes") {
+				_ = p.Kill()
+			}
+		}, "--dir", dir, "--duration", "60s")
+		if code != -1 {
+			t.Fatalf("the killed demo exited %d:\n%s", code, out)
+		}
+		// Its services outlive it: the next run must stop them.
+		if left := leftovers(state); len(left) < 5 {
+			t.Fatalf("after a SIGKILL only %d of the demo's processes remain (%v); the rerun's clean-up is not tested", len(left), left)
+		}
+	})
+	t.Run("again after the kill", func(t *testing.T) {
+		out := full(t)
+		if !strings.Contains(out, "processes an earlier run left behind") {
+			t.Errorf("the rerun did not say it stopped the killed run's processes:\n%s", out)
+		}
+	})
 }
 
 // runDemo runs the demo and returns its combined output and exit code;
