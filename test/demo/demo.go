@@ -8,6 +8,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"time"
 
@@ -113,8 +114,22 @@ func (d *demo) run(ctx context.Context, stopSignals func()) (err error) {
 	return nil
 }
 
-// clean stops what an earlier run left behind and wipes its directory.
+// clean stops what an earlier run left behind and wipes its directory,
+// unless that run's demo is still running.
 func (d *demo) clean() error {
+	if err := os.MkdirAll(d.dir, 0o755); err != nil {
+		return err
+	}
+	self := filepath.Join(d.dir, "demo.pid")
+	if b, err := os.ReadFile(self); err == nil {
+		num, cl, _ := strings.Cut(string(b), "\n")
+		if pid, err := strconv.Atoi(strings.TrimSpace(num)); err == nil && pid != os.Getpid() && alive(pid) && cmdline(pid) == strings.TrimSpace(cl) {
+			return fmt.Errorf("another demo (pid %d) is running in %s: stop it with Ctrl-C, or give this one another --dir", pid, d.rel(d.dir))
+		}
+	}
+	if err := os.WriteFile(self, []byte(strconv.Itoa(os.Getpid())+"\n"+cmdline(os.Getpid())+"\n"), 0o644); err != nil {
+		return err
+	}
 	if _, err := os.Stat(d.state); err == nil {
 		pids, err := killLeftovers(d.state)
 		if len(pids) > 0 {

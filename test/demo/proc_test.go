@@ -1,11 +1,13 @@
 package main
 
 import (
+	"io"
 	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -148,5 +150,27 @@ func TestListeningPorts(t *testing.T) {
 	}
 	if !slices.Contains(ports, l.Addr().(*net.TCPAddr).Port) {
 		t.Fatalf("listeningPorts = %v, lacks %s", ports, l.Addr())
+	}
+}
+
+func TestASecondDemoInTheSameDirectoryIsRefused(t *testing.T) {
+	dir := t.TempDir()
+	other := exec.Command("/bin/sleep", "60")
+	if err := other.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = other.Process.Kill(); _ = other.Wait() }()
+	pid := other.Process.Pid
+	if err := os.WriteFile(filepath.Join(dir, "demo.pid"), []byte(strconv.Itoa(pid)+"\n"+cmdline(pid)+"\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	d := &demo{dir: dir, state: filepath.Join(dir, "run"), out: io.Discard}
+	d.logs, d.pids = filepath.Join(d.state, "logs"), filepath.Join(d.state, "pids")
+	err := d.clean()
+	if err == nil || !strings.Contains(err.Error(), "another demo (pid "+strconv.Itoa(pid)+") is running") {
+		t.Fatalf("clean = %v, want a refusal naming the running demo", err)
+	}
+	if !alive(pid) {
+		t.Fatal("clean stopped the running demo")
 	}
 }

@@ -231,10 +231,10 @@ type run struct {
 	// the report's policy decisions could not be known from the client.
 	manifest sync.Mutex
 	clients  map[string]kubernetes.Interface
-	rec     *wl.Recorder
-	stop    chan struct{}
-	start   time.Time
-	o       Options
+	rec      *wl.Recorder
+	stop     chan struct{}
+	start    time.Time
+	o        Options
 }
 
 func (r *run) stats() Stats {
