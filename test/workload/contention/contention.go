@@ -320,8 +320,8 @@ func seed(ctx context.Context, admin *rest.Config) error {
 
 // controller reconciles the catalog: read, think, write its own key;
 // client-go's RetryOnConflict re-reads after a conflict, up to five times.
-func (r *run) controller(ctx context.Context, me string, seed int64) error {
-	rnd := rand.New(rand.NewPCG(uint64(seed), 7))
+func (r *run) controller(ctx context.Context, me string, stream int64) error {
+	rnd := rand.New(rand.NewPCG(uint64(stream), 7))
 	cms := r.clients[me].CoreV1().ConfigMaps(Shop)
 	for n := 1; !r.stopped(); n++ {
 		err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
