@@ -102,14 +102,16 @@ func (d *demo) auditsink(ctx context.Context, args ...string) ([]byte, error) {
 func (d *demo) grafana() {
 	gen := filepath.Join(d.root, "dashboards", "generated")
 	d.step("dashboards and alert rules")
-	files, _ := filepath.Glob(filepath.Join(gen, "*"))
-	if len(files) == 0 {
+	dashboards, _ := filepath.Glob(filepath.Join(gen, "*.json"))
+	rules, _ := filepath.Glob(filepath.Join(gen, "*.yaml"))
+	if len(dashboards)+len(rules) == 0 {
 		d.note("%s holds none in this checkout yet (the dashboards package generates them there)", d.rel(gen))
-	} else {
-		d.note("%s:", d.rel(gen))
-		for _, f := range files {
-			d.note("  %s", filepath.Base(f))
-		}
+	}
+	if len(dashboards) > 0 {
+		d.note("dashboards (import into Grafana): %s", names(d, dashboards))
+	}
+	if len(rules) > 0 {
+		d.note("alert rules (a Grafana alert provisioning file): %s", names(d, rules))
 	}
 	d.note("Grafana: add a ClickHouse datasource (plugin grafana-clickhouse-datasource) with")
 	d.note("  server address 127.0.0.1, server port %d, protocol Native, secure off,", d.ch.Port)
@@ -119,4 +121,12 @@ func (d *demo) grafana() {
 	d.note("  AUDITSINK_CLICKHOUSE_DSN=%s %s report --cluster %s --since 1h", d.dsn(), d.rel(filepath.Join(d.bin, "auditsink")), cluster)
 	d.note("  KUBECONFIG=%s kubectl get concurrencypolicies", d.rel(filepath.Join(d.state, "kubeconfig")))
 	d.note("Logs: %s", d.rel(d.logs))
+}
+
+func names(d *demo, paths []string) string {
+	out := make([]string, len(paths))
+	for i, p := range paths {
+		out[i] = d.rel(p)
+	}
+	return strings.Join(out, ", ")
 }
