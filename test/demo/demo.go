@@ -8,7 +8,6 @@ import (
 	"io"
 	"os"
 	"path/filepath"
-	"strconv"
 	"strings"
 	"time"
 
@@ -37,7 +36,6 @@ type demo struct {
 	sink    *sink
 	env     *kubetest.Env
 	webhook *proc
-	ports   map[string][]int
 }
 
 func newDemo(o options) (*demo, error) {
@@ -49,7 +47,7 @@ func newDemo(o options) (*demo, error) {
 	if !filepath.IsAbs(dir) {
 		dir = filepath.Join(root, dir)
 	}
-	d := &demo{o: o, root: root, dir: dir, bin: filepath.Join(dir, "bin"), state: filepath.Join(dir, "run"), out: os.Stdout, ports: map[string][]int{}}
+	d := &demo{o: o, root: root, dir: dir, bin: filepath.Join(dir, "bin"), state: filepath.Join(dir, "run"), out: os.Stdout}
 	d.logs, d.pids = filepath.Join(d.state, "logs"), filepath.Join(d.state, "pids")
 	if fi, err := os.Stdout.Stat(); err == nil && fi.Mode()&os.ModeCharDevice != 0 {
 		d.tty = true
@@ -121,13 +119,10 @@ func (d *demo) clean() error {
 		return err
 	}
 	self := filepath.Join(d.dir, "demo.pid")
-	if b, err := os.ReadFile(self); err == nil {
-		num, cl, _ := strings.Cut(string(b), "\n")
-		if pid, err := strconv.Atoi(strings.TrimSpace(num)); err == nil && pid != os.Getpid() && alive(pid) && cmdline(pid) == strings.TrimSpace(cl) {
-			return fmt.Errorf("another demo (pid %d) is running in %s: stop it with Ctrl-C, or give this one another --dir", pid, d.rel(d.dir))
-		}
+	if pid, running := readPIDFile(self); running && pid != os.Getpid() {
+		return fmt.Errorf("another demo (pid %d) is running in %s: stop it with Ctrl-C, or give this one another --dir", pid, d.rel(d.dir))
 	}
-	if err := os.WriteFile(self, []byte(strconv.Itoa(os.Getpid())+"\n"+cmdline(os.Getpid())+"\n"), 0o644); err != nil {
+	if err := writePIDFile(self, os.Getpid()); err != nil {
 		return err
 	}
 	if _, err := os.Stat(d.state); err == nil {

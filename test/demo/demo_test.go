@@ -9,10 +9,10 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"net/netip"
 	"os"
 	"os/exec"
 	"path/filepath"
-	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -224,13 +224,7 @@ func nothingLeft(t *testing.T, state string) {
 		t.Errorf("only %d pid files in %s (clickhouse-server, auditsink, etcd, kube-apiserver, webhook)", len(files), state)
 	}
 	for _, f := range files {
-		b, err := os.ReadFile(f)
-		if err != nil {
-			t.Fatal(err)
-		}
-		num, cl, _ := strings.Cut(string(b), "\n")
-		pid, _ := strconv.Atoi(strings.TrimSpace(num))
-		if alive(pid) && cmdline(pid) == strings.TrimSpace(cl) {
+		if pid, running := readPIDFile(f); running {
 			t.Errorf("%s: process %d (%s) still runs", filepath.Base(f), pid, cmdline(pid))
 		}
 	}
@@ -251,14 +245,27 @@ func nothingLeft(t *testing.T, state string) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	lines := strings.Fields(string(b))
-	if len(lines) < 2*8 {
-		t.Errorf("run/ports lists only %d ports:\n%s", len(lines)/2, b)
+	lines := strings.Split(strings.TrimSpace(string(b)), "\n")
+	if len(lines) < 8 {
+		t.Errorf("run/ports lists only %d listeners:\n%s", len(lines), b)
 	}
-	for i := 0; i+1 < len(lines); i += 2 {
-		l, err := net.Listen("tcp", "127.0.0.1:"+lines[i+1])
+	for _, line := range lines {
+		f := strings.Fields(line)
+		if len(f) != 3 {
+			t.Fatalf("run/ports line %q", line)
+		}
+		addr, err := netip.ParseAddr(f[1])
+		if err != nil || !addr.IsLoopback() {
+			t.Errorf("%s listened on %s, not on loopback", f[0], f[1])
+			continue
+		}
+		l, err := net.Listen("tcp", net.JoinHostPort(f[1], f[2]))
 		if err != nil {
-			t.Errorf("port %s of %s is still taken: %v", lines[i+1], lines[i], err)
+			if errors.Is(err, syscall.EADDRINUSE) {
+				t.Errorf("port %s of %s is still taken: %v", net.JoinHostPort(f[1], f[2]), f[0], err)
+			} else {
+				t.Errorf("listen on %s (a port of %s): %v", net.JoinHostPort(f[1], f[2]), f[0], err)
+			}
 			continue
 		}
 		l.Close()

@@ -51,7 +51,7 @@ func run() int {
 	fs.DurationVar(&o.duration, "duration", time.Minute, fmt.Sprintf("how long the writers write (at least %s)", contention.MinDuration))
 	fs.BoolVar(&o.exit, "exit", false, "stop everything after the report instead of waiting for Ctrl-C (scripts, tests)")
 	fs.StringVar(&o.reportJSON, "report-json", "", "also write `auditsink report --format json` to this file")
-	fs.StringVar(&o.policies, "policies", "examples/demo-policies.yaml", "ConcurrencyPolicies to apply")
+	fs.StringVar(&o.policies, "policies", "examples/demo-policies.yaml", "ConcurrencyPolicies to apply (the check of the report against the clients assumes these)")
 	_ = fs.Parse(os.Args[1:])
 	if o.duration < contention.MinDuration {
 		fmt.Fprintf(os.Stderr, "demo: --duration %s is shorter than %s\n", o.duration, contention.MinDuration)

@@ -3,10 +3,13 @@ package main
 import (
 	"bufio"
 	"bytes"
+	"cmp"
 	"context"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"net/http"
+	"net/netip"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -126,12 +129,49 @@ func httpOK(c *http.Client, url string) func() error {
 	}
 }
 
-// writePID records pid as name's in the run's pids directory, with the
-// process's command line, so that a later run kills only this process and
-// not one that reused the number.
+// writePID records pid as name's in the run's pids directory.
 func (d *demo) writePID(name string, pid int) (string, error) {
 	path := filepath.Join(d.pids, name+".pid")
-	return path, os.WriteFile(path, []byte(strconv.Itoa(pid)+"\n"+cmdline(pid)+"\n"), 0o644)
+	return path, writePIDFile(path, pid)
+}
+
+// writePIDFile writes pid with its start time (which, unlike the command
+// line, is fixed from fork on), so that a later run stops only this
+// process and not one that reused the number.
+func writePIDFile(path string, pid int) error {
+	return os.WriteFile(path, []byte(strconv.Itoa(pid)+"\n"+startTime(pid)+"\n"), 0o644)
+}
+
+// readPIDFile returns the pid in path and whether that process still runs.
+func readPIDFile(path string) (int, bool) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return 0, false
+	}
+	num, start, _ := strings.Cut(string(b), "\n")
+	pid, err := strconv.Atoi(strings.TrimSpace(num))
+	if err != nil || pid <= 1 {
+		return 0, false
+	}
+	return pid, alive(pid) && startTime(pid) == strings.TrimSpace(start)
+}
+
+// startTime is field 22 of /proc/pid/stat, the process's start in clock
+// ticks since boot ("" when pid is gone).
+func startTime(pid int) string {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return ""
+	}
+	i := bytes.LastIndexByte(b, ')')
+	if i < 0 {
+		return ""
+	}
+	f := strings.Fields(string(b[i+1:]))
+	if len(f) < 20 {
+		return ""
+	}
+	return f[19]
 }
 
 // cmdline is /proc/pid/cmdline with spaces for NULs ("" when pid is gone).
@@ -144,20 +184,14 @@ func cmdline(pid int) string {
 }
 
 // leftovers are the processes of an earlier run under runDir: those its pid
-// files name (if the command line still matches), and any process whose
+// files name (if they still run), and any process whose
 // command line names runDir (envtest's etcd and kube-apiserver keep their
 // data there).
 func leftovers(runDir string) []int {
 	var pids []int
 	files, _ := filepath.Glob(filepath.Join(runDir, "pids", "*.pid"))
 	for _, f := range files {
-		b, err := os.ReadFile(f)
-		if err != nil {
-			continue
-		}
-		num, cl, _ := strings.Cut(string(b), "\n")
-		pid, err := strconv.Atoi(strings.TrimSpace(num))
-		if err == nil && pid > 1 && pid != os.Getpid() && cmdline(pid) == strings.TrimSpace(cl) {
+		if pid, running := readPIDFile(f); running && pid != os.Getpid() {
 			pids = append(pids, pid)
 		}
 	}
@@ -242,8 +276,17 @@ func children(names ...string) map[string]int {
 	return out
 }
 
-// listeningPorts are the TCP ports pid listens on (IPv4 and IPv6).
-func listeningPorts(pid int) ([]int, error) {
+// listener is one listening TCP socket.
+type listener struct {
+	addr netip.Addr
+	port int
+}
+
+func (l listener) String() string { return netip.AddrPortFrom(l.addr, uint16(l.port)).String() }
+
+// listeners are the TCP sockets pid listens on (IPv4 and IPv6), read from
+// its file descriptors and /proc/net/tcp{,6}.
+func listeners(pid int) ([]listener, error) {
 	inodes := map[string]bool{}
 	fds, err := os.ReadDir(fmt.Sprintf("/proc/%d/fd", pid))
 	if err != nil {
@@ -255,7 +298,7 @@ func listeningPorts(pid int) ([]int, error) {
 			inodes[strings.TrimSuffix(strings.TrimPrefix(l, "socket:["), "]")] = true
 		}
 	}
-	var ports []int
+	var out []listener
 	for _, table := range []string{"/proc/net/tcp", "/proc/net/tcp6"} {
 		f, err := os.Open(table)
 		if err != nil {
@@ -268,15 +311,31 @@ func listeningPorts(pid int) ([]int, error) {
 			if len(c) < 10 || c[3] != "0A" || !inodes[c[9]] {
 				continue
 			}
-			_, hexPort, _ := strings.Cut(c[1], ":")
-			if p, err := strconv.ParseUint(hexPort, 16, 16); err == nil && !slices.Contains(ports, int(p)) {
-				ports = append(ports, int(p))
+			hexAddr, hexPort, _ := strings.Cut(c[1], ":")
+			addr, ok := procAddr(hexAddr)
+			p, err := strconv.ParseUint(hexPort, 16, 16)
+			if ok && err == nil {
+				out = append(out, listener{addr, int(p)})
 			}
 		}
 		f.Close()
 	}
-	slices.Sort(ports)
-	return ports, nil
+	slices.SortFunc(out, func(a, b listener) int { return cmp.Or(cmp.Compare(a.port, b.port), a.addr.Compare(b.addr)) })
+	return out, nil
+}
+
+// procAddr decodes /proc/net/tcp's address: 32-bit words in host order
+// (little endian here).
+func procAddr(h string) (netip.Addr, bool) {
+	b, err := hex.DecodeString(h)
+	if err != nil || (len(b) != 4 && len(b) != 16) {
+		return netip.Addr{}, false
+	}
+	for i := 0; i+4 <= len(b); i += 4 {
+		b[i], b[i+1], b[i+2], b[i+3] = b[i+3], b[i+2], b[i+1], b[i]
+	}
+	a, _ := netip.AddrFromSlice(b)
+	return a.Unmap(), true
 }
 
 var errNoRepo = errors.New("not inside the stampguard repository (no go.mod with policy/ above the working directory)")

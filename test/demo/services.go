@@ -201,8 +201,9 @@ func describe(p *v1alpha1.ConcurrencyPolicy) string {
 	return s + ": " + strings.Join(rules, "; ")
 }
 
-// recordPorts writes run/ports: every TCP port a demo process listens on,
-// so that the e2e test can check that none remains after the demo.
+// recordPorts writes run/ports: every TCP socket a demo process listens
+// on ("name address port"), so that the e2e test can check that they are
+// all on loopback and that none remains after the demo.
 func (d *demo) recordPorts() error {
 	files, err := filepath.Glob(filepath.Join(d.pids, "*.pid"))
 	if err != nil {
@@ -216,14 +217,13 @@ func (d *demo) recordPorts() error {
 		}
 		num, _, _ := strings.Cut(string(b), "\n")
 		pid, _ := strconv.Atoi(strings.TrimSpace(num))
-		ports, err := listeningPorts(pid)
+		ls, err := listeners(pid)
 		if err != nil {
 			return fmt.Errorf("ports of %s: %w", filepath.Base(f), err)
 		}
 		name := strings.TrimSuffix(filepath.Base(f), ".pid")
-		d.ports[name] = ports
-		for _, p := range ports {
-			lines = append(lines, name+" "+strconv.Itoa(p))
+		for _, l := range ls {
+			lines = append(lines, name+" "+l.addr.String()+" "+strconv.Itoa(l.port))
 		}
 	}
 	sort.Strings(lines)
