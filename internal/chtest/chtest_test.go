@@ -2,6 +2,7 @@ package chtest_test
 
 import (
 	"net"
+	"os"
 	"strconv"
 	"testing"
 
@@ -68,5 +69,20 @@ func TestStartServerOutsideATest(t *testing.T) {
 		t.Fatalf("the native port is still taken after Stop: %v", err)
 	}
 	l.Close()
+}
 
+// Under -short off CI, a test that starts a server is skipped before the
+// server starts.
+func TestStartSkipsUnderShort(t *testing.T) {
+	if !testing.Short() || os.Getenv("CI") == "true" {
+		t.Skip("checks the -short skip; run with go test -short")
+	}
+	var started bool
+	t.Run("a test that starts a server", func(t *testing.T) {
+		chtest.Start(t)
+		started = true
+	})
+	if started {
+		t.Fatal("chtest.Start returned under -short: the server started")
+	}
 }

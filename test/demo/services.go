@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bytes"
 	"context"
 	"crypto/ecdsa"
 	"crypto/elliptic"
@@ -15,6 +16,7 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"sort"
 	"strconv"
@@ -23,6 +25,7 @@ import (
 
 	apimeta "k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime/serializer"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
 	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
@@ -30,7 +33,6 @@ import (
 	"sigs.k8s.io/yaml"
 
 	"github.com/stampguard/stampguard/policy"
-	"github.com/stampguard/stampguard/policy/admission"
 	"github.com/stampguard/stampguard/policy/api/v1alpha1"
 )
 
@@ -79,7 +81,8 @@ func (d *demo) startSink(ctx context.Context, token string) (*sink, error) {
 func (d *demo) dsn() string { return fmt.Sprintf("clickhouse://127.0.0.1:%d", d.ch.Port) }
 
 // startWebhook runs the built webhook in cluster mode with envtest's
-// serving certificates and registers it with the configurations.
+// serving certificates and registers it with the configurations that the
+// built `webhook configurations` prints.
 func (d *demo) startWebhook(ctx context.Context, kubeconfig string) error {
 	env := d.env
 	probe, err := freeAddr()
@@ -106,28 +109,51 @@ func (d *demo) startWebhook(ctx context.Context, kubeconfig string) error {
 	}
 	objs, how, err := d.webhookConfigurations(ctx, env.WebhookURL(), caFile)
 	if err != nil {
-		return fmt.Errorf("webhook configurations: %w", err)
+		return err
 	}
+	d.note("%s", d.relArgs(how))
 	for _, o := range objs {
 		kind := o.GetObjectKind().GroupVersionKind().Kind
 		if err := env.Client.Create(ctx, o); err != nil {
 			return fmt.Errorf("register %s %s: %w", kind, o.GetName(), err)
 		}
-		d.note("registered %s %q (from %s)", kind, o.GetName(), how)
+		d.note("registered %s %q", kind, o.GetName())
 	}
 	return nil
 }
 
 // webhookConfigurations are the Mutating- and ValidatingWebhookConfiguration
-// that route guarded writes to the webhook at url. They come from
-// admission.Configurations, the code behind `webhook configurations`.
-func (d *demo) webhookConfigurations(_ context.Context, url, caFile string) ([]client.Object, string, error) {
-	ca, err := os.ReadFile(caFile)
+// that route guarded writes to the webhook at url, as the built
+// `webhook configurations` prints them for a user to apply.
+func (d *demo) webhookConfigurations(ctx context.Context, url, caFile string) ([]client.Object, string, error) {
+	args := []string{"configurations", "--url", url, "--ca-bundle", caFile}
+	cmd := exec.CommandContext(ctx, filepath.Join(d.bin, "webhook"), args...)
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	out, err := cmd.Output()
 	if err != nil {
-		return nil, "", err
+		return nil, "", fmt.Errorf("webhook %s: %w\n%s", strings.Join(args, " "), err, stderr.String())
 	}
-	mut, val := admission.Configurations(admission.ConfigOptions{URL: url, CABundle: ca})
-	return []client.Object{mut, val}, "admission.Configurations", nil
+	dec := serializer.NewCodecFactory(d.env.Scheme).UniversalDeserializer()
+	var objs []client.Object
+	for _, doc := range strings.Split(string(out), "\n---\n") {
+		if strings.TrimSpace(doc) == "" {
+			continue
+		}
+		obj, _, err := dec.Decode([]byte(doc), nil, nil)
+		if err != nil {
+			return nil, "", fmt.Errorf("decode the output of webhook configurations: %w", err)
+		}
+		co, ok := obj.(client.Object)
+		if !ok {
+			return nil, "", fmt.Errorf("webhook configurations printed a %T", obj)
+		}
+		objs = append(objs, co)
+	}
+	if len(objs) != 2 {
+		return nil, "", fmt.Errorf("webhook configurations printed %d objects, want the mutating and the validating configuration", len(objs))
+	}
+	return objs, "webhook " + strings.Join(args, " "), nil
 }
 
 // applyPolicies creates the policies and waits until the webhook has
@@ -311,4 +337,15 @@ func newPKI(dir string) (*pki, error) {
 		}
 	}
 	return p, nil
+}
+
+// relArgs shows the paths in a command line relative to the repository.
+func (d *demo) relArgs(cmdline string) string {
+	f := strings.Fields(cmdline)
+	for i := range f {
+		if filepath.IsAbs(f[i]) {
+			f[i] = d.rel(f[i])
+		}
+	}
+	return strings.Join(f, " ")
 }

@@ -41,6 +41,7 @@ import (
 
 	"github.com/stampguard/stampguard/analytics"
 	"github.com/stampguard/stampguard/analytics/logfile"
+	"github.com/stampguard/stampguard/internal/bintest"
 	"github.com/stampguard/stampguard/internal/chtest"
 	"github.com/stampguard/stampguard/internal/kubetest"
 
@@ -513,16 +514,12 @@ func migrateWithRollupProbe(t *testing.T, ch *chtest.Server, db string) {
 	}
 }
 
-// buildAuditsink compiles cmd/auditsink, to run it as its own process.
-func buildAuditsink(t *testing.T, root, dir string) string {
+// buildAuditsink returns cmd/auditsink built once for the whole run
+// (bintest.Build), to run it as its own process. root and dir are unused;
+// they stay for the callers.
+func buildAuditsink(t *testing.T, _, _ string) string {
 	t.Helper()
-	bin := filepath.Join(dir, "auditsink")
-	cmd := exec.Command("go", "build", "-o", bin, "./cmd/auditsink")
-	cmd.Dir = root
-	if out, err := cmd.CombinedOutput(); err != nil {
-		t.Fatalf("go build ./cmd/auditsink: %v\n%s", err, out)
-	}
-	return bin
+	return bintest.Build(t, "./cmd/auditsink")
 }
 
 type sinkProcess struct {
@@ -534,6 +531,7 @@ type sinkProcess struct {
 	mu   sync.Mutex
 	cmd  *exec.Cmd
 	done chan struct{}
+	err  error // cmd.Wait's, once done is closed
 }
 
 func (s *sinkProcess) start() {
@@ -550,7 +548,7 @@ func (s *sinkProcess) start() {
 		s.t.Fatal(err)
 	}
 	done := make(chan struct{})
-	go func() { _ = cmd.Wait(); logf.Close(); close(done) }() // killed on purpose: the status is not the point
+	go func() { s.err = cmd.Wait(); logf.Close(); close(done) }()
 	s.cmd, s.done = cmd, done
 	// Ready when the port answers TLS.
 	addr := s.args[2]
@@ -586,6 +584,20 @@ func (s *sinkProcess) kill() {
 	}
 	<-s.done
 	s.cmd = nil
+}
+
+// terminate sends SIGTERM and waits for the exit: how long it took and
+// its status (nil for exit 0).
+func (s *sinkProcess) terminate() (time.Duration, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	start := time.Now()
+	if err := s.cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		s.t.Fatalf("SIGTERM the sink: %v", err)
+	}
+	<-s.done
+	s.cmd = nil
+	return time.Since(start), s.err
 }
 
 // recordingProxy stands between the apiserver and the sink: it forwards
