@@ -230,7 +230,7 @@ func (d *demo) play(ctx context.Context) (*wl.Result, error) {
 	d.step("running the writers for %s", d.o.duration)
 	for _, l := range []string{
 		fmt.Sprintf("%s read-modify-write configmap %s/%s, retrying on conflict", strings.Join(contention.Controllers, ", "), contention.Shop, contention.Catalog),
-		fmt.Sprintf("the autoscaler writes %s/%s through /scale; %s owns spec.replicas", contention.Shop, contention.Deployment, "it"),
+		fmt.Sprintf("the autoscaler writes %s/%s through /scale; it owns spec.replicas", contention.Shop, contention.Deployment),
 		fmt.Sprintf("%s PUTs manifests without resourceVersion: refused in %s, audited in %s", contention.Script, contention.Shop, contention.Legacy),
 		fmt.Sprintf("%s keeps PUTting a stale copy of %s (a retry loop that never ends)", contention.StuckOperator, contention.Catalog),
 		fmt.Sprintf("%s and %s elect a leader through lease %s; the first crashes halfway", contention.WorkerA, contention.WorkerB, contention.Lease),
