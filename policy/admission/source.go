@@ -40,6 +40,8 @@ type ClusterSource struct {
 	metrics *Metrics
 	log     *slog.Logger
 	set     atomic.Pointer[policy.Set]
+	// configs, when set, keeps the webhook configurations in step.
+	configs *configSync
 }
 
 var _ PolicySource = (*ClusterSource)(nil)
@@ -66,8 +68,19 @@ const (
 // Reconcile rebuilds the policy set and reports on the named policy.
 func (s *ClusterSource) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result, error) {
 	target, targetErr, err := s.rebuild(ctx, req.Name)
-	if err != nil || target == nil {
-		return ctrl.Result{}, err // deleted: it is gone from the set already
+	if err != nil {
+		return ctrl.Result{}, err
+	}
+	// Ready means routed too: the configurations send the policy's writes
+	// to the webhook before its status says it is enforced.
+	if s.configs != nil {
+		if err := s.configs.Sync(ctx); err != nil {
+			s.configs.Kick()
+			return ctrl.Result{}, fmt.Errorf("update the webhook configurations: %w", err)
+		}
+	}
+	if target == nil {
+		return ctrl.Result{}, nil // deleted: it is gone from the set already
 	}
 	return ctrl.Result{}, s.updateStatus(ctx, target, targetErr)
 }
@@ -80,6 +93,9 @@ func (s *ClusterSource) Start(ctx context.Context) error {
 	}
 	if _, _, err := s.rebuild(ctx, ""); err != nil {
 		return err
+	}
+	if s.configs != nil {
+		s.configs.Kick()
 	}
 	<-ctx.Done()
 	return nil

@@ -40,6 +40,19 @@ type webhookEnv struct {
 func startWebhookEnv(t testing.TB) *webhookEnv {
 	t.Helper()
 	env := kubetest.Start(t, kubetest.Options{AuditPolicy: kubetest.DefaultAuditPolicy, AuditLog: true})
+	// The configurations exist before the webhook starts; the webhook then
+	// keeps them in step with the policies (the pre-filter).
+	configs := admission.ConfigOptions{
+		URL: env.WebhookURL(), CABundle: env.CAData,
+		Resources: []admission.GuardedResource{{Group: "", Resource: "configmaps"}, {Group: "apps", Resource: "deployments"}},
+		// The namespaces of the webhook-down test get configurations of their own.
+		NamespaceSelector: &metav1.LabelSelector{MatchExpressions: []metav1.LabelSelectorRequirement{{
+			Key: "e2e.stampguard.dev/down", Operator: metav1.LabelSelectorOpDoesNotExist,
+		}}},
+	}
+	mut, val := admission.Configurations(configs)
+	create(t, env.Client, mut)
+	create(t, env.Client, val)
 	reg := prometheus.NewRegistry()
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
@@ -49,7 +62,8 @@ func startWebhookEnv(t testing.TB) *webhookEnv {
 			Host: env.WebhookHost, Port: env.WebhookPort, CertDir: env.CertDir,
 			ProbeAddr: "0", RestConfig: env.Config, Namespace: "stampguard-system",
 			Registry: reg, Logger: slog.New(slog.DiscardHandler),
-			Ready: func(string) { close(ready) },
+			Ready:          func(string) { close(ready) },
+			Configurations: &configs,
 		})
 	}()
 	t.Cleanup(func() {
@@ -66,16 +80,6 @@ func startWebhookEnv(t testing.TB) *webhookEnv {
 	case <-time.After(60 * time.Second):
 		t.Fatal("webhook not ready after 60s")
 	}
-	mut, val := admission.Configurations(admission.ConfigOptions{
-		URL: env.WebhookURL(), CABundle: env.CAData,
-		Resources: []admission.GuardedResource{{Group: "", Resource: "configmaps"}, {Group: "apps", Resource: "deployments"}},
-		// The namespaces of the webhook-down test get configurations of their own.
-		NamespaceSelector: &metav1.LabelSelector{MatchExpressions: []metav1.LabelSelectorRequirement{{
-			Key: "e2e.stampguard.dev/down", Operator: metav1.LabelSelectorOpDoesNotExist,
-		}}},
-	})
-	create(t, env.Client, mut)
-	create(t, env.Client, val)
 	return &webhookEnv{Env: env, registry: reg}
 }
 
