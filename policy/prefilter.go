@@ -69,10 +69,12 @@ type WebhookFilter struct {
 	// NamespaceSelector is the selector of the only policy, when it has one.
 	NamespaceSelector *metav1.LabelSelector
 	// Condition is a CEL expression over object, oldObject and request
-	// that is true for every write that could break a policy. "true" when
-	// the set did not compile within bounds.
+	// that is true for every write that could break a policy. Past
+	// MaxConditionBytes it only says which policies apply, and past that
+	// again it is "true".
 	Condition string
-	// Exact is false when Condition fell back to "true".
+	// Exact is false when Condition was too large and fell back to which
+	// policies apply (or to "true"), without the rules.
 	Exact bool
 }
 
@@ -119,9 +121,9 @@ func (c *prefilterCompiler) stamp(ps []*Policy) WebhookFilter {
 	c.narrowNamespaces(&f, ps)
 	var terms []string
 	for _, p := range ps {
-		terms = append(terms, and(c.policyMatch(p), "true"))
+		terms = append(terms, c.policyMatch(p))
 	}
-	c.finish(&f, terms)
+	c.finish(&f, terms, terms)
 	return f
 }
 
@@ -166,8 +168,10 @@ func (c *prefilterCompiler) fields(ps []*Policy) WebhookFilter {
 		}
 	}
 	c.narrowNamespaces(&f, ps)
-	var terms []string
+	var terms, coarse []string
 	for _, p := range ps {
+		match := c.policyMatch(p)
+		coarse = append(coarse, match)
 		var rules []string
 		for _, r := range p.owners {
 			rules = append(rules, ownerCondition(r))
@@ -178,16 +182,23 @@ func (c *prefilterCompiler) fields(ps []*Policy) WebhookFilter {
 		if p.delete != nil {
 			rules = append(rules, deleteCondition(p.delete))
 		}
-		terms = append(terms, and(c.policyMatch(p), or(rules)))
+		terms = append(terms, and(match, or(rules)))
 	}
-	c.finish(&f, terms)
+	c.finish(&f, terms, coarse)
 	return f
 }
 
-func (c *prefilterCompiler) finish(f *WebhookFilter, terms []string) {
+// finish joins the per-policy terms. Past the size bound it falls back to
+// the coarse terms (which policies apply, not which rules could break),
+// then to true.
+func (c *prefilterCompiler) finish(f *WebhookFilter, terms, coarse []string) {
 	f.Condition = or(terms)
-	if len(f.Condition) > c.o.MaxConditionBytes {
-		f.Condition, f.Exact = "true", false
+	if len(f.Condition) <= c.o.MaxConditionBytes {
+		return
+	}
+	f.Exact = false
+	if f.Condition = or(coarse); len(f.Condition) > c.o.MaxConditionBytes {
+		f.Condition = "true"
 	}
 }
 

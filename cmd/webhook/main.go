@@ -28,7 +28,7 @@ func run() int {
 	// registration there panics before any flag is parsed.
 	flag := flag.NewFlagSet(os.Args[0], flag.ExitOnError)
 	var o admission.Options
-	var kubeconfig, logLevel, logFormat string
+	var kubeconfig, logLevel, logFormat, configurations string
 	flag.StringVar(&o.Host, "host", "", "address the admission server listens on (default all)")
 	flag.IntVar(&o.Port, "port", 9443, "admission server port (TLS)")
 	flag.StringVar(&o.CertDir, "cert-dir", "/etc/stampguard/tls", "directory with tls.crt and tls.key; reloaded on change")
@@ -37,6 +37,7 @@ func run() int {
 	flag.StringVar(&o.Namespace, "namespace", os.Getenv("POD_NAMESPACE"), "the webhook's own namespace, never guarded unless a policy names it")
 	flag.StringVar(&o.BreakGlassGroup, "break-glass-group", admission.DefaultBreakGlassGroup, "members bypass every policy (\"-\" disables)")
 	flag.Int64Var(&o.MaxReviewBytes, "max-review-bytes", admission.DefaultMaxReviewBytes, "largest AdmissionReview body accepted")
+	flag.StringVar(&configurations, "sync-configurations", "", "cluster mode: keep the Mutating- and ValidatingWebhookConfiguration of this name in step with the policies (pre-filter); empty leaves them alone")
 	flag.StringVar(&kubeconfig, "kubeconfig", "", "kubeconfig for cluster mode (default in-cluster config)")
 	flag.StringVar(&logLevel, "log-level", "info", "debug, info, warn or error")
 	flag.StringVar(&logFormat, "log-format", "json", "json or text")
@@ -55,6 +56,9 @@ func run() int {
 			log.Error("no cluster to read policies from", "err", err)
 			return 2
 		}
+	}
+	if configurations != "" {
+		o.Configurations = &admission.ConfigOptions{Name: configurations}
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()

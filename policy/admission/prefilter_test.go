@@ -1,0 +1,117 @@
+package admission
+
+import (
+	"reflect"
+	"slices"
+	"testing"
+
+	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/stampguard/stampguard/policy"
+	"github.com/stampguard/stampguard/policy/api/v1alpha1"
+)
+
+func compileSet(t *testing.T, ps ...*v1alpha1.ConcurrencyPolicy) *policy.Set {
+	t.Helper()
+	var out []*policy.Policy
+	for _, p := range ps {
+		c, err := policy.Compile(p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		out = append(out, c)
+	}
+	return policy.NewSet(out...)
+}
+
+func conditionNames(cs []admissionregistrationv1.MatchCondition) []string {
+	var out []string
+	for _, c := range cs {
+		out = append(out, c.Name)
+	}
+	return out
+}
+
+func TestConfigurationsPrefilter(t *testing.T) {
+	base := ConfigOptions{URL: "https://127.0.0.1:9443", NamespaceSelector: &metav1.LabelSelector{
+		MatchLabels: map[string]string{"stampguard.dev/guarded": "yes"},
+	}}
+	owners := &v1alpha1.ConcurrencyPolicy{
+		ObjectMeta: metav1.ObjectMeta{Name: "owners"},
+		Spec: v1alpha1.ConcurrencyPolicySpec{
+			Match:       v1alpha1.Match{Resources: []v1alpha1.ResourceMatch{{Group: "apps", Resource: "deployments"}}, Namespaces: []string{"web"}},
+			FieldOwners: []v1alpha1.FieldOwner{{Path: "spec.replicas", Writers: v1alpha1.Writers{Users: []string{"hpa"}}}},
+		},
+	}
+
+	t.Run("without policies the configurations are what they always were", func(t *testing.T) {
+		mut, val := Configurations(base)
+		if got := conditionNames(val.Webhooks[0].MatchConditions); !slices.Equal(got, []string{"not-break-glass"}) {
+			t.Fatalf("validating conditions %v", got)
+		}
+		if got := conditionNames(mut.Webhooks[0].MatchConditions); !slices.Equal(got, []string{"stampless-update", "not-break-glass"}) {
+			t.Fatalf("mutating conditions %v", got)
+		}
+		if n := len(val.Webhooks[0].Rules); n != 2 {
+			t.Fatalf("want a rule per group of the default resources, got %d", n)
+		}
+		if !reflect.DeepEqual(val.Webhooks[0].NamespaceSelector, base.NamespaceSelector) {
+			t.Fatalf("namespaceSelector %v", val.Webhooks[0].NamespaceSelector)
+		}
+	})
+
+	t.Run("with policies each webhook routes only what they guard", func(t *testing.T) {
+		o := base
+		o.Policies = compileSet(t, owners)
+		mut, val := Configurations(o)
+		vw := val.Webhooks[0]
+		if got := conditionNames(vw.MatchConditions); !slices.Equal(got, []string{FieldsPolicyCondition, "not-break-glass"}) {
+			t.Fatalf("validating conditions %v", got)
+		}
+		want := []admissionregistrationv1.RuleWithOperations{{
+			Operations: []admissionregistrationv1.OperationType{admissionregistrationv1.Update},
+			Rule: admissionregistrationv1.Rule{APIGroups: []string{"apps"}, APIVersions: []string{"*"},
+				Resources: []string{"deployments", "deployments/scale"}, Scope: ptrTo(admissionregistrationv1.AllScopes)},
+		}}
+		if !reflect.DeepEqual(vw.Rules, want) {
+			t.Fatalf("rules %+v, want %+v", vw.Rules, want)
+		}
+		wantSel := &metav1.LabelSelector{MatchExpressions: []metav1.LabelSelectorRequirement{
+			{Key: "stampguard.dev/guarded", Operator: metav1.LabelSelectorOpIn, Values: []string{"yes"}},
+			{Key: namespaceNameLabel, Operator: metav1.LabelSelectorOpIn, Values: []string{"web"}},
+		}}
+		if !reflect.DeepEqual(vw.NamespaceSelector, wantSel) {
+			t.Fatalf("namespaceSelector %v, want %v", vw.NamespaceSelector, wantSel)
+		}
+		// No stamp policy: the stamp webhook routes nothing.
+		if len(mut.Webhooks[0].Rules) != 0 {
+			t.Fatalf("stamp webhook routes %+v", mut.Webhooks[0].Rules)
+		}
+		mut2, val2 := Configurations(o)
+		if !reflect.DeepEqual(mut, mut2) || !reflect.DeepEqual(val, val2) {
+			t.Fatal("two compilations of the same set differ; replicas would fight over the objects")
+		}
+	})
+
+	t.Run("a policy that guards namespaces themselves does not narrow by namespace", func(t *testing.T) {
+		o := base
+		o.Resources = append(slices.Clone(DefaultGuardedResources), GuardedResource{Resource: "namespaces"})
+		o.Policies = compileSet(t, owners, &v1alpha1.ConcurrencyPolicy{
+			ObjectMeta: metav1.ObjectMeta{Name: "all"},
+			Spec: v1alpha1.ConcurrencyPolicySpec{
+				Match:                  v1alpha1.Match{Resources: []v1alpha1.ResourceMatch{{Group: "*", Resource: "*"}}, Namespaces: []string{"web"}},
+				RequireResourceVersion: true,
+			},
+		})
+		mut, _ := Configurations(o)
+		if !reflect.DeepEqual(mut.Webhooks[0].NamespaceSelector, base.NamespaceSelector) {
+			t.Fatalf("namespaceSelector %v narrowed although a namespace object matches by its own labels", mut.Webhooks[0].NamespaceSelector)
+		}
+		if got := conditionNames(mut.Webhooks[0].MatchConditions); !slices.Equal(got, []string{"stampless-update", StampPolicyCondition, "not-break-glass"}) {
+			t.Fatalf("mutating conditions %v", got)
+		}
+	})
+}
+
+func ptrTo[T any](v T) *T { return &v }
