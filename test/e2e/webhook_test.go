@@ -610,7 +610,7 @@ func deployment(ns, name string, replicas int32) *appsv1.Deployment {
 	}
 }
 
-func counterValue(t *testing.T, reg *prometheus.Registry, name, endpoint string) float64 {
+func counterValue(t testing.TB, reg *prometheus.Registry, name, endpoint string) float64 {
 	t.Helper()
 	mfs, err := reg.Gather()
 	if err != nil {
