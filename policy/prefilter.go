@@ -293,26 +293,26 @@ func groupIs(g string) string {
 
 // ownerCondition: the field changed and the writer is not an owner.
 func ownerCondition(r ownerRule) string {
-	old, cur, ok := pathValues(r.path)
+	v, ok := compilePath(r.path)
 	if !ok {
 		return "true"
 	}
-	changed := and("request.operation == 'UPDATE'", old+" != "+cur)
+	changed := and("request.operation == 'UPDATE'", v.old+" != "+v.cur)
 	if r.onCreate {
-		changed = or([]string{changed, and("request.operation == 'CREATE'", cur+" != null")})
+		changed = or([]string{changed, and("request.operation == 'CREATE'", v.curSet)})
 	}
 	return and(changed, "!("+writersCondition(r.writers)+")")
 }
 
 // immutableCondition: the field changed (and, for OnceSet, was set before).
 func immutableCondition(r immutableRule) string {
-	old, cur, ok := pathValues(r.path)
+	v, ok := compilePath(r.path)
 	if !ok {
 		return "true"
 	}
-	terms := []string{"request.operation == 'UPDATE'", old + " != " + cur}
+	terms := []string{"request.operation == 'UPDATE'", v.old + " != " + v.cur}
 	if r.mode == v1alpha1.ImmutableOnceSet {
-		terms = append(terms, old+" != null")
+		terms = append(terms, v.oldSet)
 	}
 	return and(terms...)
 }
@@ -356,19 +356,81 @@ func writersCondition(w writers) string {
 	return and(terms...)
 }
 
-// pathValues compiles the member prefix of a path (up to its first [*] or
-// [k=v]) to optional access on oldObject and object, absent and null both
-// read as null. The values a path selects are a function of the value at
-// its prefix, so an unchanged prefix means unchanged values. Not ok when
-// a member name cannot be written as a CEL string.
-func pathValues(p FieldPath) (old, cur string, ok bool) {
+// pathExprs are CEL expressions over the values a path selects.
+type pathExprs struct {
+	old, cur       string // comparable: equal in CEL implies equal to the evaluator
+	oldSet, curSet string // true whenever the path selects a value
+}
+
+// compilePath compiles a path to optional access on oldObject and object.
+// Absent and null both read as null, as the evaluator skips nulls.
+//
+// A path of members, or with one [*] or [k=v] followed by members,
+// compiles to the values it selects: a list, filtered by the key and mapped
+// to the rest of the path (nulls kept where the evaluator drops them: lists
+// that are equal with nulls are equal without). A path with more list
+// segments compiles to its member prefix, up to the first list segment: the
+// values a path selects are a function of the value there, so an unchanged
+// prefix means unchanged values. Not ok when a member name cannot be
+// written as a CEL string.
+func compilePath(p FieldPath) (pathExprs, bool) {
+	prefix, rest := p.segments, []segment(nil)
+	for i, seg := range p.segments {
+		if seg.kind != segMember {
+			prefix, rest = p.segments[:i], p.segments[i:]
+			break
+		}
+	}
+	if len(prefix) == 0 {
+		return pathExprs{}, false // a path always starts with a member; be safe anyway
+	}
+	pre, ok := members(prefix)
+	if !ok {
+		return pathExprs{}, false
+	}
+	var tail string
+	if len(rest) > 0 {
+		sel := rest[0]
+		after, ok := members(rest[1:])
+		if !ok || slices.ContainsFunc(rest[1:], func(s segment) bool { return s.kind != segMember }) {
+			tail = "" // more than one list segment: compare the prefix
+		} else {
+			if sel.kind == segSelect {
+				if !utf8.ValidString(sel.name) || !utf8.ValidString(sel.keyValue) {
+					return pathExprs{}, false
+				}
+				tail += ".filter(x, type(x) == map && dyn(x[?" + celString(sel.name) + "].orValue(null)) == " + celString(sel.keyValue) + ")"
+			}
+			if after != "" {
+				tail += ".map(x, x" + after + ".orValue(null))"
+			}
+			if tail == "" {
+				tail = ".map(x, x)" // [*] at the end: the items themselves
+			}
+		}
+	}
+	if tail == "" {
+		old, cur := "oldObject"+pre+".orValue(null)", "object"+pre+".orValue(null)"
+		return pathExprs{old: old, cur: cur, oldSet: old + " != null", curSet: cur + " != null"}, true
+	}
+	// Anything but a list selects nothing.
+	list := func(root string) string {
+		v := root + pre + ".orValue([])"
+		return "(type(" + v + ") == list ? " + v + " : [])" + tail
+	}
+	old, cur := list("oldObject"), list("object")
+	return pathExprs{old: old, cur: cur, oldSet: old + ".exists(v, v != null)", curSet: cur + ".exists(v, v != null)"}, true
+}
+
+// members writes member segments as optional selects.
+func members(segs []segment) (string, bool) {
 	var b strings.Builder
-	for _, seg := range p.segments {
+	for _, seg := range segs {
 		if seg.kind != segMember {
 			break
 		}
 		if !utf8.ValidString(seg.name) {
-			return "", "", false
+			return "", false
 		}
 		if isCELIdent(seg.name) {
 			b.WriteString(".?" + seg.name)
@@ -376,10 +438,7 @@ func pathValues(p FieldPath) (old, cur string, ok bool) {
 			b.WriteString("[?" + celString(seg.name) + "]")
 		}
 	}
-	if b.Len() == 0 {
-		return "", "", false // a path always starts with a member; be safe anyway
-	}
-	return "oldObject" + b.String() + ".orValue(null)", "object" + b.String() + ".orValue(null)", true
+	return b.String(), true
 }
 
 var celReserved = map[string]bool{

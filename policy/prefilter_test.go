@@ -217,6 +217,16 @@ func (g gen) object(kind string) map[string]any {
 			set(c, "image", g.value())
 			containers = append(containers, c)
 		}
+		// Items a select must pass over: not an object, a key that is not
+		// a string, null.
+		switch g.r.IntN(6) {
+		case 0:
+			containers = append(containers, "junk")
+		case 1:
+			containers = append(containers, map[string]any{"name": int64(1), "image": "x"})
+		case 2:
+			containers = append(containers, nil)
+		}
 		if containers != nil {
 			spec["template"] = map[string]any{"spec": map[string]any{"containers": containers}}
 		}
@@ -235,6 +245,16 @@ func (g gen) mutate(obj map[string]any, kind string) map[string]any {
 		}
 		if m, ok := out["metadata"].(map[string]any); ok && g.r.IntN(2) == 0 {
 			m["resourceVersion"] = g.pick("", "8")
+		}
+		// A change beside the guarded values inside a guarded list.
+		if spec, ok := out["spec"].(map[string]any); ok && g.r.IntN(2) == 0 {
+			if tpl, ok := spec["template"].(map[string]any); ok {
+				for _, c := range tpl["spec"].(map[string]any)["containers"].([]any) {
+					if c, ok := c.(map[string]any); ok {
+						c["env"] = g.pick("a", "b")
+					}
+				}
+			}
 		}
 		return out
 	}

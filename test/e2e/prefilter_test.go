@@ -256,8 +256,8 @@ func TestPrefilter(t *testing.T) {
 
 func ptrTo[T any](v T) *T { return &v }
 
-// largePolicySet builds n policies with a namespace, an excluded user, two
-// field owners and an immutable field each.
+// largePolicySet builds n policies with a namespace, an excluded user and
+// group, two field owners and two immutable fields (one a list select) each.
 func largePolicySet(t *testing.T, n int) *policy.Set {
 	t.Helper()
 	var ps []*policy.Policy
@@ -276,7 +276,10 @@ func largePolicySet(t *testing.T, n int) *policy.Set {
 					{Path: "spec.replicas", Writers: v1alpha1.Writers{ServiceAccounts: []string{"kube-system/horizontal-pod-autoscaler"}, Groups: []string{"autoscalers"}}},
 					{Path: fmt.Sprintf(`data["owned-%d"]`, i), Writers: v1alpha1.Writers{Users: []string{"owner"}, FieldManagers: []string{"helm"}}},
 				},
-				ImmutableFields: []v1alpha1.ImmutableField{{Path: `metadata.labels["app.kubernetes.io/team"]`, Mode: v1alpha1.ImmutableOnceSet}},
+				ImmutableFields: []v1alpha1.ImmutableField{
+					{Path: `metadata.labels["app.kubernetes.io/team"]`, Mode: v1alpha1.ImmutableOnceSet},
+					{Path: "spec.template.spec.containers[name=app].image"},
+				},
 			},
 		})
 		if err != nil {
