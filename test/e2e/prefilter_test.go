@@ -233,7 +233,7 @@ func TestPrefilter(t *testing.T) {
 	})
 
 	t.Run("the apiserver accepts the conditions of a large policy set", func(t *testing.T) {
-		for _, n := range []int{30, 400} {
+		for _, n := range []int{25, 400} {
 			set := largePolicySet(t, n)
 			co := admission.ConfigOptions{
 				Name: fmt.Sprintf("large-%d", n), URL: env.WebhookURL(), CABundle: env.CAData, Policies: set,
@@ -244,7 +244,7 @@ func TestPrefilter(t *testing.T) {
 			create(t, admin, val)
 			expr := condition(val.Webhooks[0], admission.FieldsPolicyCondition)
 			t.Logf("%d policies: fields condition of %d bytes", n, len(expr))
-			if n == 30 && expr == "" {
+			if n == 25 && expr == "" {
 				t.Fatalf("%d policies did not compile into a condition", n)
 			}
 			if n == 400 && expr != "" {
