@@ -172,7 +172,7 @@ func Run(ctx context.Context, o Options) error {
 			if co.ProtectedNamespaces == nil {
 				co.ProtectedNamespaces = env.ProtectedNamespaces
 			}
-			cs.configs = newConfigSync(mgr.GetAPIReader(), mgr.GetClient(), co, cs, log)
+			cs.configs = newConfigSync(mgr.GetAPIReader(), mgr.GetClient(), co, metrics, log)
 			if err := mgr.Add(cs.configs); err != nil {
 				return fmt.Errorf("add configuration sync: %w", err)
 			}

@@ -1,11 +1,15 @@
 package e2e
 
 import (
+	"context"
 	"fmt"
+	"log/slog"
+	"net"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -220,6 +224,39 @@ func TestPrefilter(t *testing.T) {
 		}
 	})
 
+	t.Run("two replicas keep the configurations in step with one update per change", func(t *testing.T) {
+		reg2 := startReplica(t, env)
+		syncs := func(reg *prometheus.Registry, result string) float64 {
+			return counterWith(t, reg, "stampguard_configuration_syncs_total", map[string]string{"kind": "ValidatingWebhookConfiguration", "result": result})
+		}
+		updated0 := syncs(env.registry, "updated") + syncs(reg2, "updated")
+		seen1, seen2 := syncs(env.registry, "updated")+syncs(env.registry, "unchanged"), syncs(reg2, "updated")+syncs(reg2, "unchanged")
+		var cur v1alpha1.ConcurrencyPolicy
+		if err := admin.Get(ctx, types.NamespacedName{Name: p.Name}, &cur); err != nil {
+			t.Fatal(err)
+		}
+		cur.Spec.Match.Namespaces = []string{"guarded", "third"}
+		if err := admin.Update(ctx, &cur); err != nil {
+			t.Fatal(err)
+		}
+		// Both replicas react to the change; wait until each has synced
+		// since, then count the writes.
+		eventually(t, 10*time.Second, func() error {
+			a := syncs(env.registry, "updated") + syncs(env.registry, "unchanged")
+			b := syncs(reg2, "updated") + syncs(reg2, "unchanged")
+			if a == seen1 || b == seen2 {
+				return fmt.Errorf("replica syncs since the change: %v and %v", a-seen1, b-seen2)
+			}
+			return nil
+		})
+		if sel := fieldsWebhook(t, admin, "stampguard").NamespaceSelector.String(); !strings.Contains(sel, "third") {
+			t.Fatalf("namespaceSelector %s does not name the third namespace", sel)
+		}
+		if n := syncs(env.registry, "updated") + syncs(reg2, "updated") - updated0; n != 1 {
+			t.Fatalf("the two replicas updated the configuration %v times for one change, want 1", n)
+		}
+	})
+
 	t.Run("a deleted policy leaves the configurations routing nothing", func(t *testing.T) {
 		if err := admin.Delete(ctx, p); err != nil {
 			t.Fatal(err)
@@ -288,4 +325,69 @@ func largePolicySet(t *testing.T, n int) *policy.Set {
 		ps = append(ps, p)
 	}
 	return policy.NewSet(ps...)
+}
+
+// startReplica runs a second webhook replica against env's control plane,
+// keeping the same configurations in step, and returns its registry.
+func startReplica(t *testing.T, env *webhookEnv) *prometheus.Registry {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	port := ln.Addr().(*net.TCPAddr).Port
+	_ = ln.Close()
+	reg := prometheus.NewRegistry()
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	ready := make(chan struct{})
+	configs := env.configs
+	go func() {
+		done <- admission.Run(ctx, admission.Options{
+			Host: "127.0.0.1", Port: port, CertDir: env.CertDir,
+			ProbeAddr: "0", RestConfig: env.Config, Namespace: "stampguard-system",
+			Registry: reg, Logger: slog.New(slog.DiscardHandler),
+			Ready:          func(string) { close(ready) },
+			Configurations: &configs,
+		})
+	}()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("second replica stopped with: %v", err)
+		}
+	})
+	select {
+	case <-ready:
+	case err := <-done:
+		done <- err
+		t.Fatalf("second replica failed to start: %v", err)
+	case <-time.After(60 * time.Second):
+		t.Fatal("second replica not ready after 60s")
+	}
+	return reg
+}
+
+// counterWith reads the counter name with exactly these label values.
+func counterWith(t *testing.T, reg *prometheus.Registry, name string, want map[string]string) float64 {
+	t.Helper()
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() != name {
+			continue
+		}
+	metrics:
+		for _, m := range mf.GetMetric() {
+			for _, l := range m.GetLabel() {
+				if v, ok := want[l.GetName()]; ok && v != l.GetValue() {
+					continue metrics
+				}
+			}
+			return m.GetCounter().GetValue()
+		}
+	}
+	return 0
 }

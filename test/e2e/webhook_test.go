@@ -35,6 +35,8 @@ import (
 type webhookEnv struct {
 	*kubetest.Env
 	registry *prometheus.Registry
+	// configs are the options of the configurations the webhook keeps in step.
+	configs admission.ConfigOptions
 }
 
 func startWebhookEnv(t testing.TB) *webhookEnv {
@@ -80,7 +82,7 @@ func startWebhookEnv(t testing.TB) *webhookEnv {
 	case <-time.After(60 * time.Second):
 		t.Fatal("webhook not ready after 60s")
 	}
-	return &webhookEnv{Env: env, registry: reg}
+	return &webhookEnv{Env: env, registry: reg, configs: configs}
 }
 
 func create(t testing.TB, c client.Client, obj client.Object) {
