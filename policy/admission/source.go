@@ -63,6 +63,9 @@ const (
 	ConditionReady = "Ready"
 	ReasonEnforced = "Enforced"
 	ReasonInvalid  = "Invalid"
+	// ReasonNotRouted: the webhook configurations could not be updated
+	// for the policy (with Options.Configurations).
+	ReasonNotRouted = "NotRouted"
 )
 
 // Reconcile rebuilds the policy set and reports on the named policy.
@@ -73,16 +76,20 @@ func (s *ClusterSource) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.R
 	}
 	// Ready means routed too: the configurations send the policy's writes
 	// to the webhook before its status says it is enforced.
+	var routeErr error
 	if s.configs != nil {
-		if err := s.configs.Sync(ctx); err != nil {
+		if routeErr = s.configs.Sync(ctx); routeErr != nil {
+			routeErr = fmt.Errorf("update the webhook configurations: %w", routeErr)
 			s.configs.Kick()
-			return ctrl.Result{}, fmt.Errorf("update the webhook configurations: %w", err)
 		}
 	}
 	if target == nil {
-		return ctrl.Result{}, nil // deleted: it is gone from the set already
+		return ctrl.Result{}, routeErr // deleted: it is gone from the set already
 	}
-	return ctrl.Result{}, s.updateStatus(ctx, target, targetErr)
+	if err := s.updateStatus(ctx, target, targetErr, routeErr); err != nil {
+		return ctrl.Result{}, err
+	}
+	return ctrl.Result{}, routeErr
 }
 
 // Start builds the first set once the cache has synced, so that a cluster
@@ -145,15 +152,19 @@ func equalNames(a, b []string) bool {
 	return true
 }
 
-func (s *ClusterSource) updateStatus(ctx context.Context, p *v1alpha1.ConcurrencyPolicy, compileErr error) error {
+func (s *ClusterSource) updateStatus(ctx context.Context, p *v1alpha1.ConcurrencyPolicy, compileErr, routeErr error) error {
 	cond := metav1.Condition{
 		Type: ConditionReady, Status: metav1.ConditionTrue, Reason: ReasonEnforced,
 		Message: "the policy is compiled and enforced", ObservedGeneration: p.Generation,
 	}
-	if compileErr != nil {
+	switch {
+	case compileErr != nil:
 		cond.Status, cond.Reason = metav1.ConditionFalse, ReasonInvalid
 		cond.Message = fmt.Sprintf("the policy is not enforced: %v", compileErr)
 		s.log.Warn("invalid ConcurrencyPolicy", "policy", p.Name, "err", compileErr)
+	case routeErr != nil:
+		cond.Status, cond.Reason = metav1.ConditionFalse, ReasonNotRouted
+		cond.Message = fmt.Sprintf("the policy is compiled, but the webhook configurations may not send its writes yet: %v", routeErr)
 	}
 	status := p.Status.DeepCopy()
 	status.ObservedGeneration = p.Generation
