@@ -204,13 +204,11 @@ func (c *prefilterCompiler) finish(f *WebhookFilter, terms, coarse []string) {
 
 // narrowNamespaces fills the namespace fields of f for the policies ps.
 // The webhook's namespaceSelector matches a Namespace object by its own
-// labels, which the evaluator does not; so a set that can guard namespaces
-// themselves is not narrowed.
+// labels, which the evaluator does not; so a webhook that routes
+// namespaces themselves is not narrowed.
 func (c *prefilterCompiler) narrowNamespaces(f *WebhookFilter, ps []*Policy) {
-	for _, p := range ps {
-		if p.matchesResource("", "namespaces", "") {
-			return
-		}
+	if slices.Contains(f.Resources, schema.GroupResource{Resource: "namespaces"}) {
+		return
 	}
 	allNamed, noneNamed := true, true
 	var names []string

@@ -94,6 +94,25 @@ func TestConfigurationsPrefilter(t *testing.T) {
 		}
 	})
 
+	t.Run("a wildcard policy narrows by namespace while namespaces are not routed", func(t *testing.T) {
+		o := base
+		o.Policies = compileSet(t, &v1alpha1.ConcurrencyPolicy{
+			ObjectMeta: metav1.ObjectMeta{Name: "all"},
+			Spec: v1alpha1.ConcurrencyPolicySpec{
+				Match:                  v1alpha1.Match{Resources: []v1alpha1.ResourceMatch{{Group: "*", Resource: "*"}}},
+				RequireResourceVersion: true,
+			},
+		})
+		mut, _ := Configurations(o)
+		want := &metav1.LabelSelector{MatchExpressions: []metav1.LabelSelectorRequirement{
+			{Key: "stampguard.dev/guarded", Operator: metav1.LabelSelectorOpIn, Values: []string{"yes"}},
+			{Key: namespaceNameLabel, Operator: metav1.LabelSelectorOpNotIn, Values: []string{"kube-node-lease", "kube-system"}},
+		}}
+		if !reflect.DeepEqual(mut.Webhooks[0].NamespaceSelector, want) {
+			t.Fatalf("namespaceSelector %v, want %v", mut.Webhooks[0].NamespaceSelector, want)
+		}
+	})
+
 	t.Run("a policy that guards namespaces themselves does not narrow by namespace", func(t *testing.T) {
 		o := base
 		o.Resources = append(slices.Clone(DefaultGuardedResources), GuardedResource{Resource: "namespaces"})
