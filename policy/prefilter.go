@@ -451,7 +451,9 @@ func isCELIdent(s string) bool {
 	}
 	for i := 0; i < len(s); i++ {
 		c := s[i]
-		if !(c == '_' || (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (i > 0 && c >= '0' && c <= '9')) {
+		letter := c == '_' || (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z')
+		digit := i > 0 && c >= '0' && c <= '9'
+		if !letter && !digit {
 			return false
 		}
 	}

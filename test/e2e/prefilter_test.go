@@ -123,7 +123,7 @@ func TestPrefilter(t *testing.T) {
 		eventually(t, 10*time.Second, func() error {
 			err := update(alice, "guarded", func(cm *corev1.ConfigMap) { cm.Data["owned"] = "alice" })
 			if !apierrors.IsForbidden(err) {
-				return fmt.Errorf("want 403 for a non-owner's change, got %v", err)
+				return fmt.Errorf("want 403 for a non-owner's change, got %w", err)
 			}
 			return nil
 		})
@@ -186,7 +186,7 @@ func TestPrefilter(t *testing.T) {
 		eventually(t, 10*time.Second, func() error {
 			err := update(alice, "second", func(cm *corev1.ConfigMap) { cm.Labels["team"] = "b" })
 			if !apierrors.IsForbidden(err) {
-				return fmt.Errorf("want 403 in the second namespace, got %v", err)
+				return fmt.Errorf("want 403 in the second namespace, got %w", err)
 			}
 			return nil
 		})
