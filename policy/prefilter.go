@@ -107,9 +107,11 @@ func (c *prefilterCompiler) stamp(ps []*Policy) WebhookFilter {
 		if slices.ContainsFunc(ps, func(p *Policy) bool { return p.matchesResource(gr.Group, gr.Resource, "") }) {
 			f.Resources = append(f.Resources, gr)
 		}
-		// A policy that names the scale subresource checks its stamp too.
-		if isScalableWorkload(gr.Group, gr.Resource) &&
-			slices.ContainsFunc(ps, func(p *Policy) bool { return p.matchesResource(gr.Group, gr.Resource, "scale") }) {
+		// A Scale carries its workload's stamp: a policy on the workload or
+		// on its scale subresource may check it there.
+		if isScalableWorkload(gr.Group, gr.Resource) && slices.ContainsFunc(ps, func(p *Policy) bool {
+			return p.matchesResource(gr.Group, gr.Resource, "scale") || p.matchesResource(gr.Group, gr.Resource, "")
+		}) {
 			f.Resources = append(f.Resources, schema.GroupResource{Group: gr.Group, Resource: gr.Resource + "/scale"})
 		}
 	}
