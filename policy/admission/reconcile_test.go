@@ -27,7 +27,7 @@ func (w *racingWriter) Update(ctx context.Context, obj client.Object, opts ...cl
 	if !w.raced {
 		w.raced = true
 		other := obj.DeepCopyObject().(client.Object)
-		if err := w.Client.Get(ctx, client.ObjectKeyFromObject(obj), other); err != nil {
+		if err := w.Get(ctx, client.ObjectKeyFromObject(obj), other); err != nil {
 			return err
 		}
 		other.SetLabels(map[string]string{"edited-by": "someone-else"})
