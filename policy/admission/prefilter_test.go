@@ -1,8 +1,10 @@
 package admission
 
 import (
+	"log/slog"
 	"reflect"
 	"slices"
+	"strings"
 	"testing"
 
 	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
@@ -134,3 +136,11 @@ func TestConfigurationsPrefilter(t *testing.T) {
 }
 
 func ptrTo[T any](v T) *T { return &v }
+
+func TestRunRefusesToSyncConfigurationsInFileMode(t *testing.T) {
+	err := Run(t.Context(), Options{PolicyFile: "policies.yaml", ProbeAddr: "0", Configurations: &ConfigOptions{},
+		Logger: slog.New(slog.DiscardHandler)})
+	if err == nil || !strings.Contains(err.Error(), "cluster mode") {
+		t.Fatalf("want an error saying the sync needs cluster mode, got %v", err)
+	}
+}

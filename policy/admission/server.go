@@ -128,6 +128,9 @@ func Run(ctx context.Context, o Options) error {
 	var src PolicySource
 	var ready func() error
 	var mgr manager.Manager
+	if o.PolicyFile != "" && o.Configurations != nil {
+		return errors.New("keeping the webhook configurations in step needs cluster mode; in file mode print them with the policies instead")
+	}
 	if o.PolicyFile != "" {
 		ps, err := policy.LoadFile(o.PolicyFile)
 		if err != nil {
