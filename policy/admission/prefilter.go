@@ -26,11 +26,7 @@ const namespaceNameLabel = "kubernetes.io/metadata.name"
 // webhooks. The conditions are ANDed with the others, so each webhook gets
 // one condition, an OR over its policies' rules.
 func (o *ConfigOptions) narrow(mut *admissionregistrationv1.MutatingWebhookConfiguration, val *admissionregistrationv1.ValidatingWebhookConfiguration) {
-	resources := make([]schema.GroupResource, len(o.Resources))
-	for i, r := range o.Resources {
-		resources[i] = schema.GroupResource{Group: r.Group, Resource: r.Resource}
-	}
-	pf := o.Policies.Prefilter(policy.PrefilterOptions{Resources: resources, ProtectedNamespaces: o.ProtectedNamespaces})
+	pf := o.prefilter()
 
 	mw := &mut.Webhooks[0]
 	mw.Rules = filterRules(pf.Stamp)
@@ -41,6 +37,15 @@ func (o *ConfigOptions) narrow(mut *admissionregistrationv1.MutatingWebhookConfi
 	vw.Rules = filterRules(pf.Fields)
 	vw.NamespaceSelector = o.namespaceSelector(pf.Fields)
 	vw.MatchConditions = insertCondition(vw.MatchConditions, 0, FieldsPolicyCondition, pf.Fields.Condition)
+}
+
+// prefilter compiles o.Policies for o's resources; o has its defaults.
+func (o *ConfigOptions) prefilter() policy.Prefilter {
+	resources := make([]schema.GroupResource, len(o.Resources))
+	for i, r := range o.Resources {
+		resources[i] = schema.GroupResource{Group: r.Group, Resource: r.Resource}
+	}
+	return o.Policies.Prefilter(policy.PrefilterOptions{Resources: resources, ProtectedNamespaces: o.ProtectedNamespaces})
 }
 
 // insertCondition puts a compiled condition at position i; one that is

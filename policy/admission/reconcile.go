@@ -42,6 +42,7 @@ type configSync struct {
 	log     *slog.Logger
 	kick    chan struct{}
 	mu      sync.Mutex
+	coarse  bool // the last compiled condition fell back (logged once)
 }
 
 func newConfigSync(reader client.Reader, writer client.Writer, opts ConfigOptions, m *Metrics, log *slog.Logger) *configSync {
@@ -131,6 +132,13 @@ func (c *configSync) desired(ctx context.Context) (*admissionregistrationv1.Muta
 	}
 	o := c.opts
 	o.Policies = policy.NewSet(compiled...)
+	if pf := o.prefilter(); pf.Stamp.Exact && pf.Fields.Exact {
+		c.coarse = false
+	} else if !c.coarse {
+		c.coarse = true
+		c.log.Warn("the policies compile to a match condition past the apiserver's size bound; the webhook is called for every write a policy applies to",
+			"policies", o.Policies.Len(), "maxBytes", policy.DefaultMaxConditionBytes)
+	}
 	mut, val := Configurations(o)
 	return mut, val, nil
 }
