@@ -9,6 +9,7 @@ import (
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/apimachinery/pkg/util/validation"
 
 	"github.com/stampguard/stampguard/policy/api/v1alpha1"
 )
@@ -35,8 +36,9 @@ type PrefilterOptions struct {
 	// only calls the webhook more often.
 	ProtectedNamespaces []string
 	// MaxConditionBytes bounds a compiled condition; a longer one falls
-	// back to true (always call), which keeps it within the apiserver's
-	// CEL cost budget. Defaults to DefaultMaxConditionBytes.
+	// back to which policies apply, then to true (always call), which
+	// keeps it within what the apiserver accepts. Defaults to
+	// DefaultMaxConditionBytes.
 	MaxConditionBytes int
 }
 
@@ -222,12 +224,19 @@ func (c *prefilterCompiler) narrowNamespaces(f *WebhookFilter, ps []*Policy) {
 			names = append(names, p.namespaces...)
 		}
 	}
+	// A name that is no namespace name matches no namespace; the
+	// apiserver would refuse it in a selector.
+	names = slices.DeleteFunc(names, func(n string) bool { return len(validation.IsDNS1123Label(n)) > 0 })
 	switch {
-	case allNamed:
+	case allNamed && len(names) > 0:
 		slices.Sort(names)
 		f.Namespaces = slices.Compact(names)
 	case noneNamed && len(c.o.ProtectedNamespaces) > 0:
-		f.ExcludedNamespaces = sortedCopy(c.o.ProtectedNamespaces)
+		if excluded := slices.DeleteFunc(sortedCopy(c.o.ProtectedNamespaces), func(n string) bool {
+			return len(validation.IsDNS1123Label(n)) > 0
+		}); len(excluded) > 0 {
+			f.ExcludedNamespaces = excluded
+		}
 	}
 	if len(ps) == 1 && ps[0].namespaceSelector != nil && ps[0].selectorSource != nil {
 		f.NamespaceSelector = ps[0].selectorSource.DeepCopy()
@@ -483,13 +492,16 @@ func celString(s string) string {
 	return b.String()
 }
 
+// celList writes a list of string literals. An entry that is not valid
+// UTF-8 cannot be written and is left out, which errs towards calling in
+// every list the pre-filter builds: writers, exclusions and exemptions
+// shrink, and no namespace that can exist is such a string.
 func celList(ss []string) string {
-	parts := make([]string, len(ss))
-	for i, s := range ss {
-		if !utf8.ValidString(s) {
-			s = strings.ToValidUTF8(s, "\uFFFD")
+	parts := make([]string, 0, len(ss))
+	for _, s := range ss {
+		if utf8.ValidString(s) {
+			parts = append(parts, celString(s))
 		}
-		parts[i] = celString(s)
 	}
 	return "[" + strings.Join(parts, ", ") + "]"
 }

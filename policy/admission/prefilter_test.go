@@ -99,6 +99,18 @@ func TestConfigurationsPrefilter(t *testing.T) {
 		}
 	})
 
+	t.Run("a namespace name no namespace can have is left out of the selector", func(t *testing.T) {
+		bad := owners.DeepCopy()
+		bad.Spec.Match.Namespaces = []string{"Team_A", "web"}
+		o := base
+		o.Policies = compileSet(t, bad)
+		_, val := Configurations(o)
+		sel := val.Webhooks[0].NamespaceSelector
+		if r := sel.MatchExpressions[len(sel.MatchExpressions)-1]; r.Key != namespaceNameLabel || !slices.Equal(r.Values, []string{"web"}) {
+			t.Fatalf("namespaceSelector %v, want the name requirement with web only", sel)
+		}
+	})
+
 	t.Run("a wildcard policy narrows by namespace while namespaces are not routed", func(t *testing.T) {
 		o := base
 		o.Policies = compileSet(t, &v1alpha1.ConcurrencyPolicy{
