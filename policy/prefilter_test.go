@@ -474,7 +474,7 @@ func describe(s sample) string {
 // own match-condition code. It also checks that the filter filters.
 func TestPrefilterNeverSkipsAViolation(t *testing.T) {
 	var st propertyStats
-	for seed := range uint64(400) {
+	for seed := range uint64(300) {
 		checkPrefilter(t, seed, 60, &st)
 	}
 	t.Logf("violations %d (stamp %d), clean updates %d, of which skipped %d", st.violations, st.stampViolations, st.clean, st.cleanSkipped)
