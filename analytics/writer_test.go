@@ -152,7 +152,7 @@ func TestWriterStoresSpooledEventsExactlyOnce(t *testing.T) {
 		if n := count(t, st, "SELECT count() FROM {db}.events WHERE cluster = 'concurrent'"); n != want {
 			t.Fatalf("%d events, want %d", n, want)
 		}
-		if n := count(t, st, "SELECT count() FROM {db}.event_keys WHERE cluster = 'concurrent'"); n != want {
+		if n := count(t, st, "SELECT count() FROM {db}.stored_keys WHERE cluster = 'concurrent'"); n != want {
 			t.Fatalf("%d keys, want %d", n, want)
 		}
 	})
