@@ -137,6 +137,7 @@ func Run(ctx context.Context, o Options) error {
 		if err := migrateUntilDone(bg, store, log); err != nil {
 			return
 		}
+		wg.Go(func() { scanDuplicates(bg, store, metrics, log) })
 		w := analytics.NewWriter(sp, store, analytics.WriterOptions{Metrics: metrics, Parallel: o.InsertParallel, Logger: log.With("component", "writer")})
 		if err := w.Run(bg); err != nil {
 			// Without a writer the spool only fills up: stop, so that a
@@ -238,6 +239,26 @@ func migrateUntilDone(ctx context.Context, store *analytics.Store, log *slog.Log
 		case <-time.After(backoff):
 		}
 		backoff = min(2*backoff, 10*time.Second)
+	}
+}
+
+// DuplicateScanDays is how far back serve's hourly scan for events stored
+// more than once looks (Store.ScanDuplicates): the copies a writer killed
+// between its insert and its check left unrecorded.
+const DuplicateScanDays = 2
+
+// scanDuplicates runs the duplicate scan now and then every hour.
+func scanDuplicates(ctx context.Context, store *analytics.Store, m *analytics.Metrics, log *slog.Logger) {
+	for {
+		if err := store.ScanDuplicates(ctx, time.Now().AddDate(0, 0, -DuplicateScanDays)); err != nil && ctx.Err() == nil {
+			m.CHErrors.Inc()
+			log.Warn("duplicate scan failed", "err", err)
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(time.Hour):
+		}
 	}
 }
 

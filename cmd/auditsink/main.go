@@ -312,6 +312,7 @@ func migrate(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	var c common
 	c.register(fs)
 	retention := fs.String("retention", "", "also drop day partitions older than this, e.g. 30d")
+	scanDays := fs.Int("scan-days", 2, "record the events stored more than once (by writers killed mid-insert) of the last N days; 0: no scan")
 	if err := parse(fs, args); err != nil {
 		return err
 	}
@@ -333,6 +334,11 @@ func migrate(ctx context.Context, args []string, stdout, stderr io.Writer) error
 		return err
 	}
 	fmt.Fprintf(stdout, "database %s at schema version %d (applied now: %v)\n", st.Database(), v, applied)
+	if *scanDays > 0 {
+		if err := st.ScanDuplicates(ctx, time.Now().AddDate(0, 0, -*scanDays)); err != nil {
+			return err
+		}
+	}
 	keep, err := parseRetention(*retention)
 	if err != nil || keep == 0 {
 		return err
