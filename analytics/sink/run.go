@@ -59,7 +59,7 @@ type Options struct {
 	// Retention drops day partitions older than this (0 keeps all).
 	Retention time.Duration
 	// InsertParallel is the number of ClickHouse inserts in flight;
-	// defaulted by analytics.WriterOptions.
+	// defaulted by analytics.DrainerOptions.
 	InsertParallel int
 
 	Logger *slog.Logger
@@ -138,7 +138,7 @@ func Run(ctx context.Context, o Options) error {
 			return
 		}
 		wg.Go(func() { scanDuplicates(bg, store, metrics, log) })
-		w := analytics.NewWriter(sp, store, analytics.WriterOptions{Metrics: metrics, Parallel: o.InsertParallel, Logger: log.With("component", "writer")})
+		w := analytics.NewDrainer(sp, store, analytics.DrainerOptions{Metrics: metrics, Parallel: o.InsertParallel, Logger: log.With("component", "writer")})
 		if err := w.Run(bg); err != nil {
 			// Without a writer the spool only fills up: stop, so that a
 			// restart (which replays the spool) can recover.
@@ -223,23 +223,13 @@ func serverTLS(o Options) (*tls.Config, error) {
 // migrateUntilDone applies the migrations, retrying while ClickHouse is
 // away; the spool keeps accepting meanwhile.
 func migrateUntilDone(ctx context.Context, store *analytics.Store, log *slog.Logger) error {
-	backoff := 200 * time.Millisecond
-	for {
+	return analytics.Retry(ctx, analytics.Backoff{}, log, "schema migration", nil, func() error {
 		applied, err := store.Migrate(ctx)
-		if err == nil {
-			if len(applied) > 0 {
-				log.Info("schema migrated", "versions", applied)
-			}
-			return nil
+		if err == nil && len(applied) > 0 {
+			log.Info("schema migrated", "versions", applied)
 		}
-		log.Warn("schema migration failed; retrying", "err", err, "retryIn", backoff)
-		select {
-		case <-ctx.Done():
-			return ctx.Err()
-		case <-time.After(backoff):
-		}
-		backoff = min(2*backoff, 10*time.Second)
-	}
+		return err
+	})
 }
 
 // DuplicateScanDays is how far back serve's hourly scan for events stored
