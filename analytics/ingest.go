@@ -64,7 +64,7 @@ func (r IngestResult) String() string {
 const (
 	ingestMaxRecords = 8
 	// queueBytes bounds the records decoded ahead of the inserts.
-	queueBytes = 48 << 20
+	queueBytes = 16 << 20
 )
 
 // ingestCounts are an ingest's running totals, shared by the decoders,

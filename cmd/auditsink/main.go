@@ -202,12 +202,8 @@ func serve(ctx context.Context, args []string, _, stderr io.Writer) error {
 	if o.Retention, err = parseRetention(retention); err != nil {
 		return err
 	}
-	if *memLimit != "" && os.Getenv("GOMEMLIMIT") == "" {
-		n, err := parseBytes(*memLimit)
-		if err != nil {
-			return fmt.Errorf("--memory-limit: %w", err)
-		}
-		debug.SetMemoryLimit(n)
+	if err := setMemoryLimit(*memLimit); err != nil {
+		return err
 	}
 	if os.Getenv("GOGC") == "" {
 		debug.SetGCPercent(*gcPercent)
@@ -245,13 +241,30 @@ func serve(ctx context.Context, args []string, _, stderr io.Writer) error {
 	return sink.Run(ctx, o)
 }
 
+// setMemoryLimit applies --memory-limit unless GOMEMLIMIT is set.
+func setMemoryLimit(limit string) error {
+	if limit == "" || os.Getenv("GOMEMLIMIT") != "" {
+		return nil
+	}
+	n, err := parseBytes(limit)
+	if err != nil {
+		return fmt.Errorf("--memory-limit: %w", err)
+	}
+	debug.SetMemoryLimit(n)
+	return nil
+}
+
 func ingest(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs := flag.NewFlagSet("ingest", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	var c common
 	c.register(fs)
 	noProgress := fs.Bool("no-progress", false, "no progress bar even on a terminal")
+	memLimit := fs.String("memory-limit", "200MiB", "soft memory limit of the Go runtime (GOMEMLIMIT)")
 	if err := parse(fs, args); err != nil {
+		return err
+	}
+	if err := setMemoryLimit(*memLimit); err != nil {
 		return err
 	}
 	if fs.NArg() == 0 {
