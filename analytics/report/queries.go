@@ -150,14 +150,14 @@ const duplicates = `{db}.duplicate_events FINAL`
 var counted = func() string {
 	var names, raw, dup []string
 	for _, c := range analytics.Counters {
-		names = append(names, "toInt64("+c.Name+") AS "+c.Name)
+		names = append(names, "toInt64(rr."+c.Name+") AS "+c.Name)
 		raw = append(raw, "toInt64("+c.Cond+") AS "+c.Name)
 		dup = append(dup, "toInt64("+c.Cond+") * (1 - toInt64(copies)) AS "+c.Name)
 	}
 	columns := `writer, api_group, resource, namespace, name, verb, code, stamp, ` + conflictClass + ` AS class, ` + isWrite + ` AS is_write`
 	return `(
 	SELECT api_group, resource, namespace, name, writer, ` + strings.Join(names, ", ") + `
-	FROM {db}.request_rollup
+	FROM {db}.request_rollup AS rr
 	WHERE cluster = @cluster AND {rollup_window} AND ` + filters + `
 	UNION ALL
 	SELECT api_group, resource, namespace, name, writer, ` + strings.Join(dup, ", ") + `
@@ -195,11 +195,11 @@ var (
 	WHERE cluster = @cluster AND {window} AND event_time_us NOT IN (SELECT event_time_us FROM ` + duplicateConflicts + `)
 	UNION ALL
 	SELECT ` + loopConflictColumns + ` FROM (
-		SELECT ` + loopConflictColumns + `, sum(n) AS n FROM (
-			SELECT ` + loopConflictColumns + `, toInt64(1) AS n FROM {db}.loop_conflicts
+		SELECT ` + loopConflictColumns + `, sum(k) AS n FROM (
+			SELECT ` + loopConflictColumns + `, toInt64(1) AS k FROM {db}.loop_conflicts
 			WHERE cluster = @cluster AND {window} AND event_time_us IN (SELECT event_time_us FROM ` + duplicateConflicts + `)
 			UNION ALL
-			SELECT ` + loopConflictColumns + `, 1 - toInt64(copies) AS n FROM ` + duplicateConflicts + `)
+			SELECT ` + loopConflictColumns + `, 1 - toInt64(copies) AS k FROM ` + duplicateConflicts + `)
 		GROUP BY ` + loopConflictColumns + `
 		HAVING n > 0)
 	ARRAY JOIN range(toUInt64(n)) AS copy)`
