@@ -64,7 +64,7 @@ func BenchmarkTailLag(b *testing.B) {
 		}
 		conn := ch.Conn(b, db)
 		b.StartTimer()
-		var written []time.Time // when chunk i was written
+		var written []time.Time           // when chunk i was written
 		wantAfter := func(i int) uint64 { // stored events in chunks 0..i
 			lines := (i + 1) * chunk
 			return uint64(lines/len(templates)*prefix[len(templates)] + prefix[lines%len(templates)])
