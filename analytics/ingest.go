@@ -302,8 +302,9 @@ func Tail(ctx context.Context, st Inserter, path string, o TailOptions) error {
 		return err
 	}
 	var (
-		items []Item
-		last  logfile.Checkpoint
+		items       []Item
+		last        logfile.Checkpoint
+		lostCounted int64 // f.LostBytes() already in the metric
 	)
 	// flush accepts the group; its last record carries the group's
 	// checkpoint.
@@ -312,7 +313,7 @@ func Tail(ctx context.Context, st Inserter, path string, o TailOptions) error {
 			return nil
 		}
 		var prev []byte
-		_, err := o.Accepter.Accept(o.Cluster, "tail", &sliceItems{items: items}, func(rec []byte) error {
+		accepted, err := o.Accepter.Accept(o.Cluster, "tail", &sliceItems{items: items}, func(rec []byte) error {
 			if prev != nil {
 				if err := q.Append(ctx, prev, nil); err != nil {
 					return err
@@ -329,6 +330,13 @@ func Tail(ctx context.Context, st Inserter, path string, o TailOptions) error {
 			err = q.Append(ctx, prev, mark)
 		}
 		items = items[:0]
+		if m := o.Metrics; m != nil {
+			m.CountAccepted("tail", accepted)
+			if lost := f.LostBytes(); lost > lostCounted {
+				m.TailLostBytes.Add(float64(lost - lostCounted))
+				lostCounted = lost
+			}
+		}
 		return err
 	}
 	deadline := time.Now().Add(o.FlushInterval)

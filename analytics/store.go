@@ -53,18 +53,12 @@ func OpenStore(ctx context.Context, o StoreOptions) (*Store, error) {
 	if opts.Protocol == clickhouse.HTTP {
 		return nil, fmt.Errorf("ClickHouse DSN: use the native protocol (clickhouse://host:9000); 18.16 rejects the HTTP driver")
 	}
-	if opts.Settings == nil {
-		opts.Settings = clickhouse.Settings{}
-	}
-	opts.Settings["allow_experimental_low_cardinality_type"] = 1
-	// Reads of LowCardinality columns return plain String blocks, which
-	// every driver version decodes (18.16 still expects LowCardinality
-	// blocks on INSERT, so the driver encodes those).
-	opts.Settings["low_cardinality_allow_in_native_format"] = 0
 	if opts.DialTimeout == 0 {
 		opts.DialTimeout = 5 * time.Second
 	}
-	conn, err := clickhouse.Open(opts)
+	// The settings a server needs depend on its version (settingsFor),
+	// which the first query that reaches it reads from the handshake.
+	conn, err := openServerConn(opts)
 	if err != nil {
 		return nil, fmt.Errorf("open ClickHouse: %w", err)
 	}
@@ -106,6 +100,9 @@ func ParseDSN(dsn string) (*clickhouse.Options, error) {
 
 // Close closes the connections.
 func (s *Store) Close() error { return s.conn.Close() }
+
+// Ping checks that ClickHouse answers.
+func (s *Store) Ping(ctx context.Context) error { return s.conn.Ping(ctx) }
 
 // Conn exposes the connection for queries (issue 4's analytics).
 func (s *Store) Conn() driver.Conn { return s.conn }
@@ -294,7 +291,7 @@ func (s *Store) lookup(ctx context.Context, cluster string, rows []rowRef, onlyD
 	}
 	res, err := s.conn.Query(clickhouse.Context(ctx, clickhouse.WithExternalTable(keys)), q, args...)
 	if err != nil {
-		return fmt.Errorf("look up stored event keys: %w", err)
+		return fmt.Errorf("look up stored event keys: %w", lookupError{err})
 	}
 	defer res.Close()
 	for res.Next() {

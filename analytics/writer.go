@@ -265,10 +265,8 @@ func (w *Drainer) release(c *claim) {
 func (w *Drainer) insert(ctx context.Context, set *RecordSet) error {
 	b := Backoff{Min: w.o.MinBackoff, Max: w.o.MaxBackoff}
 	log := w.o.Logger.With("rows", set.Rows())
-	return Retry(ctx, b, log, "ClickHouse insert", func(error) {
-		if w.o.Metrics != nil {
-			w.o.Metrics.CHErrors.Inc()
-		}
+	return Retry(ctx, b, log, "ClickHouse insert", func(err error) {
+		w.o.Metrics.CountCHError(OpInsert, err)
 		w.gauge()
 	}, func() error {
 		start := time.Now()

@@ -297,7 +297,9 @@ LIMIT @top`}
 	// becomes a row with its run number, and a GROUP BY measures the runs.
 	// A loop is resolved when the writer's last success on the object in
 	// the window comes after the loop's last conflict. Only the merged
-	// sequence needs sorting: successes enter it unsorted.
+	// sequence needs sorting: successes enter it unsorted. Current
+	// releases refuse a joined subquery without an alias (Code 206), and
+	// 18.16 has no setting that relaxes it, so both sides are named.
 	QueryRetryLoops = Query{Name: "retry_loops", Title: "Retry loops", SQL: `
 SELECT user, api_group, resource, namespace, name,
 	count() AS conflicts, min(conflict_us) AS first_us, max(conflict_us) AS last_us, any(last_success) > last_us AS resolved
@@ -313,13 +315,13 @@ FROM (
 			arrayMap(x -> toUInt8(x % 2), seq) AS kinds,
 			arrayCumSum(arrayMap((k, pk, t, pt) -> toUInt64(k = 1 AND (pk = 0 OR t - pt > @gap_us)),
 				kinds, arrayPushFront(arrayPopBack(kinds), toUInt8(0)), ts, arrayPushFront(arrayPopBack(ts), toUInt64(0)))) AS run
-		FROM (` + loopCandidates + `)
+		FROM (` + loopCandidates + `) AS candidates
 		ANY LEFT JOIN (
 			SELECT pair, groupArray(event_time_us) AS successes_us
 			FROM {loop_successes}
 			WHERE cluster = @cluster AND pair IN (SELECT pair FROM (` + loopCandidates + `)) AND {window}
 			GROUP BY pair
-		) USING pair
+		) AS successes USING pair
 	)
 )
 GROUP BY user, api_group, resource, namespace, name, rid

@@ -80,7 +80,11 @@ func Build(ctx context.Context, conn driver.Conn, o Options) (*Report, error) {
 	o.rawLoops = o.NoRollup
 	if !o.NoRollup {
 		var rollupComplete, loopsComplete time.Time
-		epoch := func(table string) string { return "(SELECT max(complete_from) FROM " + o.Database + "." + table + ")" }
+		// A scalar subquery is Nullable on current releases (26.7), plain
+		// on 18.16; ifNull makes it DateTime on both, for the same Scan.
+		epoch := func(table string) string {
+			return "ifNull((SELECT max(complete_from) FROM " + o.Database + "." + table + "), toDateTime(0))"
+		}
 		if err := conn.QueryRow(ctx, "SELECT "+epoch("request_rollup_epoch")+", "+epoch("loop_epoch")).
 			Scan(&rollupComplete, &loopsComplete); err != nil {
 			return nil, fmt.Errorf("read rollup epochs: %w", err)

@@ -8,12 +8,16 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"fmt"
+	"io"
 	"net"
+	"net/http"
+	"net/url"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"regexp"
 	"strconv"
+	"strings"
 	"sync"
 	"syscall"
 	"testing"
@@ -33,6 +37,8 @@ const systemConfig = "/etc/clickhouse-server/config.xml"
 type Server struct {
 	// Port is the native protocol port on 127.0.0.1.
 	Port int
+	// HTTPPort is the HTTP interface's port on 127.0.0.1 (QueryText).
+	HTTPPort int
 	// Dir holds the config, data, tmp and log directories.
 	Dir string
 
@@ -56,17 +62,37 @@ func Start(tb testing.TB) *Server {
 	if err != nil {
 		tb.Fatalf("read %s (%v): run `make clickhouse` to install Debian's clickhouse-server", systemConfig, err)
 	}
-	dir := tb.TempDir()
-	ports := freePorts(tb, 3)
-	cfg := rewriteConfig(string(tmpl), dir, ports)
+	s := newServer(tb, bin, string(tmpl), tb.TempDir(), freePorts(tb, 3), "", "")
+	tb.Cleanup(s.Stop)
+	s.Start()
+	return s
+}
+
+// newServer writes a server's config into dir, with ports (native, HTTP,
+// interserver), the users file (Debian's when empty) and, when extra is
+// set, a config.d/stampguard.xml merged over Debian's config.
+func newServer(tb testing.TB, bin, tmpl, dir string, ports []int, users, extra string) *Server {
+	tb.Helper()
+	if users == "" {
+		users = "/etc/clickhouse-server/users.xml"
+	}
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		tb.Fatal(err)
+	}
+	cfg := rewriteConfig(tmpl, dir, ports, users)
 	path := filepath.Join(dir, "config.xml")
 	if err := os.WriteFile(path, []byte(cfg), 0o644); err != nil {
 		tb.Fatal(err)
 	}
-	s := &Server{Port: ports[0], Dir: dir, tb: tb, config: path, bin: bin}
-	tb.Cleanup(s.Stop)
-	s.Start()
-	return s
+	if extra != "" {
+		if err := os.MkdirAll(filepath.Join(dir, "config.d"), 0o755); err != nil {
+			tb.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(dir, "config.d", "stampguard.xml"), []byte(extra), 0o644); err != nil {
+			tb.Fatal(err)
+		}
+	}
+	return &Server{Port: ports[0], HTTPPort: ports[1], Dir: dir, tb: tb, config: path, bin: bin}
 }
 
 // DSN is the clickhouse-go DSN of the server's default database.
@@ -153,7 +179,10 @@ func (s *Server) PID() int {
 	return s.cmd.Process.Pid
 }
 
-// Conn opens a native connection to db with the settings the product uses.
+// Conn opens a native connection to db with
+// allow_experimental_low_cardinality_type = 1, which LowCardinality DDL
+// needs on 18.x: the harness always runs Debian's 18.16 (the product picks
+// its settings by server version, analytics' settingsFor).
 func (s *Server) Conn(tb testing.TB, db string) driver.Conn {
 	tb.Helper()
 	conn, err := clickhouse.Open(&clickhouse.Options{
@@ -167,6 +196,40 @@ func (s *Server) Conn(tb testing.TB, db string) driver.Conn {
 	}
 	tb.Cleanup(func() { conn.Close() })
 	return conn
+}
+
+// QueryText runs one statement over the HTTP interface and returns the
+// server's answer in format (for SELECTs; TabSeparated when empty). A text
+// answer is what another engine's answer can be compared with byte for
+// byte. Statements of one session share temporary tables. Other settings
+// (such as allow_experimental_low_cardinality_type) are not sent.
+func (s *Server) QueryText(tb testing.TB, session, sql, format string) (string, error) {
+	tb.Helper()
+	q := url.Values{}
+	if session != "" {
+		q.Set("session_id", session)
+	}
+	if format != "" {
+		sql += "\nFORMAT " + format
+	}
+	u := fmt.Sprintf("http://127.0.0.1:%d/?%s", s.HTTPPort, q.Encode())
+	req, err := http.NewRequestWithContext(tb.Context(), http.MethodPost, u, strings.NewReader(sql))
+	if err != nil {
+		return "", err
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return "", err
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(resp.Body)
+	if err != nil {
+		return "", err
+	}
+	if resp.StatusCode != http.StatusOK {
+		return "", fmt.Errorf("ClickHouse 18.16: %s", strings.TrimSpace(string(body)))
+	}
+	return string(body), nil
 }
 
 // NewDatabase creates a database with a fresh random name and returns it.
@@ -204,7 +267,7 @@ var (
 )
 
 // rewriteConfig points ports and paths of Debian's config at dir.
-func rewriteConfig(cfg, dir string, ports []int) string {
+func rewriteConfig(cfg, dir string, ports []int, users string) string {
 	set := func(tag, val string) {
 		cfg = reTag(tag).ReplaceAllLiteralString(cfg, "<"+tag+">"+val+"</"+tag+">")
 	}
@@ -215,7 +278,7 @@ func rewriteConfig(cfg, dir string, ports []int) string {
 	set("tmp_path", dir+"/tmp/")
 	set("user_files_path", dir+"/user_files/")
 	set("format_schema_path", dir+"/format_schemas/")
-	set("users_config", "/etc/clickhouse-server/users.xml")
+	set("users_config", users)
 	// <path> also appears inside <distributed_ddl> (a ZooKeeper path): only
 	// the data path, the first one, is a directory.
 	re := reTag("path")
