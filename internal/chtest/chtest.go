@@ -25,6 +25,8 @@ import (
 
 	"github.com/ClickHouse/clickhouse-go/v2"
 	"github.com/ClickHouse/clickhouse-go/v2/lib/driver"
+
+	"github.com/stampguard/stampguard/internal/testenv"
 )
 
 // Binary is the server binary the harness runs; `make clickhouse` installs it.
@@ -51,9 +53,11 @@ type Server struct {
 }
 
 // Start runs a fresh server and registers its stop with tb.Cleanup. A missing
-// binary fails the test with the make target that installs it.
+// binary fails the test with the make target that installs it. Under -short
+// it skips the test (testenv.SkipIfShort), as kubetest.Start does.
 func Start(tb testing.TB) *Server {
 	tb.Helper()
+	testenv.SkipIfShort(tb, "starts a real clickhouse-server")
 	bin, err := exec.LookPath(Binary)
 	if err != nil {
 		tb.Fatalf("%s not found (%v): run `make clickhouse` to install Debian's clickhouse-server", Binary, err)

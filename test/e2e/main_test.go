@@ -1,17 +1,23 @@
 package e2e
 
 import (
+	"fmt"
 	"os"
 	"testing"
 
 	"github.com/go-logr/logr"
-
-	"github.com/stampguard/stampguard/internal/chdbtest"
 	ctrllog "sigs.k8s.io/controller-runtime/pkg/log"
+
+	"github.com/stampguard/stampguard/internal/bintest"
+	"github.com/stampguard/stampguard/internal/chdbtest"
 )
 
 func TestMain(m *testing.M) {
 	// controller-runtime complains on stderr unless its global logger is set.
 	ctrllog.SetLogger(logr.Discard())
-	os.Exit(chdbtest.Run(m)) // closes ClickHouse 26.7 (chDB) if a test loaded it
+	code := chdbtest.Run(m) // closes ClickHouse 26.7 (chDB) if a test loaded it
+	if err := bintest.RemoveAll(); err != nil {
+		fmt.Fprintln(os.Stderr, "remove the built binaries:", err)
+	}
+	os.Exit(code)
 }
