@@ -22,7 +22,7 @@ type Metrics struct {
 	SpoolBytes     prometheus.Gauge       // spool bytes on disk
 	FlushSeconds   prometheus.Histogram   // time of one ClickHouse insert
 	// CHErrors counts failed ClickHouse attempts by op: insert, lookup,
-	// migrate, retention.
+	// migrate, retention, duplicate_scan.
 	CHErrors *prometheus.CounterVec
 	// TailLostBytes counts bytes a copytruncate rotation destroyed before
 	// tail read them.
