@@ -180,10 +180,11 @@ func (s *Store) insertRecords(ctx context.Context, set *RecordSet, lookup bool) 
 	}
 	res.Stored = len(fresh)
 	if len(doubled) > 0 {
-		if err := s.insertDuplicates(ctx, rows, doubled); err != nil {
+		n, err := s.insertDuplicates(ctx, rows, doubled)
+		if err != nil {
 			return res, err
 		}
-		res.Doubled = len(doubled)
+		res.Doubled = n
 	}
 	if len(set.dead) > 0 {
 		if err := s.insertDead(ctx, set.dead); err != nil {
@@ -216,22 +217,14 @@ func (s *Store) fresh(ctx context.Context, rows []rowRef, doubled map[eventKey]u
 	return kept, nil
 }
 
-// lookupKeys calls found for each key of rows that is stored, with its
-// copies in stored_keys (0 for an event stored before migration 4, which
-// only event_keys knows); onlyDoubled asks for the keys with more than one
-// copy only.
+// lookupKeys calls found for each stored key that shares an audit ID with
+// rows (callers match the keys against rows), with its copies in
+// stored_keys (0 for an event stored before migration 4, which only
+// event_keys knows); onlyDoubled asks for the keys with more than one copy
+// only.
 func (s *Store) lookupKeys(ctx context.Context, rows []rowRef, onlyDoubled bool, found func(eventKey, uint32)) error {
-	want := make(map[eventKey]struct{}, len(rows))
-	for _, r := range rows {
-		want[r.key] = struct{}{}
-	}
 	for cluster, rs := range byCluster(rows) {
-		err := s.lookup(ctx, cluster, rs, onlyDoubled, func(k eventKey, copies uint32) {
-			if _, ok := want[k]; ok {
-				found(k, copies)
-			}
-		})
-		if err != nil {
+		if err := s.lookup(ctx, cluster, rs, onlyDoubled, found); err != nil {
 			return err
 		}
 	}
@@ -363,11 +356,23 @@ func (s *Store) insertEvents(ctx context.Context, rows []rowRef) error {
 }
 
 // insertDuplicates records the rows whose keys doubled names as stored
-// more than once, each with its copies, in duplicate_events.
-func (s *Store) insertDuplicates(ctx context.Context, rows []rowRef, doubled map[eventKey]uint32) error {
+// more than once, each with its copies, in duplicate_events, and returns
+// how many it recorded.
+func (s *Store) insertDuplicates(ctx context.Context, rows []rowRef, doubled map[eventKey]uint32) (int, error) {
+	var copies []uint32
+	var dup []int
+	for i := range rows {
+		if c, ok := doubled[rows[i].key]; ok {
+			dup = append(dup, i)
+			copies = append(copies, c)
+		}
+	}
+	if len(dup) == 0 {
+		return 0, nil // copies of other events with the same audit IDs
+	}
 	b, err := s.conn.PrepareBatch(ctx, "INSERT INTO "+s.db+".duplicate_events ("+EventColumns+", copies)")
 	if err != nil {
-		return fmt.Errorf("prepare duplicate_events insert: %w", err)
+		return 0, fmt.Errorf("prepare duplicate_events insert: %w", err)
 	}
 	defer func() { _ = b.Abort() }()
 	cols := columnsPool.Get().(*eventColumns)
@@ -376,29 +381,25 @@ func (s *Store) insertDuplicates(ctx context.Context, rows []rowRef, doubled map
 		columnsPool.Put(cols)
 	}()
 	cols.reset()
-	var copies []uint32
-	for i := range rows {
-		if c, ok := doubled[rows[i].key]; ok {
-			if err := cols.appendRow(&rows[i], s.raw); err != nil {
-				return err
-			}
-			copies = append(copies, c)
+	for _, i := range dup {
+		if err := cols.appendRow(&rows[i], s.raw); err != nil {
+			return 0, err
 		}
 	}
 	dst := b.Columns()
 	if len(dst) != len(eventColumnTypes)+1 {
-		return fmt.Errorf("duplicate_events insert: the server asked for %d columns, want %d", len(dst), len(eventColumnTypes)+1)
+		return 0, fmt.Errorf("duplicate_events insert: the server asked for %d columns, want %d", len(dst), len(eventColumnTypes)+1)
 	}
 	if err := cols.load(dst[:len(eventColumnTypes)]); err != nil {
-		return err
+		return 0, err
 	}
 	if _, err := dst[len(eventColumnTypes)].Append(copies); err != nil {
-		return fmt.Errorf("duplicate_events insert: copies: %w", err)
+		return 0, fmt.Errorf("duplicate_events insert: copies: %w", err)
 	}
 	if err := b.Send(); err != nil {
-		return fmt.Errorf("insert duplicate_events: %w", err)
+		return 0, fmt.Errorf("insert duplicate_events: %w", err)
 	}
-	return nil
+	return len(dup), nil
 }
 
 // ScanDuplicates records in duplicate_events every event of the days from
