@@ -66,12 +66,29 @@ type Sources struct {
 	// ({loop_conflicts}, {loop_successes}): the tables of migration 3, or
 	// the same rows derived from events.
 	LoopConflicts, LoopSuccesses string
+	// Duplicates are the events stored more than once ({duplicates}), and
+	// Dedup keeps one row per identity where raw events are read
+	// ({dedup}): Corrected and CorrectedDedup, or, where no duplicate is
+	// recorded, NoDuplicates and "" (the same answers, cheaper).
+	Duplicates, Dedup string
 }
+
+// The correction for events stored more than once (migration 4).
+const (
+	// Corrected is duplicate_events, one row per event with the highest
+	// count of copies seen.
+	Corrected = `{db}.duplicate_events FINAL`
+	// CorrectedDedup keeps one row per identity of a raw read.
+	CorrectedDedup = `LIMIT 1 BY ` + identity
+	// NoDuplicates reads nothing: for windows without a recorded duplicate.
+	NoDuplicates = `(SELECT * FROM {db}.duplicate_events LIMIT 0)`
+)
 
 // ReportSources are the sources of the report: split windows, loop tables.
 var ReportSources = Sources{
 	Window: ReportWindow, RawWindow: ReportRawWindow, RollupWindow: ReportRollupWindow,
 	LoopConflicts: LoopConflictsTable, LoopSuccesses: LoopSuccessesTable,
+	Duplicates: Corrected, Dedup: CorrectedDedup,
 }
 
 // Render fills in the sources, then the time filters (which the raw
@@ -80,6 +97,7 @@ func (q Query) Render(db string, s Sources) string {
 	sql := strings.NewReplacer(
 		"{loop_conflicts}", s.LoopConflicts, "{loop_successes}", s.LoopSuccesses,
 	).Replace(q.SQL)
+	sql = strings.NewReplacer("{duplicates}", s.Duplicates, "{dedup}", s.Dedup).Replace(sql)
 	sql = strings.NewReplacer(
 		"{window}", s.Window, "{raw_window}", s.RawWindow, "{rollup_window}", s.RollupWindow,
 	).Replace(sql)
@@ -134,8 +152,8 @@ const (
 const identity = `cluster, audit_id, stage, fingerprint`
 
 // duplicates are the events stored more than once (migration 4), one row
-// per event with its copies, the highest count seen.
-const duplicates = `{db}.duplicate_events FINAL`
+// per event with its copies, the highest count seen (Sources.Duplicates).
+const duplicates = `{duplicates}`
 
 // counted is the window's requests as counter rows: request_rollup's whole
 // hours, corrected for duplicates, UNION ALL one row per raw event at the
@@ -171,7 +189,7 @@ var counted = func() string {
 		FROM {db}.events
 		PREWHERE {raw_window}
 		WHERE ` + analytics.SQLRequest + ` AND cluster = @cluster AND ` + filters + `
-		LIMIT 1 BY ` + identity + `)
+		{dedup})
 )`
 }()
 
@@ -204,11 +222,14 @@ var (
 		HAVING n > 0)
 	ARRAY JOIN range(toUInt64(n)) AS copy)`
 	LoopSuccessesTable = `{db}.loop_successes`
+	// LoopConflictsPlain is the table as it is: the same rows as
+	// LoopConflictsTable where the window holds no duplicate.
+	LoopConflictsPlain = `{db}.loop_conflicts`
 
 	LoopConflictsRaw = `(SELECT audit_id, stage, fingerprint, ` + loopConflictColumns + ` FROM {db}.events
 		PREWHERE code = 409
 		WHERE {window} AND ` + analytics.SQLRequest + ` AND ` + isWrite + ` AND ` + versionConflict + `
-		LIMIT 1 BY ` + identity + `)`
+		{dedup})`
 	LoopSuccessesRaw = `(SELECT event_date, event_time_us, cluster, ` + loopPair + ` AS pair FROM {db}.events
 		PREWHERE {window}
 		WHERE ` + analytics.SQLRequest + ` AND ` + isWrite + ` AND ` + isSuccess + `)`
@@ -369,7 +390,7 @@ FROM (
 	FROM (SELECT ` + identity + `, annotation_keys, annotation_values FROM {db}.events
 		PREWHERE notEmpty(annotation_keys)
 		WHERE ` + requests + `
-		LIMIT 1 BY ` + identity + `)
+		{dedup})
 )
 GROUP BY policy, kind, action
 ORDER BY count DESC, policy, kind, action
