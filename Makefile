@@ -92,8 +92,11 @@ lint: $(BIN)/golangci-lint ## go vet, gofmt and golangci-lint
 ## --- demo ----------------------------------------------------------------
 
 .PHONY: demo
-demo: controlplane ## start a real apiserver with the webhook and play the writes stampguard catches
-	$(GO) run ./test/demo
+DEMO_FLAGS ?=
+demo: ## the whole story on loopback: apiserver + webhook + audit sink + ClickHouse, a minute of contending writers, the report (Ctrl-C ends it; DEMO_FLAGS="--exit --duration 20s")
+	@echo "==> compiling the demo program into .demo/bin (the first time takes a few minutes; Go caches it)"
+	@$(GO) build -o .demo/bin/demo ./test/demo
+	@.demo/bin/demo $(DEMO_FLAGS)
 
 ## --- tests ----------------------------------------------------------------
 
