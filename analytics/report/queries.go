@@ -66,12 +66,29 @@ type Sources struct {
 	// ({loop_conflicts}, {loop_successes}): the tables of migration 3, or
 	// the same rows derived from events.
 	LoopConflicts, LoopSuccesses string
+	// Duplicates are the events stored more than once ({duplicates}), and
+	// Dedup keeps one row per identity where raw events are read
+	// ({dedup}): Corrected and CorrectedDedup, or, where no duplicate is
+	// recorded, NoDuplicates and "" (the same answers, cheaper).
+	Duplicates, Dedup string
 }
+
+// The correction for events stored more than once (migration 4).
+const (
+	// Corrected is duplicate_events, one row per event with the highest
+	// count of copies seen.
+	Corrected = `{db}.duplicate_events FINAL`
+	// CorrectedDedup keeps one row per identity of a raw read.
+	CorrectedDedup = `LIMIT 1 BY ` + identity
+	// NoDuplicates reads nothing: for windows without a recorded duplicate.
+	NoDuplicates = `(SELECT * FROM {db}.duplicate_events LIMIT 0)`
+)
 
 // ReportSources are the sources of the report: split windows, loop tables.
 var ReportSources = Sources{
 	Window: ReportWindow, RawWindow: ReportRawWindow, RollupWindow: ReportRollupWindow,
 	LoopConflicts: LoopConflictsTable, LoopSuccesses: LoopSuccessesTable,
+	Duplicates: Corrected, Dedup: CorrectedDedup,
 }
 
 // Render fills in the sources, then the time filters (which the raw
@@ -80,6 +97,7 @@ func (q Query) Render(db string, s Sources) string {
 	sql := strings.NewReplacer(
 		"{loop_conflicts}", s.LoopConflicts, "{loop_successes}", s.LoopSuccesses,
 	).Replace(q.SQL)
+	sql = strings.NewReplacer("{duplicates}", s.Duplicates, "{dedup}", s.Dedup).Replace(sql)
 	sql = strings.NewReplacer(
 		"{window}", s.Window, "{raw_window}", s.RawWindow, "{rollup_window}", s.RollupWindow,
 	).Replace(sql)
@@ -127,24 +145,51 @@ const (
 	objectHash = `cityHash64(api_group, resource, namespace, name)`
 )
 
+// identity is the dedup identity of an event. events is a
+// ReplacingMergeTree on it, so a copy stored twice by racing writers is
+// collapsed only once the parts merge; a raw read keeps one row per
+// identity itself (LIMIT 1 BY).
+const identity = `cluster, audit_id, stage, fingerprint`
+
+// duplicates are the events stored more than once (migration 4), one row
+// per event with its copies, the highest count seen (Sources.Duplicates).
+const duplicates = `{duplicates}`
+
 // counted is the window's requests as counter rows: request_rollup's whole
-// hours UNION ALL one row per raw event at the edges. Sum the counters.
+// hours, corrected for duplicates, UNION ALL one row per raw event at the
+// edges. Sum the counters (Int64: the corrections are negative) and convert
+// the sums back with toUInt64.
+//
+// The rollup's views count every stored copy of an event, so for each event
+// stored copies > 1 times in the rollup's hours a third part adds its
+// counters times -(copies - 1), computed from its columns with the same
+// definitions as the views. The edges read events, where a copy may not be
+// merged away yet, so they keep one row per identity.
 var counted = func() string {
-	var names, raw []string
+	var names, raw, dup []string
 	for _, c := range analytics.Counters {
-		names = append(names, c.Name)
-		raw = append(raw, "toUInt64("+c.Cond+") AS "+c.Name)
+		names = append(names, "toInt64(rr."+c.Name+") AS "+c.Name)
+		raw = append(raw, "toInt64("+c.Cond+") AS "+c.Name)
+		dup = append(dup, "toInt64("+c.Cond+") * (1 - toInt64(copies)) AS "+c.Name)
 	}
+	columns := `writer, api_group, resource, namespace, name, verb, code, stamp, ` + conflictClass + ` AS class, ` + isWrite + ` AS is_write`
 	return `(
 	SELECT api_group, resource, namespace, name, writer, ` + strings.Join(names, ", ") + `
-	FROM {db}.request_rollup
+	FROM {db}.request_rollup AS rr
 	WHERE cluster = @cluster AND {rollup_window} AND ` + filters + `
 	UNION ALL
+	SELECT api_group, resource, namespace, name, writer, ` + strings.Join(dup, ", ") + `
+	FROM (SELECT ` + columns + `, copies, toDateTime(intDiv(event_time_us, 3600000000) * 3600) AS hour
+		FROM ` + duplicates + `
+		WHERE ` + analytics.SQLRequest + ` AND cluster = @cluster AND ` + filters + `)
+	WHERE {rollup_window}
+	UNION ALL
 	SELECT api_group, resource, namespace, name, writer, ` + strings.Join(raw, ", ") + `
-	FROM (SELECT writer, api_group, resource, namespace, name, verb, code, stamp, ` + conflictClass + ` AS class, ` + isWrite + ` AS is_write
+	FROM (SELECT ` + identity + `, ` + columns + `
 		FROM {db}.events
 		PREWHERE {raw_window}
-		WHERE ` + analytics.SQLRequest + ` AND cluster = @cluster AND ` + filters + `)
+		WHERE ` + analytics.SQLRequest + ` AND cluster = @cluster AND ` + filters + `
+		{dedup})
 )`
 }()
 
@@ -153,16 +198,50 @@ var counted = func() string {
 // migration 3's views write them (same expressions, checked by a test); the
 // Raw forms derive the same rows from events, for windows that begin before
 // loop_epoch and to prove the tables right.
-const (
-	LoopConflictsTable = `{db}.loop_conflicts`
+//
+// The views add a row per stored copy. A doubled version conflict would
+// lengthen its loop and raise its object in the hot-objects ranking, so
+// LoopConflictsTable corrects the table's multiset: rows at the instant of
+// a duplicated conflict are counted per (writer, object, instant), minus
+// copies-1 for each duplicate there, and expanded back to that many rows;
+// every other row passes as is. A doubled success is harmless: a second
+// success at the same instant splits no run and moves no last success, so
+// loop_successes is read as it is.
+var (
+	LoopConflictsTable = `(
+	SELECT ` + loopConflictColumns + ` FROM {db}.loop_conflicts
+	WHERE cluster = @cluster AND {window} AND event_time_us NOT IN (SELECT event_time_us FROM ` + duplicateConflicts + `)
+	UNION ALL
+	SELECT ` + loopConflictColumns + ` FROM (
+		SELECT ` + loopConflictColumns + `, sum(k) AS n FROM (
+			SELECT ` + loopConflictColumns + `, toInt64(1) AS k FROM {db}.loop_conflicts
+			WHERE cluster = @cluster AND {window} AND event_time_us IN (SELECT event_time_us FROM ` + duplicateConflicts + `)
+			UNION ALL
+			SELECT ` + loopConflictColumns + `, 1 - toInt64(copies) AS k FROM ` + duplicateConflicts + `)
+		GROUP BY ` + loopConflictColumns + `
+		HAVING n > 0)
+	ARRAY JOIN range(toUInt64(n)) AS copy)`
 	LoopSuccessesTable = `{db}.loop_successes`
+	// LoopConflictsPlain is the table as it is: the same rows as
+	// LoopConflictsTable where the window holds no duplicate.
+	LoopConflictsPlain = `{db}.loop_conflicts`
 
-	LoopConflictsRaw = `(SELECT event_date, event_time_us, cluster, writer, api_group, resource, namespace, name FROM {db}.events
+	LoopConflictsRaw = `(SELECT audit_id, stage, fingerprint, ` + loopConflictColumns + ` FROM {db}.events
 		PREWHERE code = 409
-		WHERE {window} AND ` + analytics.SQLRequest + ` AND ` + isWrite + ` AND ` + versionConflict + `)`
+		WHERE {window} AND ` + analytics.SQLRequest + ` AND ` + isWrite + ` AND ` + versionConflict + `
+		{dedup})`
 	LoopSuccessesRaw = `(SELECT event_date, event_time_us, cluster, ` + loopPair + ` AS pair FROM {db}.events
 		PREWHERE {window}
 		WHERE ` + analytics.SQLRequest + ` AND ` + isWrite + ` AND ` + isSuccess + `)`
+)
+
+const (
+	// loopConflictColumns are the columns of loop_conflicts.
+	loopConflictColumns = `event_date, cluster, writer, api_group, resource, namespace, name, event_time_us`
+
+	// duplicateConflicts are the duplicated version conflicts of the window.
+	duplicateConflicts = `(SELECT ` + loopConflictColumns + `, copies FROM ` + duplicates + `
+		WHERE cluster = @cluster AND {window} AND ` + analytics.SQLRequest + ` AND ` + isWrite + ` AND ` + versionConflict + `)`
 )
 
 // loopCandidates are the (writer, object) pairs with at least @threshold
@@ -185,22 +264,23 @@ const conflictedObjects = `(
 // Queries, in report order.
 var (
 	QueryTotals = Query{Name: "totals", Title: "Totals", SQL: `
-SELECT sum(requests), sum(write_attempts), sum(version_conflicts), sum(field_conflicts), sum(already_exists),
-	sum(delete_precondition_conflicts), sum(stampless_updates), sum(other_conflicts), sum(gone)
+SELECT toUInt64(sum(requests)), toUInt64(sum(write_attempts)), toUInt64(sum(version_conflicts)), toUInt64(sum(field_conflicts)),
+	toUInt64(sum(already_exists)), toUInt64(sum(delete_precondition_conflicts)), toUInt64(sum(stampless_updates)),
+	toUInt64(sum(other_conflicts)), toUInt64(sum(gone))
 FROM ` + counted}
 
 	QueryConflictsByUser = Query{Name: "conflicts_by_user", Title: "Version conflicts by writer", SQL: `
-SELECT writer AS user, sum(write_attempts) AS attempts, sum(write_version_conflicts) AS conflicts
+SELECT writer AS user, toUInt64(sum(write_attempts)) AS attempts, toUInt64(sum(write_version_conflicts)) AS conflicts
 FROM ` + counted + `
-WHERE write_attempts > 0
+WHERE write_attempts != 0
 GROUP BY user
 ORDER BY conflicts DESC, attempts DESC, user ASC
 LIMIT @top`}
 
 	QueryConflictsByResource = Query{Name: "conflicts_by_resource", Title: "Version conflicts by resource", SQL: `
-SELECT api_group, resource, sum(write_attempts) AS attempts, sum(write_version_conflicts) AS conflicts
+SELECT api_group, resource, toUInt64(sum(write_attempts)) AS attempts, toUInt64(sum(write_version_conflicts)) AS conflicts
 FROM ` + counted + `
-WHERE write_attempts > 0
+WHERE write_attempts != 0
 GROUP BY api_group, resource
 ORDER BY conflicts DESC, attempts DESC, api_group ASC, resource ASC
 LIMIT @top`}
@@ -216,9 +296,9 @@ LIMIT @top`}
 	// conflict, every object contends, so the ranking stays exact.
 	QueryHotObjects = Query{Name: "hot_objects", Title: "Hot objects", SQL: `
 SELECT any(api_group) AS g, any(resource) AS r, any(namespace) AS ns, any(name) AS n,
-	sum(write_attempts) AS attempts, uniqExact(writer) AS distinct_writers, sum(write_version_conflicts) AS conflicts
+	toUInt64(sum(write_attempts)) AS attempts, uniqExact(writer) AS distinct_writers, toUInt64(sum(write_version_conflicts)) AS conflicts
 FROM ` + counted + `
-WHERE write_attempts > 0 AND (` + objectHash + ` IN (
+WHERE write_attempts != 0 AND (` + objectHash + ` IN (
 		SELECT tupleElement(arrayJoin(arrayFilter((o, least) -> tupleElement(o, 2) >= least, objs,
 			replicate(arrayReduce('min', arraySlice(arrayReverseSort(arrayMap(o -> tupleElement(o, 2), objs)), 1, @top)), objs))), 1)
 		FROM ` + conflictedObjects + `)
@@ -271,16 +351,19 @@ ORDER BY conflicts DESC, user, api_group, resource, namespace, name, first_us
 LIMIT @top`}
 
 	QueryStamplessUpdates = Query{Name: "stampless_updates", Title: "Stampless updates", SQL: `
-SELECT writer AS user, api_group, resource, namespace, name, sum(stampless_updates) AS count
+SELECT writer AS user, api_group, resource, namespace, name, toUInt64(sum(stampless_updates)) AS count
 FROM ` + counted + `
-WHERE stampless_updates > 0
+WHERE stampless_updates != 0
 GROUP BY user, api_group, resource, namespace, name
 ORDER BY count DESC, user, api_group, resource, namespace, name
 LIMIT @top`}
 
 	// QueryLeaseHolderChanges collapses each lease's non-empty holders, in
 	// time order, into runs: every run after the first is a change. holders
-	// lists the runs' holders in order, so A -> B -> A lists A, B, A.
+	// lists the runs' holders in order, so A -> B -> A lists A, B, A. A
+	// copy of an event not merged away yet sorts next to its original
+	// (same instant, same holder) and so extends a run without starting
+	// one: no dedup needed.
 	QueryLeaseHolderChanges = Query{Name: "lease_holder_changes", Title: "Lease holder changes", SQL: `
 SELECT namespace, name, toUInt64(length(runs) - 1) AS changes, runs AS holders
 FROM (
@@ -304,9 +387,10 @@ FROM (
 	SELECT arrayJoin(arrayFilter(x -> like(tupleElement(x, 1), '%.stampguard.dev/%'), arrayMap((k, v) -> (k, v), annotation_keys, annotation_values))) AS kv,
 		splitByChar('/', tupleElement(kv, 1))[2] AS kind,
 		arrayJoin(extractAll(tupleElement(kv, 2), '\\{[^{}]*\\}')) AS entry
-	FROM {db}.events
-	PREWHERE notEmpty(annotation_keys)
-	WHERE ` + requests + `
+	FROM (SELECT ` + identity + `, annotation_keys, annotation_values FROM {db}.events
+		PREWHERE notEmpty(annotation_keys)
+		WHERE ` + requests + `
+		{dedup})
 )
 GROUP BY policy, kind, action
 ORDER BY count DESC, policy, kind, action
