@@ -1,0 +1,114 @@
+package sql
+
+import (
+	"fmt"
+	"strings"
+)
+
+// Grafana renders statements for the Grafana ClickHouse data source
+// (grafana-clickhouse-datasource): time becomes the plugin's macros, which
+// its backend expands before the SQL reaches ClickHouse ($__fromTime and
+// $__toTime are whole seconds and $__timeFilter includes both ends, so the
+// window is [from, to + 1s) in microseconds), and parameters become
+// Grafana template variables or literal values.
+//
+// Counting statements read request_rollup's whole hours inside the window
+// from request_rollup_epoch on and the raw events for the rest; the
+// retry-loop rows come from the tables of migration 3 from loop_epoch on
+// and from events before it. Both splits are exact, as in the report.
+type Grafana struct {
+	// Database holds the tables.
+	Database string
+	// Variables names the template variable of each parameter that one
+	// stands for, by parameter name. A filter's variable may be multi-value
+	// with "All" (its custom all value must be AllValue); cluster's is
+	// single-value.
+	Variables map[string]string
+	// Values are literal SQL for the parameters without a variable (a
+	// number, or a quoted string; a filter's '' means any). interval_s
+	// needs neither: it is always $__interval_s.
+	Values map[string]string
+}
+
+// AllValue is the custom "All" value of the filter variables: Grafana puts
+// it into the SQL as it is, and the filters read it as "any".
+const AllValue = `'__all__'`
+
+// The window on event_time_us and the rollup's hours, from the plugin's
+// macros. $__toTime is inclusive, so the window ends a second after it.
+const (
+	fromUs = `toUInt64(toUInt32($__fromTime)) * 1000000`
+	endUs  = `(toUInt64(toUInt32($__toTime)) + 1) * 1000000`
+	// grafanaWindow prunes day partitions with the same days toDate gives
+	// event_date (the server's time zone), then filters microseconds.
+	grafanaWindow = `event_date >= toDate($__fromTime) AND event_date <= toDate($__toTime) AND event_time_us >= ` + fromUs + ` AND event_time_us < ` + endUs
+	// hoursFrom and hoursTo are the rollup's whole hours in seconds: from
+	// the first whole hour in the window that request_rollup_epoch says is
+	// complete, to the last whole hour that ends inside the window.
+	hoursFrom     = `greatest(intDiv(toUInt32($__fromTime) + 3599, 3600) * 3600, (SELECT intDiv(toUInt32(max(complete_from)) + 3599, 3600) * 3600 FROM {db}.request_rollup_epoch))`
+	hoursTo       = `intDiv(toUInt32($__toTime) + 1, 3600) * 3600`
+	grafanaRollup = `hour >= toDateTime(` + hoursFrom + `) AND hour < toDateTime(` + hoursTo + `)`
+	grafanaRaw    = `({window} AND NOT (event_time_us >= toUInt64(` + hoursFrom + `) * 1000000 AND event_time_us < toUInt64(` + hoursTo + `) * 1000000))`
+	// loopEpochUs is when the retry-loop tables hold every event.
+	loopEpochUs        = `(SELECT toUInt64(toUInt32(max(complete_from))) * 1000000 FROM {db}.loop_epoch)`
+	grafanaLoopConflicts = `(SELECT event_date, event_time_us, cluster, writer, api_group, resource, namespace, name FROM {db}.loop_conflicts WHERE event_time_us >= ` + loopEpochUs + `
+		UNION ALL
+		SELECT event_date, event_time_us, cluster, writer, api_group, resource, namespace, name FROM ` + loopConflictsRaw + ` WHERE event_time_us < ` + loopEpochUs + `)`
+	grafanaLoopSuccesses = `(SELECT event_date, event_time_us, cluster, pair FROM {db}.loop_successes WHERE event_time_us >= ` + loopEpochUs + `
+		UNION ALL
+		SELECT event_date, event_time_us, cluster, pair FROM ` + loopSuccessesRaw + ` WHERE event_time_us < ` + loopEpochUs + `)`
+)
+
+// Bind renders s for a Grafana panel or alert query. It fails when a
+// parameter has neither a variable nor a value.
+func (g Grafana) Bind(s Statement) (string, error) {
+	var filters []string
+	params := []string{}
+	for _, p := range s.Params {
+		if p == IntervalS {
+			params = append(params, "@"+p.Name, "$__interval_s")
+			continue
+		}
+		v, isVar := g.Variables[p.Name]
+		lit, isLit := g.Values[p.Name]
+		if !isVar && !isLit {
+			return "", fmt.Errorf("statement %s: parameter %s has neither a variable nor a value", s.Name, p.Name)
+		}
+		switch {
+		case p.Column != "" && isVar:
+			ref := "${" + v + ":singlequote}"
+			filters = append(filters, "("+AllValue+" IN ("+ref+") OR "+p.Column+" IN ("+ref+"))")
+		case p.Column != "":
+			filters = append(filters, "("+lit+" = '' OR "+p.Column+" = "+lit+")")
+		case isVar && p.Type == TypeString:
+			params = append(params, "@"+p.Name, "${"+v+":singlequote}")
+		case isVar:
+			params = append(params, "@"+p.Name, "${"+v+"}")
+		default:
+			params = append(params, "@"+p.Name, lit)
+		}
+	}
+	sql := replace(s.SQL,
+		"{loop_conflicts}", grafanaLoopConflicts, "{loop_successes}", grafanaLoopSuccesses,
+		"{filters}", "("+strings.Join(filters, " AND ")+")",
+		"{raw_window}", grafanaRaw, "{rollup_window}", grafanaRollup, "{window}", grafanaWindow,
+		"{bucket}", "toDateTime(intDiv(toUInt32(event_time), @interval_s) * @interval_s)",
+		"{end_us}", endUs,
+		"{db}", g.Database)
+	// Longer names first: @namespace before @name.
+	return bindNames(sql, params), nil
+}
+
+// bindNames replaces each @name with its text, matching whole names only.
+func bindNames(sql string, pairs []string) string {
+	m := map[string]string{}
+	for i := 0; i+1 < len(pairs); i += 2 {
+		m[pairs[i]] = pairs[i+1]
+	}
+	return paramRef.ReplaceAllStringFunc(sql, func(ref string) string {
+		if v, ok := m[ref]; ok {
+			return v
+		}
+		return ref
+	})
+}
