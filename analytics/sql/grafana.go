@@ -50,7 +50,7 @@ const (
 	grafanaRollup = `hour >= toDateTime(` + hoursFrom + `) AND hour < toDateTime(` + hoursTo + `)`
 	grafanaRaw    = `({window} AND NOT (event_time_us >= toUInt64(` + hoursFrom + `) * 1000000 AND event_time_us < toUInt64(` + hoursTo + `) * 1000000))`
 	// loopEpochUs is when the retry-loop tables hold every event.
-	loopEpochUs        = `(SELECT toUInt64(toUInt32(max(complete_from))) * 1000000 FROM {db}.loop_epoch)`
+	loopEpochUs          = `(SELECT toUInt64(toUInt32(max(complete_from))) * 1000000 FROM {db}.loop_epoch)`
 	grafanaLoopConflicts = `(SELECT event_date, event_time_us, cluster, writer, api_group, resource, namespace, name FROM {db}.loop_conflicts WHERE event_time_us >= ` + loopEpochUs + `
 		UNION ALL
 		SELECT event_date, event_time_us, cluster, writer, api_group, resource, namespace, name FROM ` + loopConflictsRaw + ` WHERE event_time_us < ` + loopEpochUs + `)`
