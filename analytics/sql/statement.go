@@ -107,7 +107,7 @@ type Statement struct {
 	Name, Title string
 	Shape       Shape
 	// Params are the @name parameters the SQL uses; a filter parameter
-	// is used through {filters}.
+	// is used through {filters}, interval_s through {bucket}.
 	Params []Param
 	// Time is where the SQL places time.
 	Time []Window
@@ -134,6 +134,9 @@ func (s Statement) Validate() error {
 		for _, f := range Filters {
 			used = append(used, f.Name)
 		}
+	}
+	if strings.Contains(s.SQL, Bucket.Placeholder) {
+		used = append(used, IntervalS.Name)
 	}
 	var declared []string
 	for _, p := range s.Params {
