@@ -78,16 +78,8 @@ func Build(ctx context.Context, conn driver.Conn, o Options) (*Report, error) {
 		return nil, err
 	}
 	r := &Report{Window: Window{Since: o.Since.UTC().Format(TimeFormat), Until: o.Until.UTC().Format(TimeFormat)}}
-	o.rawLoops = o.NoRollup
-	if !o.NoRollup {
-		var rollupComplete, loopsComplete time.Time
-		epoch := func(table string) string { return "(SELECT max(complete_from) FROM " + o.Database + "." + table + ")" }
-		if err := conn.QueryRow(ctx, "SELECT "+epoch("request_rollup_epoch")+", "+epoch("loop_epoch")).
-			Scan(&rollupComplete, &loopsComplete); err != nil {
-			return nil, fmt.Errorf("read rollup epochs: %w", err)
-		}
-		o.rollupFrom, o.rollupTo = rollupHours(o.Since, o.Until, rollupComplete)
-		o.rawLoops = o.Since.Before(loopsComplete)
+	if err := o.split(ctx, conn); err != nil {
+		return nil, err
 	}
 	q := o.querier(ctx, conn)
 
@@ -138,6 +130,25 @@ func Build(ctx context.Context, conn driver.Conn, o Options) (*Report, error) {
 		return r, ErrNoEvents
 	}
 	return r, nil
+}
+
+// split decides where the window is read from: request_rollup's whole
+// hours from its epoch on, and the loop tables when the window begins at
+// or after theirs (both unless NoRollup).
+func (o *Options) split(ctx context.Context, conn driver.Conn) error {
+	o.rawLoops = o.NoRollup
+	if o.NoRollup {
+		return nil
+	}
+	var rollupComplete, loopsComplete time.Time
+	epoch := func(table string) string { return "(SELECT max(complete_from) FROM " + o.Database + "." + table + ")" }
+	if err := conn.QueryRow(ctx, "SELECT "+epoch("request_rollup_epoch")+", "+epoch("loop_epoch")).
+		Scan(&rollupComplete, &loopsComplete); err != nil {
+		return fmt.Errorf("read rollup epochs: %w", err)
+	}
+	o.rollupFrom, o.rollupTo = rollupHours(o.Since, o.Until, rollupComplete)
+	o.rawLoops = o.Since.Before(loopsComplete)
+	return nil
 }
 
 // rollupHours are the whole UTC hours inside [since, until) from complete

@@ -8,9 +8,12 @@ var (
 		Params: with(filtered, IntervalS), Time: []Window{Whole, Bucket},
 		Columns: []string{"time", "conflict_rate"},
 		SQL: `
-SELECT {bucket} AS time, countIf(class = 'version') AS conflicts, countIf(is_write) AS attempts, ` + rateOfAttempts + `
-FROM ` + classified + `
-GROUP BY time
+SELECT time, conflict_rate
+FROM (
+	SELECT {bucket} AS time, countIf(class = 'version') AS conflicts, countIf(is_write) AS attempts, ` + rateOfAttempts + `
+	FROM ` + classified + `
+	GROUP BY time
+)
 ORDER BY time`}
 
 	ConflictKindsSeries = Statement{Name: "conflict_kinds_series", Title: "Conflicts by kind", Shape: Series,
