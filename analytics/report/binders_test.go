@@ -59,6 +59,12 @@ func TestGrafanaBinderEqualsReportBinder(t *testing.T) {
 	if err := Synthesize(ctx, conn, db, "bench", 60_000, 5, t0, 4*time.Hour); err != nil {
 		t.Fatal(err)
 	}
+	// The writer and object name of the most conflicted pair, for the
+	// single-value filters.
+	var hotWriter, hotName string
+	if err := conn.QueryRow(ctx, "SELECT writer, name FROM "+db+".loop_conflicts GROUP BY writer, name ORDER BY count() DESC, writer, name LIMIT 1").Scan(&hotWriter, &hotName); err != nil {
+		t.Fatal(err)
+	}
 	values := map[string]string{"top": "1000", "gap_us": "300000000", "threshold": "5", "min_writes": "10", "stale_us": "600000000"}
 	extra := []any{clickhouse.Named("interval_s", uint64(600)), clickhouse.Named("min_writes", uint64(10)), clickhouse.Named("stale_us", uint64(600_000_000))}
 	type filter struct {
@@ -66,11 +72,13 @@ func TestGrafanaBinderEqualsReportBinder(t *testing.T) {
 		all   map[string]bool
 		names map[string]string
 	}
-	variables := map[string]string{"cluster": "cluster", "namespace": "namespace", "resource": "resource", "user": "user", "name": "name"}
+	variables := map[string]asql.Variable{"cluster": {Name: "cluster"}, "namespace": {Name: "namespace", Multi: true}, "resource": {Name: "resource", Multi: true}, "user": {Name: "user", Multi: true}, "name": {Name: "name"}}
 	filters := []filter{
-		{vars: map[string][]string{"cluster": {"bench"}}, all: map[string]bool{"namespace": true, "resource": true, "user": true, "name": true}},
-		{vars: map[string][]string{"cluster": {"bench"}, "resource": {"configmaps"}}, all: map[string]bool{"namespace": true, "user": true, "name": true},
+		{vars: map[string][]string{"cluster": {"bench"}, "name": {""}}, all: map[string]bool{"namespace": true, "resource": true, "user": true}},
+		{vars: map[string][]string{"cluster": {"bench"}, "resource": {"configmaps"}, "name": {""}}, all: map[string]bool{"namespace": true, "user": true},
 			names: map[string]string{"resource": "configmaps"}},
+		{vars: map[string][]string{"cluster": {"bench"}, "user": {hotWriter}, "name": {hotName}}, all: map[string]bool{"namespace": true, "resource": true},
+			names: map[string]string{"user": hotWriter, "name": hotName}},
 	}
 	windows := [][2]time.Duration{
 		{-time.Hour, 5 * time.Hour},
@@ -89,12 +97,17 @@ func TestGrafanaBinderEqualsReportBinder(t *testing.T) {
 		for _, w := range windows {
 			for _, f := range filters {
 				o := Options{Database: db, Cluster: "bench", Top: 1000, Since: t0.Add(w[0]), Until: t0.Add(w[1])}
-				o.Resource = f.names["resource"]
+				o.Resource, o.User = f.names["resource"], f.names["user"]
 				o.setDefaults()
 				if err := o.split(ctx, conn); err != nil {
 					t.Fatal(err)
 				}
 				q := o.querier(ctx, conn)
+				for i, a := range q.args {
+					if a.(driver.NamedValue).Name == asql.Name.Name {
+						q.args[i] = clickhouse.Named(asql.Name.Name, f.names["name"])
+					}
+				}
 				e := asql.Expansion{From: o.Since, To: o.Until.Add(-time.Second), Interval: 10 * time.Minute, Vars: f.vars, All: f.all}
 				g := asql.Grafana{Database: db, Variables: variables, Values: values}
 				for _, s := range asql.All {
@@ -112,7 +125,7 @@ func TestGrafanaBinderEqualsReportBinder(t *testing.T) {
 						t.Errorf("%s: columns %v, declared %v", s.Name, cols, s.Columns)
 					}
 					if !slices.Equal(got, want) {
-						t.Errorf("epoch +%s window %v resource %q: %s differs\nreport  %d rows %.300v\ngrafana %d rows %.300v", epoch, w, o.Resource, s.Name, len(want), want, len(got), got)
+						t.Errorf("epoch +%s window %v filters %v: %s differs\nreport  %d rows %.300v\ngrafana %d rows %.300v", epoch, w, f.names, s.Name, len(want), want, len(got), got)
 					}
 					if len(want) > 0 {
 						checked++
@@ -121,7 +134,7 @@ func TestGrafanaBinderEqualsReportBinder(t *testing.T) {
 			}
 		}
 	}
-	if checked < len(asql.All)*6 {
+	if checked < len(asql.All)*9 {
 		t.Errorf("only %d comparisons had rows", checked)
 	}
 }
@@ -135,7 +148,7 @@ func TestGrafanaMultiValueFiltersSumTheirValues(t *testing.T) {
 	if err := Synthesize(ctx, conn, db, "bench", 20_000, 9, t0, 2*time.Hour); err != nil {
 		t.Fatal(err)
 	}
-	g := asql.Grafana{Database: db, Variables: map[string]string{"cluster": "cluster", "namespace": "namespace", "resource": "resource", "user": "user", "name": "name"}}
+	g := asql.Grafana{Database: db, Variables: map[string]asql.Variable{"cluster": {Name: "cluster"}, "namespace": {Name: "namespace", Multi: true}, "resource": {Name: "resource", Multi: true}, "user": {Name: "user", Multi: true}, "name": {Name: "name"}}}
 	bound, err := g.Bind(asql.Totals)
 	if err != nil {
 		t.Fatal(err)
@@ -146,7 +159,7 @@ func TestGrafanaMultiValueFiltersSumTheirValues(t *testing.T) {
 	}
 	requests := func(ns ...string) uint64 {
 		e := asql.Expansion{From: t0, To: t0.Add(2 * time.Hour), Interval: time.Minute,
-			Vars: map[string][]string{"cluster": {"bench"}, "namespace": ns}, All: map[string]bool{"resource": true, "user": true, "name": true}}
+			Vars: map[string][]string{"cluster": {"bench"}, "namespace": ns, "name": {""}}, All: map[string]bool{"resource": true, "user": true}}
 		sql, err := e.Expand(bound)
 		if err != nil {
 			t.Fatal(err)

@@ -19,15 +19,23 @@ import (
 type Grafana struct {
 	// Database holds the tables.
 	Database string
-	// Variables names the template variable of each parameter that one
-	// stands for, by parameter name. A filter's variable may be multi-value
-	// with "All" (its custom all value must be AllValue); cluster's is
-	// single-value.
-	Variables map[string]string
+	// Variables are the template variables that stand for parameters, by
+	// parameter name.
+	Variables map[string]Variable
 	// Values are literal SQL for the parameters without a variable (a
 	// number, or a quoted string; a filter's '' means any). interval_s
 	// needs neither: it is always $__interval_s.
 	Values map[string]string
+}
+
+// Variable is a Grafana template variable standing for a parameter.
+type Variable struct {
+	// Name is the variable's name: the SQL refers to it as ${name}.
+	Name string
+	// Multi says the variable may select several values and "All" (whose
+	// custom all value must be AllValue); else it holds one value, and for
+	// a filter the empty value means any.
+	Multi bool
 }
 
 // AllValue is the custom "All" value of the filter variables: Grafana puts
@@ -75,15 +83,18 @@ func (g Grafana) Bind(s Statement) (string, error) {
 			return "", fmt.Errorf("statement %s: parameter %s has neither a variable nor a value", s.Name, p.Name)
 		}
 		switch {
-		case p.Column != "" && isVar:
-			ref := "${" + v + ":singlequote}"
+		case p.Column != "" && isVar && v.Multi:
+			ref := "${" + v.Name + ":singlequote}"
 			filters = append(filters, "("+AllValue+" IN ("+ref+") OR "+p.Column+" IN ("+ref+"))")
+		case p.Column != "" && isVar:
+			ref := "${" + v.Name + ":singlequote}"
+			filters = append(filters, "("+ref+" = '' OR "+p.Column+" = "+ref+")")
 		case p.Column != "":
 			filters = append(filters, "("+lit+" = '' OR "+p.Column+" = "+lit+")")
 		case isVar && p.Type == TypeString:
-			params = append(params, "@"+p.Name, "${"+v+":singlequote}")
+			params = append(params, "@"+p.Name, "${"+v.Name+":singlequote}")
 		case isVar:
-			params = append(params, "@"+p.Name, "${"+v+"}")
+			params = append(params, "@"+p.Name, "${"+v.Name+"}")
 		default:
 			params = append(params, "@"+p.Name, lit)
 		}
@@ -95,7 +106,6 @@ func (g Grafana) Bind(s Statement) (string, error) {
 		"{bucket}", "toDateTime(intDiv(toUInt32(event_time), @interval_s) * @interval_s)",
 		"{end_us}", endUs,
 		"{db}", g.Database)
-	// Longer names first: @namespace before @name.
 	return bindNames(sql, params), nil
 }
 

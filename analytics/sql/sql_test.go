@@ -40,7 +40,7 @@ func TestValidateNamesTheProblem(t *testing.T) {
 
 // dashboardBinder binds as the dashboards do.
 var dashboardBinder = Grafana{Database: "stampguard",
-	Variables: map[string]string{"cluster": "cluster", "namespace": "namespace", "resource": "resource", "user": "user", "name": "name"},
+	Variables: map[string]Variable{"cluster": {Name: "cluster"}, "namespace": {Name: "namespace", Multi: true}, "resource": {Name: "resource", Multi: true}, "user": {Name: "user", Multi: true}, "name": {Name: "name"}},
 	Values:    map[string]string{"top": "20", "gap_us": "300000000", "threshold": "5", "min_writes": "20", "stale_us": "600000000"}}
 
 var leftover = regexp.MustCompile(`@[a-z_]+|\{[a-z_]+\}`)
