@@ -296,7 +296,9 @@ func TestAlertRulesStructure(t *testing.T) {
 		// As for panels, the SDK's strict decoder loses a model behind a
 		// typed-nil error: decode each model strictly on its own, then the
 		// rule with the ordinary decoder.
-		var data struct{ Data []struct{ Model json.RawMessage } }
+		var data struct {
+			Data []struct{ Model json.RawMessage }
+		}
 		_ = json.Unmarshal(rawRule, &data)
 		for j, d := range data.Data {
 			m, err := cog.StrictUnmarshalDataquery(d.Model, "")
