@@ -256,3 +256,19 @@ func (bd *board) add(p cog.Builder[dashboard.Panel]) {
 func (bd *board) row(title string) {
 	bd.b.WithRow(dashboard.NewRowBuilder(title).Id(bd.id()))
 }
+
+// Expanded is every ClickHouse query of the generated files, by Query.Name,
+// with e applied as Grafana and the plugin apply it: the SQL that reaches
+// ClickHouse. Tests run it on ClickHouse 18.16, and a suite on a current
+// release can run the same list.
+func (g *Generated) Expanded(e asql.Expansion) (map[string]string, error) {
+	out := make(map[string]string, len(g.Queries))
+	for _, q := range g.Queries {
+		sql, err := e.Expand(q.SQL)
+		if err != nil {
+			return nil, fmt.Errorf("%s: %w", q.Name, err)
+		}
+		out[q.Name] = sql
+	}
+	return out, nil
+}

@@ -6,10 +6,13 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"regexp"
 	"slices"
+	"strings"
 	"testing"
+	"time"
 
 	"github.com/grafana/grafana-foundation-sdk/go/alerting"
 	"github.com/grafana/grafana-foundation-sdk/go/cog"
@@ -17,6 +20,8 @@ import (
 	"github.com/grafana/grafana-foundation-sdk/go/cog/variants"
 	"github.com/grafana/grafana-foundation-sdk/go/dashboard"
 	"sigs.k8s.io/yaml"
+
+	asql "github.com/stampguard/stampguard/analytics/sql"
 )
 
 func generated(t *testing.T) (*Generated, map[string][]byte) {
@@ -353,5 +358,47 @@ func TestAlertRulesStructure(t *testing.T) {
 	}
 	if len(uids) != 6 {
 		t.Errorf("%d rules, want 6", len(uids))
+	}
+}
+
+// TestImportsNoDriver keeps the generator (and analytics/sql under it)
+// free of the ClickHouse driver, the spool and the log reader.
+func TestImportsNoDriver(t *testing.T) {
+	out, err := exec.Command("go", "list", "-deps", ".").Output()
+	if err != nil {
+		t.Fatalf("go list: %v", err)
+	}
+	for _, dep := range strings.Fields(string(out)) {
+		switch {
+		case strings.HasPrefix(dep, "github.com/ClickHouse/"),
+			dep == "github.com/stampguard/stampguard/analytics",
+			strings.HasPrefix(dep, "github.com/stampguard/stampguard/analytics/spool"),
+			strings.HasPrefix(dep, "github.com/stampguard/stampguard/analytics/logfile"):
+			t.Errorf("dashboards depends on %s", dep)
+		}
+	}
+	if !strings.Contains(string(out), "github.com/stampguard/stampguard/analytics/sql") {
+		t.Error("dashboards does not use analytics/sql")
+	}
+}
+
+// TestEveryQueryExpands expands every query for one selection of the
+// variables: no placeholder, parameter or macro is left.
+func TestEveryQueryExpands(t *testing.T) {
+	g, _ := generated(t)
+	e := asql.Expansion{From: time.Unix(1700000000, 0), To: time.Unix(1700003600, 0), Interval: time.Minute,
+		Vars: map[string][]string{"cluster": {"c"}, "namespace": {"a", "b"}, "name": {""}}, All: map[string]bool{"resource": true, "user": true}}
+	sqls, err := g.Expanded(e)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(sqls) != len(g.Queries) || len(sqls) < 40 {
+		t.Fatalf("%d expansions of %d queries", len(sqls), len(g.Queries))
+	}
+	left := regexp.MustCompile(`@[a-z_]+|\{[a-z_]+\}|\$__|\$\{`)
+	for name, sql := range sqls {
+		if m := left.FindString(sql); m != "" {
+			t.Errorf("%s: %s left over", name, m)
+		}
 	}
 }
