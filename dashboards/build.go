@@ -99,7 +99,7 @@ func (g *generator) clickHouseBoard(uid, title, description string, tags ...stri
 	bd.queryVariable("cluster", "Cluster", false,
 		`SELECT DISTINCT cluster FROM `+db+`.request_rollup WHERE event_date >= today() - 7 ORDER BY cluster`)
 	in := func(col string) string {
-		return `SELECT DISTINCT ` + col + ` FROM ` + db + `.request_rollup WHERE event_date >= today() - 7 AND cluster = ${cluster:singlequote} ORDER BY ` + col
+		return `SELECT DISTINCT ` + col + ` FROM ` + db + `.request_rollup WHERE event_date >= today() - 7 AND cluster = ${cluster:singlequote} AND ` + col + ` != '' ORDER BY ` + col
 	}
 	bd.queryVariable("namespace", "Namespace", true, in("namespace"))
 	bd.queryVariable("resource", "Resource", true, in("resource"))
