@@ -402,3 +402,27 @@ func TestEveryQueryExpands(t *testing.T) {
 		}
 	}
 }
+
+// TestRunbooksExist requires the README section each rule's runbook_url
+// points at.
+func TestRunbooksExist(t *testing.T) {
+	readme, err := os.ReadFile("../README.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	anchors := map[string]bool{}
+	for _, line := range strings.Split(string(readme), "\n") {
+		if h, ok := strings.CutPrefix(line, "### "); ok {
+			a := strings.ToLower(h)
+			a = regexp.MustCompile(`[^a-z0-9 -]`).ReplaceAllString(a, "")
+			anchors[strings.ReplaceAll(a, " ", "-")] = true
+		}
+	}
+	g, _ := generated(t)
+	for _, r := range g.Rules.Rules {
+		anchor, ok := strings.CutPrefix(r.Annotations["runbook_url"], RunbookBase)
+		if !ok || !anchors[anchor] {
+			t.Errorf("rule %q: runbook %q is no README section", r.Title, r.Annotations["runbook_url"])
+		}
+	}
+}
