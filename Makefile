@@ -31,6 +31,11 @@ clickhouse: ## install Debian's clickhouse-server when it is missing
 	@command -v clickhouse-server >/dev/null && command -v clickhouse-client >/dev/null || { \
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq clickhouse-server clickhouse-client >/dev/null; }
 
+.PHONY: zookeeper
+zookeeper: ## install Debian's zookeeper (for the ClickHouse cluster tests) when it is missing
+	@ls /usr/share/java/zookeeper-3*.jar >/dev/null 2>&1 && command -v java >/dev/null || { \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq zookeeper >/dev/null; }
+
 $(BIN)/controller-gen:
 	GOBIN=$(BIN) $(GO) install sigs.k8s.io/controller-tools/cmd/controller-gen@$(CTRLGEN_VER)
 
@@ -71,7 +76,7 @@ demo: controlplane ## start a real apiserver with the webhook and play the write
 ## --- tests ----------------------------------------------------------------
 
 .PHONY: test
-test: controlplane clickhouse verify-generate ## unit and end-to-end tests against a real apiserver and ClickHouse (the CI command)
+test: controlplane clickhouse zookeeper verify-generate ## unit and end-to-end tests against a real apiserver and ClickHouse (the CI command)
 	$(GO) vet ./...
 	$(GO) test -race -count=1 -timeout 45m ./...
 
@@ -80,7 +85,7 @@ test-unit: ## tests that need neither an apiserver nor ClickHouse
 	$(GO) test -race -count=1 -short ./...
 
 .PHONY: bench
-bench: controlplane clickhouse ## benchmarks (see BENCHMARKS.md)
+bench: controlplane clickhouse zookeeper ## benchmarks (see BENCHMARKS.md)
 	$(GO) test -run '^$$' -bench . -benchmem -count 6 ./... | tee bench.out
 
 FUZZTIME ?= 60s

@@ -23,7 +23,6 @@ type Accepter struct {
 	// RecordBytes starts a new record once one is this large; defaulted to
 	// 16 MiB (large raw events must not make a record the spool refuses).
 	RecordBytes int
-	Metrics     *Metrics
 }
 
 // AcceptResult counts what Accept saw.
@@ -78,14 +77,8 @@ func (a *Accepter) Accept(cluster, source string, items ItemReader, emit func(re
 			// encoded below, before the next call to Next.
 			err = a.Decoder.Decode(unsafe.String(unsafe.SliceData(it.Raw), len(it.Raw)), &row)
 			if err == nil {
-				if a.Metrics != nil {
-					a.Metrics.Received.WithLabelValues(source).Inc()
-				}
 				if !slices.Contains(stages, row.Stage) {
 					res.Skipped++
-					if a.Metrics != nil {
-						a.Metrics.Skipped.Inc()
-					}
 					continue
 				}
 				row.Cluster = cluster
@@ -104,9 +97,6 @@ func (a *Accepter) Accept(cluster, source string, items ItemReader, emit func(re
 			Raw: a.deadRaw(it.Raw), ReceivedAt: time.Now().UnixMicro()}
 		rec = AppendDeadLetter(rec, &d)
 		res.Rejected++
-		if a.Metrics != nil {
-			a.Metrics.DeadLettered.WithLabelValues(source).Inc()
-		}
 		if n++; n >= maxRows || len(rec) >= maxBytes {
 			if err := flush(); err != nil {
 				return res, err

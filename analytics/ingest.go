@@ -239,24 +239,30 @@ func Tail(ctx context.Context, st Inserter, path string, o TailOptions) error {
 	}
 	defer f.Close()
 	var (
-		items []Item
-		last  logfile.Checkpoint
-		res   IngestResult
+		items       []Item
+		last        logfile.Checkpoint
+		res         IngestResult
+		lostCounted int64 // f.LostBytes() already in the metric
 	)
 	flush := func() error {
 		if len(items) == 0 {
 			return nil
 		}
 		before := res
-		_, err := o.Accepter.Accept(o.Cluster, "tail", &sliceItems{items: items}, func(rec []byte) error {
+		accepted, err := o.Accepter.Accept(o.Cluster, "tail", &sliceItems{items: items}, func(rec []byte) error {
 			return insertRecord(ctx, st, rec, &res, o.Logger)
 		})
 		if err != nil {
 			return err
 		}
 		if m := o.Metrics; m != nil {
+			m.CountAccepted("tail", accepted)
 			m.Stored.Add(float64(res.Stored - before.Stored))
 			m.Deduplicated.Add(float64(res.Duplicates - before.Duplicates))
+			if lost := f.LostBytes(); lost > lostCounted {
+				m.TailLostBytes.Add(float64(lost - lostCounted))
+				lostCounted = lost
+			}
 		}
 		if last != (logfile.Checkpoint{}) {
 			if err := f.Confirm(last); err != nil {

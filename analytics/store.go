@@ -234,7 +234,7 @@ func (s *Store) lookup(ctx context.Context, cluster string, rows []rowRef, store
 	res, err := s.conn.Query(clickhouse.Context(ctx, clickhouse.WithExternalTable(keys)), q,
 		clickhouse.GroupSet{Value: dayList}, cluster)
 	if err != nil {
-		return fmt.Errorf("look up stored event keys: %w", err)
+		return fmt.Errorf("look up stored event keys: %w", lookupError{err})
 	}
 	defer res.Close()
 	for res.Next() {

@@ -20,8 +20,17 @@ const (
 	SampleBytes = 64 << 10
 )
 
-// ErrEventTooLarge marks an event above the configured size limit.
+// ErrEventTooLarge marks an event above the configured size limit; the
+// error that matches it names the event's size and the limit.
 var ErrEventTooLarge = errors.New("event larger than the size limit")
+
+type eventSizeError struct{ size, limit int }
+
+func (e eventSizeError) Error() string {
+	return fmt.Sprintf("event of %d bytes is larger than the limit of %d bytes", e.size, e.limit)
+}
+
+func (e eventSizeError) Is(target error) bool { return target == ErrEventTooLarge }
 
 // Item is one raw event split from a stream. Raw is valid until the next
 // call to Next. When Err is set the item is a dead letter: Raw holds (a
@@ -97,7 +106,11 @@ func (l *LinesReader) Next() (Item, error) {
 		trimmed := bytes.TrimSpace(line)
 		switch {
 		case n > l.max:
-			item = Item{Raw: sample(trimmed), Err: fmt.Errorf("%w (%d bytes)", ErrEventTooLarge, n)}
+			size := n
+			if err == nil {
+				size-- // the newline
+			}
+			item = Item{Raw: sample(trimmed), Err: eventSizeError{size, l.max}}
 		case len(trimmed) > 0:
 			item = Item{Raw: trimmed}
 		case err == io.EOF:
@@ -116,9 +129,29 @@ func sample(b []byte) []byte {
 	return b
 }
 
+// EventListVersion is the only EventList apiVersion the sink reads. The
+// apiserver of every supported Kubernetes release sends it
+// (--audit-webhook-version accepts nothing else since v1beta1 was
+// removed), so another version means a misconfigured or foreign client.
+const EventListVersion = "audit.k8s.io/v1"
+
+// EnvelopeError reports a body that is JSON but not an audit.k8s.io/v1
+// EventList: a wrong or missing kind or apiVersion, items that are not an
+// array, a single Event without the wrapper. ListReader returns it before
+// handing out any item, so nothing of the body is stored; the sink answers
+// 400 with it.
+type EnvelopeError struct{ Reason string }
+
+// Error implements error.
+func (e *EnvelopeError) Error() string {
+	return "not an " + EventListVersion + " EventList: " + e.Reason
+}
+
 // ListReader splits an audit.k8s.io/v1 EventList
-// ({"kind":"EventList",...,"items":[{...},{...}]}) into its items as a
-// stream: it holds one item at a time, never the whole body.
+// ({"kind":"EventList","apiVersion":"audit.k8s.io/v1",...,"items":[{...},{...}]})
+// into its items as a stream: it holds one item at a time, never the whole
+// body. kind and apiVersion must come before items (the apiserver writes
+// them first), so that the envelope is checked before anything is stored.
 type ListReader struct {
 	r     io.Reader
 	max   int
@@ -130,6 +163,10 @@ type ListReader struct {
 	state int
 	done  bool
 	moved int64 // bytes copied by compaction and growth (kept linear)
+
+	kind, version bool // seen, and valid
+	items         bool // the items member was met
+	eventKeys     bool // a key only an Event has (auditID, stage) was met
 }
 
 const (
@@ -350,7 +387,7 @@ func (l *ListReader) finish(head []byte, skipped int) ([]byte, error) {
 			head = sample(l.buf[l.start:l.pos])
 		}
 		l.start = l.pos
-		return head, fmt.Errorf("%w (%d bytes)", ErrEventTooLarge, size)
+		return head, eventSizeError{size, l.max}
 	}
 	b := l.buf[l.start:l.pos]
 	l.start = l.pos
@@ -369,6 +406,94 @@ func (l *ListReader) malformed(reason string) (Item, error) {
 	return Item{Raw: rest, Err: fmt.Errorf("malformed EventList: %s", reason)}, nil
 }
 
+// envelope ends the stream with an *EnvelopeError.
+func (l *ListReader) envelope(format string, args ...any) (Item, error) {
+	l.done = true
+	return Item{}, &EnvelopeError{Reason: fmt.Sprintf(format, args...)}
+}
+
+// jsonType names the JSON type of a value by its first byte.
+func jsonType(c byte) string {
+	switch c {
+	case '{':
+		return "an object"
+	case '[':
+		return "an array"
+	case '"':
+		return "a string"
+	case 't', 'f':
+		return "a boolean"
+	case 'n':
+		return "null"
+	}
+	return "a number"
+}
+
+// member checks an envelope member whose value starts at pos: kind and
+// apiVersion are checked, items opens the list. It reports whether the
+// value was consumed (items, kind, apiVersion) and the envelope error, if
+// any.
+func (l *ListReader) member(key string, c byte) (bool, *EnvelopeError) {
+	envErr := func(format string, args ...any) (bool, *EnvelopeError) {
+		return true, &EnvelopeError{Reason: fmt.Sprintf(format, args...)}
+	}
+	switch key {
+	case `"auditID"`, `"stage"`, `"stageTimestamp"`:
+		l.eventKeys = true
+	case `"kind"`, `"apiVersion"`:
+		if l.items {
+			return false, nil // a repeat after the items: ListReader ignores it
+		}
+		raw, err := l.value()
+		if err != nil || l.rerr != nil {
+			return true, nil // value's error is met again by the caller's next read
+		}
+		v := string(raw)
+		if key == `"kind"` {
+			switch v {
+			case `"EventList"`:
+				l.kind = true
+			case `"Event"`:
+				return envErr(`kind "Event": a single audit Event, not an EventList; send {"kind":"EventList","apiVersion":%q,"items":[...]}`, EventListVersion)
+			default:
+				return envErr("kind %s, want \"EventList\"", v)
+			}
+			return true, nil
+		}
+		switch v {
+		case `"` + EventListVersion + `"`:
+			l.version = true
+		case `"audit.k8s.io/v1beta1"`, `"audit.k8s.io/v1alpha1"`:
+			return envErr("apiVersion %s is not read by this sink: send %s (kube-apiserver --audit-webhook-version=%s, the default)", v, EventListVersion, EventListVersion)
+		default:
+			return envErr("apiVersion %s, want %q", v, EventListVersion)
+		}
+		return true, nil
+	case `"items"`:
+		if l.items {
+			return false, nil
+		}
+		l.items = true
+		switch {
+		case !l.kind && !l.version:
+			return envErr("kind and apiVersion must come before items")
+		case !l.kind:
+			return envErr("no kind before items")
+		case !l.version:
+			return envErr("no apiVersion before items")
+		case c == '[':
+			l.pos++
+			l.state = listItems
+			return true, nil
+		case c == 'n':
+			return false, nil // null: no items
+		default:
+			return envErr("items is %s, not an array", jsonType(c))
+		}
+	}
+	return false, nil
+}
+
 // Next implements ItemReader.
 func (l *ListReader) Next() (Item, error) {
 	for !l.done {
@@ -379,9 +504,12 @@ func (l *ListReader) Next() (Item, error) {
 		switch l.state {
 		case listBegin:
 			if c != '{' {
-				if c == 0 {
+				switch c {
+				case 0:
 					l.done = true
 					return Item{}, io.EOF
+				case '[':
+					return l.envelope("the body is a JSON array, not an EventList object")
 				}
 				return l.malformed("expected an object")
 			}
@@ -395,6 +523,12 @@ func (l *ListReader) Next() (Item, error) {
 			case '}':
 				l.pos++
 				l.state = listEnd
+				if !l.items {
+					if l.eventKeys {
+						return l.envelope("a single audit Event without the EventList wrapper")
+					}
+					return l.envelope("no items")
+				}
 				continue
 			case '"':
 			default:
@@ -417,9 +551,10 @@ func (l *ListReader) Next() (Item, error) {
 			if c == 0 {
 				return l.malformed("unexpected end of input")
 			}
-			if key == `"items"` && c == '[' {
-				l.pos++
-				l.state = listItems
+			if used, envErr := l.member(key, c); envErr != nil {
+				l.done = true
+				return Item{}, envErr
+			} else if used {
 				continue
 			}
 			if _, err := l.value(); l.rerr != nil {

@@ -5,6 +5,7 @@ import (
 	"compress/gzip"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"strings"
 	"testing"
@@ -55,8 +56,9 @@ func TestListReaderSplitsEventLists(t *testing.T) {
 	}{
 		{"an EventList yields its items in order", eventList(events...), 0, events, 0},
 		{"an empty EventList yields nothing", eventList(), 0, nil, 0},
-		{"keys after items are read too", `{"items":[` + events[0] + `],"kind":"EventList"}`, 0, events[:1], 0},
-		{"whitespace and newlines between items are fine", "{\n \"items\" : [\n" + events[0] + " ,\n\t" + events[1] + "\n]\n}\n", 0, events[:2], 0},
+		{"keys after items are read too", `{"kind":"EventList","apiVersion":"audit.k8s.io/v1","items":[` + events[0] + `],"metadata":{"x":1}}`, 0, events[:1], 0},
+		{"whitespace and newlines between items are fine", "{\"kind\":\"EventList\",\"apiVersion\":\"audit.k8s.io/v1\",\n \"items\" : [\n" + events[0] + " ,\n\t" + events[1] + "\n]\n}\n", 0, events[:2], 0},
+		{"items null is an empty list", `{"kind":"EventList","apiVersion":"audit.k8s.io/v1","items":null}`, 0, nil, 0},
 		{"a non-object item is a dead letter between valid neighbours", eventList(events[0], `"x"`, `[1]`, events[1]), 0, events[:2], 2},
 		{"an oversized item is a dead letter and its neighbours survive", eventList(events[2], events[0], events[3]), 1200, []string{events[2], events[3]}, 1},
 		{"a truncated body keeps the items before the cut", eventList(events[0], events[1])[:len(eventList(events[0], events[1]))-200], 0, events[:1], 1},
@@ -81,6 +83,66 @@ func TestListReaderSplitsEventLists(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// TestListReaderRefusesWhatIsNotAnEventList: a body that is JSON but not
+// an audit.k8s.io/v1 EventList ends the stream with an *EnvelopeError
+// naming the problem, before any item is handed out, so nothing of it is
+// stored and the sink can answer 400.
+func TestListReaderRefusesWhatIsNotAnEventList(t *testing.T) {
+	events := realEvents(t)
+	tests := []struct {
+		name, body, want string
+	}{
+		{"a single Event without the wrapper", events[0][:1] + `"kind":"Event","apiVersion":"audit.k8s.io/v1",` + events[0][1:], `kind "Event"`},
+		{"a single Event without kind or wrapper", events[0], "a single audit Event"},
+		{"another kind", `{"kind":"Pod","apiVersion":"audit.k8s.io/v1","items":[` + events[0] + `]}`, `kind "Pod"`},
+		{"kind not a string", `{"kind":7,"apiVersion":"audit.k8s.io/v1","items":[]}`, "kind 7"},
+		{"apiVersion v1beta1", `{"kind":"EventList","apiVersion":"audit.k8s.io/v1beta1","items":[` + events[0] + `]}`, "audit.k8s.io/v1beta1"},
+		{"another apiVersion", `{"kind":"EventList","apiVersion":"v1","items":[` + events[0] + `]}`, `apiVersion "v1"`},
+		{"items an object", `{"kind":"EventList","apiVersion":"audit.k8s.io/v1","items":{"a":1}}`, "items is an object"},
+		{"items a string", `{"kind":"EventList","apiVersion":"audit.k8s.io/v1","items":"x"}`, "items is a string"},
+		{"no items", `{"kind":"EventList","apiVersion":"audit.k8s.io/v1","metadata":{}}`, "no items"},
+		{"items before kind", `{"items":[` + events[0] + `],"kind":"EventList","apiVersion":"audit.k8s.io/v1"}`, "before items"},
+		{"no apiVersion", `{"kind":"EventList","items":[` + events[0] + `]}`, "no apiVersion"},
+		{"a JSON array of events", `[` + events[0] + `]`, "array"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			for _, slow := range []bool{false, true} {
+				var r io.Reader = strings.NewReader(tt.body)
+				if slow {
+					r = oneByteReader{r}
+				}
+				lr := NewListReader(r, 0)
+				it, err := lr.Next()
+				var env *EnvelopeError
+				if !errors.As(err, &env) {
+					t.Fatalf("slow=%v: first Next gave item %q (err %v) and %v, want an EnvelopeError", slow, it.Raw, it.Err, err)
+				}
+				if !strings.Contains(err.Error(), tt.want) {
+					t.Errorf("slow=%v: %q does not name %q", slow, err, tt.want)
+				}
+				if _, err := lr.Next(); !errors.Is(err, io.EOF) {
+					t.Errorf("slow=%v: after the envelope error: %v, want EOF", slow, err)
+				}
+			}
+		})
+	}
+}
+
+func TestOversizedEventsNameTheirSizeAndTheLimit(t *testing.T) {
+	events := realEvents(t)
+	want := fmt.Sprintf("event of %d bytes is larger than the limit of 1200 bytes", len(events[0]))
+	for name, r := range map[string]ItemReader{
+		"EventList":  NewListReader(strings.NewReader(eventList(events[2], events[0], events[3])), 1200),
+		"JSON lines": NewLinesReader(strings.NewReader(events[2]+"\n"+events[0]+"\n"+events[3]+"\n"), 1200),
+	} {
+		_, errs := readAll(t, r)
+		if len(errs) != 1 || !strings.Contains(errs[0], want) {
+			t.Errorf("%s: dead letters %q, want one saying %q", name, errs, want)
+		}
 	}
 }
 
@@ -143,8 +205,8 @@ func FuzzListReader(f *testing.F) {
 	events := realEvents(f)
 	f.Add(eventList(events...))
 	f.Add(eventList(events[0], `"x"`, events[1]))
-	f.Add(`{"items":[{"a":"}"}],"metadata":{"x":[1,{"y":"]"}]}}`)
-	f.Add(`{"items":[{"a":"\\\"}"},{"b":"\\\\"},{"c":["]",{"d":"\\"}]}]}`)
+	f.Add(`{"kind":"EventList","apiVersion":"audit.k8s.io/v1","items":[{"a":"}"}],"metadata":{"x":[1,{"y":"]"}]}}`)
+	f.Add(`{"kind":"EventList","apiVersion":"audit.k8s.io/v1","items":[{"a":"\\\"}"},{"b":"\\\\"},{"c":["]",{"d":"\\"}]}]}`)
 	f.Fuzz(func(t *testing.T, body string) {
 		// A byte at a time takes value's resumable path; the whole body at
 		// once takes objectEnd's fast one. Both must split alike.
@@ -166,6 +228,13 @@ func checkSplit(t *testing.T, body string, r io.Reader) {
 		it, err := lr.Next()
 		if errors.Is(err, io.EOF) {
 			break
+		}
+		var env *EnvelopeError
+		if errors.As(err, &env) {
+			if len(got) > 0 || deadLetters > 0 {
+				t.Fatalf("an envelope error (%v) after %d items of %q", err, len(got)+deadLetters, body)
+			}
+			return // not a v1 EventList; nothing handed out
 		}
 		if err != nil {
 			t.Fatal(err)

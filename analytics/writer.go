@@ -256,9 +256,7 @@ func (w *Writer) insert(ctx context.Context, set *RecordSet) error {
 		if ctx.Err() != nil {
 			return ctx.Err()
 		}
-		if w.o.Metrics != nil {
-			w.o.Metrics.CHErrors.Inc()
-		}
+		w.o.Metrics.CountCHError(OpInsert, err)
 		w.o.Logger.Warn("ClickHouse insert failed; retrying", "err", err, "rows", set.Rows(), "retryIn", backoff)
 		w.gauge()
 		select {

@@ -227,7 +227,7 @@ func TestWriterWaitsOutClickHouseDowntime(t *testing.T) {
 	if n := count(t, st, "SELECT count() FROM {db}.events"); n != want {
 		t.Fatalf("%d events after ClickHouse returned, want %d", n, want)
 	}
-	if got := testutilValue(m.CHErrors); got < 1 {
+	if got := testutilValue(m.CHErrors.WithLabelValues(OpInsert)) + testutilValue(m.CHErrors.WithLabelValues(OpLookup)); got < 1 {
 		t.Errorf("clickhouse error counter %v, want >= 1", got)
 	}
 }

@@ -33,9 +33,14 @@
 // on: to backups that sort after it by name (more rotations happened while
 // it was not looking), then to the new file. A missing file is waited for;
 // a file that shrinks below the read offset, or whose first bytes change,
-// was truncated and is read again from its start (with a logged warning:
-// lines written between the last read and the truncation cannot be
-// recovered; the apiserver itself never truncates). A line is yielded only once
+// was truncated and is read again from its start. Truncation loses data:
+// the lines written between the last read and the truncation are never
+// read from the file. For a copytruncate rotation the follower finds the
+// copy (a sibling with the same first bytes), logs how many bytes it holds
+// past the read offset and its name (ingest it to store them), and counts
+// them in LostBytes; what was written between the copy and the truncation
+// is lost and cannot be counted. Rename rotation (lumberjack, the
+// apiserver's own) loses nothing. A line is yielded only once
 // its newline is there. Polling, no inotify: the interval bounds the delay.
 // Follow reads plain files only: a backup that lumberjack compressed (and
 // whose plain file it removed) before the follower got to it is skipped;

@@ -80,6 +80,7 @@ type Follower struct {
 	sc    *scanner
 	atEOF bool   // the last read of cur hit its end
 	after string // name of the last finished backup; newer ones are next
+	lost  int64  // bytes known lost to truncations (LostBytes)
 }
 
 // followed is one open file.
@@ -402,7 +403,19 @@ func (fl *Follower) check() (bool, error) {
 		rewritten = !bytes.Equal(head[:got], fl.cur.head)
 	}
 	if rewritten || cst.Size() < fl.sc.consumed() {
-		fl.log.Warn("file truncated; reading it again from the start", "size", cst.Size(), "offset", fl.sc.consumed())
+		consumed := fl.sc.consumed()
+		if copyName, lost := fl.copyOf(consumed); copyName != "" {
+			fl.lost += lost
+			fl.log.Warn("file truncated in place (copytruncate rotation); reading it again from the start. "+
+				"Lines written after the last read were not read from it: they are in the copy (ingest it; what tail stored is deduplicated). "+
+				"Lines written between the copy and the truncation are lost. Rotate by renaming to lose nothing.",
+				"size", cst.Size(), "offset", consumed, "lostBytes", lost, "copy", copyName)
+		} else {
+			fl.log.Warn("file truncated in place; reading it again from the start. "+
+				"Lines written after the last read and before the truncation are lost; no copy of the file was found to count them. "+
+				"Rotate by renaming to lose nothing.",
+				"size", cst.Size(), "offset", consumed, "lostBytesUnknown", true)
+		}
 		if _, err := fl.cur.f.Seek(0, io.SeekStart); err != nil {
 			return false, fmt.Errorf("seek %s: %w", fl.cur.f.Name(), err)
 		}
@@ -412,6 +425,54 @@ func (fl *Follower) check() (bool, error) {
 	}
 	return false, nil
 }
+
+// copyOf finds the copy a copytruncate rotation made of the current file:
+// a sibling whose first bytes are the file's as last read and that is at
+// least as long as what was read. It returns the newest such copy and how
+// many bytes it holds past the read offset (0, "" if there is none).
+func (fl *Follower) copyOf(consumed int64) (string, int64) {
+	head := fl.cur.head
+	if len(head) == 0 {
+		return "", 0
+	}
+	dir := filepath.Dir(fl.path)
+	entries, err := os.ReadDir(dir)
+	if err != nil {
+		return "", 0
+	}
+	var best string
+	var bestSize int64
+	var bestTime time.Time
+	buf := make([]byte, len(head))
+	for _, e := range entries {
+		if !e.Type().IsRegular() || e.Name() == filepath.Base(fl.path) {
+			continue
+		}
+		name := filepath.Join(dir, e.Name())
+		f, err := os.Open(name)
+		if err != nil {
+			continue
+		}
+		n, _ := io.ReadFull(f, buf)
+		st, serr := f.Stat()
+		f.Close()
+		if serr != nil || n < len(head) || !bytes.Equal(buf, head) || st.Size() < consumed {
+			continue
+		}
+		if best == "" || st.ModTime().After(bestTime) {
+			best, bestSize, bestTime = name, st.Size(), st.ModTime()
+		}
+	}
+	if best == "" {
+		return "", 0
+	}
+	return best, bestSize - consumed
+}
+
+// LostBytes is the number of bytes that truncations of the followed file
+// (copytruncate rotations) destroyed before they were read, as far as a
+// copy of the file could count them.
+func (fl *Follower) LostBytes() int64 { return fl.lost }
 
 // wait sleeps one poll interval.
 func (fl *Follower) wait(ctx context.Context) error {

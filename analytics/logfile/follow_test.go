@@ -397,3 +397,55 @@ func TestFollowAConcurrentWriterThatRotates(t *testing.T) {
 	}
 	expectNothing(t, f)
 }
+
+// copytruncate rotates the way logrotate's copytruncate does: copy the
+// file's bytes to a backup, then truncate the file in place.
+func (d *logDir) copytruncate() string {
+	d.t.Helper()
+	b, err := os.ReadFile(d.path)
+	if err != nil {
+		d.t.Fatal(err)
+	}
+	backup := d.path + ".1"
+	if err := os.WriteFile(backup, b, 0o600); err != nil {
+		d.t.Fatal(err)
+	}
+	if err := os.Truncate(d.path, 0); err != nil {
+		d.t.Fatal(err)
+	}
+	return backup
+}
+
+// TestFollowReportsWhatCopytruncateLost: lines written after the last read
+// and before a copytruncate rotation are not read from the truncated file;
+// the follower counts their bytes, names the copy holding them, and goes
+// on with the new lines.
+func TestFollowReportsWhatCopytruncateLost(t *testing.T) {
+	d := newLogDir(t)
+	var logs bytes.Buffer
+	f, err := Follow(t.Context(), d.path, FollowOptions{CheckpointPath: d.cp, PollInterval: time.Millisecond,
+		Logger: slog.New(slog.NewJSONHandler(&logs, nil))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	d.write(5)
+	expect(t, f, 1, 5)
+	expectNothing(t, f)
+	before, _ := os.Stat(d.path)
+	d.write(99) // written, never read: the rotation comes first
+	after, _ := os.Stat(d.path)
+	lost := after.Size() - before.Size()
+	backup := d.copytruncate()
+	d.write(1)
+	expect(t, f, 105, 105)
+	if got := f.LostBytes(); got != lost {
+		t.Errorf("LostBytes() = %d, want the %d bytes of the 99 unread lines", got, lost)
+	}
+	out := logs.String()
+	for _, want := range []string{`"lostBytes":` + fmt.Sprint(lost), `"copy":"` + backup + `"`} {
+		if !strings.Contains(out, want) {
+			t.Errorf("the truncation warning lacks %s:\n%s", want, out)
+		}
+	}
+}

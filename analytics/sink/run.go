@@ -31,13 +31,16 @@ type Options struct {
 	// Plaintext serves HTTP without TLS. Off by default.
 	Plaintext bool
 	// ClientCAFile, when set, verifies client certificates against this CA
-	// bundle and accepts requests that present a valid one.
+	// bundle and accepts requests that present a valid one. The handshake
+	// does not require one: a request with a valid token passes with any
+	// certificate or none.
 	ClientCAFile string
 	// Token accepts "Authorization: Bearer <Token>".
 	Token string
 	// AllowUnauthenticated accepts requests without credentials.
 	AllowUnauthenticated bool
-	// Cluster, when set, also serves POST /events for this cluster name.
+	// Cluster is the cluster of POST /events; defaulted to DefaultCluster
+	// ("default").
 	Cluster string
 	// MetricsListen serves /metrics (plain HTTP) when set, e.g. ":9090".
 	MetricsListen string
@@ -61,6 +64,18 @@ type Options struct {
 	// InsertParallel is the number of ClickHouse inserts in flight;
 	// defaulted by analytics.WriterOptions.
 	InsertParallel int
+	// ShutdownTimeout bounds a graceful shutdown; defaulted to
+	// DefaultShutdownTimeout (20s), below Kubernetes' default grace period
+	// of 30s. Bodies still arriving a quarter of it after the signal are
+	// cut; what remains at the deadline is closed, and logged.
+	ShutdownTimeout time.Duration
+	// IdleTimeout closes keep-alive connections idle this long; defaulted
+	// to 2m (the apiserver's client keeps idle connections 90s).
+	IdleTimeout time.Duration
+	// BodyGrace and BodyMinRate bound a body's read time; see
+	// HandlerOptions (defaulted to 10s and 64 KiB/s).
+	BodyGrace   time.Duration
+	BodyMinRate int64
 
 	Logger *slog.Logger
 	// Registry receives the metrics; defaulted to a new registry with the
@@ -70,13 +85,26 @@ type Options struct {
 	Ready func(addr net.Addr)
 }
 
+// DefaultShutdownTimeout is Options.ShutdownTimeout's default: below the
+// 30 s default terminationGracePeriodSeconds of a pod, so that a SIGTERM
+// never ends in a SIGKILL.
+const DefaultShutdownTimeout = 20 * time.Second
+
 // Run serves until ctx is done: it opens the spool (replaying what was not
 // confirmed), starts the writer (which applies the migrations first, and
 // waits for ClickHouse if it is away), and serves the endpoint. On shutdown
-// it answers 503 to new batches, waits for the in-flight ones, and stops.
+// it keeps listening and answers 503 to new batches while the in-flight
+// ones finish (bodies still arriving after ShutdownTimeout/4 are cut),
+// then closes the listener and stops, within ShutdownTimeout.
 func Run(ctx context.Context, o Options) error {
 	if o.Listen == "" {
 		o.Listen = ":8443"
+	}
+	if o.ShutdownTimeout <= 0 {
+		o.ShutdownTimeout = DefaultShutdownTimeout
+	}
+	if o.IdleTimeout <= 0 {
+		o.IdleTimeout = 2 * time.Minute
 	}
 	if o.Logger == nil {
 		o.Logger = slog.New(slog.DiscardHandler)
@@ -88,18 +116,28 @@ func Run(ctx context.Context, o Options) error {
 		o.Registry = prometheus.NewRegistry()
 		o.Registry.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	}
-	tlsConfig, err := serverTLS(o)
+	tlsConfig, clientCAs, err := serverTLS(o)
 	if err != nil {
 		return err
 	}
 	metrics := analytics.NewMetrics(o.Registry)
 	log := o.Logger
 
-	sp, err := spool.Open(o.SpoolDir, spool.Options{MaxBytes: o.SpoolMaxBytes, Logger: log.With("component", "spool")})
+	sp, err := spool.Open(o.SpoolDir, spool.Options{MaxBytes: o.SpoolMaxBytes, Logger: log.With("component", "spool"),
+		Observe: func(st spool.Stats) { metrics.SpoolBytes.Set(float64(st.BytesOnDisk)) }})
 	if err != nil {
 		return fmt.Errorf("open spool: %w", err)
 	}
 	defer sp.Close()
+	o.Registry.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Name: "auditsink_spool_oldest_unconfirmed_seconds",
+		Help: "Age of the oldest spool record not yet stored in ClickHouse (0 when all are): the insert lag.",
+	}, func() float64 {
+		if at := sp.Stats().OldestUnconfirmed; !at.IsZero() {
+			return time.Since(at).Seconds()
+		}
+		return 0
+	}))
 	store, err := analytics.OpenStore(ctx, o.Store)
 	if err != nil {
 		return err
@@ -109,11 +147,12 @@ func Run(ctx context.Context, o Options) error {
 	h, err := NewHandler(HandlerOptions{
 		Accepter: &analytics.Accepter{
 			Decoder: analytics.Decoder{RedactResources: o.RedactResources, KeepRaw: o.Store.KeepRaw},
-			Stages:  o.Stages, Metrics: metrics,
+			Stages:  o.Stages,
 		},
-		Spool: sp, Token: o.Token, ClientCertAuth: o.ClientCAFile != "",
+		Spool: sp, Token: o.Token, ClientCAs: clientCAs,
 		AllowUnauthenticated: o.AllowUnauthenticated, DefaultCluster: o.Cluster,
 		MaxBodyBytes: o.MaxBodyBytes, MaxEventBytes: o.MaxEventBytes,
+		BodyGrace: o.BodyGrace, BodyMinRate: o.BodyMinRate,
 		Metrics: metrics, Logger: log,
 	})
 	if err != nil {
@@ -127,14 +166,18 @@ func Run(ctx context.Context, o Options) error {
 	if tlsConfig != nil {
 		ln = tls.NewListener(ln, tlsConfig)
 	}
-	srv := &http.Server{Handler: h, ReadHeaderTimeout: 10 * time.Second, ErrorLog: slog.NewLogLogger(log.Handler(), slog.LevelWarn)}
+	// No ReadTimeout: the handler bounds each body by its size (see
+	// HandlerOptions.BodyMinRate), so a 1 GiB body is not cut while a
+	// slow one is.
+	srv := &http.Server{Handler: h, ReadHeaderTimeout: 10 * time.Second, IdleTimeout: o.IdleTimeout,
+		ErrorLog: slog.NewLogLogger(log.Handler(), slog.LevelWarn)}
 
 	bg, stopBG := context.WithCancel(context.WithoutCancel(ctx))
 	defer stopBG()
 	var wg sync.WaitGroup
 	writerErr := make(chan error, 1)
 	wg.Go(func() {
-		if err := migrateUntilDone(bg, store, log); err != nil {
+		if err := migrateUntilDone(bg, store, metrics, log); err != nil {
 			return
 		}
 		w := analytics.NewWriter(sp, store, analytics.WriterOptions{Metrics: metrics, Parallel: o.InsertParallel, Logger: log.With("component", "writer")})
@@ -147,16 +190,9 @@ func Run(ctx context.Context, o Options) error {
 	if o.Retention > 0 {
 		wg.Go(func() { retain(bg, store, o.Retention, metrics, log) })
 	}
-	var metricsSrv *http.Server
+	stopMetrics := func(context.Context) {}
 	if o.MetricsListen != "" {
-		mux := http.NewServeMux()
-		mux.Handle("GET /metrics", promhttp.HandlerFor(o.Registry, promhttp.HandlerOpts{}))
-		metricsSrv = &http.Server{Addr: o.MetricsListen, Handler: mux, ReadHeaderTimeout: 10 * time.Second}
-		go func() {
-			if err := metricsSrv.ListenAndServe(); err != nil && !errors.Is(err, http.ErrServerClosed) {
-				log.Error("metrics listener failed", "err", err)
-			}
-		}()
+		stopMetrics = ServeMetrics(o.MetricsListen, o.Registry, log)
 	}
 
 	serveErr := make(chan error, 1)
@@ -172,56 +208,83 @@ func Run(ctx context.Context, o Options) error {
 		log.Error("stopping: the spool writer failed", "err", err)
 	case <-ctx.Done():
 	}
+	// Keep listening, answering new batches 503 (the apiserver retries
+	// them), while the in-flight ones finish; cut bodies that are still
+	// arriving after a quarter of the timeout.
+	stopping := time.Now()
 	h.Drain()
-	shutdownCtx, cancel := context.WithTimeoutCause(context.WithoutCancel(ctx), 30*time.Second,
-		errors.New("in-flight audit batches did not finish within 30s"))
+	h.CutBodies(stopping.Add(o.ShutdownTimeout / 4))
+	shutdownCtx, cancel := context.WithDeadlineCause(context.WithoutCancel(ctx), stopping.Add(o.ShutdownTimeout),
+		fmt.Errorf("in-flight audit batches did not finish within the shutdown timeout (%s)", o.ShutdownTimeout))
 	defer cancel()
-	_ = srv.Shutdown(shutdownCtx)
-	if metricsSrv != nil {
-		_ = metricsSrv.Shutdown(shutdownCtx)
+	_ = h.Wait(shutdownCtx)
+	if serr := srv.Shutdown(shutdownCtx); serr != nil {
+		log.Error("shutdown hit its deadline; closing the remaining connections", "err", context.Cause(shutdownCtx), "timeout", o.ShutdownTimeout)
+		_ = srv.Close()
 	}
+	stopMetrics(shutdownCtx)
 	stopBG()
 	wg.Wait()
-	log.Info("audit sink stopped")
+	log.Info("audit sink stopped", "shutdownTook", time.Since(stopping).Round(time.Millisecond))
 	if err != nil && !errors.Is(err, http.ErrServerClosed) {
 		return err
 	}
 	return nil
 }
 
-func serverTLS(o Options) (*tls.Config, error) {
+// serverTLS builds the listener's TLS config and the client CA pool the
+// handler verifies certificates with. The handshake only requests a client
+// certificate and names no acceptable CAs, so that a client sends its
+// certificate whatever its CA, and a certificate the handler cannot verify
+// still leaves the token to decide.
+// ServeMetrics serves reg on addr (GET /metrics, plain HTTP) in the
+// background until the returned stop is called; a listener that fails is
+// logged. For serve, and for tail's --metrics-listen.
+func ServeMetrics(addr string, reg *prometheus.Registry, log *slog.Logger) (stop func(context.Context)) {
+	mux := http.NewServeMux()
+	mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
+	srv := &http.Server{Addr: addr, Handler: mux, ReadHeaderTimeout: 10 * time.Second}
+	go func() {
+		if err := srv.ListenAndServe(); err != nil && !errors.Is(err, http.ErrServerClosed) {
+			log.Error("metrics listener failed", "err", err)
+		}
+	}()
+	return func(ctx context.Context) { _ = srv.Shutdown(ctx) }
+}
+
+func serverTLS(o Options) (*tls.Config, *x509.CertPool, error) {
 	if o.Plaintext {
 		if o.ClientCAFile != "" {
-			return nil, errors.New("serve: client certificate authentication needs TLS")
+			return nil, nil, errors.New("serve: client certificate authentication needs TLS")
 		}
-		return nil, nil
+		return nil, nil, nil
 	}
 	if o.TLSCertFile == "" || o.TLSKeyFile == "" {
-		return nil, errors.New("serve: TLS needs a certificate and key (or pass the plaintext flag explicitly)")
+		return nil, nil, errors.New("serve: TLS needs a certificate and key (or pass the plaintext flag explicitly)")
 	}
 	cert, err := tls.LoadX509KeyPair(o.TLSCertFile, o.TLSKeyFile)
 	if err != nil {
-		return nil, fmt.Errorf("load TLS certificate: %w", err)
+		return nil, nil, fmt.Errorf("load TLS certificate: %w", err)
 	}
 	cfg := &tls.Config{Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS12}
-	if o.ClientCAFile != "" {
-		pem, err := os.ReadFile(o.ClientCAFile)
-		if err != nil {
-			return nil, fmt.Errorf("read client CA: %w", err)
-		}
-		pool := x509.NewCertPool()
-		if !pool.AppendCertsFromPEM(pem) {
-			return nil, fmt.Errorf("client CA %s holds no PEM certificates", o.ClientCAFile)
-		}
-		cfg.ClientCAs = pool
-		cfg.ClientAuth = tls.VerifyClientCertIfGiven
+	if o.ClientCAFile == "" {
+		return cfg, nil, nil
 	}
-	return cfg, nil
+	pem, err := os.ReadFile(o.ClientCAFile)
+	if err != nil {
+		return nil, nil, fmt.Errorf("read client CA: %w", err)
+	}
+	pool := x509.NewCertPool()
+	if !pool.AppendCertsFromPEM(pem) {
+		return nil, nil, fmt.Errorf("client CA %s holds no PEM certificates", o.ClientCAFile)
+	}
+	cfg.ClientAuth = tls.RequestClientCert
+	return cfg, pool, nil
 }
 
 // migrateUntilDone applies the migrations, retrying while ClickHouse is
 // away; the spool keeps accepting meanwhile.
-func migrateUntilDone(ctx context.Context, store *analytics.Store, log *slog.Logger) error {
+func migrateUntilDone(ctx context.Context, store *analytics.Store, m *analytics.Metrics, log *slog.Logger) error {
 	backoff := 200 * time.Millisecond
 	for {
 		applied, err := store.Migrate(ctx)
@@ -231,6 +294,10 @@ func migrateUntilDone(ctx context.Context, store *analytics.Store, log *slog.Log
 			}
 			return nil
 		}
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+		m.CountCHError(analytics.OpMigrate, err)
 		log.Warn("schema migration failed; retrying", "err", err, "retryIn", backoff)
 		select {
 		case <-ctx.Done():
@@ -246,7 +313,7 @@ func retain(ctx context.Context, store *analytics.Store, keep time.Duration, m *
 	for {
 		dropped, err := store.DropPartitionsBefore(ctx, time.Now().Add(-keep))
 		if err != nil && ctx.Err() == nil {
-			m.CHErrors.Inc()
+			m.CountCHError(analytics.OpRetention, err)
 			log.Warn("retention failed", "err", err)
 		} else if len(dropped) > 0 {
 			log.Info("retention dropped day partitions", "days", dropped)

@@ -7,16 +7,20 @@ package sink
 
 import (
 	"compress/gzip"
+	"context"
 	"crypto/subtle"
+	"crypto/x509"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
 	"log/slog"
 	"net/http"
+	"os"
 	"regexp"
 	"strconv"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -29,6 +33,19 @@ import (
 // 413, which the apiserver would retry in vain.
 const DefaultMaxBodyBytes = 1 << 30
 
+// DefaultCluster is the cluster name of POST /events, and of ingest and
+// tail without --cluster.
+const DefaultCluster = "default"
+
+// Defaults of the body read deadline (HandlerOptions.BodyGrace and
+// BodyMinRate): a body must arrive at 64 KiB/s on average after a 10 s
+// grace, so a 1 GiB body may take 4.5 hours but a client sending a byte a
+// second is cut after about 10 s.
+const (
+	DefaultBodyGrace   = 10 * time.Second
+	DefaultBodyMinRate = 64 << 10
+)
+
 // HandlerOptions configure the events handler.
 type HandlerOptions struct {
 	// Accepter decodes events; its Decoder and Stages apply.
@@ -38,14 +55,19 @@ type HandlerOptions struct {
 	// Token, when not empty, is accepted as "Authorization: Bearer <Token>"
 	// (compared in constant time).
 	Token string
-	// ClientCertAuth accepts requests that presented a client certificate
-	// verified by the server's TLS config (its ClientCAs).
-	ClientCertAuth bool
+	// ClientCAs, when set, accepts requests whose client certificate
+	// chains to one of these CAs for client authentication. The TLS
+	// handshake only requests a certificate (tls.RequestClientCert) and
+	// the handler verifies it, so a certificate from an unknown CA (during
+	// a CA rotation) does not fail the handshake, and a valid token still
+	// suffices.
+	ClientCAs *x509.CertPool
 	// AllowUnauthenticated accepts every request. Only for plaintext tests
 	// and trusted sidecars; New refuses a handler with no authentication
 	// unless it is set.
 	AllowUnauthenticated bool
-	// DefaultCluster, when set, also serves POST /events for that cluster.
+	// DefaultCluster is the cluster of POST /events; defaulted to
+	// DefaultCluster ("default").
 	DefaultCluster string
 	// MaxBodyBytes caps a request body (compressed and decompressed);
 	// defaulted to DefaultMaxBodyBytes.
@@ -55,8 +77,14 @@ type HandlerOptions struct {
 	MaxEventBytes int
 	// RetryAfter is sent with 503 answers; defaulted to 5s.
 	RetryAfter time.Duration
-	Metrics    *analytics.Metrics
-	Logger     *slog.Logger
+	// BodyGrace and BodyMinRate bound the time a body may take: after
+	// BodyGrace it must have arrived at BodyMinRate bytes/s on average,
+	// else the connection is cut. Defaulted to DefaultBodyGrace (10s) and
+	// DefaultBodyMinRate (64 KiB/s).
+	BodyGrace   time.Duration
+	BodyMinRate int64
+	Metrics     *analytics.Metrics
+	Logger      *slog.Logger
 }
 
 // Handler serves the audit webhook endpoints.
@@ -64,21 +92,30 @@ type Handler struct {
 	o        HandlerOptions
 	mux      *http.ServeMux
 	draining atomic.Bool
+
+	mu       sync.Mutex
+	inflight map[*pacedBody]struct{} // bodies being read
+	active   int                     // requests in the events handler
+	idle     chan struct{}           // closed when active drops to 0
+	cutAt    time.Time               // set by CutBodies
 }
 
 var clusterName = regexp.MustCompile(`^[A-Za-z0-9][-A-Za-z0-9_.]{0,62}$`)
 
 // NewHandler checks the options and builds the routes:
-// POST /clusters/{cluster}/events, POST /events (with DefaultCluster), and
+// POST /clusters/{cluster}/events, POST /events (for DefaultCluster), and
 // GET /healthz.
 func NewHandler(o HandlerOptions) (*Handler, error) {
 	if o.Spool == nil || o.Accepter == nil {
 		return nil, errors.New("sink: a spool and an accepter are required")
 	}
-	if o.Token == "" && !o.ClientCertAuth && !o.AllowUnauthenticated {
+	if o.Token == "" && o.ClientCAs == nil && !o.AllowUnauthenticated {
 		return nil, errors.New("sink: no authentication configured: give a bearer token, a client CA, or allow unauthenticated requests explicitly")
 	}
-	if o.DefaultCluster != "" && !clusterName.MatchString(o.DefaultCluster) {
+	if o.DefaultCluster == "" {
+		o.DefaultCluster = DefaultCluster
+	}
+	if !clusterName.MatchString(o.DefaultCluster) {
 		return nil, fmt.Errorf("sink: invalid cluster name %q", o.DefaultCluster)
 	}
 	if o.MaxBodyBytes <= 0 {
@@ -90,14 +127,19 @@ func NewHandler(o HandlerOptions) (*Handler, error) {
 	if o.RetryAfter <= 0 {
 		o.RetryAfter = 5 * time.Second
 	}
+	if o.BodyGrace <= 0 {
+		o.BodyGrace = DefaultBodyGrace
+	}
+	if o.BodyMinRate <= 0 {
+		o.BodyMinRate = DefaultBodyMinRate
+	}
 	if o.Logger == nil {
 		o.Logger = slog.New(slog.DiscardHandler)
 	}
-	h := &Handler{o: o, mux: http.NewServeMux()}
+	h := &Handler{o: o, mux: http.NewServeMux(), inflight: map[*pacedBody]struct{}{}, idle: make(chan struct{})}
+	close(h.idle)
 	h.mux.HandleFunc("POST /clusters/{cluster}/events", h.events)
-	if o.DefaultCluster != "" {
-		h.mux.HandleFunc("POST /events", h.events)
-	}
+	h.mux.HandleFunc("POST /events", h.events)
 	h.mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) { _, _ = io.WriteString(w, "ok\n") })
 	return h, nil
 }
@@ -105,6 +147,49 @@ func NewHandler(o HandlerOptions) (*Handler, error) {
 // Drain makes the handler answer 503 to new batches, for a graceful
 // shutdown: the apiserver retries them against another sink or later.
 func (h *Handler) Drain() { h.draining.Store(true) }
+
+// CutBodies makes the bodies still arriving fail at deadline (and the
+// bodies of requests that start later too): at shutdown, a slow client
+// must not hold the process past its grace period.
+func (h *Handler) CutBodies(deadline time.Time) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.cutAt = deadline
+	for b := range h.inflight {
+		b.cut(deadline)
+	}
+}
+
+// Wait returns once no request is in the events handler, or with ctx's
+// error.
+func (h *Handler) Wait(ctx context.Context) error {
+	h.mu.Lock()
+	idle := h.idle
+	h.mu.Unlock()
+	select {
+	case <-idle:
+		return nil
+	case <-ctx.Done():
+		return context.Cause(ctx)
+	}
+}
+
+func (h *Handler) enter() {
+	h.mu.Lock()
+	if h.active == 0 {
+		h.idle = make(chan struct{})
+	}
+	h.active++
+	h.mu.Unlock()
+}
+
+func (h *Handler) leave() {
+	h.mu.Lock()
+	if h.active--; h.active == 0 {
+		close(h.idle)
+	}
+	h.mu.Unlock()
+}
 
 // ServeHTTP implements http.Handler; a panic becomes a 500.
 func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
@@ -131,7 +216,7 @@ func (h *Handler) authorized(r *http.Request) bool {
 	if h.o.AllowUnauthenticated {
 		return true
 	}
-	if h.o.ClientCertAuth && r.TLS != nil && len(r.TLS.VerifiedChains) > 0 {
+	if h.o.ClientCAs != nil && r.TLS != nil && len(r.TLS.PeerCertificates) > 0 && h.verifyClient(r.TLS.PeerCertificates) == nil {
 		return true
 	}
 	if h.o.Token != "" {
@@ -141,6 +226,116 @@ func (h *Handler) authorized(r *http.Request) bool {
 		}
 	}
 	return false
+}
+
+// verifyClient checks a client certificate chain against ClientCAs, as
+// tls.VerifyClientCertIfGiven would in the handshake.
+func (h *Handler) verifyClient(certs []*x509.Certificate) error {
+	inter := x509.NewCertPool()
+	for _, c := range certs[1:] {
+		inter.AddCert(c)
+	}
+	_, err := certs[0].Verify(x509.VerifyOptions{Roots: h.o.ClientCAs, Intermediates: inter,
+		KeyUsages: []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth}})
+	return err
+}
+
+// Errors of a body cut by its read deadline.
+var (
+	errBodyTooSlow  = errors.New("body arrived too slowly")
+	errBodyShutdown = errors.New("body still arriving at shutdown")
+)
+
+// pacedBody bounds the time a body takes to arrive: before each read it
+// sets the connection's read deadline to start + grace + read/minRate, or
+// the shutdown's cut if that is earlier.
+type pacedBody struct {
+	r     io.Reader
+	rc    *http.ResponseController
+	start time.Time
+	grace time.Duration
+	rate  int64
+	n     int64
+
+	mu    sync.Mutex
+	cutAt time.Time
+	read  bool // the body's end was read; no more deadlines
+}
+
+func (p *pacedBody) deadline() (time.Time, bool) {
+	d := p.start.Add(p.grace + time.Duration(float64(p.n)/float64(p.rate)*float64(time.Second)))
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if !p.cutAt.IsZero() && p.cutAt.Before(d) {
+		return p.cutAt, true
+	}
+	return d, false
+}
+
+func (p *pacedBody) cut(at time.Time) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.cutAt = at
+	if !p.read {
+		_ = p.rc.SetReadDeadline(at)
+	}
+}
+
+func (p *pacedBody) Read(b []byte) (int, error) {
+	p.mu.Lock()
+	read := p.read
+	p.mu.Unlock()
+	if read {
+		return 0, io.EOF
+	}
+	d, _ := p.deadline()
+	if err := p.rc.SetReadDeadline(d); err != nil && !errors.Is(err, http.ErrNotSupported) {
+		return 0, err
+	}
+	// A cut that came between deadline() and SetReadDeadline must win.
+	if d2, cut := p.deadline(); cut && d2 != d {
+		_ = p.rc.SetReadDeadline(d2)
+	}
+	n, err := p.r.Read(b)
+	p.n += int64(n)
+	if errors.Is(err, io.EOF) {
+		// All of it is here: the rest of the request (the spool append)
+		// is bounded elsewhere, and the server's read of the next request
+		// sets its own deadline.
+		p.mu.Lock()
+		p.read = true
+		_ = p.rc.SetReadDeadline(time.Time{})
+		p.mu.Unlock()
+		return n, err
+	}
+	if err != nil && errors.Is(err, os.ErrDeadlineExceeded) {
+		if _, cut := p.deadline(); cut {
+			return n, fmt.Errorf("%w (%d bytes read)", errBodyShutdown, p.n)
+		}
+		return n, fmt.Errorf("%w: %d bytes in %s, below %d bytes/s after %s", errBodyTooSlow, p.n,
+			time.Since(p.start).Round(time.Millisecond), p.rate, p.grace)
+	}
+	return n, err
+}
+
+func (h *Handler) pace(w http.ResponseWriter, r *http.Request) *pacedBody {
+	p := &pacedBody{r: r.Body, rc: http.NewResponseController(w), start: time.Now(),
+		grace: h.o.BodyGrace, rate: h.o.BodyMinRate}
+	h.mu.Lock()
+	p.cutAt = h.cutAt
+	h.inflight[p] = struct{}{}
+	h.mu.Unlock()
+	return p
+}
+
+// unpace forgets p. It leaves the read deadline in place: the server reads
+// what is left of an unread body after the handler (to reuse the
+// connection), and that read must be bounded too. It sets its own
+// deadlines for the next request.
+func (h *Handler) unpace(p *pacedBody) {
+	h.mu.Lock()
+	delete(h.inflight, p)
+	h.mu.Unlock()
 }
 
 // errTooLarge marks a body past MaxBodyBytes after decompression.
@@ -164,6 +359,8 @@ func (l *limitedReader) Read(p []byte) (int, error) {
 }
 
 func (h *Handler) events(w http.ResponseWriter, r *http.Request) {
+	h.enter()
+	defer h.leave()
 	cluster := r.PathValue("cluster")
 	if cluster == "" {
 		cluster = h.o.DefaultCluster
@@ -171,18 +368,24 @@ func (h *Handler) events(w http.ResponseWriter, r *http.Request) {
 	log := h.o.Logger.With("cluster", cluster, "remote", r.RemoteAddr)
 	if !h.authorized(r) {
 		log.Warn("unauthenticated audit batch refused")
+		h.refuse(analytics.RefusedUnauthorized)
 		http.Error(w, "unauthorized", http.StatusUnauthorized)
 		return
 	}
 	if !clusterName.MatchString(cluster) {
+		h.refuse(analytics.RefusedBadRequest)
 		http.Error(w, "invalid cluster name", http.StatusBadRequest)
 		return
 	}
 	if h.draining.Load() {
+		h.refuse(analytics.RefusedShutdown)
+		w.Header().Set("Connection", "close")
 		h.unavailable(w, "shutting down")
 		return
 	}
-	body := http.MaxBytesReader(w, r.Body, h.o.MaxBodyBytes)
+	paced := h.pace(w, r)
+	defer h.unpace(paced)
+	body := http.MaxBytesReader(w, io.NopCloser(paced), h.o.MaxBodyBytes)
 	var src io.Reader
 	switch enc := r.Header.Get("Content-Encoding"); enc {
 	case "", "identity":
@@ -199,6 +402,7 @@ func (h *Handler) events(w http.ResponseWriter, r *http.Request) {
 		}
 		src = zr
 	default:
+		h.refuse(analytics.RefusedBadRequest)
 		http.Error(w, "unsupported Content-Encoding "+strconv.Quote(enc), http.StatusUnsupportedMediaType)
 		return
 	}
@@ -213,18 +417,26 @@ func (h *Handler) events(w http.ResponseWriter, r *http.Request) {
 	})
 	switch {
 	case err == nil:
-	case spoolErr != nil && (errors.Is(spoolErr, spool.ErrFull) || errors.Is(spoolErr, spool.ErrClosed)):
+	case spoolErr != nil && errors.Is(spoolErr, spool.ErrFull):
 		log.Warn("spool cannot take the batch; asking for a retry", "err", spoolErr)
+		h.refuse(analytics.RefusedSpoolFull)
+		h.unavailable(w, spoolErr.Error())
+		return
+	case spoolErr != nil && errors.Is(spoolErr, spool.ErrClosed):
+		log.Warn("spool closed; asking for a retry", "err", spoolErr)
+		h.refuse(analytics.RefusedShutdown)
 		h.unavailable(w, spoolErr.Error())
 		return
 	case spoolErr != nil:
 		log.Error("spool append failed", "err", spoolErr)
+		h.refuse(analytics.RefusedSpoolError)
 		http.Error(w, "spool: "+spoolErr.Error(), http.StatusInternalServerError)
 		return
 	default:
 		h.readError(w, log, err)
 		return
 	}
+	h.o.Metrics.CountAccepted("webhook", res)
 	if res.Rejected > 0 {
 		log.Warn("audit batch had invalid events; dead-lettered", "rejected", res.Rejected, "accepted", res.Accepted)
 	}
@@ -232,15 +444,39 @@ func (h *Handler) events(w http.ResponseWriter, r *http.Request) {
 	_ = json.NewEncoder(w).Encode(Answer{Accepted: res.Accepted, Rejected: res.Rejected, Skipped: res.Skipped})
 }
 
+func (h *Handler) refuse(reason string) {
+	if h.o.Metrics != nil {
+		h.o.Metrics.BatchesRefused.WithLabelValues(reason).Inc()
+	}
+}
+
 func (h *Handler) readError(w http.ResponseWriter, log *slog.Logger, err error) {
 	var mbe *http.MaxBytesError
-	if errors.As(err, &mbe) || errors.Is(err, errTooLarge) {
+	var env *analytics.EnvelopeError
+	switch {
+	case errors.As(err, &mbe) || errors.Is(err, errTooLarge):
 		log.Warn("audit batch body over the limit", "limit", h.o.MaxBodyBytes)
+		h.refuse(analytics.RefusedTooLarge)
 		http.Error(w, "body larger than "+strconv.FormatInt(h.o.MaxBodyBytes, 10)+" bytes", http.StatusRequestEntityTooLarge)
-		return
+	case errors.As(err, &env):
+		log.Warn("audit batch refused: not an EventList", "err", err)
+		h.refuse(analytics.RefusedBadRequest)
+		http.Error(w, err.Error(), http.StatusBadRequest)
+	case errors.Is(err, errBodyTooSlow):
+		log.Warn("audit batch body arrived too slowly; connection cut", "err", err)
+		h.refuse(analytics.RefusedTooSlow)
+		w.Header().Set("Connection", "close")
+		http.Error(w, "read body: "+err.Error(), http.StatusRequestTimeout)
+	case errors.Is(err, errBodyShutdown):
+		log.Warn("audit batch body still arriving at shutdown; connection cut", "err", err)
+		h.refuse(analytics.RefusedShutdown)
+		w.Header().Set("Connection", "close")
+		h.unavailable(w, "shutting down")
+	default:
+		log.Warn("reading audit batch failed", "err", err)
+		h.refuse(analytics.RefusedBadRequest)
+		http.Error(w, "read body: "+err.Error(), http.StatusBadRequest)
 	}
-	log.Warn("reading audit batch failed", "err", err)
-	http.Error(w, "read body: "+err.Error(), http.StatusBadRequest)
 }
 
 func (h *Handler) unavailable(w http.ResponseWriter, why string) {

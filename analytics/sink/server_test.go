@@ -7,6 +7,7 @@ import (
 	"crypto/tls"
 	"encoding/json"
 	"io"
+	"log/slog"
 	"net"
 	"net/http"
 	"os"
@@ -16,6 +17,8 @@ import (
 	"time"
 
 	"github.com/ClickHouse/clickhouse-go/v2/lib/driver"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
 
 	"github.com/stampguard/stampguard/analytics"
 	"github.com/stampguard/stampguard/analytics/spool"
@@ -121,6 +124,11 @@ func TestHandlerContract(t *testing.T) {
 		{"a body above the limit is 413", "/clusters/prod/events", eventList(events...), bearer, 4096, 413, nil},
 		{"a bad cluster name is 400", "/clusters/..bad/events", eventList(events...), bearer, 0, 400, nil},
 		{"the default cluster serves /events", "/events", eventList(events[:1]...), bearer, 0, 200, &Answer{Accepted: 1}},
+		{"a single Event without the EventList wrapper is 400", "/clusters/prod/events", events[0], bearer, 0, 400, nil},
+		{"kind Pod is 400", "/clusters/prod/events", `{"kind":"Pod","apiVersion":"audit.k8s.io/v1","items":[` + events[0] + `]}`, bearer, 0, 400, nil},
+		{"apiVersion audit.k8s.io/v1beta1 is 400", "/clusters/prod/events", `{"kind":"EventList","apiVersion":"audit.k8s.io/v1beta1","items":[` + events[0] + `]}`, bearer, 0, 400, nil},
+		{"items that are an object are 400", "/clusters/prod/events", `{"kind":"EventList","apiVersion":"audit.k8s.io/v1","items":{"a":1}}`, bearer, 0, 400, nil},
+		{"an EventList without items is 400", "/clusters/prod/events", `{"kind":"EventList","apiVersion":"audit.k8s.io/v1"}`, bearer, 0, 400, nil},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -131,6 +139,9 @@ func TestHandlerContract(t *testing.T) {
 			}
 			pending := sp.Stats().RecordsPending
 			if tt.wantAnswer == nil {
+				if pending != 0 {
+					t.Errorf("answered %d, yet %d records are in the spool", c.status, pending)
+				}
 				return
 			}
 			var a Answer
@@ -166,6 +177,76 @@ func TestHandlerAsksForRetryOnlyWhenTheSpoolIsFullOrDraining(t *testing.T) {
 	h2.Drain()
 	if c := post(t, h2, "/clusters/prod/events", body, bearer); c.status != 503 {
 		t.Fatalf("a draining sink answered %d, want 503", c.status)
+	}
+}
+
+// TestRefusedBadInputNamesTheProblem: a body that is JSON but not a v1
+// EventList gets a 400 whose text says what is wrong, and nothing of it is
+// spooled (checked in TestHandlerContract).
+func TestRefusedBadInputNamesTheProblem(t *testing.T) {
+	events := realEvents(t)
+	bearer := map[string]string{"Authorization": "Bearer t"}
+	for body, want := range map[string]string{
+		events[0]: `kind "Event": a single audit Event, not an EventList`,
+		`{"auditID":"x","stage":"ResponseComplete"}`:                                    "a single audit Event without the EventList wrapper",
+		`{"kind":"Pod","apiVersion":"audit.k8s.io/v1","items":[]}`:                      `kind "Pod"`,
+		`{"kind":"EventList","apiVersion":"audit.k8s.io/v1beta1","items":[]}`:           `"audit.k8s.io/v1beta1" is not read`,
+		`{"kind":"EventList","apiVersion":"audit.k8s.io/v1","items":{"a":1}}`:           "items is an object, not an array",
+		`{"kind":"EventList","apiVersion":"audit.k8s.io/v1","metadata":{"resource":1}}`: "no items",
+	} {
+		h, _ := newSpoolHandler(t, HandlerOptions{Token: "t"}, 0)
+		if c := post(t, h, "/clusters/prod/events", body, bearer); c.status != 400 || !strings.Contains(c.body, want) {
+			t.Errorf("%.60s: %d %q, want 400 naming %q", body, c.status, c.body, want)
+		}
+	}
+}
+
+// TestMetricsCountAcceptedEventsOnceAndRefusalsByReason: a batch refused
+// with 503 three times and then stored counts its events once as
+// accepted, and the three refusals as spool_full.
+func TestMetricsCountAcceptedEventsOnceAndRefusalsByReason(t *testing.T) {
+	events := realEvents(t)
+	bearer := map[string]string{"Authorization": "Bearer t"}
+	reg := prometheus.NewRegistry()
+	m := analytics.NewMetrics(reg)
+	h, sp := newSpoolHandler(t, HandlerOptions{Token: "t", Metrics: m}, 64<<10)
+	body := eventList(events...)
+	for post(t, h, "/clusters/prod/events", body, bearer).status == 200 {
+	}
+	accepted := testutil.ToFloat64(m.Accepted.WithLabelValues("webhook"))
+	for range 2 {
+		if c := post(t, h, "/clusters/prod/events", body, bearer); c.status != 503 {
+			t.Fatalf("the full spool answered %d", c.status)
+		}
+	}
+	// Drain the spool, as the writer would, and send the batch again.
+	for sp.Stats().RecordsPending > 0 {
+		b, err := sp.Next(t.Context(), 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := sp.Confirm(b.End); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if c := post(t, h, "/clusters/prod/events", body, bearer); c.status != 200 {
+		t.Fatalf("after draining: %d %s", c.status, c.body)
+	}
+	if got := testutil.ToFloat64(m.Accepted.WithLabelValues("webhook")) - accepted; got != 10 {
+		t.Errorf("accepted grew by %v for one batch of 10 stored events after 3 refusals", got)
+	}
+	if got := testutil.ToFloat64(m.BatchesRefused.WithLabelValues(analytics.RefusedSpoolFull)); got != 3 {
+		t.Errorf("batches refused as spool_full: %v, want 3", got)
+	}
+	post(t, h, "/clusters/prod/events", body, nil)
+	post(t, h, "/clusters/prod/events", events[0], bearer)
+	for reason, want := range map[string]float64{analytics.RefusedUnauthorized: 1, analytics.RefusedBadRequest: 1} {
+		if got := testutil.ToFloat64(m.BatchesRefused.WithLabelValues(reason)); got != want {
+			t.Errorf("batches refused as %s: %v, want %v", reason, got, want)
+		}
+	}
+	if n, err := testutil.GatherAndCount(reg, "auditsink_events_received_total"); err != nil || n != 0 {
+		t.Errorf("auditsink_events_received_total still exported (%d series, %v): it counted every retry", n, err)
 	}
 }
 
@@ -250,28 +331,36 @@ func waitFor(t *testing.T, what string, cond func() bool) {
 	}
 }
 
+// TestServeOverTLSWithClientCertificatesStoresInClickHouse: a client
+// certificate of the client CA suffices, and so does the token with a
+// certificate of another CA (a CA rotation) or none; POST /events stores
+// into cluster "default" without a configured cluster.
 func TestServeOverTLSWithClientCertificatesStoresInClickHouse(t *testing.T) {
 	testenv.SkipIfShort(t, "starts clickhouse-server")
 	ch := chtest.Start(t)
 	db := ch.NewDatabase(t)
-	pki := newPKI(t)
+	pki, otherCA := newPKI(t), newPKI(t)
 	spoolDir := t.TempDir()
-	opts := Options{TLSCertFile: pki.ServerCert, TLSKeyFile: pki.ServerKey, ClientCAFile: pki.CAFile,
+	opts := Options{TLSCertFile: pki.ServerCert, TLSKeyFile: pki.ServerKey, ClientCAFile: pki.CAFile, Token: "tok",
 		Store: analytics.StoreOptions{DSN: ch.DSN(), Database: db}, SpoolDir: spoolDir}
 	url, stop := startSink(t, opts)
 
 	events := realEvents(t)
-	client := func(cert bool) *http.Client {
+	client := func(cert *tls.Certificate) *http.Client {
 		cfg := &tls.Config{RootCAs: pki.Pool}
-		if cert {
-			cfg.Certificates = []tls.Certificate{pki.Client}
+		if cert != nil {
+			cfg.Certificates = []tls.Certificate{*cert}
 		}
 		return &http.Client{Transport: &http.Transport{TLSClientConfig: cfg}, Timeout: 10 * time.Second}
 	}
-	send := func(c *http.Client) int {
-		resp, err := c.Post(url+"/clusters/prod/events", "application/json", strings.NewReader(eventList(events...)))
+	send := func(c *http.Client, path, token string) int {
+		req, _ := http.NewRequestWithContext(t.Context(), http.MethodPost, url+path, strings.NewReader(eventList(events...)))
+		if token != "" {
+			req.Header.Set("Authorization", "Bearer "+token)
+		}
+		resp, err := c.Do(req)
 		if err != nil {
-			t.Fatal(err)
+			t.Fatalf("POST %s: %v", path, err)
 		}
 		if _, err := io.Copy(io.Discard, resp.Body); err != nil {
 			t.Fatal(err)
@@ -279,28 +368,145 @@ func TestServeOverTLSWithClientCertificatesStoresInClickHouse(t *testing.T) {
 		resp.Body.Close()
 		return resp.StatusCode
 	}
-	if s := send(client(false)); s != 401 {
-		t.Fatalf("without a client certificate: %d, want 401", s)
-	}
-	if s := send(client(true)); s != 200 {
-		t.Fatalf("with a client certificate: %d, want 200", s)
-	}
-	if s := send(client(true)); s != 200 { // the apiserver retrying the same batch
-		t.Fatalf("redelivery: %d, want 200", s)
+	for _, c := range []struct {
+		what   string
+		cert   *tls.Certificate
+		token  string
+		path   string
+		status int
+	}{
+		{"without a client certificate or token", nil, "", "/clusters/prod/events", 401},
+		{"with a certificate of another CA and no token", &otherCA.Client, "", "/clusters/prod/events", 401},
+		{"with a client certificate", &pki.Client, "", "/clusters/prod/events", 200},
+		{"redelivered by the apiserver", &pki.Client, "", "/clusters/prod/events", 200},
+		{"with a certificate of another CA and the token (a CA rotation)", &otherCA.Client, "tok", "/events", 200},
+		{"with the token alone", nil, "tok", "/events", 200},
+	} {
+		if got := send(client(c.cert), c.path, c.token); got != c.status {
+			t.Fatalf("%s: %d, want %d", c.what, got, c.status)
+		}
 	}
 	conn := ch.Conn(t, db)
-	waitFor(t, "10 events in ClickHouse", func() bool {
+	waitFor(t, "20 events in ClickHouse", func() bool {
 		// The writer creates the tables in the background, after the
 		// 200s: until then the query fails.
 		n, err := tryCountEvents(t, conn)
-		return err == nil && n == 10
+		return err == nil && n == 20
 	})
+	var n uint64
+	if err := conn.QueryRow(t.Context(), "SELECT count() FROM events WHERE cluster = 'default'").Scan(&n); err != nil || n != 10 {
+		t.Fatalf("%d events of cluster default (%v), want the 10 posted to /events", n, err)
+	}
 	stop()
 	// A restart with the same spool replays nothing new and doubles nothing.
 	_, stop = startSink(t, opts)
 	time.Sleep(500 * time.Millisecond)
 	stop()
-	if n := countEvents(t, ch, db); n != 10 {
-		t.Fatalf("%d events after restart, want 10", n)
+	if n := countEvents(t, ch, db); n != 20 {
+		t.Fatalf("%d events after restart, want 20", n)
+	}
+}
+
+// slowClient sends a POST's headers and then one byte of body every
+// interval; it returns the connection and a channel closed when a write
+// fails (the sink cut the connection).
+func slowClient(t *testing.T, addr, path string, interval time.Duration) (net.Conn, chan struct{}) {
+	t.Helper()
+	conn, err := net.Dial("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close() })
+	if _, err := io.WriteString(conn, "POST "+path+" HTTP/1.1\r\nHost: sink\r\nAuthorization: Bearer t\r\nContent-Length: 1000000\r\n\r\n{"); err != nil {
+		t.Fatal(err)
+	}
+	cut := make(chan struct{})
+	go func() {
+		defer close(cut)
+		for {
+			time.Sleep(interval)
+			if _, err := conn.Write([]byte(" ")); err != nil {
+				return
+			}
+		}
+	}()
+	return conn, cut
+}
+
+// TestASlowBodyIsCut: a client that sends its body below the minimum rate
+// is answered 408 and its connection closed, and the refusal is counted.
+func TestASlowBodyIsCut(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	url, _ := startSink(t, Options{Plaintext: true, Token: "t", SpoolDir: t.TempDir(), Registry: reg,
+		Store:     analytics.StoreOptions{DSN: "clickhouse://127.0.0.1:1"}, // never reached: nothing is stored
+		BodyGrace: 300 * time.Millisecond, BodyMinRate: 1024})
+	conn, _ := slowClient(t, strings.TrimPrefix(url, "http://"), "/clusters/prod/events", 100*time.Millisecond)
+	if err := conn.SetReadDeadline(time.Now().Add(30 * time.Second)); err != nil {
+		t.Fatal(err)
+	}
+	answer, err := io.ReadAll(conn) // until the sink closes the connection
+	if err != nil {
+		t.Fatalf("the slow connection was not closed: %v (read %q)", err, answer)
+	}
+	if !strings.HasPrefix(string(answer), "HTTP/1.1 408") || !strings.Contains(string(answer), "too slowly") {
+		t.Fatalf("answer %q, want a 408 saying the body came too slowly", answer)
+	}
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var refused float64
+	for _, mf := range mfs {
+		if mf.GetName() == "auditsink_batches_refused_total" {
+			for _, m := range mf.GetMetric() {
+				if m.GetLabel()[0].GetValue() == analytics.RefusedTooSlow {
+					refused = m.GetCounter().GetValue()
+				}
+			}
+		}
+	}
+	if refused != 1 {
+		t.Errorf("batches refused as too_slow: %v, want 1", refused)
+	}
+}
+
+// syncBuffer is a bytes.Buffer safe for a logger and a reader.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+// TestAShutdownThatHitsItsDeadlineIsLogged: a connection that never sends
+// its request holds the server's shutdown; Run gives up at ShutdownTimeout,
+// closes it, says so, and returns without error.
+func TestAShutdownThatHitsItsDeadlineIsLogged(t *testing.T) {
+	var logs syncBuffer
+	url, stop := startSink(t, Options{Plaintext: true, Token: "t", SpoolDir: t.TempDir(),
+		Store:           analytics.StoreOptions{DSN: "clickhouse://127.0.0.1:1"}, // never reached: nothing is stored
+		ShutdownTimeout: time.Second, Logger: slog.New(slog.NewJSONHandler(&logs, nil))})
+	conn, err := net.Dial("tcp", strings.TrimPrefix(url, "http://"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	start := time.Now()
+	stop() // fails the test if Run returns an error
+	if took := time.Since(start); took > 5*time.Second {
+		t.Errorf("shutdown took %s with a 1s timeout", took)
+	}
+	if out := logs.String(); !strings.Contains(out, "shutdown hit its deadline") {
+		t.Errorf("no log of the shutdown deadline:\n%s", out)
 	}
 }

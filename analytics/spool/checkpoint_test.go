@@ -52,16 +52,36 @@ func TestCheckpoint(t *testing.T) {
 		}
 	})
 	t.Run("a torn write of the current slot falls back to the previous position", func(t *testing.T) {
-		// Appended and confirmed by one spool, so that the segment is
-		// still the active one and survives the Confirm.
+		// A crash while the last Confirm wrote its slot: the segment,
+		// which that Confirm deletes once the slot is durable, is still
+		// there. Keep a copy of it and put it back after the Close.
 		w := written{dir: t.TempDir()}
 		sp := open(t, w.dir, Options{})
 		for i := range 3 {
 			w.batches = append(w.batches, batch(fmt.Sprint("b", i), 2, 100))
 			w.ends = append(w.ends, mustAppend(t, sp, w.batches[i]))
 		}
-		ends := confirmAll(t, sp)
+		var ends []Position
+		var seg string
+		var kept []byte
+		for i := range 3 {
+			b, err := sp.Next(t.Context(), 1)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if i == 2 {
+				seg = segFiles(t, w.dir)[0]
+				if kept, err = os.ReadFile(seg); err != nil {
+					t.Fatal(err)
+				}
+			}
+			must(t, sp.Confirm(b.End))
+			ends = append(ends, b.End)
+		}
 		must(t, sp.Close())
+		if err := os.WriteFile(seg, kept, 0o640); err != nil {
+			t.Fatal(err)
+		}
 		// The last Confirm wrote the slot of its counter; tear it.
 		st, err := readCheckpoint(w.dir)
 		if err != nil {

@@ -51,7 +51,9 @@
 //	  8  n  payload
 //
 // Segments roll over at Options.SegmentBytes; a batch is never split, so a
-// segment holding one large batch may be larger. A new segment is created on
+// segment holding one large batch may be larger. A Confirm that covers all
+// of the segment being written while no append is being committed deletes
+// it too, so a drained spool holds no confirmed bytes against MaxBytes. A new segment is created on
 // the first Append after Open, and segment creation fsyncs the directory.
 //
 // # Recovery

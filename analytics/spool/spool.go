@@ -24,8 +24,10 @@ const (
 type Options struct {
 	// SegmentBytes is the size at which a segment is closed and a new one
 	// started. Defaults to DefaultSegmentBytes (64 MiB) if zero, and is
-	// capped at MaxBytes/4: the segment being written is never deleted, so
-	// it must leave room in a spool whose confirmed data is otherwise gone.
+	// capped at MaxBytes/4: the segment being written is deleted only once
+	// all of it is confirmed while no append is being committed, so under
+	// steady appends its confirmed part (at most one segment) still counts
+	// against MaxBytes and must leave room.
 	SegmentBytes int64
 	// MaxBytes caps the bytes on disk, confirmed-but-not-yet-deleted data
 	// included; an Append that would pass it fails with ErrFull. Defaults to
@@ -42,6 +44,10 @@ type Options struct {
 	// Logger receives warnings about torn tails and corruption. Defaults to
 	// a logger that discards.
 	Logger *slog.Logger
+	// Observe, if set, is called with the spool's Stats after Open, after
+	// every commit of appended batches and after every Confirm; calls are
+	// serialised, each with the figures as they stand then. For metrics.
+	Observe func(Stats)
 }
 
 func (o *Options) setDefaults() {
@@ -119,6 +125,19 @@ type Stats struct {
 	BytesOnDisk    int64 // segment bytes on disk, confirmed but undeleted data included
 	Segments       int   // segment files
 	RecordsPending int64 // records appended and not yet confirmed
+	// OldestUnconfirmed is when the oldest record not yet confirmed was
+	// appended, to about a second (zero when everything is confirmed).
+	// For records recovered by Open it is the last write of the oldest
+	// unconfirmed segment file: a lower bound of their age.
+	OldestUnconfirmed time.Time
+}
+
+// appendAge dates the batches up to end: the first of them was committed
+// at. Consecutive commits within a second share one, so the list stays
+// short however many small batches are appended.
+type appendAge struct {
+	end Position
+	at  time.Time
 }
 
 // segment is the shared view of one segment file; fields are guarded by
@@ -169,6 +188,8 @@ type Spool struct {
 	// When the last commit group ended and how long it took.
 	lastCommit     time.Time
 	lastCommitTook time.Duration
+	ages           []appendAge // of the unconfirmed batches, in order
+	omu            sync.Mutex  // serialises Observe calls
 
 	// Owned by the committer goroutine (at most one runs, see committing).
 	wf      *os.File
@@ -210,7 +231,18 @@ func Open(dir string, opts Options) (*Spool, error) {
 		s.releaseLock()
 		return nil, err
 	}
+	s.observe()
 	return s, nil
+}
+
+// observe hands the current Stats to Options.Observe.
+func (s *Spool) observe() {
+	if s.opts.Observe == nil {
+		return
+	}
+	s.omu.Lock()
+	defer s.omu.Unlock()
+	s.opts.Observe(s.Stats())
 }
 
 // segPath is the file name of segment seq.
@@ -274,6 +306,14 @@ func (s *Spool) recover() error {
 	}
 	s.nextSeq = maxSeq + 1
 	s.read, s.confirmed = cp, cp
+	if s.pending > 0 && len(s.segs) > 0 {
+		first, lastSeg := s.segs[0], s.segs[len(s.segs)-1]
+		at := time.Now()
+		if fi, err := os.Stat(s.segPath(first.seq)); err == nil {
+			at = fi.ModTime()
+		}
+		s.ages = []appendAge{{end: Position{Segment: lastSeg.seq, Offset: lastSeg.size}, at: at}}
+	}
 	s.checkpoint, err = openCheckpoint(s.dir, st, s.opts.NoSync)
 	return err
 }
@@ -596,10 +636,19 @@ func (s *Spool) commitGroup() bool {
 			u.seg.sealed = u.seal
 		}
 		s.pending += recs
+		end := group[len(group)-1].pos
+		if n := len(s.ages); n > 0 && start.Sub(s.ages[n-1].at) < time.Second {
+			s.ages[n-1].end = end
+		} else {
+			s.ages = append(s.ages, appendAge{end: end, at: start})
+		}
 		close(s.notify)
 		s.notify = make(chan struct{})
 	}
 	s.mu.Unlock()
+	if err == nil {
+		s.observe()
+	}
 	for _, r := range group {
 		r.err = err
 		close(r.done)
@@ -805,7 +854,9 @@ func (s *Spool) closeReader() {
 
 // Confirm records durably that everything up to pos (a Batch.End returned
 // by Next) is stored downstream, and deletes segments that are wholly
-// confirmed. After a restart, Next resumes after pos.
+// confirmed: sealed ones, and the one being written when all of it is
+// confirmed and no commit is under way (the next Append starts a new
+// one). After a restart, Next resumes after pos.
 func (s *Spool) Confirm(pos Position) error {
 	s.rmu.Lock()
 	defer s.rmu.Unlock()
@@ -831,6 +882,23 @@ func (s *Spool) Confirm(pos Position) error {
 
 	s.mu.Lock()
 	s.pending -= recs
+	i = 0
+	for i < len(s.ages) && !pos.Less(s.ages[i].end) {
+		i++
+	}
+	s.ages = slices.Delete(s.ages, 0, i)
+	// The segment being written, once wholly confirmed, goes too while no
+	// commit is under way (the committer owns it; holding mu with
+	// committing false, so do we): its space must not keep a drained
+	// spool full. The next Append starts a new segment.
+	var closeErr error
+	if !s.committing {
+		if w := s.wseg; w != nil && s.wf != nil && w.seq == pos.Segment && w.size == pos.Offset && s.wsize == w.size {
+			closeErr = s.wf.Close()
+			s.wf, s.wseg, s.wsize = nil, nil, 0
+			w.sealed = true
+		}
+	}
 	var drop []uint64
 	s.segs = slices.DeleteFunc(s.segs, func(sg *segment) bool {
 		done := sg.seq < pos.Segment || (sg.seq == pos.Segment && sg.sealed && sg.size <= pos.Offset)
@@ -841,7 +909,11 @@ func (s *Spool) Confirm(pos Position) error {
 		return done
 	})
 	s.mu.Unlock()
+	defer s.observe()
 	var errs []error
+	if closeErr != nil {
+		errs = append(errs, fmt.Errorf("close confirmed segment: %w", closeErr))
+	}
 	for _, seq := range drop {
 		if s.rfile != nil && s.rseq == seq {
 			s.closeReader()
@@ -868,7 +940,11 @@ func (s *Spool) Rewind() {
 func (s *Spool) Stats() Stats {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	return Stats{BytesOnDisk: s.diskBytes, Segments: len(s.segs), RecordsPending: s.pending}
+	st := Stats{BytesOnDisk: s.diskBytes, Segments: len(s.segs), RecordsPending: s.pending}
+	if len(s.ages) > 0 && s.pending > 0 {
+		st.OldestUnconfirmed = s.ages[0].at
+	}
+	return st
 }
 
 // Close waits for appends already queued to be written, then releases the

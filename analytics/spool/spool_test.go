@@ -11,6 +11,7 @@ import (
 	"slices"
 	"sync"
 	"testing"
+	"time"
 )
 
 // open opens a spool in dir and closes it at cleanup.
@@ -231,16 +232,85 @@ func TestConfirmedSegmentsAreDeleted(t *testing.T) {
 	if err := sp.Confirm(end); err != nil {
 		t.Fatal(err)
 	}
-	// The active segment stays; it is fully confirmed but still written to.
-	if files := segFiles(t, dir); len(files) != 1 {
+	// The active segment too: once all of it is confirmed and nothing is
+	// being appended, its space no longer counts against MaxBytes.
+	if files := segFiles(t, dir); len(files) != 0 {
 		t.Fatalf("segments after confirming all: %v", files)
 	}
 	st := sp.Stats()
-	if st.Segments != 1 || st.RecordsPending != 0 {
+	if st.Segments != 0 || st.RecordsPending != 0 || st.BytesOnDisk != 0 {
 		t.Fatalf("Stats after confirming all = %+v", st)
 	}
-	if fi, err := os.Stat(segFiles(t, dir)[0]); err != nil || fi.Size() != st.BytesOnDisk {
-		t.Fatalf("BytesOnDisk = %d, file: %v %v", st.BytesOnDisk, fi.Size(), err)
+	// Appends go on in a new segment, and a restart replays only them.
+	mustAppend(t, sp, batch("after", 2, 600))
+	files := segFiles(t, dir)
+	if fi, err := os.Stat(files[0]); len(files) != 1 || err != nil || fi.Size() != sp.Stats().BytesOnDisk {
+		t.Fatalf("after one more append: files %v, BytesOnDisk %d (%v)", files, sp.Stats().BytesOnDisk, err)
+	}
+	if err := sp.Close(); err != nil {
+		t.Fatal(err)
+	}
+	sp = open(t, dir, Options{SegmentBytes: 2 << 10})
+	if got, _ := drain(t, sp); len(got) != 2 || !bytes.HasPrefix(got[0], []byte("after/")) {
+		t.Fatalf("replayed %d records after restart, want the 2 appended after the confirm", len(got))
+	}
+}
+
+func TestStatsFollowEveryAppendAndConfirm(t *testing.T) {
+	dir := t.TempDir()
+	var mu sync.Mutex
+	var seen []Stats
+	opts := Options{SegmentBytes: 2 << 10, Observe: func(st Stats) {
+		mu.Lock()
+		seen = append(seen, st)
+		mu.Unlock()
+	}}
+	last := func() Stats {
+		mu.Lock()
+		defer mu.Unlock()
+		if len(seen) == 0 {
+			return Stats{}
+		}
+		return seen[len(seen)-1]
+	}
+	sp := open(t, dir, opts)
+	if st := sp.Stats(); !st.OldestUnconfirmed.IsZero() {
+		t.Fatalf("an empty spool has an oldest unconfirmed record: %+v", st)
+	}
+	before := time.Now()
+	mustAppend(t, sp, batch("a", 2, 600))
+	mustAppend(t, sp, batch("b", 2, 600))
+	st := sp.Stats()
+	if last() != st {
+		t.Fatalf("Observe saw %+v after the appends, Stats is %+v", last(), st)
+	}
+	if st.BytesOnDisk == 0 || st.OldestUnconfirmed.Before(before.Add(-time.Second)) || st.OldestUnconfirmed.After(time.Now()) {
+		t.Fatalf("after two appends: %+v (appended from %s)", st, before)
+	}
+	_, end := drain(t, sp)
+	if err := sp.Confirm(end); err != nil {
+		t.Fatal(err)
+	}
+	if st := last(); st.BytesOnDisk != 0 || st.RecordsPending != 0 || !st.OldestUnconfirmed.IsZero() {
+		t.Fatalf("Observe after confirming all: %+v", st)
+	}
+	// After a restart the unconfirmed data is dated by its segment file.
+	mustAppend(t, sp, batch("c", 2, 600))
+	if err := sp.Close(); err != nil {
+		t.Fatal(err)
+	}
+	old := time.Now().Add(-time.Hour)
+	for _, f := range segFiles(t, dir) {
+		if err := os.Chtimes(f, old, old); err != nil {
+			t.Fatal(err)
+		}
+	}
+	sp = open(t, dir, opts)
+	if got := sp.Stats().OldestUnconfirmed; got.After(old.Add(time.Second)) || got.Before(old.Add(-time.Second)) {
+		t.Fatalf("after reopening, the oldest unconfirmed record is from %s, want about %s", got, old)
+	}
+	if last() != sp.Stats() {
+		t.Fatalf("Observe after Open saw %+v, Stats is %+v", last(), sp.Stats())
 	}
 }
 

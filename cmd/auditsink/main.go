@@ -26,6 +26,9 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+
 	"github.com/stampguard/stampguard/analytics"
 	"github.com/stampguard/stampguard/analytics/sink"
 )
@@ -180,6 +183,7 @@ func serve(ctx context.Context, args []string, _, stderr io.Writer) error {
 	fs.IntVar(&o.MaxEventBytes, "max-event-bytes", analytics.DefaultMaxEventBytes, "largest event; larger ones are dead-lettered")
 	fs.StringVar(&retention, "retention", "", "drop day partitions older than this, e.g. 30d (empty: keep all)")
 	fs.IntVar(&o.InsertParallel, "insert-parallel", 2, "ClickHouse inserts in flight")
+	fs.DurationVar(&o.ShutdownTimeout, "shutdown-timeout", sink.DefaultShutdownTimeout, "bound of a graceful shutdown (keep it below the pod's terminationGracePeriodSeconds)")
 	memLimit := fs.String("memory-limit", "240MiB", "soft memory limit of the Go runtime (GOMEMLIMIT); the GC works harder near it")
 	gcPercent := fs.Int("gc-percent", 100, "Go GC target percentage (GOGC): higher trades memory, capped by --memory-limit, for less GC CPU")
 	cpuProfile := fs.String("cpu-profile", "", "write a Go CPU profile (pprof) of the whole run to this file (diagnostics)")
@@ -222,7 +226,7 @@ func serve(ctx context.Context, args []string, _, stderr io.Writer) error {
 	default:
 		o.Token = os.Getenv("AUDITSINK_TOKEN")
 	}
-	o.Cluster = c.cluster
+	o.Cluster = clusterOr(c.cluster)
 	o.Stages = splitList(c.stages)
 	o.RedactResources = splitList(c.redact)
 	o.Logger = log
@@ -282,6 +286,7 @@ func tail(ctx context.Context, args []string, _, stderr io.Writer) error {
 	var c common
 	c.register(fs)
 	checkpoint := fs.String("checkpoint", "", "checkpoint file (default: PATH.auditsink-checkpoint)")
+	metricsListen := fs.String("metrics-listen", "", "address of a plain-HTTP /metrics endpoint (empty: off)")
 	if err := parse(fs, args); err != nil {
 		return err
 	}
@@ -302,8 +307,15 @@ func tail(ctx context.Context, args []string, _, stderr io.Writer) error {
 		return err
 	}
 	defer st.Close()
+	var metrics *analytics.Metrics
+	if *metricsListen != "" {
+		reg := prometheus.NewRegistry()
+		reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+		metrics = analytics.NewMetrics(reg)
+		defer sink.ServeMetrics(*metricsListen, reg, log)(context.WithoutCancel(ctx))
+	}
 	return analytics.Tail(ctx, st, path, analytics.TailOptions{Cluster: clusterOr(c.cluster),
-		Accepter: c.accepter(), CheckpointPath: *checkpoint, Logger: log})
+		Accepter: c.accepter(), CheckpointPath: *checkpoint, Metrics: metrics, Logger: log})
 }
 
 func migrate(ctx context.Context, args []string, stdout, stderr io.Writer) error {
@@ -363,9 +375,11 @@ func openMigrated(ctx context.Context, c *common, log *slog.Logger) (*analytics.
 	return st, nil
 }
 
+// clusterOr is c, or sink.DefaultCluster (what POST /events uses) when
+// no --cluster was given.
 func clusterOr(c string) string {
 	if c == "" {
-		return "default"
+		return sink.DefaultCluster
 	}
 	return c
 }

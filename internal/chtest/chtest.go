@@ -56,17 +56,37 @@ func Start(tb testing.TB) *Server {
 	if err != nil {
 		tb.Fatalf("read %s (%v): run `make clickhouse` to install Debian's clickhouse-server", systemConfig, err)
 	}
-	dir := tb.TempDir()
-	ports := freePorts(tb, 3)
-	cfg := rewriteConfig(string(tmpl), dir, ports)
+	s := newServer(tb, bin, string(tmpl), tb.TempDir(), freePorts(tb, 3), "", "")
+	tb.Cleanup(s.Stop)
+	s.Start()
+	return s
+}
+
+// newServer writes a server's config into dir, with ports (native, HTTP,
+// interserver), the users file (Debian's when empty) and, when extra is
+// set, a config.d/stampguard.xml merged over Debian's config.
+func newServer(tb testing.TB, bin, tmpl, dir string, ports []int, users, extra string) *Server {
+	tb.Helper()
+	if users == "" {
+		users = "/etc/clickhouse-server/users.xml"
+	}
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		tb.Fatal(err)
+	}
+	cfg := rewriteConfig(tmpl, dir, ports, users)
 	path := filepath.Join(dir, "config.xml")
 	if err := os.WriteFile(path, []byte(cfg), 0o644); err != nil {
 		tb.Fatal(err)
 	}
-	s := &Server{Port: ports[0], Dir: dir, tb: tb, config: path, bin: bin}
-	tb.Cleanup(s.Stop)
-	s.Start()
-	return s
+	if extra != "" {
+		if err := os.MkdirAll(filepath.Join(dir, "config.d"), 0o755); err != nil {
+			tb.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(dir, "config.d", "stampguard.xml"), []byte(extra), 0o644); err != nil {
+			tb.Fatal(err)
+		}
+	}
+	return &Server{Port: ports[0], Dir: dir, tb: tb, config: path, bin: bin}
 }
 
 // DSN is the clickhouse-go DSN of the server's default database.
@@ -204,7 +224,7 @@ var (
 )
 
 // rewriteConfig points ports and paths of Debian's config at dir.
-func rewriteConfig(cfg, dir string, ports []int) string {
+func rewriteConfig(cfg, dir string, ports []int, users string) string {
 	set := func(tag, val string) {
 		cfg = reTag(tag).ReplaceAllLiteralString(cfg, "<"+tag+">"+val+"</"+tag+">")
 	}
@@ -215,7 +235,7 @@ func rewriteConfig(cfg, dir string, ports []int) string {
 	set("tmp_path", dir+"/tmp/")
 	set("user_files_path", dir+"/user_files/")
 	set("format_schema_path", dir+"/format_schemas/")
-	set("users_config", "/etc/clickhouse-server/users.xml")
+	set("users_config", users)
 	// <path> also appears inside <distributed_ddl> (a ZooKeeper path): only
 	// the data path, the first one, is a directory.
 	re := reTag("path")

@@ -534,6 +534,7 @@ type sinkProcess struct {
 	mu   sync.Mutex
 	cmd  *exec.Cmd
 	done chan struct{}
+	err  error // cmd.Wait's, once done is closed
 }
 
 func (s *sinkProcess) start() {
@@ -550,7 +551,7 @@ func (s *sinkProcess) start() {
 		s.t.Fatal(err)
 	}
 	done := make(chan struct{})
-	go func() { _ = cmd.Wait(); logf.Close(); close(done) }() // killed on purpose: the status is not the point
+	go func() { s.err = cmd.Wait(); logf.Close(); close(done) }()
 	s.cmd, s.done = cmd, done
 	// Ready when the port answers TLS.
 	addr := s.args[2]
@@ -586,6 +587,20 @@ func (s *sinkProcess) kill() {
 	}
 	<-s.done
 	s.cmd = nil
+}
+
+// terminate sends SIGTERM and waits for the exit: how long it took and
+// its status (nil for exit 0).
+func (s *sinkProcess) terminate() (time.Duration, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	start := time.Now()
+	if err := s.cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		s.t.Fatalf("SIGTERM the sink: %v", err)
+	}
+	<-s.done
+	s.cmd = nil
+	return time.Since(start), s.err
 }
 
 // recordingProxy stands between the apiserver and the sink: it forwards
