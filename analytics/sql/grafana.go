@@ -42,21 +42,25 @@ type Variable struct {
 // it into the SQL as it is, and the filters read it as "any".
 const AllValue = `'__all__'`
 
-// The window on event_time_us and the rollup's hours, from the plugin's
-// macros. $__toTime is inclusive, so the window ends a second after it.
+// The window and the rollup's hours, from the plugin's macros. $__toTime
+// is inclusive, so the window ends a second after it.
 const (
 	fromUs = `toUInt64(toUInt32($__fromTime)) * 1000000`
 	endUs  = `(toUInt64(toUInt32($__toTime)) + 1) * 1000000`
-	// grafanaWindow prunes day partitions with the same days toDate gives
-	// event_date (the server's time zone), then filters microseconds.
-	grafanaWindow = `event_date >= toDate($__fromTime) AND event_date <= toDate($__toTime) AND event_time_us >= ` + fromUs + ` AND event_time_us < ` + endUs
+	// days prunes day partitions with the days toDate gives event_date
+	// (the server's time zone).
+	days = `event_date >= toDate($__fromTime) AND event_date <= toDate($__toTime)`
+	// grafanaWindow is the window on event_time_us (events and the
+	// retry-loop tables); grafanaEventsWindow on events' event_time.
+	grafanaWindow       = days + ` AND event_time_us >= ` + fromUs + ` AND event_time_us < ` + endUs
+	grafanaEventsWindow = days + ` AND $__timeFilter(event_time)`
 	// hoursFrom and hoursTo are the rollup's whole hours in seconds: from
 	// the first whole hour in the window that request_rollup_epoch says is
 	// complete, to the last whole hour that ends inside the window.
 	hoursFrom     = `greatest(intDiv(toUInt32($__fromTime) + 3599, 3600) * 3600, (SELECT intDiv(toUInt32(max(complete_from)) + 3599, 3600) * 3600 FROM {db}.request_rollup_epoch))`
 	hoursTo       = `intDiv(toUInt32($__toTime) + 1, 3600) * 3600`
 	grafanaRollup = `hour >= toDateTime(` + hoursFrom + `) AND hour < toDateTime(` + hoursTo + `)`
-	grafanaRaw    = `({window} AND NOT (event_time_us >= toUInt64(` + hoursFrom + `) * 1000000 AND event_time_us < toUInt64(` + hoursTo + `) * 1000000))`
+	grafanaRaw    = `(` + grafanaEventsWindow + ` AND NOT (event_time >= toDateTime(` + hoursFrom + `) AND event_time < toDateTime(` + hoursTo + `)))`
 	// loopEpochUs is when the retry-loop tables hold every event.
 	loopEpochUs          = `(SELECT toUInt64(toUInt32(max(complete_from))) * 1000000 FROM {db}.loop_epoch)`
 	grafanaLoopConflicts = `(SELECT event_date, event_time_us, cluster, writer, api_group, resource, namespace, name FROM {db}.loop_conflicts WHERE event_time_us >= ` + loopEpochUs + `
@@ -102,7 +106,7 @@ func (g Grafana) Bind(s Statement) (string, error) {
 	sql := replace(s.SQL,
 		"{loop_conflicts}", grafanaLoopConflicts, "{loop_successes}", grafanaLoopSuccesses,
 		"{filters}", "("+strings.Join(filters, " AND ")+")",
-		"{raw_window}", grafanaRaw, "{rollup_window}", grafanaRollup, "{window}", grafanaWindow,
+		"{raw_window}", grafanaRaw, "{rollup_window}", grafanaRollup, "{window}", grafanaWindow, "{events_window}", grafanaEventsWindow,
 		"{bucket}", "toDateTime(intDiv(toUInt32(event_time), @interval_s) * @interval_s)",
 		"{end_us}", endUs,
 		"{db}", g.Database)

@@ -5,7 +5,7 @@ package sql
 // rollup lacks (user agent, latency), and single numbers for alerts.
 var (
 	ConflictRateSeries = Statement{Name: "conflict_rate_series", Title: "Version-conflict rate", Shape: Series,
-		Params: with(filtered, IntervalS), Time: []Window{Whole, Bucket},
+		Params: with(filtered, IntervalS), Time: []Window{EventsWhole, Bucket},
 		Columns: []string{"time", "conflict_rate"},
 		SQL: `
 SELECT time, conflict_rate
@@ -17,7 +17,7 @@ FROM (
 ORDER BY time`}
 
 	ConflictKindsSeries = Statement{Name: "conflict_kinds_series", Title: "Conflicts by kind", Shape: Series,
-		Params: with(filtered, IntervalS), Time: []Window{Whole, Bucket},
+		Params: with(filtered, IntervalS), Time: []Window{EventsWhole, Bucket},
 		Columns: []string{"time", "version", "field", "delete_precondition", "already_exists", "other"},
 		SQL: `
 SELECT {bucket} AS time, countIf(class = 'version') AS version, countIf(class = 'field') AS field,
@@ -28,7 +28,7 @@ GROUP BY time
 ORDER BY time`}
 
 	StamplessGoneSeries = Statement{Name: "stampless_gone_series", Title: "Stampless updates and 410 Gone", Shape: Series,
-		Params: with(filtered, IntervalS), Time: []Window{Whole, Bucket},
+		Params: with(filtered, IntervalS), Time: []Window{EventsWhole, Bucket},
 		Columns: []string{"time", "stampless_updates", "gone"},
 		SQL: `
 SELECT {bucket} AS time, countIf(verb = 'update' AND ` + IsSuccess + ` AND stamp = '') AS stampless_updates, countIf(code = 410) AS gone
@@ -39,7 +39,7 @@ ORDER BY time`}
 	// WriteLatencySeries measures write latency from the audit timestamps
 	// (the stage timestamp minus requestReceivedTimestamp), per resource.
 	WriteLatencySeries = Statement{Name: "write_latency_series", Title: "Write latency by resource", Shape: Series,
-		Params: with(filtered, IntervalS), Time: []Window{Whole, Bucket},
+		Params: with(filtered, IntervalS), Time: []Window{EventsWhole, Bucket},
 		Columns: []string{"time", "resource", "p50", "p99"},
 		SQL: `
 SELECT {bucket} AS time, resource, quantileExact(0.5)(latency_us) / 1000000 AS p50, quantileExact(0.99)(latency_us) / 1000000 AS p99
@@ -61,7 +61,7 @@ LIMIT @top`}
 
 	// ConflictsByUserAgent reads raw events: the rollup has no user agent.
 	ConflictsByUserAgent = Statement{Name: "conflicts_by_user_agent", Title: "Version conflicts by user agent", Shape: Rows,
-		Params: with(filtered, Top), Time: []Window{Whole},
+		Params: with(filtered, Top), Time: []Window{EventsWhole},
 		Columns: []string{"user_agent", "attempts", "conflicts", "conflict_rate"},
 		SQL: `
 SELECT user_agent, countIf(is_write) AS attempts, countIf(is_write AND class = 'version') AS conflicts, ` + rateOfAttempts + `
@@ -93,7 +93,7 @@ ORDER BY count DESC, user
 LIMIT @top`}
 
 	PolicyDecisionsSeries = Statement{Name: "policy_decisions_series", Title: "stampguard decisions by action", Shape: Series,
-		Params: with(filtered, IntervalS), Time: []Window{Whole, Bucket},
+		Params: with(filtered, IntervalS), Time: []Window{EventsWhole, Bucket},
 		Columns: []string{"time", "action", "count"},
 		SQL: `
 SELECT {bucket} AS time, action, count() AS count
@@ -137,7 +137,7 @@ WHERE resolved = 0 AND last_us + @stale_us < {end_us}`}
 	// AuditedStamplessWrites counts the stampless writes that a policy in
 	// Audit mode let through on a guarded kind (it would have denied them).
 	AuditedStamplessWrites = Statement{Name: "audited_stampless_writes", Title: "Stampless writes let through by Audit", Shape: Number,
-		Params: filtered, Time: []Window{Whole},
+		Params: filtered, Time: []Window{EventsWhole},
 		Columns: []string{"writes"},
 		SQL: `
 SELECT count() AS writes

@@ -67,7 +67,7 @@ func (r Report) Bind(s Statement) string {
 	return replace(s.SQL,
 		"{loop_conflicts}", lc, "{loop_successes}", ls,
 		"{filters}", reportFilters,
-		"{raw_window}", reportRawWindow, "{rollup_window}", reportRollupWindow, "{window}", reportWindow,
+		"{raw_window}", reportRawWindow, "{rollup_window}", reportRollupWindow, "{window}", reportWindow, "{events_window}", reportWindow,
 		"{bucket}", "toDateTime(intDiv(toUInt32(event_time), @interval_s) * @interval_s)",
 		"{end_us}", "@until_us",
 		"{db}", r.Database)

@@ -74,6 +74,9 @@ var (
 	// Whole is the whole window on event_time_us, on events or on the
 	// retry-loop tables (each has event_date and event_time_us).
 	Whole = Window{"{window}", "event_time_us", Raw, "the whole window"}
+	// EventsWhole is the whole window on events' event_time, for
+	// statements that read only events.
+	EventsWhole = Window{"{events_window}", "event_time", Raw, "the whole window, on events"}
 	// RawEdges is the part of the window that request_rollup does not
 	// answer, on events.
 	RawEdges = Window{"{raw_window}", "event_time_us", Raw, "the window minus request_rollup's whole hours"}
@@ -86,7 +89,7 @@ var (
 )
 
 // Windows lists every window a binder must place.
-var Windows = []Window{Whole, RawEdges, RollupHours, Bucket, End}
+var Windows = []Window{Whole, EventsWhole, RawEdges, RollupHours, Bucket, End}
 
 // Shape is what a statement returns.
 type Shape string

@@ -5,7 +5,7 @@ import "strings"
 // Building blocks, shared by the statements below.
 const (
 	// requests are the window's requests in events, narrowed.
-	requests = Request + ` AND cluster = @cluster AND {window} AND {filters}`
+	requests = Request + ` AND cluster = @cluster AND {events_window} AND {filters}`
 
 	// rateOf is a conflict rate in SQL: conflicts per write attempt, 0
 	// without attempts.
@@ -41,7 +41,7 @@ var counted = func() string {
 const classified = `(
 	SELECT event_time, user_agent, resource, verb, code, stamp, latency_us, ` + ConflictClass + ` AS class, ` + IsWrite + ` AS is_write
 	FROM {db}.events
-	PREWHERE {window}
+	PREWHERE {events_window}
 	WHERE ` + Request + ` AND cluster = @cluster AND {filters})`
 
 // The retry-loop rows: version conflicts and successful writes, one row per
@@ -55,9 +55,9 @@ const (
 
 	loopConflictsRaw = `(SELECT event_date, event_time_us, cluster, writer, api_group, resource, namespace, name FROM {db}.events
 		PREWHERE code = 409
-		WHERE {window} AND ` + Request + ` AND ` + IsWrite + ` AND ` + VersionConflict + `)`
+		WHERE {events_window} AND ` + Request + ` AND ` + IsWrite + ` AND ` + VersionConflict + `)`
 	loopSuccessesRaw = `(SELECT event_date, event_time_us, cluster, ` + LoopPair + ` AS pair FROM {db}.events
-		PREWHERE {window}
+		PREWHERE {events_window}
 		WHERE ` + Request + ` AND ` + IsWrite + ` AND ` + IsSuccess + `)`
 )
 
@@ -181,7 +181,7 @@ LIMIT @top`}
 	// order, into runs: every run after the first is a change. holders
 	// lists the runs' holders in order, so A -> B -> A lists A, B, A.
 	LeaseHolderChanges = Statement{Name: "lease_holder_changes", Title: "Lease holder changes", Shape: Rows,
-		Params: with(filtered, Top), Time: []Window{Whole},
+		Params: with(filtered, Top), Time: []Window{EventsWhole},
 		Columns: []string{"namespace", "name", "changes", "holders"},
 		SQL: `
 SELECT namespace, name, toUInt64(length(runs) - 1) AS changes, runs AS holders
@@ -201,7 +201,7 @@ LIMIT @top`}
 	// PolicyDecisions counts stampguard's audit annotations. Each value is
 	// a JSON array of {"policy","rule","action","path","writer"} objects.
 	PolicyDecisions = Statement{Name: "policy_decisions", Title: "stampguard policy decisions", Shape: Rows,
-		Params: with(filtered, Top), Time: []Window{Whole},
+		Params: with(filtered, Top), Time: []Window{EventsWhole},
 		Columns: []string{"policy", "kind", "action", "count"},
 		SQL: `
 SELECT policy, kind, action, count() AS count
