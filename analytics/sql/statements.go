@@ -160,7 +160,9 @@ LIMIT @top`}
 	// becomes a row with its run number, and a GROUP BY measures the runs.
 	// A loop is resolved when the writer's last success on the object in
 	// the window comes after the loop's last conflict. Only the merged
-	// sequence needs sorting: successes enter it unsorted.
+	// sequence needs sorting: successes enter it unsorted. Current
+	// releases refuse a joined subquery without an alias (Code 206), and
+	// 18.16 has no setting that relaxes it, so both sides are named.
 	RetryLoops = Statement{Name: "retry_loops", Title: "Retry loops", Shape: Rows,
 		Params: with(filtered, Top, GapUs, Threshold), Time: []Window{Whole},
 		Columns: []string{"user", "api_group", "resource", "namespace", "name", "conflicts", "first_us", "last_us", "resolved"},
@@ -240,13 +242,13 @@ FROM (
 			arrayMap(x -> toUInt8(x % 2), seq) AS kinds,
 			arrayCumSum(arrayMap((k, pk, t, pt) -> toUInt64(k = 1 AND (pk = 0 OR t - pt > @gap_us)),
 				kinds, arrayPushFront(arrayPopBack(kinds), toUInt8(0)), ts, arrayPushFront(arrayPopBack(ts), toUInt64(0)))) AS run
-		FROM (` + loopCandidates + `)
+		FROM (` + loopCandidates + `) AS candidates
 		ANY LEFT JOIN (
 			SELECT pair, groupArray(event_time_us) AS successes_us
 			FROM {loop_successes}
 			WHERE cluster = @cluster AND pair IN (SELECT pair FROM (` + loopCandidates + `)) AND {window}
 			GROUP BY pair
-		) USING pair
+		) AS successes USING pair
 	)
 )
 GROUP BY user, api_group, resource, namespace, name, rid
