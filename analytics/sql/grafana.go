@@ -62,11 +62,13 @@ const (
 	grafanaRollup = `hour >= toDateTime(` + hoursFrom + `) AND hour < toDateTime(` + hoursTo + `)`
 	grafanaRaw    = `(` + grafanaEventsWindow + ` AND NOT (event_time >= toDateTime(` + hoursFrom + `) AND event_time < toDateTime(` + hoursTo + `)))`
 	// loopEpochUs is when the retry-loop tables hold every event.
-	loopEpochUs          = `(SELECT toUInt64(toUInt32(max(complete_from))) * 1000000 FROM {db}.loop_epoch)`
-	grafanaLoopConflicts = `(SELECT event_date, event_time_us, cluster, writer, api_group, resource, namespace, name FROM {db}.loop_conflicts WHERE event_time_us >= ` + loopEpochUs + `
+	loopEpochUs = `(SELECT toUInt64(toUInt32(max(complete_from))) * 1000000 FROM {db}.loop_epoch)`
+	// The retry-loop rows: the tables (as the report reads them) from
+	// loop_epoch on, their raw forms before it.
+	grafanaLoopConflicts = `(SELECT event_date, event_time_us, cluster, writer, api_group, resource, namespace, name FROM ` + loopConflictsTable + ` WHERE event_time_us >= ` + loopEpochUs + `
 		UNION ALL
 		SELECT event_date, event_time_us, cluster, writer, api_group, resource, namespace, name FROM ` + loopConflictsRaw + ` WHERE event_time_us < ` + loopEpochUs + `)`
-	grafanaLoopSuccesses = `(SELECT event_date, event_time_us, cluster, pair FROM {db}.loop_successes WHERE event_time_us >= ` + loopEpochUs + `
+	grafanaLoopSuccesses = `(SELECT event_date, event_time_us, cluster, pair FROM ` + loopSuccessesTable + ` WHERE event_time_us >= ` + loopEpochUs + `
 		UNION ALL
 		SELECT event_date, event_time_us, cluster, pair FROM ` + loopSuccessesRaw + ` WHERE event_time_us < ` + loopEpochUs + `)`
 )
