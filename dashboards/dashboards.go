@@ -3,6 +3,7 @@ package dashboards
 import (
 	"errors"
 	"fmt"
+	"regexp"
 
 	"github.com/grafana/grafana-foundation-sdk/go/common"
 	"github.com/grafana/grafana-foundation-sdk/go/dashboard"
@@ -19,6 +20,9 @@ const (
 	UIDLeases     = "stampguard-leases"
 	UIDHealth     = "stampguard-health"
 )
+
+// databaseName is a database the SQL can name without quoting.
+var databaseName = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]*$`)
 
 type generator struct {
 	o       Options
@@ -41,6 +45,13 @@ type Generated struct {
 // Generate builds the dashboards and the alert rules.
 func Generate(o Options) (*Generated, error) {
 	o.setDefaults()
+	if !databaseName.MatchString(o.Database) {
+		return nil, fmt.Errorf("database name %q: want letters, digits and underscores", o.Database)
+	}
+	if o.Alerts.StormRate >= 1 || o.Alerts.ClimbMinRate >= 1 || o.BaselineConflictRate >= 1 {
+		return nil, fmt.Errorf("conflict rates are fractions of the writes, below 1: storm %g, climb minimum %g, baseline %g",
+			o.Alerts.StormRate, o.Alerts.ClimbMinRate, o.BaselineConflictRate)
+	}
 	g := &generator{o: o}
 	var out Generated
 	out.Options = o

@@ -426,3 +426,17 @@ func TestRunbooksExist(t *testing.T) {
 		}
 	}
 }
+
+func TestGenerateRefusesBadOptions(t *testing.T) {
+	for name, c := range map[string]struct {
+		o    Options
+		want string
+	}{
+		"a database name that would need quoting": {Options{Database: "prod; DROP"}, `database name "prod; DROP"`},
+		"a storm rate of 20 (percent, not a fraction)": {Options{Alerts: AlertOptions{StormRate: 20}}, "conflict rates are fractions"},
+	} {
+		if _, err := Generate(c.o); err == nil || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("%s: %v, want %q", name, err, c.want)
+		}
+	}
+}
