@@ -432,7 +432,7 @@ func TestGenerateRefusesBadOptions(t *testing.T) {
 		o    Options
 		want string
 	}{
-		"a database name that would need quoting": {Options{Database: "prod; DROP"}, `database name "prod; DROP"`},
+		"a database name that would need quoting":      {Options{Database: "prod; DROP"}, `database name "prod; DROP"`},
 		"a storm rate of 20 (percent, not a fraction)": {Options{Alerts: AlertOptions{StormRate: 20}}, "conflict rates are fractions"},
 	} {
 		if _, err := Generate(c.o); err == nil || !strings.Contains(err.Error(), c.want) {
