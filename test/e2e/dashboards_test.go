@@ -15,6 +15,8 @@ import (
 	"time"
 
 	"github.com/ClickHouse/clickhouse-go/v2/lib/driver"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/stampguard/stampguard/analytics/report"
 	asql "github.com/stampguard/stampguard/analytics/sql"
@@ -22,6 +24,7 @@ import (
 	"github.com/stampguard/stampguard/internal/chtest"
 	"github.com/stampguard/stampguard/internal/kubetest"
 	"github.com/stampguard/stampguard/internal/testenv"
+	"github.com/stampguard/stampguard/policy/api/v1alpha1"
 	wl "github.com/stampguard/stampguard/test/workload"
 )
 
@@ -483,5 +486,143 @@ func assertEqual(t *testing.T, what string, got, want []string) {
 	t.Helper()
 	if !slices.Equal(got, want) {
 		t.Errorf("%s differs from the report\ngot  %q\nwant %q", what, got, want)
+	}
+}
+
+// TestPolicyPanelsOnClickHouse proves the policy enforcement panels and the
+// stampless-writes-under-Audit rule on real stampguard decisions: the
+// webhook runs against a real apiserver with one policy in Audit mode and
+// one in Deny mode, alice writes without a stamp under both, `auditsink
+// ingest` loads the audit log, and the panels' numbers equal `auditsink
+// report`'s (and what alice did).
+func TestPolicyPanelsOnClickHouse(t *testing.T) {
+	testenv.SkipIfShort(t, "starts kube-apiserver, etcd, the webhook and clickhouse-server")
+	ch := chtest.Start(t)
+	gen, err := dashboards.Generate(dashboards.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	db, cluster := gen.Options.Database, gen.Options.Alerts.Cluster
+	env := startWebhookEnv(t)
+	admin, alice := env.Client, env.ClientAs(t, "alice")
+	ctx := t.Context()
+	start := time.Now()
+	const audited, denied = 3, 2
+	for _, p := range []struct {
+		ns     string
+		action v1alpha1.Action
+	}{{"dash-audit", v1alpha1.ActionAudit}, {"dash-deny", v1alpha1.ActionDeny}} {
+		namespace(t, admin, p.ns, nil)
+		applyPolicy(t, admin, &v1alpha1.ConcurrencyPolicy{
+			ObjectMeta: metav1.ObjectMeta{Name: p.ns},
+			Spec: v1alpha1.ConcurrencyPolicySpec{
+				Match:                  v1alpha1.Match{Resources: []v1alpha1.ResourceMatch{{Resource: "configmaps"}}, Namespaces: []string{p.ns}},
+				RequireResourceVersion: true,
+				Action:                 p.action,
+			},
+		}, metav1.ConditionTrue)
+		create(t, alice, configMap(p.ns, "settings", nil))
+	}
+	for i := range audited {
+		blind := configMap("dash-audit", "settings", nil)
+		blind.Data["k"] = fmt.Sprint(i)
+		if err := alice.Update(ctx, blind); err != nil {
+			t.Fatalf("a stampless update under Audit was refused: %v", err)
+		}
+	}
+	for range denied {
+		if err := alice.Update(ctx, configMap("dash-deny", "settings", nil)); !apierrors.IsInvalid(err) {
+			t.Fatalf("a stampless update under Deny: %v, want 422", err)
+		}
+	}
+	end := time.Now()
+	eventually(t, 30*time.Second, func() error {
+		b, err := os.ReadFile(env.AuditLogPath)
+		if err != nil {
+			return err
+		}
+		n := 0
+		for _, line := range strings.Split(string(b), "\n") {
+			if strings.Contains(line, `"stage":"ResponseComplete"`) && strings.Contains(line, "stamp.stampguard.dev/stamp-missing") {
+				n++
+			}
+		}
+		if n < audited+denied {
+			return fmt.Errorf("%d audited decisions in the log, want %d", n, audited+denied)
+		}
+		return nil
+	})
+	logCopy := t.TempDir() + "/audit.log"
+	if b, err := os.ReadFile(env.AuditLogPath); err != nil {
+		t.Fatal(err)
+	} else if err := os.WriteFile(logCopy, b, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	bin := buildAuditsink(t, kubetest.RepoRoot(t), t.TempDir())
+	sink := func(args ...string) []byte {
+		t.Helper()
+		cmd := exec.CommandContext(ctx, bin, args...)
+		cmd.Env = append(os.Environ(), "AUDITSINK_CLICKHOUSE_DSN="+ch.DSN())
+		var stderr bytes.Buffer
+		cmd.Stderr = &stderr
+		out, err := cmd.Output()
+		if err != nil {
+			t.Fatalf("auditsink %s: %v\n%s", strings.Join(args, " "), err, stderr.String())
+		}
+		return out
+	}
+	sink("ingest", "--database", db, "--cluster", cluster, logCopy)
+	conn := ch.Conn(t, db)
+
+	from, to := start.Truncate(time.Second).Add(-time.Second), end.Truncate(time.Second).Add(time.Second)
+	out := sink("report", "--database", db, "--cluster", cluster, "--format", "json", "--top", fmt.Sprint(gen.Options.Top),
+		"--since", from.UTC().Format(time.RFC3339), "--until", to.Add(time.Second).UTC().Format(time.RFC3339))
+	var want report.Report
+	if err := json.Unmarshal(out, &want); err != nil {
+		t.Fatalf("report: %v\n%s", err, out)
+	}
+	var decisions []string
+	var total, auditedStamps uint64
+	for _, p := range want.PolicyDecisions {
+		decisions = append(decisions, fmt.Sprintf("%s | %s | %s | %d", p.Policy, p.Kind, p.Action, p.Count))
+		total += p.Count
+		if p.Kind == "stamp-missing" && p.Action == "audit" {
+			auditedStamps += p.Count
+		}
+	}
+	t.Logf("report policy decisions: %v", decisions)
+	if !slices.Contains(decisions, fmt.Sprintf("dash-deny | stamp-missing | deny | %d", denied)) || want.Totals.StamplessUpdates != audited {
+		t.Fatalf("the report counts decisions %v and %d stampless updates; alice made %d denied and %d audited", decisions, want.Totals.StamplessUpdates, denied, audited)
+	}
+	if auditedStamps != audited {
+		t.Fatalf("the report counts %d stampless writes under Audit, alice made %d: %+v", auditedStamps, audited, want.PolicyDecisions)
+	}
+	sqls, err := gen.Expanded(asql.Expansion{From: from, To: to, Interval: time.Second,
+		Vars: map[string][]string{"cluster": {cluster}, "name": {""}}, All: map[string]bool{"namespace": true, "resource": true, "user": true}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	checked := 0
+	for _, q := range gen.Queries {
+		r := run(t, conn, q.Name, sqls[q.Name])
+		checkShape(t, q, r)
+		switch q.Statement.Name {
+		case asql.PolicyDecisions.Name:
+			assertEqual(t, q.Name, r.table(asql.PolicyDecisions.Columns...), decisions)
+		case asql.PolicyDecisionsSeries.Name:
+			if r.sum("count") != total {
+				t.Errorf("%s sums to %d, the report counts %d", q.Name, r.sum("count"), total)
+			}
+		case asql.AuditedStamplessWrites.Name:
+			assertEqual(t, q.Name, r.col("writes"), []string{fmt.Sprint(audited)})
+		case asql.StamplessByWriter.Name:
+			assertEqual(t, q.Name, r.table("user", "count"), []string{fmt.Sprintf("alice | %d", want.Totals.StamplessUpdates)})
+		default:
+			continue
+		}
+		checked++
+	}
+	if checked < 4 {
+		t.Errorf("checked %d policy queries", checked)
 	}
 }
