@@ -60,18 +60,39 @@ const (
 	hoursFrom     = `greatest(intDiv(toUInt32($__fromTime) + 3599, 3600) * 3600, (SELECT intDiv(toUInt32(max(complete_from)) + 3599, 3600) * 3600 FROM {db}.request_rollup_epoch))`
 	hoursTo       = `intDiv(toUInt32($__toTime) + 1, 3600) * 3600`
 	grafanaRollup = `hour >= toDateTime(` + hoursFrom + `) AND hour < toDateTime(` + hoursTo + `)`
-	grafanaRaw    = `(` + grafanaEventsWindow + ` AND NOT (event_time >= toDateTime(` + hoursFrom + `) AND event_time < toDateTime(` + hoursTo + `)))`
-	// loopEpochUs is when the retry-loop tables hold every event.
-	loopEpochUs = `(SELECT toUInt64(toUInt32(max(complete_from))) * 1000000 FROM {db}.loop_epoch)`
-	// The retry-loop rows: the tables (as the report reads them) from
-	// loop_epoch on, their raw forms before it.
+	// grafanaRaw is the window minus the rollup's hours, as two edges on
+	// event_time like the report's: [from, min(hoursFrom, to + 1s)) and
+	// [max(hoursFrom, hoursTo), to]. Each prunes the day partitions it
+	// does not span, and an empty one (a constant false first) reads none.
+	edge1End   = `least(` + hoursFrom + `, toUInt32($__toTime) + 1)`
+	edge2Start = `greatest(` + hoursFrom + `, ` + hoursTo + `)`
+	grafanaRaw = `((` + edge1End + ` > toUInt32($__fromTime) AND event_date >= toDate($__fromTime) AND event_date <= toDate(toDateTime(` + edge1End + ` - 1))
+			AND event_time >= $__fromTime AND event_time < toDateTime(` + edge1End + `))
+		OR (` + edge2Start + ` <= toUInt32($__toTime) AND event_date >= toDate(toDateTime(` + edge2Start + `)) AND event_date <= toDate($__toTime)
+			AND event_time >= toDateTime(` + edge2Start + `) AND event_time <= $__toTime))`
+	// loopEpochUs is when the retry-loop tables hold every event;
+	// beforeLoopEpoch keeps the raw forms to the events before it, with
+	// their days (none when the tables hold everything).
+	loopEpochUs     = `(SELECT toUInt64(toUInt32(max(complete_from))) * 1000000 FROM {db}.loop_epoch)`
+	beforeLoopEpoch = `event_date <= toDate(toDateTime(intDiv(` + loopEpochUs + `, 1000000))) AND event_time_us < ` + loopEpochUs
+)
+
+// The retry-loop rows: the tables (as the report reads them) from
+// loop_epoch on, their raw forms before it.
+var (
 	grafanaLoopConflicts = `(SELECT event_date, event_time_us, cluster, writer, api_group, resource, namespace, name FROM ` + loopConflictsTable + ` WHERE event_time_us >= ` + loopEpochUs + `
 		UNION ALL
-		SELECT event_date, event_time_us, cluster, writer, api_group, resource, namespace, name FROM ` + loopConflictsRaw + ` WHERE event_time_us < ` + loopEpochUs + `)`
+		SELECT event_date, event_time_us, cluster, writer, api_group, resource, namespace, name FROM ` + beforeEpoch(loopConflictsRaw) + `)`
 	grafanaLoopSuccesses = `(SELECT event_date, event_time_us, cluster, pair FROM ` + loopSuccessesTable + ` WHERE event_time_us >= ` + loopEpochUs + `
 		UNION ALL
-		SELECT event_date, event_time_us, cluster, pair FROM ` + loopSuccessesRaw + ` WHERE event_time_us < ` + loopEpochUs + `)`
+		SELECT event_date, event_time_us, cluster, pair FROM ` + beforeEpoch(loopSuccessesRaw) + `)`
 )
+
+// beforeEpoch narrows a raw loop form's window to before loop_epoch, inside
+// its PREWHERE or WHERE, where ClickHouse prunes by it.
+func beforeEpoch(raw string) string {
+	return strings.Replace(raw, EventsWhole.Placeholder, EventsWhole.Placeholder+" AND "+beforeLoopEpoch, 1)
+}
 
 // Bind renders s for a Grafana panel or alert query. It fails when a
 // parameter has neither a variable nor a value.
