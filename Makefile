@@ -7,9 +7,15 @@ GO           ?= go
 GOLANGCI_VER ?= v2.15.0
 HELM_VER     ?= v3.22.0
 CTRLGEN_VER  ?= v0.23.0
+# chDB's engine (ClickHouse 26.7 as a library) from the npm registry, for
+# the cross-engine tests (internal/chdbtest).
+CHDB_PKG     := @chdb/lib-linux-x64-gnu
+CHDB_VER     := 26.7.3-stable.1
+CHDB_LIB     := $(BIN)/chdb-26.7.3/libchdb.so
 
 export KUBEBUILDER_ASSETS := $(BIN)
 export PATH := $(BIN):$(PATH)
+export CHDB_LIB_PATH := $(CHDB_LIB)
 
 .PHONY: help
 help: ## list the targets
@@ -25,6 +31,20 @@ $(BIN)/kube-apiserver $(BIN)/etcd: test/tools/go.mod test/tools/go.sum
 
 .PHONY: controlplane
 controlplane: $(BIN)/kube-apiserver $(BIN)/etcd ## build kube-apiserver and etcd into bin/ (reused when present)
+
+# npm pack downloads the package (178 MB) into a temporary directory; only
+# libchdb.so (566 MB) is kept, renamed into place once complete.
+$(CHDB_LIB):
+	@command -v npm >/dev/null || { echo "make chdb needs npm (the npm registry serves chDB's engine)"; exit 1; }
+	@mkdir -p $(dir $@)
+	@tmp=$$(mktemp -d) && trap 'rm -rf "$$tmp"' EXIT && \
+	  echo "npm pack $(CHDB_PKG)@$(CHDB_VER)" && \
+	  (cd "$$tmp" && npm pack --silent $(CHDB_PKG)@$(CHDB_VER) >/dev/null) && \
+	  tar -xzf "$$tmp"/*.tgz -C "$$tmp" package/libchdb.so && \
+	  cp "$$tmp"/package/libchdb.so $@.part && mv $@.part $@
+
+.PHONY: chdb
+chdb: $(CHDB_LIB) ## fetch ClickHouse 26.7 as a library (chDB, from npm) into bin/ (reused when present)
 
 .PHONY: clickhouse
 clickhouse: ## install Debian's clickhouse-server when it is missing
@@ -76,7 +96,7 @@ demo: controlplane ## start a real apiserver with the webhook and play the write
 ## --- tests ----------------------------------------------------------------
 
 .PHONY: test
-test: controlplane clickhouse zookeeper verify-generate ## unit and end-to-end tests against a real apiserver and ClickHouse (the CI command)
+test: controlplane clickhouse zookeeper chdb verify-generate ## unit and end-to-end tests against a real apiserver, ClickHouse 18.16 and 26.7 (the CI command)
 	$(GO) vet ./...
 	$(GO) test -race -count=1 -timeout 45m ./...
 

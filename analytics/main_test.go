@@ -2,6 +2,7 @@ package analytics
 
 import (
 	dto "github.com/prometheus/client_model/go"
+	"github.com/stampguard/stampguard/internal/chdbtest"
 	"github.com/stampguard/stampguard/internal/chtest"
 	"os"
 	"testing"
@@ -19,7 +20,7 @@ func mkTemp() string {
 }
 
 func TestMain(m *testing.M) {
-	code := m.Run()
+	code := chdbtest.Run(m)
 	for i := len(processCleanups) - 1; i >= 0; i-- {
 		processCleanups[i]()
 	}

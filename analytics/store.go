@@ -51,18 +51,12 @@ func OpenStore(ctx context.Context, o StoreOptions) (*Store, error) {
 	if opts.Protocol == clickhouse.HTTP {
 		return nil, fmt.Errorf("ClickHouse DSN: use the native protocol (clickhouse://host:9000); 18.16 rejects the HTTP driver")
 	}
-	if opts.Settings == nil {
-		opts.Settings = clickhouse.Settings{}
-	}
-	opts.Settings["allow_experimental_low_cardinality_type"] = 1
-	// Reads of LowCardinality columns return plain String blocks, which
-	// every driver version decodes (18.16 still expects LowCardinality
-	// blocks on INSERT, so the driver encodes those).
-	opts.Settings["low_cardinality_allow_in_native_format"] = 0
 	if opts.DialTimeout == 0 {
 		opts.DialTimeout = 5 * time.Second
 	}
-	conn, err := clickhouse.Open(opts)
+	// The settings a server needs depend on its version (settingsFor),
+	// which the first query that reaches it reads from the handshake.
+	conn, err := openServerConn(opts)
 	if err != nil {
 		return nil, fmt.Errorf("open ClickHouse: %w", err)
 	}

@@ -126,7 +126,7 @@ type matchScope uint8
 const (
 	noMatch      matchScope = iota
 	fullMatch               // the resource itself, or a named subresource
-	replicasOnly            // the scale subresource of a guarded workload
+	replicasOnly            // the scale subresource of a guarded workload: its stamp and spec.replicas
 )
 
 func (p *Policy) applies(req *Request, env *Environment) matchScope {
@@ -200,7 +200,10 @@ func (s *Set) CheckStamp(req *Request, env *Environment) (Decision, error) {
 	}
 	stampChecked, stamped := false, false
 	for _, p := range s.policies {
-		if p.stamp == nil || p.applies(req, env) != fullMatch {
+		// A policy on a workload also guards its scale subresource: a Scale
+		// carries the workload's resourceVersion, and a stampless Scale PUT
+		// overwrites spec.replicas unconditionally.
+		if p.stamp == nil || p.applies(req, env) == noMatch {
 			continue
 		}
 		if !stampChecked {

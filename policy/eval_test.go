@@ -34,6 +34,16 @@ func deploy(replicas, team, rv string) []byte {
 	return []byte(`{"apiVersion":"apps/v1","kind":"Deployment","metadata":{` + meta + `},"spec":{"replicas":` + replicas + `}}`)
 }
 
+// scale is an autoscaling/v1 Scale of the web Deployment, which carries the
+// Deployment's resourceVersion.
+func scale(rv string) []byte {
+	meta := `"name":"web","namespace":"shop"`
+	if rv != "" {
+		meta += `,"resourceVersion":"` + rv + `"`
+	}
+	return []byte(`{"apiVersion":"autoscaling/v1","kind":"Scale","metadata":{` + meta + `},"spec":{"replicas":3}}`)
+}
+
 type nsLabels map[string]labels.Set
 
 func (n nsLabels) Labels(ns string) (labels.Set, bool) { s, ok := n[ns]; return s, ok }
@@ -142,6 +152,9 @@ func TestCheckStamp(t *testing.T) {
 		{"a stamped update passes", NewSet(p), Request{Operation: Update, Group: "apps", Resource: "deployments", Namespace: "shop", Object: deploy("1", "", "42")}, 0},
 		{"a create needs no stamp", NewSet(p), Request{Operation: Create, Group: "apps", Resource: "deployments", Namespace: "shop", Object: deploy("1", "", "")}, 0},
 		{"another kind is untouched", NewSet(p), Request{Operation: Update, Group: "", Resource: "configmaps", Namespace: "shop", Object: []byte(`{}`)}, 0},
+		{"a stampless Scale PUT on a guarded workload is refused", NewSet(p), Request{Operation: Update, Group: "apps", Resource: "deployments", SubResource: "scale", Namespace: "shop", Object: scale("")}, 1},
+		{"a stamped Scale PUT passes", NewSet(p), Request{Operation: Update, Group: "apps", Resource: "deployments", SubResource: "scale", Namespace: "shop", Object: scale("42")}, 0},
+		{"other subresources of a guarded workload are not covered", NewSet(p), Request{Operation: Update, Group: "apps", Resource: "deployments", SubResource: "status", Namespace: "shop", Object: deploy("1", "", "")}, 0},
 		{"every matching policy is named", NewSet(p, audit), Request{Operation: Update, Group: "apps", Resource: "deployments", Namespace: "shop", Object: deploy("1", "", "")}, 2},
 	}
 	for _, c := range cases {

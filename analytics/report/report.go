@@ -141,7 +141,11 @@ func (o *Options) split(ctx context.Context, conn driver.Conn) error {
 		return nil
 	}
 	var rollupComplete, loopsComplete time.Time
-	epoch := func(table string) string { return "(SELECT max(complete_from) FROM " + o.Database + "." + table + ")" }
+	// A scalar subquery is Nullable on current releases (26.7), plain on
+	// 18.16; ifNull makes it DateTime on both, for the same Scan.
+	epoch := func(table string) string {
+		return "ifNull((SELECT max(complete_from) FROM " + o.Database + "." + table + "), toDateTime(0))"
+	}
 	if err := conn.QueryRow(ctx, "SELECT "+epoch("request_rollup_epoch")+", "+epoch("loop_epoch")).
 		Scan(&rollupComplete, &loopsComplete); err != nil {
 		return fmt.Errorf("read rollup epochs: %w", err)

@@ -1,6 +1,9 @@
 // Command webhook is stampguard's admission webhook: it refuses stampless
 // updates and enforces field owners, immutable fields and delete
 // preconditions as ConcurrencyPolicies say.
+//
+//	webhook [flags]                 serve the admission webhook
+//	webhook configurations [flags]  print the webhook configurations as YAML
 package main
 
 import (
@@ -11,6 +14,7 @@ import (
 	"os"
 	"os/signal"
 	"syscall"
+	"time"
 
 	"github.com/go-logr/logr"
 	"k8s.io/client-go/rest"
@@ -20,13 +24,29 @@ import (
 	"github.com/stampguard/stampguard/policy/admission"
 )
 
-func main() { os.Exit(run()) }
+func main() {
+	if len(os.Args) > 1 && os.Args[1] == "configurations" {
+		os.Exit(configurations(os.Args[2:]))
+	}
+	os.Exit(run())
+}
+
+const usage = `usage: webhook [flags]                 serve the admission webhook
+       webhook configurations [flags]  print the MutatingWebhookConfiguration and
+                                       ValidatingWebhookConfiguration as YAML
+
+flags:
+`
 
 func run() int {
 	// Our own flag set: controller-runtime's client/config package registers
 	// --kubeconfig on flag.CommandLine in its init, and a second
 	// registration there panics before any flag is parsed.
-	flag := flag.NewFlagSet(os.Args[0], flag.ExitOnError)
+	flag := flag.NewFlagSet("webhook", flag.ExitOnError)
+	flag.Usage = func() {
+		fmt.Fprint(flag.Output(), usage)
+		flag.PrintDefaults()
+	}
 	var o admission.Options
 	var kubeconfig, logLevel, logFormat string
 	flag.StringVar(&o.Host, "host", "", "address the admission server listens on (default all)")
@@ -36,7 +56,8 @@ func run() int {
 	flag.StringVar(&o.PolicyFile, "policy-file", "", "read policies from this multi-document YAML file instead of the cluster")
 	flag.StringVar(&o.Namespace, "namespace", os.Getenv("POD_NAMESPACE"), "the webhook's own namespace, never guarded unless a policy names it")
 	flag.StringVar(&o.BreakGlassGroup, "break-glass-group", admission.DefaultBreakGlassGroup, "members bypass every policy (\"-\" disables)")
-	flag.Int64Var(&o.MaxReviewBytes, "max-review-bytes", admission.DefaultMaxReviewBytes, "largest AdmissionReview body accepted")
+	flag.Int64Var(&o.MaxReviewBytes, "max-review-bytes", admission.DefaultMaxReviewBytes, "largest AdmissionReview body accepted; the apiserver refuses request bodies over 3 MiB and a review carries object and oldObject, so 8 MiB is above any real review")
+	flag.DurationVar(&o.ShutdownTimeout, "shutdown-timeout", 25*time.Second, "how long SIGTERM waits for reviews in flight; keep it under the pod's terminationGracePeriodSeconds (30s by default)")
 	flag.StringVar(&kubeconfig, "kubeconfig", "", "kubeconfig for cluster mode (default in-cluster config)")
 	flag.StringVar(&logLevel, "log-level", "info", "debug, info, warn or error")
 	flag.StringVar(&logFormat, "log-format", "json", "json or text")
@@ -61,6 +82,27 @@ func run() int {
 	if err := admission.Run(ctx, o); err != nil {
 		log.Error("webhook stopped", "err", err)
 		return 1
+	}
+	return 0
+}
+
+// configurations prints what admission.Configurations builds for the flags.
+func configurations(args []string) int {
+	fs := flag.NewFlagSet("webhook configurations", flag.ExitOnError)
+	fs.Usage = func() {
+		fmt.Fprint(fs.Output(), "usage: webhook configurations --url URL | --service NAMESPACE/NAME[:PORT] [flags] | kubectl apply -f -\n\nflags:\n")
+		fs.PrintDefaults()
+	}
+	var o admission.ConfigOptions
+	admission.RegisterConfigFlags(fs, &o)
+	_ = fs.Parse(args) // ExitOnError: -h exits 0, a bad flag or value exits 2
+	if fs.NArg() > 0 {
+		fmt.Fprintf(os.Stderr, "webhook configurations: unexpected argument %q\n", fs.Arg(0))
+		return 2
+	}
+	if err := admission.WriteConfigurations(os.Stdout, o); err != nil {
+		fmt.Fprintln(os.Stderr, "webhook configurations:", err)
+		return 2
 	}
 	return 0
 }

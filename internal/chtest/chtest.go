@@ -8,12 +8,16 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"fmt"
+	"io"
 	"net"
+	"net/http"
+	"net/url"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"regexp"
 	"strconv"
+	"strings"
 	"sync"
 	"syscall"
 	"testing"
@@ -21,6 +25,8 @@ import (
 
 	"github.com/ClickHouse/clickhouse-go/v2"
 	"github.com/ClickHouse/clickhouse-go/v2/lib/driver"
+
+	"github.com/stampguard/stampguard/internal/testenv"
 )
 
 // Binary is the server binary the harness runs; `make clickhouse` installs it.
@@ -33,6 +39,8 @@ const systemConfig = "/etc/clickhouse-server/config.xml"
 type Server struct {
 	// Port is the native protocol port on 127.0.0.1.
 	Port int
+	// HTTPPort is the HTTP interface's port on 127.0.0.1 (QueryText).
+	HTTPPort int
 	// Dir holds the config, data, tmp and log directories.
 	Dir string
 
@@ -45,9 +53,11 @@ type Server struct {
 }
 
 // Start runs a fresh server and registers its stop with tb.Cleanup. A missing
-// binary fails the test with the make target that installs it.
+// binary fails the test with the make target that installs it. Under -short
+// it skips the test (testenv.SkipIfShort), as kubetest.Start does.
 func Start(tb testing.TB) *Server {
 	tb.Helper()
+	testenv.SkipIfShort(tb, "starts a real clickhouse-server")
 	bin, err := exec.LookPath(Binary)
 	if err != nil {
 		tb.Fatalf("%s not found (%v): run `make clickhouse` to install Debian's clickhouse-server", Binary, err)
@@ -86,7 +96,7 @@ func newServer(tb testing.TB, bin, tmpl, dir string, ports []int, users, extra s
 			tb.Fatal(err)
 		}
 	}
-	return &Server{Port: ports[0], Dir: dir, tb: tb, config: path, bin: bin}
+	return &Server{Port: ports[0], HTTPPort: ports[1], Dir: dir, tb: tb, config: path, bin: bin}
 }
 
 // DSN is the clickhouse-go DSN of the server's default database.
@@ -173,7 +183,10 @@ func (s *Server) PID() int {
 	return s.cmd.Process.Pid
 }
 
-// Conn opens a native connection to db with the settings the product uses.
+// Conn opens a native connection to db with
+// allow_experimental_low_cardinality_type = 1, which LowCardinality DDL
+// needs on 18.x: the harness always runs Debian's 18.16 (the product picks
+// its settings by server version, analytics' settingsFor).
 func (s *Server) Conn(tb testing.TB, db string) driver.Conn {
 	tb.Helper()
 	conn, err := clickhouse.Open(&clickhouse.Options{
@@ -187,6 +200,40 @@ func (s *Server) Conn(tb testing.TB, db string) driver.Conn {
 	}
 	tb.Cleanup(func() { conn.Close() })
 	return conn
+}
+
+// QueryText runs one statement over the HTTP interface and returns the
+// server's answer in format (for SELECTs; TabSeparated when empty). A text
+// answer is what another engine's answer can be compared with byte for
+// byte. Statements of one session share temporary tables. Other settings
+// (such as allow_experimental_low_cardinality_type) are not sent.
+func (s *Server) QueryText(tb testing.TB, session, sql, format string) (string, error) {
+	tb.Helper()
+	q := url.Values{}
+	if session != "" {
+		q.Set("session_id", session)
+	}
+	if format != "" {
+		sql += "\nFORMAT " + format
+	}
+	u := fmt.Sprintf("http://127.0.0.1:%d/?%s", s.HTTPPort, q.Encode())
+	req, err := http.NewRequestWithContext(tb.Context(), http.MethodPost, u, strings.NewReader(sql))
+	if err != nil {
+		return "", err
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return "", err
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(resp.Body)
+	if err != nil {
+		return "", err
+	}
+	if resp.StatusCode != http.StatusOK {
+		return "", fmt.Errorf("ClickHouse 18.16: %s", strings.TrimSpace(string(body)))
+	}
+	return string(body), nil
 }
 
 // NewDatabase creates a database with a fresh random name and returns it.

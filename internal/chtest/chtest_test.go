@@ -1,6 +1,7 @@
 package chtest_test
 
 import (
+	"os"
 	"testing"
 
 	"github.com/stampguard/stampguard/internal/chtest"
@@ -39,5 +40,21 @@ func TestServerAnswersAndSurvivesRestart(t *testing.T) {
 	}
 	if n != 10 {
 		t.Fatalf("count after restart = %d, want 10", n)
+	}
+}
+
+// Under -short off CI, a test that starts a server is skipped before the
+// server starts.
+func TestStartSkipsUnderShort(t *testing.T) {
+	if !testing.Short() || os.Getenv("CI") == "true" {
+		t.Skip("checks the -short skip; run with go test -short")
+	}
+	var started bool
+	t.Run("a test that starts a server", func(t *testing.T) {
+		chtest.Start(t)
+		started = true
+	})
+	if started {
+		t.Fatal("chtest.Start returned under -short: the server started")
 	}
 }

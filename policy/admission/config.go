@@ -103,7 +103,7 @@ func Configurations(o ConfigOptions) (*admissionregistrationv1.MutatingWebhookCo
 		Webhooks: []admissionregistrationv1.MutatingWebhook{{
 			Name:                    StampWebhookName,
 			ClientConfig:            o.clientConfig(StampPath),
-			Rules:                   o.rules(false, admissionregistrationv1.Update),
+			Rules:                   o.rules(true, admissionregistrationv1.Update),
 			FailurePolicy:           &fail,
 			MatchPolicy:             &equivalent,
 			NamespaceSelector:       o.NamespaceSelector,
@@ -149,7 +149,9 @@ func (o *ConfigOptions) clientConfig(path string) admissionregistrationv1.Webhoo
 }
 
 // rules lists one rule per API group. With scale, workloads whose replicas
-// the HPA writes through the scale subresource get it too.
+// the HPA and kubectl scale write through the scale subresource get it too:
+// in both phases, since a Scale carries its parent's resourceVersion and a
+// stampless Scale PUT overwrites replicas unconditionally.
 func (o *ConfigOptions) rules(scale bool, ops ...admissionregistrationv1.OperationType) []admissionregistrationv1.RuleWithOperations {
 	byGroup := map[string][]string{}
 	var groups []string

@@ -28,9 +28,16 @@ const (
 	phaseFields phase = "fields"
 )
 
-// DefaultMaxReviewBytes bounds an AdmissionReview body: an object and its old
-// version, each at most the apiserver's 3 MiB request limit, with room to spare.
-const DefaultMaxReviewBytes = 16 << 20
+// DefaultMaxReviewBytes bounds an AdmissionReview body. The apiserver refuses
+// request bodies over 3 MiB, and a review carries the object and its old
+// version (oldObject), so a real review stays under 2 x 3 MiB plus the
+// request's envelope; 8 MiB leaves room and refuses anything larger.
+const DefaultMaxReviewBytes = 8 << 20
+
+// maxPooledBuffer is the largest buffer kept for reuse. Reviews are a few
+// kilobytes; a buffer grown by a rare large one is left to the collector
+// rather than held by the pool.
+const maxPooledBuffer = 256 << 10
 
 // PolicySource hands out the policy set in force. It must be cheap and safe
 // for concurrent use; the set it returns is never modified.
@@ -66,10 +73,16 @@ func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 
+	// The apiserver sends a Content-Length: a body declared too large is
+	// refused before a byte of it is buffered.
+	if r.ContentLength > h.maxBytes {
+		h.fail(w, endpoint, "too_large", http.StatusRequestEntityTooLarge, fmt.Errorf("admission review of %d bytes is larger than %d bytes", r.ContentLength, h.maxBytes))
+		return
+	}
 	buf := bufPool.Get().(*bytes.Buffer)
 	buf.Reset()
-	defer bufPool.Put(buf)
-	n, err := buf.ReadFrom(io.LimitReader(r.Body, h.maxBytes+1))
+	defer putBuffer(buf)
+	n, err := readReview(buf, r.Body, r.ContentLength, h.maxBytes)
 	if err != nil {
 		h.fail(w, endpoint, "read", http.StatusBadRequest, fmt.Errorf("read admission review: %w", err))
 		return
@@ -121,6 +134,43 @@ func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	w.Header().Set("Content-Type", "application/json")
 	_, _ = w.Write(buf.Bytes())
 	h.metrics.evaluation.WithLabelValues(endpoint).Observe(time.Since(start).Seconds())
+}
+
+// readReview reads body into buf, at most limit+1 bytes, so that a larger
+// body shows as n > limit. The buffer is sized to a declared length at once;
+// without one it doubles, but never past limit+1: bytes.Buffer's own growth
+// would double a refused body's memory at the last step.
+func readReview(buf *bytes.Buffer, body io.Reader, declared, limit int64) (n int64, err error) {
+	if declared > 0 {
+		buf.Grow(int(min(declared, limit)) + 1) // room to read the EOF
+	}
+	lr := io.LimitReader(body, limit+1)
+	for {
+		if int64(buf.Len()) > limit {
+			return int64(buf.Len()), nil
+		}
+		if buf.Available() == 0 {
+			next := int(min(max(2*int64(buf.Cap()), 4<<10), limit+1))
+			grown := bytes.NewBuffer(make([]byte, 0, next))
+			grown.Write(buf.Bytes())
+			*buf = *grown
+		}
+		free := buf.AvailableBuffer()
+		m, err := lr.Read(free[:cap(free)])
+		buf.Write(free[:m]) // in place: free is buf's own spare capacity
+		if err == io.EOF {
+			return int64(buf.Len()), nil
+		}
+		if err != nil {
+			return int64(buf.Len()), err
+		}
+	}
+}
+
+func putBuffer(buf *bytes.Buffer) {
+	if buf.Cap() <= maxPooledBuffer {
+		bufPool.Put(buf)
+	}
 }
 
 func (h *handler) record(ctx context.Context, rv *review, endpoint string, d policy.Decision, allowed bool) {

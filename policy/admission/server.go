@@ -54,7 +54,9 @@ type Options struct {
 	BreakGlassGroup string
 	// MaxReviewBytes bounds a review body. Defaults to DefaultMaxReviewBytes.
 	MaxReviewBytes int64
-	// ShutdownTimeout bounds the graceful drain. Defaults to 25s.
+	// ShutdownTimeout bounds the graceful drain after ctx ends: reviews still
+	// in flight then are abandoned and Run returns an error. Defaults to 25s,
+	// under the kubelet's default grace period of 30s.
 	ShutdownTimeout time.Duration
 	// Logger for everything. Defaults to slog.Default().
 	Logger *slog.Logger
@@ -207,8 +209,16 @@ func Run(ctx context.Context, o Options) error {
 	log.Info("stampguard webhook starting", "port", o.Port, "mode", map[bool]string{true: "file", false: "cluster"}[o.PolicyFile != ""])
 	select {
 	case <-ctx.Done():
-		// The webhook server drains in-flight reviews on cancel.
-		return <-errc
+		// The webhook server drains in-flight reviews on cancel, for up to a
+		// minute of its own; the pod's grace period is shorter.
+		drain := time.NewTimer(o.ShutdownTimeout)
+		defer drain.Stop()
+		select {
+		case err := <-errc:
+			return err
+		case <-drain.C:
+			return fmt.Errorf("reviews still in flight after the shutdown timeout of %s", o.ShutdownTimeout)
+		}
 	case err := <-errc:
 		return err
 	}

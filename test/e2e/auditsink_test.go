@@ -41,6 +41,7 @@ import (
 
 	"github.com/stampguard/stampguard/analytics"
 	"github.com/stampguard/stampguard/analytics/logfile"
+	"github.com/stampguard/stampguard/internal/bintest"
 	"github.com/stampguard/stampguard/internal/chtest"
 	"github.com/stampguard/stampguard/internal/kubetest"
 
@@ -513,16 +514,12 @@ func migrateWithRollupProbe(t *testing.T, ch *chtest.Server, db string) {
 	}
 }
 
-// buildAuditsink compiles cmd/auditsink, to run it as its own process.
-func buildAuditsink(t *testing.T, root, dir string) string {
+// buildAuditsink returns cmd/auditsink built once for the whole run
+// (bintest.Build), to run it as its own process. root and dir are unused;
+// they stay for the callers.
+func buildAuditsink(t *testing.T, _, _ string) string {
 	t.Helper()
-	bin := filepath.Join(dir, "auditsink")
-	cmd := exec.Command("go", "build", "-o", bin, "./cmd/auditsink")
-	cmd.Dir = root
-	if out, err := cmd.CombinedOutput(); err != nil {
-		t.Fatalf("go build ./cmd/auditsink: %v\n%s", err, out)
-	}
-	return bin
+	return bintest.Build(t, "./cmd/auditsink")
 }
 
 type sinkProcess struct {

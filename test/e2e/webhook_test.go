@@ -272,6 +272,56 @@ func TestWebhook(t *testing.T) {
 		})
 	})
 
+	t.Run("stampless Scale PUTs", func(t *testing.T) {
+		ns := "scale"
+		namespace(t, admin, ns, nil)
+		applyPolicy(t, admin, &v1alpha1.ConcurrencyPolicy{
+			ObjectMeta: metav1.ObjectMeta{Name: "deployments-stamp"},
+			Spec: v1alpha1.ConcurrencyPolicySpec{
+				Match:                  v1alpha1.Match{Resources: []v1alpha1.ResourceMatch{{Group: "apps", Resource: "deployments"}}, Namespaces: []string{ns}},
+				RequireResourceVersion: true,
+			},
+		}, metav1.ConditionTrue)
+		ctx := t.Context()
+		create(t, admin, deployment(ns, "web", 3))
+		cs := kubernetes.NewForConfigOrDie(env.As("alice"))
+		t.Run("a stampless PUT to deployments/scale is refused with the same 422", func(t *testing.T) {
+			s, err := cs.AppsV1().Deployments(ns).GetScale(ctx, "web", metav1.GetOptions{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			s.ResourceVersion = "" // an unconditional overwrite of replicas
+			s.Spec.Replicas = 9
+			_, err = cs.AppsV1().Deployments(ns).UpdateScale(ctx, "web", s, metav1.UpdateOptions{})
+			if !apierrors.IsInvalid(err) {
+				t.Fatalf("want 422 Invalid, got %v", err)
+			}
+			st := statusOf(t, err)
+			for _, want := range []string{`admission webhook "stamp.stampguard.dev" denied the request`, `ConcurrencyPolicy "deployments-stamp"`, "must be specified for an update"} {
+				if !strings.Contains(st.Message, want) {
+					t.Errorf("message %q lacks %q", st.Message, want)
+				}
+			}
+			d, err := cs.AppsV1().Deployments(ns).Get(ctx, "web", metav1.GetOptions{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if *d.Spec.Replicas != 3 {
+				t.Fatalf("replicas became %d", *d.Spec.Replicas)
+			}
+		})
+		t.Run("a stamped PUT to deployments/scale passes", func(t *testing.T) {
+			s, err := cs.AppsV1().Deployments(ns).GetScale(ctx, "web", metav1.GetOptions{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			s.Spec.Replicas = 4
+			if _, err := cs.AppsV1().Deployments(ns).UpdateScale(ctx, "web", s, metav1.UpdateOptions{}); err != nil {
+				t.Fatalf("stamped scale refused: %v", err)
+			}
+		})
+	})
+
 	t.Run("field owners", func(t *testing.T) {
 		ns := "owners"
 		namespace(t, admin, ns, nil)
@@ -569,13 +619,10 @@ func TestWebhook(t *testing.T) {
 			create(t, admin, val)
 		}
 		ctx := t.Context()
-		t.Run("failurePolicy Ignore lets writes through", func(t *testing.T) {
-			eventually(t, 10*time.Second, func() error {
-				return alice.Create(ctx, configMap("down-ignore", "cm", nil))
-			})
-		})
-		t.Run("failurePolicy Fail refuses writes with a clear error", func(t *testing.T) {
-			// Give the apiserver's webhook informer time to see the new configuration.
+		// Fail first: its refusal proves that the apiserver has loaded the
+		// Fail configuration, and with it the Ignore one, created before it
+		// (the apiserver's informer delivers configurations in order).
+		failLive := t.Run("failurePolicy Fail refuses writes with a clear error", func(t *testing.T) {
 			eventually(t, 10*time.Second, func() error {
 				err := alice.Create(ctx, configMap("down-fail", "cm", nil))
 				if err == nil {
@@ -586,6 +633,20 @@ func TestWebhook(t *testing.T) {
 					return fmt.Errorf("unclear error: %w", err)
 				}
 				return nil
+			})
+		})
+		t.Run("failurePolicy Ignore lets writes through, and the apiserver records that it called the webhook and failed open", func(t *testing.T) {
+			if !failLive {
+				t.Fatal("the configurations were never proven live")
+			}
+			if err := alice.Create(ctx, configMap("down-ignore", "cm", nil)); err != nil {
+				t.Fatalf("refused under failurePolicy Ignore: %v", err)
+			}
+			// Without this, a create that passed because the configuration was
+			// not loaded yet would pass the test too.
+			eventually(t, 15*time.Second, func() error {
+				return auditLogHas(env.AuditLogPath, `"verb":"create"`, `"namespace":"down-ignore"`,
+					`"failed-open.validating.webhook.admission.k8s.io/round_0_index_`, `":"fields.stampguard.dev"`)
 			})
 		})
 	})

@@ -1,0 +1,239 @@
+package admission
+
+import (
+	"bufio"
+	"bytes"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"encoding/pem"
+	"flag"
+	"io"
+	"math/big"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
+	"k8s.io/apimachinery/pkg/api/equality"
+	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
+	"sigs.k8s.io/yaml"
+)
+
+func parseConfigFlags(t *testing.T, args ...string) (ConfigOptions, error) {
+	t.Helper()
+	fs := flag.NewFlagSet("configurations", flag.ContinueOnError)
+	fs.SetOutput(io.Discard)
+	var o ConfigOptions
+	RegisterConfigFlags(fs, &o)
+	return o, fs.Parse(args)
+}
+
+// writeCA writes a self-signed CA certificate, all a CA bundle needs to be here.
+func writeCA(t *testing.T) string {
+	t.Helper()
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tmpl := &x509.Certificate{SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "test-ca"},
+		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour),
+		IsCA: true, BasicConstraintsValid: true, KeyUsage: x509.KeyUsageCertSign}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := filepath.Join(t.TempDir(), "ca.crt")
+	if err := os.WriteFile(p, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+// The stream is exactly what Configurations builds, decoded as kubectl would.
+func TestWriteConfigurationsIsConfigurations(t *testing.T) {
+	ca := writeCA(t)
+	for _, args := range [][]string{
+		{"--url", "https://127.0.0.1:9443/", "--ca-bundle", ca},
+		{"--service", "stampguard-system/stampguard:8443", "--ca-bundle", ca, "--failure-policy", "Ignore",
+			"--resources", "apps/deployments,configmaps", "--break-glass-group", "ops:emergency", "--name", "sg",
+			"--timeout-seconds", "10", "--namespace-selector", "team=shop,env notin (dev)"},
+	} {
+		t.Run(strings.Join(args, " "), func(t *testing.T) {
+			o, err := parseConfigFlags(t, args...)
+			if err != nil {
+				t.Fatal(err)
+			}
+			var out bytes.Buffer
+			if err := WriteConfigurations(&out, o); err != nil {
+				t.Fatal(err)
+			}
+			wantMut, wantVal := Configurations(o)
+			r := utilyaml.NewYAMLReader(bufio.NewReader(&out))
+			var gotMut admissionregistrationv1.MutatingWebhookConfiguration
+			var gotVal admissionregistrationv1.ValidatingWebhookConfiguration
+			for _, into := range []any{&gotMut, &gotVal} {
+				doc, err := r.Read()
+				if err != nil {
+					t.Fatalf("read document: %v", err)
+				}
+				if err := yaml.UnmarshalStrict(doc, into); err != nil {
+					t.Fatalf("decode %s: %v", doc, err)
+				}
+			}
+			if doc, err := r.Read(); err != io.EOF {
+				t.Fatalf("a third document %q (%v)", doc, err)
+			}
+			if !equality.Semantic.DeepEqual(&gotMut, wantMut) || !equality.Semantic.DeepEqual(&gotVal, wantVal) {
+				t.Fatalf("the YAML is not what Configurations builds:\n%s", out.String())
+			}
+			if gotMut.Kind != "MutatingWebhookConfiguration" || gotVal.Kind != "ValidatingWebhookConfiguration" || gotMut.APIVersion != "admissionregistration.k8s.io/v1" {
+				t.Fatalf("types not set: %s", out.String())
+			}
+			if cc := gotMut.Webhooks[0].ClientConfig; len(cc.CABundle) == 0 || (cc.URL != nil && *cc.URL != "https://127.0.0.1:9443/stamp") {
+				t.Fatalf("client config %+v", cc)
+			}
+		})
+	}
+}
+
+func TestConfigFlagsFillConfigOptions(t *testing.T) {
+	o, err := parseConfigFlags(t, "--service", "ns/svc", "--resources", "apps/deployments, configmaps",
+		"--failure-policy", "Ignore", "--timeout-seconds", "7", "--namespace-selector", "team=shop")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if o.Service == nil || o.Service.Namespace != "ns" || o.Service.Name != "svc" || o.Service.Port != nil {
+		t.Errorf("service %+v", o.Service)
+	}
+	if want := []GuardedResource{{"apps", "deployments"}, {"", "configmaps"}}; !slices.Equal(o.Resources, want) {
+		t.Errorf("resources %v, want %v", o.Resources, want)
+	}
+	if o.FailurePolicy != admissionregistrationv1.Ignore || o.TimeoutSeconds != 7 || o.NamespaceSelector.MatchLabels["team"] != "shop" {
+		t.Errorf("options %+v", o)
+	}
+	def, err := parseConfigFlags(t, "--url", "https://x")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if def.Name != "" || def.FailurePolicy != "" || def.TimeoutSeconds != 0 || def.Resources != nil || def.BreakGlassGroup != "" {
+		t.Errorf("flags left out set fields: %+v", def)
+	}
+	if m, _ := Configurations(def); m.Name != "stampguard" || *m.Webhooks[0].FailurePolicy != admissionregistrationv1.Fail || *m.Webhooks[0].TimeoutSeconds != 5 {
+		t.Errorf("the defaults of Configurations did not apply: %+v", m)
+	}
+	t.Run("the mutating configuration guards scale where it guards the workload", func(t *testing.T) {
+		mut, val := Configurations(def)
+		for _, rules := range [][]admissionregistrationv1.RuleWithOperations{mut.Webhooks[0].Rules, val.Webhooks[0].Rules} {
+			var apps []string
+			for _, r := range rules {
+				if r.APIGroups[0] == "apps" {
+					apps = r.Resources
+				}
+			}
+			for _, want := range []string{"deployments/scale", "statefulsets/scale", "replicasets/scale"} {
+				if !slices.Contains(apps, want) {
+					t.Errorf("apps rules %v lack %s", apps, want)
+				}
+			}
+			if slices.Contains(apps, "daemonsets/scale") {
+				t.Errorf("daemonsets have no scale subresource: %v", apps)
+			}
+		}
+	})
+}
+
+func TestBadConfigFlagsAreNamed(t *testing.T) {
+	ca := writeCA(t)
+	notPEM := filepath.Join(t.TempDir(), "not.pem")
+	if err := os.WriteFile(notPEM, []byte("hello"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	cases := []struct {
+		name string
+		args []string
+		want string
+	}{
+		{"a failure policy other than Fail or Ignore", []string{"--url", "https://x", "--failure-policy", "fail"}, "want Fail or Ignore"},
+		{"a plain-HTTP URL", []string{"--url", "http://x"}, "want an https:// URL"},
+		{"a URL with a query", []string{"--url", "https://x/?a=b"}, "query"},
+		{"a service without a namespace", []string{"--service", "stampguard"}, "want namespace/name[:port]"},
+		{"a service port out of range", []string{"--service", "ns/svc:70000"}, "want 1 to 65535"},
+		{"a service name that is no DNS label", []string{"--service", "ns/Web_Hook"}, `service name "Web_Hook"`},
+		{"a missing CA file", []string{"--url", "https://x", "--ca-bundle", "/nonexistent/ca.crt"}, "read CA bundle"},
+		{"a CA file without certificates", []string{"--url", "https://x", "--ca-bundle", notPEM}, "holds no PEM certificate"},
+		{"a subresource in --resources", []string{"--url", "https://x", "--resources", "apps/deployments/scale"}, "without a subresource"},
+		{"a wildcard in --resources", []string{"--url", "https://x", "--resources", "*"}, "name resources"},
+		{"an empty item in --resources", []string{"--url", "https://x", "--resources", "configmaps,,secrets"}, "empty item"},
+		{"a kind instead of a resource", []string{"--url", "https://x", "--resources", "apps/Deployment"}, "lowercase plural"},
+		{"a timeout the apiserver refuses", []string{"--url", "https://x", "--timeout-seconds", "31"}, "1 to 30"},
+		{"a bad namespace selector", []string{"--url", "https://x", "--namespace-selector", "a in b"}, "namespace-selector"},
+		{"neither a URL nor a Service", []string{"--ca-bundle", ca}, "give a URL (--url) or a Service (--service)"},
+		{"both a URL and a Service", []string{"--url", "https://x", "--service", "ns/svc"}, "not both"},
+		{"a break-glass group that would break the CEL literal", []string{"--url", "https://x", "--break-glass-group", "x') || true || ('"}, "quotes"},
+		{"a name the apiserver refuses", []string{"--url", "https://x", "--name", "Stamp Guard"}, `name "Stamp Guard"`},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			fs := flag.NewFlagSet("configurations", flag.ContinueOnError)
+			var stderr bytes.Buffer
+			fs.SetOutput(&stderr)
+			var o ConfigOptions
+			RegisterConfigFlags(fs, &o)
+			err := fs.Parse(c.args)
+			if err == nil {
+				err = WriteConfigurations(io.Discard, o)
+			}
+			if err == nil || !strings.Contains(err.Error(), c.want) {
+				t.Fatalf("got %v, want an error containing %q", err, c.want)
+			}
+		})
+	}
+}
+
+func TestConfigFlagsShowTheirDefaults(t *testing.T) {
+	fs := flag.NewFlagSet("configurations", flag.ContinueOnError)
+	var help bytes.Buffer
+	fs.SetOutput(&help)
+	RegisterConfigFlags(fs, &ConfigOptions{})
+	fs.PrintDefaults()
+	for _, want := range []string{"(default stampguard)", "(default Fail)", "(default 5)", "(default stampguard:break-glass)", "(default " + FormatGuardedResources(DefaultGuardedResources) + ")"} {
+		if !strings.Contains(help.String(), want) {
+			t.Errorf("help lacks %s:\n%s", want, help.String())
+		}
+	}
+}
+
+func TestGuardedResourcesRoundTrip(t *testing.T) {
+	s := FormatGuardedResources(DefaultGuardedResources)
+	got, err := ParseGuardedResources(s)
+	if err != nil || !slices.Equal(got, DefaultGuardedResources) {
+		t.Fatalf("%q parsed to %v (%v)", s, got, err)
+	}
+}
+
+// FuzzConfigFlagValues: the parsers of flag values refuse or accept, never
+// panic, and accepted resources survive a round trip.
+func FuzzConfigFlagValues(f *testing.F) {
+	for _, s := range []string{"apps/deployments,configmaps", "ns/svc:443", "a/b/c", ",", "*", "ns/svc:0", "https://x/"} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, s string) {
+		if rs, err := ParseGuardedResources(s); err == nil {
+			again, err := ParseGuardedResources(FormatGuardedResources(rs))
+			if err != nil || !slices.Equal(again, rs) {
+				t.Fatalf("%q -> %v -> %v (%v)", s, rs, again, err)
+			}
+		}
+		if svc, err := ParseServiceReference(s); err == nil && (svc.Namespace == "" || svc.Name == "") {
+			t.Fatalf("%q accepted as %+v", s, svc)
+		}
+		_, _ = parseWebhookURL(s)
+		_, _ = parseFailurePolicy(s)
+	})
+}
