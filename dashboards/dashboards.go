@@ -180,7 +180,7 @@ func (g *generator) health() *board {
 		`sum by (endpoint, reason) (rate(stampguard_admission_errors_total[$__rate_interval]))`, "error {{endpoint}} {{reason}}",
 		`sum by (state) (stampguard_policies)`, "policies {{state}}"))
 	bd.row("Audit sink")
-	bd.add(bd.promSeries("Events accepted and stored", "Events accepted by source, stored into ClickHouse, and dropped as already stored.", units.Short+"", 12, 8,
+	bd.add(bd.promSeries("Events accepted and stored", "Events accepted by source, stored into ClickHouse, and dropped as already stored.", units.Short, 12, 8,
 		`sum by (source) (rate(auditsink_events_accepted_total[$__rate_interval]))`, "accepted {{source}}",
 		`sum(rate(auditsink_events_stored_total[$__rate_interval]))`, "stored",
 		`sum(rate(auditsink_events_deduplicated_total[$__rate_interval]))`, "deduplicated"))
