@@ -35,7 +35,7 @@ type Generated struct {
 	// Options are the parameters it was generated with, defaults applied.
 	Options Options
 	// Dashboards are the five dashboards, in UID order of Files.
-	Dashboards []dashboard.Dashboard
+	Dashboards []dashboard.Dashboard //nolint:staticcheck // the classic model: what Import, file provisioning and the sidecar read
 	// Rules is the alert rule group.
 	Rules RuleGroup
 	// Queries are every ClickHouse query of the dashboards and the rules.

@@ -93,7 +93,7 @@ func TestDashboardsStructure(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			var d dashboard.Dashboard
+			var d dashboard.Dashboard //nolint:staticcheck // the classic model, as generated
 			if err := strict(d.UnmarshalJSONStrict(raw)); err != nil {
 				t.Fatalf("strict decode: %v", err)
 			}
@@ -118,7 +118,7 @@ func TestDashboardsStructure(t *testing.T) {
 					t.Errorf("panel %d: strict decode: %v", i, err)
 				}
 			}
-			d = dashboard.Dashboard{}
+			d = dashboard.Dashboard{} //nolint:staticcheck // the classic model, as generated
 			if err := json.Unmarshal(raw, &d); err != nil {
 				t.Fatal(err)
 			}
@@ -148,7 +148,7 @@ func (a rect) overlaps(b rect) bool {
 	return a.x < b.x+b.w && b.x < a.x+a.w && a.y < b.y+b.h && b.y < a.y+a.h
 }
 
-func checkDashboard(t *testing.T, d dashboard.Dashboard) {
+func checkDashboard(t *testing.T, d dashboard.Dashboard) { //nolint:staticcheck // the classic model, as generated
 	t.Helper()
 	var dsType string
 	vars := map[string]bool{}

@@ -92,7 +92,9 @@ func (r result) sum(c string) uint64 {
 	var n uint64
 	for _, v := range r.col(c) {
 		var x uint64
-		fmt.Sscan(v, &x)
+		if _, err := fmt.Sscan(v, &x); err != nil {
+			return math.MaxUint64 // not a count: no expectation matches
+		}
 		n += x
 	}
 	return n
