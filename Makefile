@@ -65,6 +65,9 @@ $(BIN)/golangci-lint:
 $(BIN)/helm:
 	GOBIN=$(BIN) $(GO) install helm.sh/helm/v3/cmd/helm@$(HELM_VER)
 
+.PHONY: helm
+helm: $(BIN)/helm ## install helm into bin/ (reused when present); test/chart runs it
+
 ## --- build, generate, check ---------------------------------------------
 
 .PHONY: build
@@ -90,18 +93,21 @@ lint: $(BIN)/golangci-lint ## go vet, gofmt and golangci-lint
 ## --- demo ----------------------------------------------------------------
 
 .PHONY: demo
-demo: controlplane ## start a real apiserver with the webhook and play the writes stampguard catches
-	$(GO) run ./test/demo
+DEMO_FLAGS ?=
+demo: ## the whole story on loopback: apiserver + webhook + audit sink + ClickHouse, a minute of contending writers, the report (Ctrl-C ends it; DEMO_FLAGS="--exit --duration 20s")
+	@echo "==> compiling the demo program into .demo/bin (the first time takes a few minutes; Go caches it)"
+	@$(GO) build -o .demo/bin/demo ./test/demo
+	@.demo/bin/demo $(DEMO_FLAGS)
 
 ## --- tests ----------------------------------------------------------------
 
 .PHONY: test
-test: controlplane clickhouse zookeeper chdb verify-generate ## unit and end-to-end tests against a real apiserver, ClickHouse 18.16 and 26.7 (the CI command)
+test: controlplane clickhouse zookeeper chdb helm verify-generate ## unit and end-to-end tests against a real apiserver, ClickHouse 18.16 and 26.7 (the CI command)
 	$(GO) vet ./...
 	$(GO) test -race -count=1 -timeout 45m ./...
 
 .PHONY: test-unit
-test-unit: ## tests that need neither an apiserver nor ClickHouse
+test-unit: helm ## tests that need neither an apiserver nor ClickHouse
 	$(GO) test -race -count=1 -short ./...
 
 .PHONY: bench

@@ -4,6 +4,7 @@
 package chtest
 
 import (
+	"bytes"
 	"context"
 	"crypto/rand"
 	"encoding/hex"
@@ -77,26 +78,64 @@ func Start(tb testing.TB) *Server {
 // set, a config.d/stampguard.xml merged over Debian's config.
 func newServer(tb testing.TB, bin, tmpl, dir string, ports []int, users, extra string) *Server {
 	tb.Helper()
+	s, err := writeServer(bin, tmpl, dir, ports, users, extra)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	s.tb = tb
+	return s
+}
+
+func writeServer(bin, tmpl, dir string, ports []int, users, extra string) (*Server, error) {
 	if users == "" {
 		users = "/etc/clickhouse-server/users.xml"
 	}
 	if err := os.MkdirAll(dir, 0o755); err != nil {
-		tb.Fatal(err)
+		return nil, err
 	}
 	cfg := rewriteConfig(tmpl, dir, ports, users)
 	path := filepath.Join(dir, "config.xml")
 	if err := os.WriteFile(path, []byte(cfg), 0o644); err != nil {
-		tb.Fatal(err)
+		return nil, err
 	}
 	if extra != "" {
 		if err := os.MkdirAll(filepath.Join(dir, "config.d"), 0o755); err != nil {
-			tb.Fatal(err)
+			return nil, err
 		}
 		if err := os.WriteFile(filepath.Join(dir, "config.d", "stampguard.xml"), []byte(extra), 0o644); err != nil {
-			tb.Fatal(err)
+			return nil, err
 		}
 	}
-	return &Server{Port: ports[0], HTTPPort: ports[1], Dir: dir, tb: tb, config: path, bin: bin}
+	return &Server{Port: ports[0], HTTPPort: ports[1], Dir: dir, config: path, bin: bin}, nil
+}
+
+// StartServer runs a server outside a test (the demo): its config, data
+// and logs in dir, on free loopback ports. It returns once the server
+// answers; the error names what failed (binary missing, a port taken, the
+// server exiting at start). Stop ends it; the Start method is for servers
+// of the Start function only.
+func StartServer(dir string) (*Server, error) {
+	bin, err := exec.LookPath(Binary)
+	if err != nil {
+		return nil, fmt.Errorf("%s not found (%w): run `make clickhouse` to install Debian's clickhouse-server", Binary, err)
+	}
+	tmpl, err := os.ReadFile(systemConfig)
+	if err != nil {
+		return nil, fmt.Errorf("read %s (%w): run `make clickhouse` to install Debian's clickhouse-server", systemConfig, err)
+	}
+	ports, err := pickFreePorts(3)
+	if err != nil {
+		return nil, err
+	}
+	s, err := writeServer(bin, string(tmpl), dir, ports, "", "")
+	if err != nil {
+		return nil, err
+	}
+	if err := s.start(); err != nil {
+		s.Stop()
+		return nil, err
+	}
+	return s, nil
 }
 
 // DSN is the clickhouse-go DSN of the server's default database.
@@ -113,24 +152,30 @@ func (s *Server) DatabaseDSN(db string) string {
 // no-op while the server runs.
 func (s *Server) Start() {
 	s.tb.Helper()
+	if err := s.start(); err != nil {
+		s.tb.Fatal(err)
+	}
+}
+
+func (s *Server) start() error {
 	s.mu.Lock()
 	if s.cmd != nil {
 		s.mu.Unlock()
-		return
+		return nil
 	}
 	cmd := exec.Command(s.bin, "--config-file="+s.config)
 	cmd.Dir = s.Dir
 	logf, err := os.OpenFile(filepath.Join(s.Dir, "stdout.log"), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
 	if err != nil {
 		s.mu.Unlock()
-		s.tb.Fatal(err)
+		return err
 	}
 	cmd.Stdout, cmd.Stderr = logf, logf
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	if err := cmd.Start(); err != nil {
 		logf.Close()
 		s.mu.Unlock()
-		s.tb.Fatalf("start %s: %v", Binary, err)
+		return fmt.Errorf("start %s: %w", Binary, err)
 	}
 	exited := make(chan struct{})
 	go func() { _ = cmd.Wait(); logf.Close(); close(exited) }()
@@ -140,14 +185,17 @@ func (s *Server) Start() {
 	deadline := time.Now().Add(60 * time.Second)
 	for {
 		if err := s.ping(); err == nil {
-			return
+			return nil
 		} else if time.Now().After(deadline) {
-			s.tb.Fatalf("clickhouse-server on port %d did not answer within 60s: %v (logs in %s)", s.Port, err, s.Dir)
+			return fmt.Errorf("clickhouse-server on port %d did not answer within 60s: %w (logs in %s)", s.Port, err, s.Dir)
 		}
 		select {
 		case <-exited:
 			log, _ := os.ReadFile(filepath.Join(s.Dir, "log", "clickhouse-server.err.log"))
-			s.tb.Fatalf("clickhouse-server exited at start; err log:\n%s", tail(log, 4000))
+			if bytes.Contains(log, []byte("Address already in use")) {
+				return fmt.Errorf("clickhouse-server exited at start: one of its ports (%d native, %d HTTP) is taken; err log:\n%s", s.Port, s.HTTPPort, tail(log, 2000))
+			}
+			return fmt.Errorf("clickhouse-server exited at start; err log:\n%s", tail(log, 4000))
 		case <-time.After(100 * time.Millisecond):
 		}
 	}
@@ -301,20 +349,31 @@ func rewriteConfig(cfg, dir string, ports []int, users string) string {
 
 func freePorts(tb testing.TB, n int) []int {
 	tb.Helper()
+	ports, err := pickFreePorts(n)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	return ports
+}
+
+// pickFreePorts asks the kernel for n distinct free loopback ports.
+func pickFreePorts(n int) ([]int, error) {
 	var ls []net.Listener
+	defer func() {
+		for _, l := range ls {
+			l.Close()
+		}
+	}()
 	var ports []int
 	for range n {
 		l, err := net.Listen("tcp", "127.0.0.1:0")
 		if err != nil {
-			tb.Fatal(err)
+			return nil, fmt.Errorf("pick a free port: %w", err)
 		}
 		ls = append(ls, l)
 		ports = append(ports, l.Addr().(*net.TCPAddr).Port)
 	}
-	for _, l := range ls {
-		l.Close()
-	}
-	return ports
+	return ports, nil
 }
 
 func tail(b []byte, n int) []byte {

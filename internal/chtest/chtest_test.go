@@ -1,7 +1,9 @@
 package chtest_test
 
 import (
+	"net"
 	"os"
+	"strconv"
 	"testing"
 
 	"github.com/stampguard/stampguard/internal/chtest"
@@ -41,6 +43,32 @@ func TestServerAnswersAndSurvivesRestart(t *testing.T) {
 	if n != 10 {
 		t.Fatalf("count after restart = %d, want 10", n)
 	}
+}
+
+func TestStartServerOutsideATest(t *testing.T) {
+	testenv.SkipIfShort(t, "starts clickhouse-server")
+	dir := t.TempDir()
+	srv, err := chtest.StartServer(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer srv.Stop()
+	if srv.Dir != dir {
+		t.Fatalf("Dir = %s, want %s", srv.Dir, dir)
+	}
+	var one uint8
+	if err := srv.Conn(t, "default").QueryRow(t.Context(), "SELECT 1").Scan(&one); err != nil || one != 1 {
+		t.Fatalf("SELECT 1 = %d, %v", one, err)
+	}
+	srv.Stop()
+	if srv.PID() != 0 {
+		t.Fatal("PID after Stop is not 0")
+	}
+	l, err := net.Listen("tcp", net.JoinHostPort("127.0.0.1", strconv.Itoa(srv.Port)))
+	if err != nil {
+		t.Fatalf("the native port is still taken after Stop: %v", err)
+	}
+	l.Close()
 }
 
 // Under -short off CI, a test that starts a server is skipped before the

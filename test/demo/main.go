@@ -1,261 +1,91 @@
-// Command demo starts a real kube-apiserver and etcd, runs the stampguard
-// webhook against them with the example policies, and plays the writes that
-// stampguard exists to catch. `make demo` runs it.
+// Command demo is `make demo`: the whole stampguard story on one machine.
+// It builds the binaries, starts on loopback etcd and kube-apiserver (audit
+// logging to the audit sink and to a file), ClickHouse, the webhook and the
+// audit sink as the built binaries, applies examples/demo-policies.yaml,
+// runs a minute of contending writers (test/workload/contention), prints
+// `auditsink report`, and keeps everything running until Ctrl-C.
+//
+// All state lives in one directory (.demo/run by default). A run first
+// stops what a previous run left behind (by the pid files there) and wipes
+// it; logs stay there after a run for reading.
 package main
 
 import (
-	"bytes"
 	"context"
-	"errors"
 	"flag"
 	"fmt"
-	"log/slog"
+	"io"
 	"os"
 	"os/signal"
-	"strings"
 	"syscall"
 	"time"
 
 	"github.com/go-logr/logr"
-	appsv1 "k8s.io/api/apps/v1"
-	corev1 "k8s.io/api/core/v1"
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/client-go/kubernetes"
-	"k8s.io/client-go/rest"
-	"k8s.io/utils/ptr"
+	"k8s.io/klog/v2"
 	ctrllog "sigs.k8s.io/controller-runtime/pkg/log"
-	"sigs.k8s.io/yaml"
 
-	"github.com/stampguard/stampguard/internal/kubetest"
-	"github.com/stampguard/stampguard/policy/admission"
-	"github.com/stampguard/stampguard/policy/api/v1alpha1"
+	"github.com/stampguard/stampguard/test/workload/contention"
 )
 
 func main() { os.Exit(run()) }
 
+// options are the demo's flags.
+type options struct {
+	// dir holds bin/ (the built binaries) and run/ (everything a run
+	// creates). Default .demo in the repository.
+	dir string
+	// duration of the workload. Default 1m.
+	duration time.Duration
+	// exit ends the demo after the report instead of waiting for Ctrl-C.
+	exit bool
+	// reportJSON, when set, receives `auditsink report --format json`.
+	reportJSON string
+	// policies are applied before the workload. Default examples/demo-policies.yaml.
+	policies string
+}
+
 func run() int {
-	bin := flag.String("bin", "bin", "directory with kube-apiserver and etcd")
-	crds := flag.String("crds", "charts/stampguard/crds", "CRD directory")
-	policies := flag.String("policies", "examples/policies.yaml", "policies to apply")
-	keep := flag.Bool("keep", false, "keep the control plane running after the scenario (Ctrl-C ends it)")
-	flag.Parse()
+	fs := flag.NewFlagSet("demo", flag.ExitOnError)
+	var o options
+	fs.StringVar(&o.dir, "dir", ".demo", "demo directory: bin/ for the built binaries, run/ for a run's state and logs")
+	fs.DurationVar(&o.duration, "duration", time.Minute, fmt.Sprintf("how long the writers write (at least %s)", contention.MinDuration))
+	fs.BoolVar(&o.exit, "exit", false, "stop everything after the report instead of waiting for Ctrl-C (scripts, tests)")
+	fs.StringVar(&o.reportJSON, "report-json", "", "also write `auditsink report --format json` to this file")
+	fs.StringVar(&o.policies, "policies", "examples/demo-policies.yaml", "ConcurrencyPolicies to apply (the check of the report against the clients assumes these)")
+	_ = fs.Parse(os.Args[1:])
+	if o.duration < contention.MinDuration {
+		fmt.Fprintf(os.Stderr, "demo: --duration %s is shorter than %s\n", o.duration, contention.MinDuration)
+		return 2
+	}
+	// Library chatter (leader election, controller-runtime) stays out of
+	// the terminal; the services log into the run directory.
 	ctrllog.SetLogger(logr.Discard())
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	defer stop()
-	if err := demo(ctx, *bin, *crds, *policies, *keep); err != nil {
-		fmt.Fprintln(os.Stderr, "demo failed:", err)
+	klog.LogToStderr(false)
+	klog.SetOutput(io.Discard)
+
+	// The first Ctrl-C (or SIGTERM) ends the demo in order; once it is
+	// shutting down, a second one kills it (the next run cleans up).
+	sigs := make(chan os.Signal, 1)
+	signal.Notify(sigs, os.Interrupt, syscall.SIGTERM)
+	ctx, cancel := context.WithCancelCause(context.Background())
+	defer cancel(nil)
+	go func() {
+		if s, ok := <-sigs; ok {
+			cancel(fmt.Errorf("got %s", s))
+		}
+	}()
+	d, err := newDemo(o)
+	if err == nil {
+		err = d.run(ctx, func() { signal.Stop(sigs) })
+	}
+	switch {
+	case err == nil:
+		return 0
+	case ctx.Err() != nil:
+		fmt.Fprintln(os.Stderr, "\ndemo interrupted; everything it started is stopped")
+		return 130
+	default:
+		fmt.Fprintln(os.Stderr, "\ndemo failed:", err)
 		return 1
 	}
-	return 0
 }
-
-func step(format string, args ...any) { fmt.Printf("\n\033[1m==> "+format+"\033[0m\n", args...) }
-
-func outcome(err error) {
-	if err == nil {
-		fmt.Println("    allowed")
-		return
-	}
-	var st apierrors.APIStatus
-	if errors.As(err, &st) {
-		fmt.Printf("    refused: %d %s\n    %s\n", st.Status().Code, st.Status().Reason, st.Status().Message)
-		return
-	}
-	fmt.Println("    error:", err)
-}
-
-type printWarnings struct{}
-
-func (printWarnings) HandleWarningHeader(_ int, _ string, text string) {
-	fmt.Printf("    warning from the apiserver: %s\n", text)
-}
-
-func demo(ctx context.Context, bin, crds, policyFile string, keep bool) error {
-	dir, err := os.MkdirTemp("", "stampguard-demo-")
-	if err != nil {
-		return err
-	}
-	defer os.RemoveAll(dir)
-	step("starting kube-apiserver and etcd from %s", bin)
-	env, err := kubetest.New(kubetest.Options{
-		BinDir: bin, CRDDirs: []string{crds}, Dir: dir,
-		AuditPolicy: kubetest.DefaultAuditPolicy, AuditLog: true,
-	})
-	if err != nil {
-		return err
-	}
-	defer func() { _ = env.Stop() }()
-
-	step("starting the stampguard webhook (cluster mode) and registering it")
-	wctx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	ready := make(chan struct{})
-	done := make(chan error, 1)
-	go func() {
-		done <- admission.Run(wctx, admission.Options{
-			Host: env.WebhookHost, Port: env.WebhookPort, CertDir: env.CertDir, ProbeAddr: "0",
-			RestConfig: env.Config, Logger: slog.New(slog.DiscardHandler),
-			Ready: func(string) { close(ready) },
-		})
-	}()
-	select {
-	case <-ready:
-	case err := <-done:
-		return fmt.Errorf("webhook: %w", err)
-	case <-time.After(time.Minute):
-		return errors.New("webhook not ready after a minute")
-	}
-	mut, val := admission.Configurations(admission.ConfigOptions{URL: env.WebhookURL(), CABundle: env.CAData})
-	if err := env.Client.Create(ctx, mut); err != nil {
-		return err
-	}
-	if err := env.Client.Create(ctx, val); err != nil {
-		return err
-	}
-
-	step("applying %s", policyFile)
-	if err := applyPolicies(ctx, env, policyFile); err != nil {
-		return err
-	}
-
-	admin := kubernetes.NewForConfigOrDie(env.Config)
-	as := func(user string) *kubernetes.Clientset {
-		cfg := env.As(user)
-		cfg.WarningHandler = printWarnings{}
-		return kubernetes.NewForConfigOrDie(cfg)
-	}
-	alice, hpa := as("alice"), as("system:serviceaccount:kube-system:horizontal-pod-autoscaler")
-	if _, err := admin.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "shop"}}, metav1.CreateOptions{}); err != nil {
-		return err
-	}
-	d, err := alice.AppsV1().Deployments("shop").Create(ctx, webDeployment(), metav1.CreateOptions{})
-	if err != nil {
-		return err
-	}
-
-	step("alice PUTs a Deployment she built from scratch (no resourceVersion): a blind overwrite")
-	blind := webDeployment()
-	blind.Spec.Template.Spec.Containers[0].Image = "registry.example/web:2"
-	_, err = alice.AppsV1().Deployments("shop").Update(ctx, blind, metav1.UpdateOptions{})
-	outcome(err)
-
-	step("alice changes spec.replicas, which the HPA owns")
-	d.Spec.Replicas = ptr.To[int32](5)
-	_, err = alice.AppsV1().Deployments("shop").Update(ctx, d, metav1.UpdateOptions{})
-	outcome(err)
-
-	step("the HPA scales the Deployment through /scale")
-	s, err := hpa.AppsV1().Deployments("shop").GetScale(ctx, "web", metav1.GetOptions{})
-	if err != nil {
-		return err
-	}
-	s.Spec.Replicas = 4
-	_, err = hpa.AppsV1().Deployments("shop").UpdateScale(ctx, "web", s, metav1.UpdateOptions{})
-	outcome(err)
-
-	step("alice rolls out a new image with a fresh read (stamped)")
-	d, err = alice.AppsV1().Deployments("shop").Get(ctx, "web", metav1.GetOptions{})
-	if err != nil {
-		return err
-	}
-	d.Spec.Template.Spec.Containers[0].Image = "registry.example/web:2"
-	_, err = alice.AppsV1().Deployments("shop").Update(ctx, d, metav1.UpdateOptions{})
-	outcome(err)
-
-	step("alice deletes the Deployment without a uid precondition")
-	outcome(alice.AppsV1().Deployments("shop").Delete(ctx, "web", metav1.DeleteOptions{}))
-
-	step("alice deletes it with a uid precondition")
-	outcome(alice.AppsV1().Deployments("shop").Delete(ctx, "web", metav1.DeleteOptions{Preconditions: &metav1.Preconditions{UID: &d.UID}}))
-
-	step("a script PUTs a ConfigMap without resourceVersion (the configmaps policy only warns)")
-	if _, err := alice.CoreV1().ConfigMaps("shop").Create(ctx, &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: "settings"}, Data: map[string]string{"schema-version": "1"}}, metav1.CreateOptions{}); err != nil {
-		return err
-	}
-	_, err = alice.CoreV1().ConfigMaps("shop").Update(ctx, &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: "settings"}, Data: map[string]string{"schema-version": "2"}}, metav1.UpdateOptions{})
-	outcome(err)
-
-	step("what the apiserver's audit log recorded from stampguard (annotations)")
-	time.Sleep(500 * time.Millisecond)
-	if err := printAnnotations(env.AuditLogPath); err != nil {
-		return err
-	}
-
-	if keep {
-		fmt.Printf("\nThe control plane keeps running at %s; Ctrl-C ends it. Audit log: %s\n", env.Config.Host, env.AuditLogPath)
-		<-ctx.Done()
-	}
-	step("done")
-	cancel()
-	return <-done
-}
-
-func applyPolicies(ctx context.Context, env *kubetest.Env, path string) error {
-	data, err := os.ReadFile(path)
-	if err != nil {
-		return err
-	}
-	for _, doc := range strings.Split(string(data), "\n---") {
-		var p v1alpha1.ConcurrencyPolicy
-		if err := yaml.UnmarshalStrict([]byte(doc), &p); err != nil {
-			return fmt.Errorf("%s: %w", path, err)
-		}
-		if err := env.Client.Create(ctx, &p); err != nil {
-			return err
-		}
-		fmt.Printf("    ConcurrencyPolicy %q (%s)\n", p.Name, p.Spec.Action)
-	}
-	// Give the webhook's informer a moment to see them.
-	time.Sleep(time.Second)
-	return nil
-}
-
-func printAnnotations(path string) error {
-	data, err := os.ReadFile(path)
-	if err != nil {
-		return err
-	}
-	for _, line := range bytes.Split(data, []byte("\n")) {
-		if !bytes.Contains(line, []byte(`stampguard.dev/`)) || !bytes.Contains(line, []byte(`"stage":"ResponseComplete"`)) {
-			continue
-		}
-		var ev struct {
-			Verb         string                          `json:"verb"`
-			User         struct{ Username string }       `json:"user"`
-			Impersonated *struct{ Username string }      `json:"impersonatedUser"`
-			ObjectRef    struct{ Resource, Name string } `json:"objectRef"`
-			Response     struct{ Code int }              `json:"responseStatus"`
-			Annotations  map[string]string               `json:"annotations"`
-		}
-		if err := yaml.Unmarshal(line, &ev); err != nil {
-			continue
-		}
-		if ev.Impersonated != nil {
-			ev.User.Username = ev.Impersonated.Username
-		}
-		for k, v := range ev.Annotations {
-			if strings.Contains(k, "stampguard.dev/") {
-				fmt.Printf("    %s %s/%s by %s -> %d\n      %s: %s\n", ev.Verb, ev.ObjectRef.Resource, ev.ObjectRef.Name, ev.User.Username, ev.Response.Code, k, v)
-			}
-		}
-	}
-	return nil
-}
-
-func webDeployment() *appsv1.Deployment {
-	labels := map[string]string{"app": "web"}
-	return &appsv1.Deployment{
-		ObjectMeta: metav1.ObjectMeta{Name: "web", Namespace: "shop", Labels: map[string]string{"team": "storefront"}},
-		Spec: appsv1.DeploymentSpec{
-			Replicas: ptr.To[int32](3),
-			Selector: &metav1.LabelSelector{MatchLabels: labels},
-			Template: corev1.PodTemplateSpec{
-				ObjectMeta: metav1.ObjectMeta{Labels: labels},
-				Spec:       corev1.PodSpec{Containers: []corev1.Container{{Name: "web", Image: "registry.example/web:1"}}},
-			},
-		},
-	}
-}
-
-var _ rest.WarningHandler = printWarnings{}

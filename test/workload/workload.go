@@ -16,6 +16,11 @@
 // --since and --until set to res.Since and res.Until (TimeFormat) and a
 // --top no shorter than want.HotObjects, and compare the whole report.
 //
+// Other workloads record the same way through a Recorder (NewRecorder):
+// test/workload/contention, the timed run of contending writers that
+// `make demo` plays, is one; PolicyDecisions adds the policy section that
+// stampguard's webhook contributes to the truth.
+//
 // The workload authenticates as its own service account (DriverUser) and
 // impersonates each writer, so that AuditPolicy can log its requests and
 // nothing else: the apiserver's own leases, envtest's setup and the test's

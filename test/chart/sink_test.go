@@ -1,0 +1,182 @@
+package chart
+
+import (
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/tls"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"encoding/pem"
+	"fmt"
+	"math/big"
+	"net/http"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/stampguard/stampguard/internal/bintest"
+	"github.com/stampguard/stampguard/internal/chtest"
+	"github.com/stampguard/stampguard/internal/testenv"
+)
+
+// TestSinkWiring starts the built auditsink with the rendered StatefulSet's
+// init container (migrate) and container (serve) args, the chart's Secrets
+// in their mount paths, against a real ClickHouse, and sends it a batch
+// with the chart's auth: the generated bearer token, or a client
+// certificate signed by the CA in an existing Secret. Unauthenticated
+// batches are refused; authenticated ones land in ClickHouse under the
+// release's cluster name.
+func TestSinkWiring(t *testing.T) {
+	testenv.SkipIfShort(t, "starts clickhouse-server and the auditsink binary")
+	ch := chtest.Start(t)
+	bin := bintest.Build(t, "./cmd/auditsink")
+	name := release + "-stampguard-auditsink"
+	clientCA, clientCert := clientPKI(t)
+
+	for _, tc := range []struct {
+		name    string
+		cluster string
+		sets    []string
+		secrets []*corev1.Secret // exist before the install
+	}{
+		{name: "the generated bearer token", cluster: release},
+		{
+			name: "a client certificate", cluster: "mtls",
+			sets: []string{"auditSink.cluster=mtls", "auditSink.auth.token.enabled=false",
+				"auditSink.auth.clientCA.enabled=true", "auditSink.auth.clientCA.existingSecret=apiserver-client-ca"},
+			secrets: []*corev1.Secret{{ObjectMeta: metav1.ObjectMeta{Name: "apiserver-client-ca"}, Data: map[string][]byte{"ca.crt": clientCA}}},
+		},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			port, metrics := freePort(t), freePort(t)
+			objs := objects(t, render(t, "", append([]string{"webhook.enabled=false",
+				"auditSink.port=" + strconv.Itoa(port), "auditSink.metricsPort=" + strconv.Itoa(metrics),
+				"auditSink.clickhouse.dsn=" + ch.DSN(), "auditSink.tls.extraIPAddresses={127.0.0.1}"}, tc.sets...)...))
+			var sts appsv1.StatefulSet
+			find(t, objs, "StatefulSet", name, &sts)
+			spec := &sts.Spec.Template.Spec
+			if len(spec.InitContainers) != 1 || len(spec.Containers) != 1 {
+				t.Fatalf("want one init container (migrate) and one container, got %d and %d", len(spec.InitContainers), len(spec.Containers))
+			}
+			pod := podFiles(t, objs, sts.Namespace, spec, tc.secrets...)
+			migrate := spec.InitContainers[0]
+			if out := run(t, bin, pod.remap(migrate.Args), pod.env(t, migrate)); !strings.Contains(out, "database stampguard at schema version") {
+				t.Fatalf("migrate said: %s", out)
+			}
+			serve := spec.Containers[0]
+			start(t, bin, pod.remap(serve.Args), pod.env(t, serve), spec.TerminationGracePeriodSeconds)
+
+			var tlsSecret corev1.Secret
+			find(t, objs, "Secret", name+"-tls", &tlsSecret)
+			anonymous := tlsClient(t, tlsSecret.Data["ca.crt"])
+			base := fmt.Sprintf("https://127.0.0.1:%d", port)
+			waitHTTP(t, anonymous, base+"/healthz")
+
+			batch, ids := auditBatch(time.Now().UTC(), 3)
+			post := func(c *http.Client, token string) int {
+				req, err := http.NewRequestWithContext(t.Context(), http.MethodPost, base+"/events", strings.NewReader(batch))
+				if err != nil {
+					t.Fatal(err)
+				}
+				req.Header.Set("Content-Type", "application/json")
+				if token != "" {
+					req.Header.Set("Authorization", "Bearer "+token)
+				}
+				resp, err := c.Do(req)
+				if err != nil {
+					t.Fatal(err)
+				}
+				resp.Body.Close()
+				return resp.StatusCode
+			}
+			if code := post(anonymous, ""); code != http.StatusUnauthorized {
+				t.Fatalf("a batch without credentials: %d, want 401", code)
+			}
+			if tc.secrets == nil {
+				var token corev1.Secret
+				find(t, objs, "Secret", name+"-token", &token)
+				if code := post(anonymous, string(token.Data["token"])); code != http.StatusOK {
+					t.Fatalf("a batch with the chart's token: %d, want 200", code)
+				}
+			} else {
+				withCert := tlsClient(t, tlsSecret.Data["ca.crt"])
+				withCert.Transport.(*http.Transport).TLSClientConfig.Certificates = []tls.Certificate{clientCert}
+				if code := post(withCert, ""); code != http.StatusOK {
+					t.Fatalf("a batch with a client certificate: %d, want 200", code)
+				}
+			}
+
+			conn := ch.Conn(t, "stampguard")
+			query := "SELECT count() FROM events WHERE cluster = '" + tc.cluster + "' AND audit_id IN (" + strings.Join(ids, ",") + ")"
+			eventually(t, 30*time.Second, func() error {
+				var n uint64
+				if err := conn.QueryRow(t.Context(), query).Scan(&n); err != nil {
+					return err
+				}
+				if n != uint64(len(ids)) {
+					return fmt.Errorf("%d of %d events in ClickHouse", n, len(ids))
+				}
+				return nil
+			})
+		})
+	}
+}
+
+// auditBatch is an EventList of n updates at now, and their audit IDs
+// quoted for SQL.
+func auditBatch(now time.Time, n int) (string, []string) {
+	var events, ids []string
+	for i := range n {
+		id := fmt.Sprintf("00000000-0000-4000-8000-%012d", (now.UnixNano()/1000)%1e11*10+int64(i))
+		ids = append(ids, "'"+id+"'")
+		ts := now.Add(time.Duration(i) * time.Millisecond).Format(time.RFC3339Nano)
+		events = append(events, `{"kind":"Event","apiVersion":"audit.k8s.io/v1","level":"Metadata","auditID":"`+id+`","stage":"ResponseComplete",`+
+			`"requestURI":"/api/v1/namespaces/shop/configmaps/settings","verb":"update","user":{"username":"alice","groups":["system:authenticated"]},`+
+			`"sourceIPs":["10.0.0.1"],"userAgent":"chart-test","objectRef":{"resource":"configmaps","namespace":"shop","name":"settings","apiVersion":"v1"},`+
+			`"responseStatus":{"metadata":{},"code":200},"requestReceivedTimestamp":"`+ts+`","stageTimestamp":"`+ts+`"}`)
+	}
+	return `{"kind":"EventList","apiVersion":"audit.k8s.io/v1","metadata":{},"items":[` + strings.Join(events, ",") + `]}`, ids
+}
+
+// clientPKI makes a CA (PEM) and a client certificate it signs, as a
+// platform would for the apiserver.
+func clientPKI(t testing.TB) ([]byte, tls.Certificate) {
+	t.Helper()
+	caKey, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ca := &x509.Certificate{
+		SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "apiserver-client-ca"},
+		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(24 * time.Hour),
+		IsCA: true, BasicConstraintsValid: true, KeyUsage: x509.KeyUsageCertSign,
+	}
+	caDER, err := x509.CreateCertificate(rand.Reader, ca, ca, &caKey.PublicKey, caKey)
+	if err != nil {
+		t.Fatal(err)
+	}
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	leaf := &x509.Certificate{
+		SerialNumber: big.NewInt(2), Subject: pkix.Name{CommonName: "kube-apiserver"},
+		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(24 * time.Hour),
+		KeyUsage: x509.KeyUsageDigitalSignature, ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth},
+	}
+	caCert, err := x509.ParseCertificate(caDER)
+	if err != nil {
+		t.Fatal(err)
+	}
+	der, err := x509.CreateCertificate(rand.Reader, leaf, caCert, &key.PublicKey, caKey)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: caDER}), tls.Certificate{Certificate: [][]byte{der}, PrivateKey: key}
+}

@@ -1,0 +1,273 @@
+package main
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/netip"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/stampguard/stampguard/analytics/report"
+	"github.com/stampguard/stampguard/internal/kubetest"
+	"github.com/stampguard/stampguard/internal/testenv"
+	wl "github.com/stampguard/stampguard/test/workload"
+	"github.com/stampguard/stampguard/test/workload/contention"
+)
+
+// TestDemo runs the demo program as `make demo` does, four times in one
+// demo directory: from scratch with --exit; interrupted (SIGINT, as
+// Ctrl-C) while its writers write; killed (SIGKILL) while its writers
+// write, which leaves its services running; and with --exit again, which
+// must stop those first. After each full run the report it printed (and
+// wrote as JSON) must equal the report computed from what the workload's
+// clients saw (run/requests.json, with the retry loops' times from the
+// apiserver's audit log); after every run but the killed one no process of
+// the demo and none of its ports may remain.
+func TestDemo(t *testing.T) {
+	testenv.SkipIfShort(t, "runs the demo: etcd, kube-apiserver, clickhouse-server, the webhook and the audit sink")
+	root := kubetest.RepoRoot(t)
+	tmp := t.TempDir()
+	bin := filepath.Join(tmp, "demo")
+	build := exec.Command("go", "build", "-o", bin, "./test/demo")
+	build.Dir = root
+	if out, err := build.CombinedOutput(); err != nil {
+		t.Fatalf("go build ./test/demo: %v\n%s", err, out)
+	}
+	dir := filepath.Join(tmp, "state")
+	state := filepath.Join(dir, "run")
+
+	full := func(t *testing.T) string {
+		reportFile := filepath.Join(tmp, "report.json")
+		_ = os.Remove(reportFile)
+		out, code := runDemo(t, root, bin, nil, "--dir", dir, "--exit", "--duration", "15s", "--report-json", reportFile)
+		if code != 0 {
+			t.Fatalf("demo exited %d:\n%s", code, out)
+		}
+		want := truth(t, state)
+		b, err := os.ReadFile(reportFile)
+		if err != nil {
+			t.Fatalf("--report-json: %v\n%s", err, out)
+		}
+		var got report.Report
+		if err := json.Unmarshal(b, &got); err != nil {
+			t.Fatalf("--report-json is not the report's JSON: %v\n%s", err, b)
+		}
+		wantJSON, _ := json.MarshalIndent(want, "", "  ")
+		gotJSON, _ := json.MarshalIndent(got, "", "  ")
+		if !bytes.Equal(wantJSON, gotJSON) {
+			t.Errorf("the report differs from the clients' ground truth\nwant %s\ngot  %s", wantJSON, gotJSON)
+		}
+		tot := want.Totals
+		line := fmt.Sprintf("requests %d   write attempts %d   version conflicts %d", tot.Requests, tot.WriteAttempts, tot.VersionConflicts)
+		if !strings.Contains(out, line) {
+			t.Errorf("the printed report lacks %q:\n%s", line, out)
+		}
+		storyHappened(t, want)
+		nothingLeft(t, state)
+		return out
+	}
+
+	t.Run("from scratch", func(t *testing.T) { full(t) })
+	t.Run("Ctrl-C while the writers write", func(t *testing.T) {
+		out, code := runDemo(t, root, bin, func(line string, p *os.Process) {
+			if strings.Contains(line, "/ 60s   writes") {
+				_ = p.Signal(syscall.SIGINT)
+			}
+		}, "--dir", dir, "--duration", "60s")
+		if code != 130 {
+			t.Fatalf("an interrupted demo exited %d, want 130:\n%s", code, out)
+		}
+		if !strings.Contains(out, "stopped ClickHouse") {
+			t.Errorf("the interrupted demo did not stop everything:\n%s", out)
+		}
+		nothingLeft(t, state)
+	})
+	t.Run("killed while the writers write", func(t *testing.T) {
+		out, code := runDemo(t, root, bin, func(line string, p *os.Process) {
+			if strings.Contains(line, "/ 60s   writes") {
+				_ = p.Kill()
+			}
+		}, "--dir", dir, "--duration", "60s")
+		if code != -1 {
+			t.Fatalf("the killed demo exited %d:\n%s", code, out)
+		}
+		// Its services outlive it: the next run must stop them.
+		if left := leftovers(state); len(left) < 5 {
+			t.Fatalf("after a SIGKILL only %d of the demo's processes remain (%v); the rerun's clean-up is not tested", len(left), left)
+		}
+	})
+	t.Run("again after the kill", func(t *testing.T) {
+		out := full(t)
+		if !strings.Contains(out, "processes an earlier run left behind") {
+			t.Errorf("the rerun did not say it stopped the killed run's processes:\n%s", out)
+		}
+	})
+}
+
+// runDemo runs the demo and returns its combined output and exit code;
+// onLine sees each line of output as it comes.
+func runDemo(t *testing.T, root, bin string, onLine func(string, *os.Process), args ...string) (string, int) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(t.Context(), 5*time.Minute)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, bin, args...)
+	cmd.Dir = root
+	pr, pw := io.Pipe()
+	cmd.Stdout, cmd.Stderr = pw, pw
+	var out strings.Builder
+	var mu sync.Mutex
+	read := make(chan struct{})
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	go func() {
+		defer close(read)
+		sc := bufio.NewScanner(pr)
+		for sc.Scan() {
+			mu.Lock()
+			out.WriteString(sc.Text() + "\n")
+			mu.Unlock()
+			if onLine != nil {
+				onLine(sc.Text(), cmd.Process)
+			}
+		}
+	}()
+	err := cmd.Wait()
+	pw.Close()
+	<-read
+	mu.Lock()
+	defer mu.Unlock()
+	var exit *exec.ExitError
+	switch {
+	case err == nil:
+		return out.String(), 0
+	case errors.As(err, &exit):
+		return out.String(), exit.ExitCode()
+	}
+	t.Fatalf("demo: %v\n%s", err, out.String())
+	return "", 0
+}
+
+// truth is the report for run/requests.json, as test/workload computes it
+// from the client's records.
+func truth(t *testing.T, state string) report.Report {
+	t.Helper()
+	b, err := os.ReadFile(filepath.Join(state, "requests.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var rec recorded
+	if err := json.Unmarshal(b, &rec); err != nil {
+		t.Fatal(err)
+	}
+	res := &wl.Result{Requests: rec.Requests, Since: rec.Since, Until: rec.Until, AuditLogPath: filepath.Join(state, "kube", "audit.log")}
+	res.Truth, res.Loops = contention.Truth(res.Requests, res.Since, res.Until)
+	events, err := wl.ReadAuditLog(res.AuditLogPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want, err := res.TruthAt(events)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return want
+}
+
+// storyHappened checks that the run showed what the demo is for.
+func storyHappened(t *testing.T, r report.Report) {
+	t.Helper()
+	if r.Totals.VersionConflicts == 0 {
+		t.Error("no version conflicts")
+	}
+	stuck := false
+	for _, l := range r.RetryLoops {
+		stuck = stuck || (l.User == contention.StuckOperator && !l.Resolved)
+	}
+	if !stuck {
+		t.Errorf("no unresolved retry loop of %s: %+v", contention.StuckOperator, r.RetryLoops)
+	}
+	if len(r.LeaseHolderChanges) == 0 || r.LeaseHolderChanges[0].Name != contention.Lease {
+		t.Errorf("no leader takeover on %s: %+v", contention.Lease, r.LeaseHolderChanges)
+	}
+	seen := map[string]bool{}
+	for _, d := range r.PolicyDecisions {
+		seen[d.Policy+" "+d.Kind+" "+d.Action] = true
+	}
+	for _, want := range []string{
+		"shop-configmaps stamp-missing deny", "shop-deployments stamp-missing deny", "shop-deployments field-owner deny",
+		"shop-deployments immutable-field deny", "legacy-configmaps stamp-missing audit",
+	} {
+		if !seen[want] {
+			t.Errorf("no policy decision %q: %+v", want, r.PolicyDecisions)
+		}
+	}
+}
+
+// nothingLeft checks that no process of the run lives (by its pid files and
+// by the process list) and that none of its ports is still taken.
+func nothingLeft(t *testing.T, state string) {
+	t.Helper()
+	files, _ := filepath.Glob(filepath.Join(state, "pids", "*.pid"))
+	if len(files) < 5 {
+		t.Errorf("only %d pid files in %s (clickhouse-server, auditsink, etcd, kube-apiserver, webhook)", len(files), state)
+	}
+	for _, f := range files {
+		if pid, running := readPIDFile(f); running {
+			t.Errorf("%s: process %d (%s) still runs", filepath.Base(f), pid, cmdline(pid))
+		}
+	}
+	for _, pid := range leftovers(state) {
+		// A process caught exiting at the moment of the scan is not one
+		// that remains: give it a moment, then insist.
+		what := cmdline(pid)
+		for i := 0; i < 50 && alive(pid); i++ {
+			time.Sleep(100 * time.Millisecond)
+		}
+		if alive(pid) {
+			t.Errorf("process %d (%s) still runs", pid, what)
+		} else {
+			t.Logf("process %d (%q) exited just after the demo", pid, what)
+		}
+	}
+	b, err := os.ReadFile(filepath.Join(state, "ports"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	lines := strings.Split(strings.TrimSpace(string(b)), "\n")
+	if len(lines) < 8 {
+		t.Errorf("run/ports lists only %d listeners:\n%s", len(lines), b)
+	}
+	for _, line := range lines {
+		f := strings.Fields(line)
+		if len(f) != 3 {
+			t.Fatalf("run/ports line %q", line)
+		}
+		addr, err := netip.ParseAddr(f[1])
+		if err != nil || !addr.IsLoopback() {
+			t.Errorf("%s listened on %s, not on loopback", f[0], f[1])
+			continue
+		}
+		l, err := net.Listen("tcp", net.JoinHostPort(f[1], f[2]))
+		if err != nil {
+			if errors.Is(err, syscall.EADDRINUSE) {
+				t.Errorf("port %s of %s is still taken: %v", net.JoinHostPort(f[1], f[2]), f[0], err)
+			} else {
+				t.Errorf("listen on %s (a port of %s): %v", net.JoinHostPort(f[1], f[2]), f[0], err)
+			}
+			continue
+		}
+		l.Close()
+	}
+}
