@@ -184,8 +184,8 @@ func (g *generator) health() *board {
 		`sum by (source) (rate(auditsink_events_accepted_total[$__rate_interval]))`, "accepted {{source}}",
 		`sum(rate(auditsink_events_stored_total[$__rate_interval]))`, "stored",
 		`sum(rate(auditsink_events_deduplicated_total[$__rate_interval]))`, "deduplicated"))
-	bd.add(bd.promSeries("Refused and dead-lettered", "Inputs refused (by reason) and inputs stored as dead letters (by source).", units.Short, 12, 8,
-		`sum by (reason) (rate(auditsink_events_refused_total[$__rate_interval]))`, "refused {{reason}}",
+	bd.add(bd.promSeries("Refused and dead-lettered", "Webhook batches refused (answered non-2xx, by reason) and inputs stored as dead letters (by source).", units.Short, 12, 8,
+		`sum by (reason) (rate(auditsink_batches_refused_total[$__rate_interval]))`, "refused batches {{reason}}",
 		`sum by (source) (rate(auditsink_events_dead_lettered_total[$__rate_interval]))`, "dead-lettered {{source}}"))
 	bd.add(bd.promSeries("Insert lag", fmt.Sprintf("Age of the oldest spool record not yet confirmed stored in ClickHouse; the alert fires above %s.", duration(g.o.Alerts.InsertLag)), units.Seconds, 8, 8,
 		`max(auditsink_spool_oldest_unconfirmed_seconds)`, "insert lag").

@@ -440,3 +440,40 @@ func TestGenerateRefusesBadOptions(t *testing.T) {
 		}
 	}
 }
+
+var metricRef = regexp.MustCompile(`\b(?:stampguard|auditsink)_[a-z_]+`)
+
+// TestMetricsExist requires every metric the health dashboard and the
+// sink's rules query to be one the binaries register (a string literal in
+// their non-test sources); a histogram's series end in _bucket.
+func TestMetricsExist(t *testing.T) {
+	registered := map[string]bool{}
+	for _, dir := range []string{"../analytics", "../policy", "../cmd"} {
+		err := filepath.WalkDir(dir, func(path string, d os.DirEntry, err error) error {
+			if err != nil || d.IsDir() || !strings.HasSuffix(path, ".go") || strings.HasSuffix(path, "_test.go") {
+				return err
+			}
+			b, err := os.ReadFile(path)
+			for _, m := range regexp.MustCompile(`"((?:stampguard|auditsink)_[a-z_]+)"`).FindAllStringSubmatch(string(b), -1) {
+				registered[m[1]] = true
+			}
+			return err
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	_, files := generated(t)
+	used := 0
+	for name, b := range files {
+		for _, m := range metricRef.FindAllString(string(b), -1) {
+			used++
+			if !registered[strings.TrimSuffix(m, "_bucket")] {
+				t.Errorf("%s queries %s, which no binary registers", name, m)
+			}
+		}
+	}
+	if used < 10 {
+		t.Errorf("only %d metric references found", used)
+	}
+}
