@@ -438,6 +438,19 @@ func TestDashboardQueriesOnClickHouse(t *testing.T) {
 					[]string{fmt.Sprintf("%d | %d | %d", writer.Requests, writer.WriteAttempts, writer.VersionConflicts)})
 				break
 			}
+			// The object filter (the name text box with its namespace and
+			// resource, as the hot objects' data link sets them) gives that
+			// object's row of the report.
+			h := want.HotObjects[0]
+			object := expand(map[string][]string{"namespace": {h.Namespace}, "resource": {h.Resource}, "name": {h.Name}}, map[string]bool{"user": true}, 10*time.Second)
+			for _, q := range gen.Queries {
+				if q.Statement.Name == asql.Totals.Name && !q.Alert {
+					r := run(t, conn, q.Name, object[q.Name])
+					assertEqual(t, q.Name+" for the hottest object", r.table("write_attempts", "version_conflicts"),
+						[]string{fmt.Sprintf("%d | %d", h.WriteAttempts, h.VersionConflicts)})
+					break
+				}
+			}
 			if oneNS.Requests == 0 || oneNS.Requests == tot.Requests {
 				t.Errorf("namespace %s holds %d of %d requests: the filter is not exercised", namespaces[0], oneNS.Requests, tot.Requests)
 			}
