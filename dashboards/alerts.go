@@ -161,13 +161,16 @@ func (g *generator) alertRules() (RuleGroup, error) {
 			"The audit sink's oldest unconfirmed spool record is {{ humanizeDuration $values.B.Value }} old",
 			fmt.Sprintf("auditsink_spool_oldest_unconfirmed_seconds is above %s: events are not reaching ClickHouse.", duration(a.InsertLag)),
 			5*time.Minute, "C",
-			g.promQuery("A", `max(auditsink_spool_oldest_unconfirmed_seconds)`, 10*time.Minute), reduce("B", "A"), above("C", "B", a.InsertLag.Seconds())),
+			g.promQuery("A", `max(auditsink_spool_oldest_unconfirmed_seconds)`, 10*time.Minute), reduce("B", "A"), above("C", "B", a.InsertLag.Seconds())).
+			// No series means no sink reports: say so rather than stay quiet.
+			NoDataState(alerting.RuleNoDataStateNoData),
 
 		g.rule(UIDSinkSpoolGrowth, "Audit sink spool growing", "warning", "runbook-audit-sink-insert-lag-or-spool-growth",
 			"The audit sink's spool grew by {{ humanize1024 $values.B.Value }}B in 15 minutes",
 			fmt.Sprintf("auditsink_spool_bytes grew by more than %.0f bytes over 15 minutes: ClickHouse is not keeping up, and the spool's disk fills.", a.SpoolGrowth),
 			5*time.Minute, "C",
-			g.promQuery("A", `max(delta(auditsink_spool_bytes[15m]))`, 20*time.Minute), reduce("B", "A"), above("C", "B", a.SpoolGrowth)),
+			g.promQuery("A", `max(delta(auditsink_spool_bytes[15m]))`, 20*time.Minute), reduce("B", "A"), above("C", "B", a.SpoolGrowth)).
+			NoDataState(alerting.RuleNoDataStateNoData),
 	}
 	group := RuleGroup{Name: RuleGroupName, Folder: g.o.Folder, Interval: a.Interval}
 	for _, b := range builders {
