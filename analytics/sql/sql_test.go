@@ -95,3 +95,24 @@ func TestExpandAsGrafanaAndThePlugin(t *testing.T) {
 		}
 	}
 }
+
+func TestBothBindersPlaceEveryWindow(t *testing.T) {
+	var text []string
+	for _, w := range Windows {
+		text = append(text, w.Placeholder)
+	}
+	s := Statement{Name: "all windows", Shape: Rows, Columns: []string{"x"}, Time: Windows, Params: []Param{IntervalS},
+		SQL: "SELECT 1 WHERE " + strings.Join(text, " AND ")}
+	if err := s.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	g, err := dashboardBinder.Bind(s)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for name, sql := range map[string]string{"report": Report{Database: "db"}.Bind(s), "grafana": g} {
+		if m := regexp.MustCompile(`\{[a-z_]+\}`).FindString(sql); m != "" {
+			t.Errorf("the %s binder leaves %s", name, m)
+		}
+	}
+}
