@@ -38,6 +38,7 @@ type Policy struct {
 	resources         []resourceMatcher
 	namespaces        []string // empty: all but the protected ones
 	namespaceSelector labels.Selector
+	selectorSource    *metav1.LabelSelector // as written, for the webhook's namespaceSelector
 	excludeUsers      []string
 	excludeGroups     []string
 
@@ -115,6 +116,7 @@ func Compile(p *v1alpha1.ConcurrencyPolicy) (*Policy, error) {
 			errs = append(errs, field.Invalid(mp.Child("namespaceSelector"), m.NamespaceSelector, err.Error()))
 		} else {
 			out.namespaceSelector = sel
+			out.selectorSource = m.NamespaceSelector.DeepCopy()
 		}
 	}
 	out.excludeUsers = sortedCopy(m.ExcludeUsers)

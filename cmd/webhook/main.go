@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/go-logr/logr"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
 	ctrllog "sigs.k8s.io/controller-runtime/pkg/log"
@@ -48,7 +49,7 @@ func run() int {
 		flag.PrintDefaults()
 	}
 	var o admission.Options
-	var kubeconfig, logLevel, logFormat string
+	var kubeconfig, logLevel, logFormat, configurations, syncResources, syncSelector string
 	flag.StringVar(&o.Host, "host", "", "address the admission server listens on (default all)")
 	flag.IntVar(&o.Port, "port", 9443, "admission server port (TLS)")
 	flag.StringVar(&o.CertDir, "cert-dir", "/etc/stampguard/tls", "directory with tls.crt and tls.key; reloaded on change")
@@ -58,6 +59,9 @@ func run() int {
 	flag.StringVar(&o.BreakGlassGroup, "break-glass-group", admission.DefaultBreakGlassGroup, "members bypass every policy (\"-\" disables)")
 	flag.Int64Var(&o.MaxReviewBytes, "max-review-bytes", admission.DefaultMaxReviewBytes, "largest AdmissionReview body accepted; the apiserver refuses request bodies over 3 MiB and a review carries object and oldObject, so 8 MiB is above any real review")
 	flag.DurationVar(&o.ShutdownTimeout, "shutdown-timeout", 25*time.Second, "how long SIGTERM waits for reviews in flight; keep it under the pod's terminationGracePeriodSeconds (30s by default)")
+	flag.StringVar(&configurations, "sync-configurations", "", "cluster mode: keep the Mutating- and ValidatingWebhookConfiguration of this name in step with the policies (pre-filter); empty leaves them alone")
+	flag.StringVar(&syncResources, "sync-resources", "", "with --sync-configurations: the --resources the configurations were made with (default the same default)")
+	flag.StringVar(&syncSelector, "sync-namespace-selector", "", "with --sync-configurations: the --namespace-selector the configurations were made with (default all namespaces)")
 	flag.StringVar(&kubeconfig, "kubeconfig", "", "kubeconfig for cluster mode (default in-cluster config)")
 	flag.StringVar(&logLevel, "log-level", "info", "debug, info, warn or error")
 	flag.StringVar(&logFormat, "log-format", "json", "json or text")
@@ -76,6 +80,22 @@ func run() int {
 			log.Error("no cluster to read policies from", "err", err)
 			return 2
 		}
+	}
+	if configurations != "" {
+		co := &admission.ConfigOptions{Name: configurations}
+		if syncResources != "" {
+			if co.Resources, err = admission.ParseGuardedResources(syncResources); err != nil {
+				log.Error("bad --sync-resources", "err", err)
+				return 2
+			}
+		}
+		if syncSelector != "" {
+			if co.NamespaceSelector, err = metav1.ParseToLabelSelector(syncSelector); err != nil {
+				log.Error("bad --sync-namespace-selector", "err", err)
+				return 2
+			}
+		}
+		o.Configurations = co
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()

@@ -3,6 +3,8 @@ package admission
 import (
 	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/stampguard/stampguard/policy"
 )
 
 // Names and paths of the two webhooks. The apiserver prefixes audit
@@ -55,6 +57,16 @@ type ConfigOptions struct {
 	// BreakGlassGroup members are never sent to the webhook. Defaults to
 	// "stampguard:break-glass"; "-" disables the exemption.
 	BreakGlassGroup string
+	// Policies, when set, narrow both webhooks to what these policies need
+	// (the pre-filter): their rules to the guarded resources and
+	// operations, their namespaceSelector to the guarded namespaces, and a
+	// CEL match condition that is true for every write that could break a
+	// policy. Nil (the default) keeps the configurations unnarrowed.
+	Policies *policy.Set
+	// ProtectedNamespaces are skipped by policies that name no namespace
+	// (the webhook adds its own); used with Policies. Defaults to
+	// policy.DefaultProtectedNamespaces.
+	ProtectedNamespaces []string
 }
 
 func (o *ConfigOptions) setDefaults() {
@@ -131,6 +143,9 @@ func Configurations(o ConfigOptions) (*admissionregistrationv1.MutatingWebhookCo
 			AdmissionReviewVersions: []string{"v1"},
 			MatchConditions:         conditions,
 		}},
+	}
+	if o.Policies != nil {
+		o.narrow(mutating, validating)
 	}
 	return mutating, validating
 }

@@ -16,6 +16,8 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/validation"
 	"sigs.k8s.io/yaml"
+
+	"github.com/stampguard/stampguard/policy"
 )
 
 // RegisterConfigFlags binds the flags of `webhook configurations` to o. Each
@@ -106,6 +108,19 @@ func RegisterConfigFlags(fs *flag.FlagSet, o *ConfigOptions) {
 			return metav1.FormatLabelSelector(o.NamespaceSelector)
 		}),
 		"namespace-selector", "only send writes in namespaces with these `labels`, e.g. 'team=shop,env notin (dev)' (default all namespaces)")
+	var policyFile string
+	fs.Var(funcValue(
+		func(s string) error {
+			policyFile = s
+			ps, err := policy.LoadFile(s)
+			if err != nil {
+				return err
+			}
+			o.Policies = policy.NewSet(ps...)
+			return nil
+		},
+		func() string { return policyFile }),
+		"policy-file", "narrow the configurations to what the policies in this multi-document YAML `file` guard (the pre-filter, for the webhook's file mode; default: not narrowed)")
 }
 
 // Validate reports every problem of o that Configurations would turn into

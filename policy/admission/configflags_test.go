@@ -9,6 +9,7 @@ import (
 	"crypto/x509"
 	"crypto/x509/pkix"
 	"encoding/pem"
+	"errors"
 	"flag"
 	"io"
 	"math/big"
@@ -86,7 +87,7 @@ func TestWriteConfigurationsIsConfigurations(t *testing.T) {
 					t.Fatalf("decode %s: %v", doc, err)
 				}
 			}
-			if doc, err := r.Read(); err != io.EOF {
+			if doc, err := r.Read(); !errors.Is(err, io.EOF) {
 				t.Fatalf("a third document %q (%v)", doc, err)
 			}
 			if !equality.Semantic.DeepEqual(&gotMut, wantMut) || !equality.Semantic.DeepEqual(&gotVal, wantVal) {

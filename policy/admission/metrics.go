@@ -11,6 +11,7 @@ type Metrics struct {
 	evaluation *prometheus.HistogramVec
 	errors     *prometheus.CounterVec
 	policies   *prometheus.GaugeVec
+	syncs      *prometheus.CounterVec
 }
 
 // NewMetrics registers the webhook's series with reg. A nil reg keeps them
@@ -38,9 +39,13 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Name: "stampguard_policies",
 			Help: "ConcurrencyPolicies known to the webhook, by state (ready or invalid).",
 		}, []string{"state"}),
+		syncs: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "stampguard_configuration_syncs_total",
+			Help: "Syncs of a webhook configuration with the policies, by kind and result (updated, unchanged, conflict, error).",
+		}, []string{"kind", "result"}),
 	}
 	if reg != nil {
-		reg.MustRegister(m.requests, m.decisions, m.evaluation, m.errors, m.policies)
+		reg.MustRegister(m.requests, m.decisions, m.evaluation, m.errors, m.policies, m.syncs)
 	}
 	return m
 }

@@ -1,6 +1,7 @@
 package admission
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -64,6 +65,15 @@ type Options struct {
 	Registry *prometheus.Registry
 	// Ready, when set, is called once the webhook serves with its policies loaded.
 	Ready func(addr string)
+	// Configurations, when set in cluster mode, makes the webhook keep the
+	// two configuration objects named Configurations.Name (which must
+	// exist) in step with the live policies: it updates the rules,
+	// namespaceSelector and matchConditions of its two webhooks there and
+	// nothing else (RBAC: get and update on those two objects). Its
+	// Policies and, when unset, BreakGlassGroup and ProtectedNamespaces are
+	// filled in from the webhook's own. Nil (the default) leaves the
+	// configurations alone.
+	Configurations *ConfigOptions
 }
 
 func (o *Options) setDefaults() {
@@ -120,6 +130,9 @@ func Run(ctx context.Context, o Options) error {
 	var src PolicySource
 	var ready func() error
 	var mgr manager.Manager
+	if o.PolicyFile != "" && o.Configurations != nil {
+		return errors.New("keeping the webhook configurations in step needs cluster mode; in file mode print them with the policies instead")
+	}
 	if o.PolicyFile != "" {
 		ps, err := policy.LoadFile(o.PolicyFile)
 		if err != nil {
@@ -155,6 +168,19 @@ func Run(ctx context.Context, o Options) error {
 		cs := &ClusterSource{client: mgr.GetClient(), cache: mgr.GetCache(), metrics: metrics, log: log}
 		if err := mgr.Add(cs); err != nil {
 			return fmt.Errorf("add policy source: %w", err)
+		}
+		if o.Configurations != nil {
+			co := *o.Configurations
+			if co.BreakGlassGroup == "" {
+				co.BreakGlassGroup = cmp.Or(o.BreakGlassGroup, "-")
+			}
+			if co.ProtectedNamespaces == nil {
+				co.ProtectedNamespaces = env.ProtectedNamespaces
+			}
+			cs.configs = newConfigSync(mgr.GetAPIReader(), mgr.GetClient(), co, metrics, log)
+			if err := mgr.Add(cs.configs); err != nil {
+				return fmt.Errorf("add configuration sync: %w", err)
+			}
 		}
 		// Run may be called more than once in a process (tests, the demo):
 		// controller names need not be unique process-wide.

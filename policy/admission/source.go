@@ -40,6 +40,8 @@ type ClusterSource struct {
 	metrics *Metrics
 	log     *slog.Logger
 	set     atomic.Pointer[policy.Set]
+	// configs, when set, keeps the webhook configurations in step.
+	configs *configSync
 }
 
 var _ PolicySource = (*ClusterSource)(nil)
@@ -61,15 +63,33 @@ const (
 	ConditionReady = "Ready"
 	ReasonEnforced = "Enforced"
 	ReasonInvalid  = "Invalid"
+	// ReasonNotRouted: the webhook configurations could not be updated
+	// for the policy (with Options.Configurations).
+	ReasonNotRouted = "NotRouted"
 )
 
 // Reconcile rebuilds the policy set and reports on the named policy.
 func (s *ClusterSource) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result, error) {
 	target, targetErr, err := s.rebuild(ctx, req.Name)
-	if err != nil || target == nil {
-		return ctrl.Result{}, err // deleted: it is gone from the set already
+	if err != nil {
+		return ctrl.Result{}, err
 	}
-	return ctrl.Result{}, s.updateStatus(ctx, target, targetErr)
+	// Ready means routed too: the configurations send the policy's writes
+	// to the webhook before its status says it is enforced.
+	var routeErr error
+	if s.configs != nil {
+		if routeErr = s.configs.Sync(ctx); routeErr != nil {
+			routeErr = fmt.Errorf("update the webhook configurations: %w", routeErr)
+			s.configs.Kick()
+		}
+	}
+	if target == nil {
+		return ctrl.Result{}, routeErr // deleted: it is gone from the set already
+	}
+	if err := s.updateStatus(ctx, target, targetErr, routeErr); err != nil {
+		return ctrl.Result{}, err
+	}
+	return ctrl.Result{}, routeErr
 }
 
 // Start builds the first set once the cache has synced, so that a cluster
@@ -80,6 +100,9 @@ func (s *ClusterSource) Start(ctx context.Context) error {
 	}
 	if _, _, err := s.rebuild(ctx, ""); err != nil {
 		return err
+	}
+	if s.configs != nil {
+		s.configs.Kick()
 	}
 	<-ctx.Done()
 	return nil
@@ -129,15 +152,19 @@ func equalNames(a, b []string) bool {
 	return true
 }
 
-func (s *ClusterSource) updateStatus(ctx context.Context, p *v1alpha1.ConcurrencyPolicy, compileErr error) error {
+func (s *ClusterSource) updateStatus(ctx context.Context, p *v1alpha1.ConcurrencyPolicy, compileErr, routeErr error) error {
 	cond := metav1.Condition{
 		Type: ConditionReady, Status: metav1.ConditionTrue, Reason: ReasonEnforced,
 		Message: "the policy is compiled and enforced", ObservedGeneration: p.Generation,
 	}
-	if compileErr != nil {
+	switch {
+	case compileErr != nil:
 		cond.Status, cond.Reason = metav1.ConditionFalse, ReasonInvalid
 		cond.Message = fmt.Sprintf("the policy is not enforced: %v", compileErr)
 		s.log.Warn("invalid ConcurrencyPolicy", "policy", p.Name, "err", compileErr)
+	case routeErr != nil:
+		cond.Status, cond.Reason = metav1.ConditionFalse, ReasonNotRouted
+		cond.Message = fmt.Sprintf("the policy is compiled, but the webhook configurations may not send its writes yet: %v", routeErr)
 	}
 	status := p.Status.DeepCopy()
 	status.ObservedGeneration = p.Generation

@@ -35,11 +35,26 @@ import (
 type webhookEnv struct {
 	*kubetest.Env
 	registry *prometheus.Registry
+	// configs are the options of the configurations the webhook keeps in step.
+	configs admission.ConfigOptions
 }
 
 func startWebhookEnv(t testing.TB) *webhookEnv {
 	t.Helper()
 	env := kubetest.Start(t, kubetest.Options{AuditPolicy: kubetest.DefaultAuditPolicy, AuditLog: true})
+	// The configurations exist before the webhook starts; the webhook then
+	// keeps them in step with the policies (the pre-filter).
+	configs := admission.ConfigOptions{
+		URL: env.WebhookURL(), CABundle: env.CAData,
+		Resources: []admission.GuardedResource{{Group: "", Resource: "configmaps"}, {Group: "apps", Resource: "deployments"}},
+		// The namespaces of the webhook-down test get configurations of their own.
+		NamespaceSelector: &metav1.LabelSelector{MatchExpressions: []metav1.LabelSelectorRequirement{{
+			Key: "e2e.stampguard.dev/down", Operator: metav1.LabelSelectorOpDoesNotExist,
+		}}},
+	}
+	mut, val := admission.Configurations(configs)
+	create(t, env.Client, mut)
+	create(t, env.Client, val)
 	reg := prometheus.NewRegistry()
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
@@ -49,7 +64,8 @@ func startWebhookEnv(t testing.TB) *webhookEnv {
 			Host: env.WebhookHost, Port: env.WebhookPort, CertDir: env.CertDir,
 			ProbeAddr: "0", RestConfig: env.Config, Namespace: "stampguard-system",
 			Registry: reg, Logger: slog.New(slog.DiscardHandler),
-			Ready: func(string) { close(ready) },
+			Ready:          func(string) { close(ready) },
+			Configurations: &configs,
 		})
 	}()
 	t.Cleanup(func() {
@@ -66,17 +82,7 @@ func startWebhookEnv(t testing.TB) *webhookEnv {
 	case <-time.After(60 * time.Second):
 		t.Fatal("webhook not ready after 60s")
 	}
-	mut, val := admission.Configurations(admission.ConfigOptions{
-		URL: env.WebhookURL(), CABundle: env.CAData,
-		Resources: []admission.GuardedResource{{Group: "", Resource: "configmaps"}, {Group: "apps", Resource: "deployments"}},
-		// The namespaces of the webhook-down test get configurations of their own.
-		NamespaceSelector: &metav1.LabelSelector{MatchExpressions: []metav1.LabelSelectorRequirement{{
-			Key: "e2e.stampguard.dev/down", Operator: metav1.LabelSelectorOpDoesNotExist,
-		}}},
-	})
-	create(t, env.Client, mut)
-	create(t, env.Client, val)
-	return &webhookEnv{Env: env, registry: reg}
+	return &webhookEnv{Env: env, registry: reg, configs: configs}
 }
 
 func create(t testing.TB, c client.Client, obj client.Object) {
@@ -667,7 +673,7 @@ func deployment(ns, name string, replicas int32) *appsv1.Deployment {
 	}
 }
 
-func counterValue(t *testing.T, reg *prometheus.Registry, name, endpoint string) float64 {
+func counterValue(t testing.TB, reg *prometheus.Registry, name, endpoint string) float64 {
 	t.Helper()
 	mfs, err := reg.Gather()
 	if err != nil {

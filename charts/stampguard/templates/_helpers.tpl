@@ -192,3 +192,29 @@ statefulsets and replicasets get their scale subresource too. Takes
 {{- with .Values.auditSink.service.loadBalancerIP }}{{ $ips = append $ips . }}{{ end -}}
 {{- $ips | uniq | toJson -}}
 {{- end -}}
+
+{{/* The guarded resources as the webhook's --sync-resources: group/resource, a bare resource for the core group. */}}
+{{- define "stampguard.webhook.syncResources" -}}
+{{- $out := list -}}
+{{- range .guardedResources -}}
+{{- if .group }}{{ $out = append $out (printf "%s/%s" .group .resource) }}{{ else }}{{ $out = append $out .resource }}{{ end -}}
+{{- end -}}
+{{- join "," $out -}}
+{{- end -}}
+
+{{/* The namespace selector of configurations.yaml as the webhook's --sync-namespace-selector. */}}
+{{- define "stampguard.webhook.syncSelector" -}}
+{{- $w := .w -}}
+{{- $parts := list -}}
+{{- $excluded := $w.excludedNamespaces -}}
+{{- if $w.excludeReleaseNamespace }}{{ $excluded = append $excluded .ctx.Release.Namespace | uniq }}{{ end -}}
+{{- if $excluded }}{{ $parts = append $parts (printf "kubernetes.io/metadata.name notin (%s)" (join "," $excluded)) }}{{ end -}}
+{{- range ($w.namespaceSelector.matchExpressions | default list) -}}
+{{- if eq .operator "In" }}{{ $parts = append $parts (printf "%s in (%s)" .key (join "," .values)) }}
+{{- else if eq .operator "NotIn" }}{{ $parts = append $parts (printf "%s notin (%s)" .key (join "," .values)) }}
+{{- else if eq .operator "Exists" }}{{ $parts = append $parts .key }}
+{{- else }}{{ $parts = append $parts (printf "!%s" .key) }}{{ end -}}
+{{- end -}}
+{{- range $k, $v := ($w.namespaceSelector.matchLabels | default dict) }}{{ $parts = append $parts (printf "%s=%s" $k $v) }}{{ end -}}
+{{- join "," $parts -}}
+{{- end -}}

@@ -1,0 +1,182 @@
+package admission
+
+import (
+	"flag"
+	"io"
+	"log/slog"
+	"path/filepath"
+	"reflect"
+	"slices"
+	"strings"
+	"testing"
+
+	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/stampguard/stampguard/policy"
+	"github.com/stampguard/stampguard/policy/api/v1alpha1"
+)
+
+func compileSet(t *testing.T, ps ...*v1alpha1.ConcurrencyPolicy) *policy.Set {
+	t.Helper()
+	var out []*policy.Policy
+	for _, p := range ps {
+		c, err := policy.Compile(p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		out = append(out, c)
+	}
+	return policy.NewSet(out...)
+}
+
+func conditionNames(cs []admissionregistrationv1.MatchCondition) []string {
+	var out []string
+	for _, c := range cs {
+		out = append(out, c.Name)
+	}
+	return out
+}
+
+func TestConfigurationsPrefilter(t *testing.T) {
+	base := ConfigOptions{URL: "https://127.0.0.1:9443", NamespaceSelector: &metav1.LabelSelector{
+		MatchLabels: map[string]string{"stampguard.dev/guarded": "yes"},
+	}}
+	owners := &v1alpha1.ConcurrencyPolicy{
+		ObjectMeta: metav1.ObjectMeta{Name: "owners"},
+		Spec: v1alpha1.ConcurrencyPolicySpec{
+			Match:       v1alpha1.Match{Resources: []v1alpha1.ResourceMatch{{Group: "apps", Resource: "deployments"}}, Namespaces: []string{"web"}},
+			FieldOwners: []v1alpha1.FieldOwner{{Path: "spec.replicas", Writers: v1alpha1.Writers{Users: []string{"hpa"}}}},
+		},
+	}
+
+	t.Run("without policies the configurations are what they always were", func(t *testing.T) {
+		mut, val := Configurations(base)
+		if got := conditionNames(val.Webhooks[0].MatchConditions); !slices.Equal(got, []string{"not-break-glass"}) {
+			t.Fatalf("validating conditions %v", got)
+		}
+		if got := conditionNames(mut.Webhooks[0].MatchConditions); !slices.Equal(got, []string{"stampless-update", "not-break-glass"}) {
+			t.Fatalf("mutating conditions %v", got)
+		}
+		if n := len(val.Webhooks[0].Rules); n != 2 {
+			t.Fatalf("want a rule per group of the default resources, got %d", n)
+		}
+		if !reflect.DeepEqual(val.Webhooks[0].NamespaceSelector, base.NamespaceSelector) {
+			t.Fatalf("namespaceSelector %v", val.Webhooks[0].NamespaceSelector)
+		}
+	})
+
+	t.Run("with policies each webhook routes only what they guard", func(t *testing.T) {
+		o := base
+		o.Policies = compileSet(t, owners)
+		mut, val := Configurations(o)
+		vw := val.Webhooks[0]
+		if got := conditionNames(vw.MatchConditions); !slices.Equal(got, []string{FieldsPolicyCondition, "not-break-glass"}) {
+			t.Fatalf("validating conditions %v", got)
+		}
+		want := []admissionregistrationv1.RuleWithOperations{{
+			Operations: []admissionregistrationv1.OperationType{admissionregistrationv1.Update},
+			Rule: admissionregistrationv1.Rule{APIGroups: []string{"apps"}, APIVersions: []string{"*"},
+				Resources: []string{"deployments", "deployments/scale"}, Scope: ptrTo(admissionregistrationv1.AllScopes)},
+		}}
+		if !reflect.DeepEqual(vw.Rules, want) {
+			t.Fatalf("rules %+v, want %+v", vw.Rules, want)
+		}
+		wantSel := &metav1.LabelSelector{MatchExpressions: []metav1.LabelSelectorRequirement{
+			{Key: "stampguard.dev/guarded", Operator: metav1.LabelSelectorOpIn, Values: []string{"yes"}},
+			{Key: namespaceNameLabel, Operator: metav1.LabelSelectorOpIn, Values: []string{"web"}},
+		}}
+		if !reflect.DeepEqual(vw.NamespaceSelector, wantSel) {
+			t.Fatalf("namespaceSelector %v, want %v", vw.NamespaceSelector, wantSel)
+		}
+		// No stamp policy: the stamp webhook routes nothing.
+		if len(mut.Webhooks[0].Rules) != 0 {
+			t.Fatalf("stamp webhook routes %+v", mut.Webhooks[0].Rules)
+		}
+		mut2, val2 := Configurations(o)
+		if !reflect.DeepEqual(mut, mut2) || !reflect.DeepEqual(val, val2) {
+			t.Fatal("two compilations of the same set differ; replicas would fight over the objects")
+		}
+	})
+
+	t.Run("a namespace name no namespace can have is left out of the selector", func(t *testing.T) {
+		bad := owners.DeepCopy()
+		bad.Spec.Match.Namespaces = []string{"Team_A", "web"}
+		o := base
+		o.Policies = compileSet(t, bad)
+		_, val := Configurations(o)
+		sel := val.Webhooks[0].NamespaceSelector
+		if r := sel.MatchExpressions[len(sel.MatchExpressions)-1]; r.Key != namespaceNameLabel || !slices.Equal(r.Values, []string{"web"}) {
+			t.Fatalf("namespaceSelector %v, want the name requirement with web only", sel)
+		}
+	})
+
+	t.Run("a wildcard policy narrows by namespace while namespaces are not routed", func(t *testing.T) {
+		o := base
+		o.Policies = compileSet(t, &v1alpha1.ConcurrencyPolicy{
+			ObjectMeta: metav1.ObjectMeta{Name: "all"},
+			Spec: v1alpha1.ConcurrencyPolicySpec{
+				Match:                  v1alpha1.Match{Resources: []v1alpha1.ResourceMatch{{Group: "*", Resource: "*"}}},
+				RequireResourceVersion: true,
+			},
+		})
+		mut, _ := Configurations(o)
+		want := &metav1.LabelSelector{MatchExpressions: []metav1.LabelSelectorRequirement{
+			{Key: "stampguard.dev/guarded", Operator: metav1.LabelSelectorOpIn, Values: []string{"yes"}},
+			{Key: namespaceNameLabel, Operator: metav1.LabelSelectorOpNotIn, Values: []string{"kube-node-lease", "kube-system"}},
+		}}
+		if !reflect.DeepEqual(mut.Webhooks[0].NamespaceSelector, want) {
+			t.Fatalf("namespaceSelector %v, want %v", mut.Webhooks[0].NamespaceSelector, want)
+		}
+	})
+
+	t.Run("a policy that guards namespaces themselves does not narrow by namespace", func(t *testing.T) {
+		o := base
+		o.Resources = append(slices.Clone(DefaultGuardedResources), GuardedResource{Resource: "namespaces"})
+		o.Policies = compileSet(t, owners, &v1alpha1.ConcurrencyPolicy{
+			ObjectMeta: metav1.ObjectMeta{Name: "all"},
+			Spec: v1alpha1.ConcurrencyPolicySpec{
+				Match:                  v1alpha1.Match{Resources: []v1alpha1.ResourceMatch{{Group: "*", Resource: "*"}}, Namespaces: []string{"web"}},
+				RequireResourceVersion: true,
+			},
+		})
+		mut, _ := Configurations(o)
+		if !reflect.DeepEqual(mut.Webhooks[0].NamespaceSelector, base.NamespaceSelector) {
+			t.Fatalf("namespaceSelector %v narrowed although a namespace object matches by its own labels", mut.Webhooks[0].NamespaceSelector)
+		}
+		if got := conditionNames(mut.Webhooks[0].MatchConditions); !slices.Equal(got, []string{"stampless-update", StampPolicyCondition, "not-break-glass"}) {
+			t.Fatalf("mutating conditions %v", got)
+		}
+	})
+}
+
+func ptrTo[T any](v T) *T { return &v }
+
+func TestRunRefusesToSyncConfigurationsInFileMode(t *testing.T) {
+	err := Run(t.Context(), Options{PolicyFile: "policies.yaml", ProbeAddr: "0", Configurations: &ConfigOptions{},
+		Logger: slog.New(slog.DiscardHandler)})
+	if err == nil || !strings.Contains(err.Error(), "cluster mode") {
+		t.Fatalf("want an error saying the sync needs cluster mode, got %v", err)
+	}
+}
+
+func TestConfigFlagsPolicyFile(t *testing.T) {
+	fs := flag.NewFlagSet("webhook configurations", flag.ContinueOnError)
+	fs.SetOutput(io.Discard)
+	var o ConfigOptions
+	RegisterConfigFlags(fs, &o)
+	if err := fs.Parse([]string{"--url", "https://127.0.0.1:9443", "--policy-file", filepath.Join("..", "..", "examples", "policies.yaml")}); err != nil {
+		t.Fatal(err)
+	}
+	if o.Policies == nil || o.Policies.Len() == 0 {
+		t.Fatal("--policy-file loaded no policies")
+	}
+	_, val := Configurations(o)
+	if got := conditionNames(val.Webhooks[0].MatchConditions); !slices.Contains(got, FieldsPolicyCondition) {
+		t.Fatalf("the configurations are not narrowed by the file's policies: conditions %v", got)
+	}
+	err := fs.Parse([]string{"--policy-file", "no-such-file.yaml"})
+	if err == nil || !strings.Contains(err.Error(), "no-such-file.yaml") {
+		t.Fatalf("want an error naming the missing file, got %v", err)
+	}
+}

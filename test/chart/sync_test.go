@@ -1,0 +1,80 @@
+package chart
+
+import (
+	"strings"
+	"testing"
+
+	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
+	appsv1 "k8s.io/api/apps/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
+	"k8s.io/apimachinery/pkg/api/equality"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/stampguard/stampguard/policy/admission"
+)
+
+// TestManagedConfigurationsSyncFromTheRenderedOptions: with
+// webhook.manageConfigurations the webhook keeps the configurations in step
+// with the policies (--sync-configurations). It owns their rules and
+// namespaceSelector, so it must start from the options the chart rendered
+// them with: the flags it gets, parsed as the webhook parses them, build
+// the same rules and namespaceSelector. And its ClusterRole may update
+// those two objects.
+func TestManagedConfigurationsSyncFromTheRenderedOptions(t *testing.T) {
+	objs := objects(t, render(t, "defaults", "webhook.manageConfigurations=true",
+		"webhook.namespaceSelector.matchLabels.team=shop",
+		"webhook.namespaceSelector.matchExpressions[0].key=env",
+		"webhook.namespaceSelector.matchExpressions[0].operator=NotIn",
+		"webhook.namespaceSelector.matchExpressions[0].values[0]=dev"))
+	name := release + "-stampguard"
+	var dep appsv1.Deployment
+	find(t, objs, "Deployment", name+"-webhook", &dep)
+	flags := map[string]string{}
+	for _, a := range dep.Spec.Template.Spec.Containers[0].Args {
+		if k, v, ok := strings.Cut(a, "="); ok && strings.HasPrefix(k, "--sync-") {
+			flags[k] = v
+		}
+	}
+	if flags["--sync-configurations"] != name {
+		t.Fatalf("--sync-configurations=%q, want %q (args %v)", flags["--sync-configurations"], name, dep.Spec.Template.Spec.Containers[0].Args)
+	}
+	o := admission.ConfigOptions{Name: name, URL: "https://unused"}
+	var err error
+	if o.Resources, err = admission.ParseGuardedResources(flags["--sync-resources"]); err != nil {
+		t.Fatalf("--sync-resources: %v", err)
+	}
+	if o.NamespaceSelector, err = metav1.ParseToLabelSelector(flags["--sync-namespace-selector"]); err != nil {
+		t.Fatalf("--sync-namespace-selector: %v", err)
+	}
+	wantM, wantV := admission.Configurations(o)
+	var gotM admissionregistrationv1.MutatingWebhookConfiguration
+	var gotV admissionregistrationv1.ValidatingWebhookConfiguration
+	find(t, objs, "MutatingWebhookConfiguration", name, &gotM)
+	find(t, objs, "ValidatingWebhookConfiguration", name, &gotV)
+	sameSelector := func(a, b *metav1.LabelSelector) bool {
+		sa, errA := metav1.LabelSelectorAsSelector(a)
+		sb, errB := metav1.LabelSelectorAsSelector(b)
+		return errA == nil && errB == nil && sa.String() == sb.String()
+	}
+	if !equality.Semantic.DeepEqual(gotM.Webhooks[0].Rules, wantM.Webhooks[0].Rules) || !sameSelector(gotM.Webhooks[0].NamespaceSelector, wantM.Webhooks[0].NamespaceSelector) {
+		t.Errorf("mutating: rendered rules %+v selector %v; from the sync's flags %+v %v",
+			gotM.Webhooks[0].Rules, gotM.Webhooks[0].NamespaceSelector, wantM.Webhooks[0].Rules, wantM.Webhooks[0].NamespaceSelector)
+	}
+	if !equality.Semantic.DeepEqual(gotV.Webhooks[0].Rules, wantV.Webhooks[0].Rules) || !sameSelector(gotV.Webhooks[0].NamespaceSelector, wantV.Webhooks[0].NamespaceSelector) {
+		t.Errorf("validating: rendered rules %+v selector %v; from the sync's flags %+v %v",
+			gotV.Webhooks[0].Rules, gotV.Webhooks[0].NamespaceSelector, wantV.Webhooks[0].Rules, wantV.Webhooks[0].NamespaceSelector)
+	}
+	var role rbacv1.ClusterRole
+	find(t, objs, "ClusterRole", name+"-webhook", &role)
+	allowed := false
+	for _, r := range role.Rules {
+		if len(r.ResourceNames) == 1 && r.ResourceNames[0] == name &&
+			strings.Contains(strings.Join(r.Resources, ","), "validatingwebhookconfigurations") &&
+			strings.Contains(strings.Join(r.Verbs, ","), "update") {
+			allowed = true
+		}
+	}
+	if !allowed {
+		t.Errorf("the webhook's ClusterRole may not update its configurations: %+v", role.Rules)
+	}
+}
