@@ -446,7 +446,7 @@ func (l *ListReader) member(key string, c byte) (bool, *EnvelopeError) {
 		}
 		raw, err := l.value()
 		if err != nil || l.rerr != nil {
-			return true, nil // value's error is met again by the caller's next read
+			return true, nil //nolint:nilerr // value's error is met again by the caller's next read
 		}
 		v := string(raw)
 		if key == `"kind"` {

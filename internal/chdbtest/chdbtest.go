@@ -109,7 +109,7 @@ func libPath() string {
 
 func load(path string) (*Engine, error) {
 	if _, err := os.Stat(path); err != nil {
-		return nil, fmt.Errorf("ClickHouse 26.7 library not found (%v): run `make chdb` (or `make test`), which fetches it from the npm registry", err)
+		return nil, fmt.Errorf("ClickHouse 26.7 library not found (%w): run `make chdb` (or `make test`), which fetches it from the npm registry", err)
 	}
 	h, err := purego.Dlopen(path, purego.RTLD_NOW|purego.RTLD_LOCAL)
 	if err != nil {

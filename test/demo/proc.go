@@ -82,7 +82,11 @@ func (p *proc) waitReady(ctx context.Context, what string, timeout time.Duration
 		}
 		select {
 		case <-p.exited:
-			return fmt.Errorf("%s exited at start (%v)%s; its log %s ends:\n%s", p.name, p.err, diagnose(p.log), p.log, logTail(p.log, 15))
+			why := p.err
+			if why == nil {
+				why = errors.New("exit status 0")
+			}
+			return fmt.Errorf("%s exited at start (%w)%s; its log %s ends:\n%s", p.name, why, diagnose(p.log), p.log, logTail(p.log, 15))
 		case <-ctx.Done():
 			return context.Cause(ctx)
 		case <-time.After(100 * time.Millisecond):
