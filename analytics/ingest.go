@@ -1,12 +1,15 @@
 package analytics
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
 	"io"
 	"log/slog"
 	"os"
+	"runtime"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -14,8 +17,11 @@ import (
 )
 
 // The log file itself is the durable buffer for `ingest` and `tail`, so
-// they insert straight into the store (no spool): an interrupted ingest is
-// simply run again, and the store's dedup drops what was already stored.
+// they need no spool: their records go through a bounded in-memory Queue
+// into the same Drainer as the sink's spool (gathered inserts, several in
+// flight, confirmed in order). An interrupted ingest is simply run again,
+// and the store's dedup drops what was already stored; tail's checkpoint
+// moves only past what ClickHouse confirmed.
 
 // IngestOptions configure IngestFiles.
 type IngestOptions struct {
@@ -24,6 +30,11 @@ type IngestOptions struct {
 	// Progress, when set, receives a progress line (\r-updated) about
 	// every 200ms; give it the terminal.
 	Progress io.Writer
+	// Decoders is how many files are decoded at once; defaulted to
+	// GOMAXPROCS.
+	Decoders int
+	// Parallel is the number of inserts in flight; defaulted to 2.
+	Parallel int
 	Logger   *slog.Logger
 }
 
@@ -48,91 +59,124 @@ func (r IngestResult) String() string {
 		r.Files, r.Stored, r.Duplicates, r.Rejected, r.Skipped, r.Elapsed.Round(time.Millisecond), rate)
 }
 
-// IngestFiles stores the events of JSON-lines audit logs (plain or gzip).
+// File records are the Accepter's (5,000 rows); an insert gathers up to
+// ingestMaxRecords of them, as the sink's about 40,000 rows.
+const (
+	ingestMaxRecords = 8
+	// queueBytes bounds the records decoded ahead of the inserts.
+	queueBytes = 16 << 20
+)
+
+// ingestCounts are an ingest's running totals, shared by the decoders,
+// the inserts and the progress line.
+type ingestCounts struct {
+	bytes, events               atomic.Int64
+	accepted, rejected, skipped atomic.Int64
+	stored, duplicates          atomic.Int64
+}
+
+// IngestFiles stores the events of JSON-lines audit logs (plain or gzip),
+// several files decoded at once.
 func IngestFiles(ctx context.Context, st Inserter, paths []string, o IngestOptions) (IngestResult, error) {
 	if o.Accepter == nil {
 		o.Accepter = &Accepter{}
 	}
+	if o.Decoders <= 0 {
+		o.Decoders = runtime.GOMAXPROCS(0)
+	}
 	start := time.Now()
-	var res IngestResult
 	var total int64
 	for _, p := range paths {
 		fi, err := os.Stat(p)
 		if err != nil {
-			return res, err
+			return IngestResult{}, err
 		}
 		total += fi.Size()
 	}
-	var done atomic.Int64
-	stopProgress := progress(o.Progress, total, &done, &res)
-	defer stopProgress()
+	var n ingestCounts
+	stopProgress := progress(o.Progress, total, &n)
+
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	q := NewQueue(queueBytes, nil)
+	d := NewDrainer(q, st, DrainerOptions{MaxRecords: ingestMaxRecords, Parallel: o.Parallel, Logger: o.Logger,
+		Observe: func(r InsertResult) {
+			n.stored.Add(int64(r.Stored))
+			n.duplicates.Add(int64(r.Duplicates))
+		}})
+	drained := make(chan error, 1)
+	go func() { drained <- d.Run(ctx) }()
+
+	var (
+		wg    sync.WaitGroup
+		mu    sync.Mutex
+		first error
+		files int
+	)
+	sem := make(chan struct{}, o.Decoders)
 	for _, p := range paths {
-		if err := ingestFile(ctx, st, p, o, &res, &done); err != nil {
-			return res, fmt.Errorf("ingest %s: %w", p, err)
-		}
-		res.Files++
+		sem <- struct{}{}
+		wg.Go(func() {
+			defer func() { <-sem }()
+			err := ingestFile(ctx, q, p, o, &n)
+			mu.Lock()
+			defer mu.Unlock()
+			if err != nil && first == nil {
+				first = fmt.Errorf("ingest %s: %w", p, err)
+				cancel()
+			}
+			if err == nil {
+				files++
+			}
+		})
 	}
-	res.Elapsed = time.Since(start)
-	return res, nil
+	wg.Wait()
+	q.Close()
+	err := <-drained
+	stopProgress()
+	if first != nil {
+		err = first
+	} else if err == nil {
+		err = ctx.Err()
+	}
+	return IngestResult{
+		Files: files, Accepted: int(n.accepted.Load()), Rejected: int(n.rejected.Load()), Skipped: int(n.skipped.Load()),
+		Stored: int(n.stored.Load()), Duplicates: int(n.duplicates.Load()), Elapsed: time.Since(start),
+	}, err
 }
 
-func ingestFile(ctx context.Context, st Inserter, path string, o IngestOptions, res *IngestResult, done *atomic.Int64) error {
+func ingestFile(ctx context.Context, q *Queue, path string, o IngestOptions, n *ingestCounts) error {
 	f, err := os.Open(path)
 	if err != nil {
 		return err
 	}
 	defer f.Close()
-	r, err := logfile.NewReader(&countingReader{r: f, n: done}, logfile.ReaderOptions{})
+	r, err := logfile.NewReader(&countingReader{r: f, n: &n.bytes}, logfile.ReaderOptions{})
 	if err != nil {
 		return err
 	}
 	defer r.Close()
-	ar, err := o.Accepter.Accept(o.Cluster, "file", &lineItems{next: r.Next}, func(rec []byte) error {
-		return insertRecord(ctx, st, rec, res, o.Logger)
+	items := &lineItems{next: r.Next, n: &n.events}
+	ar, err := o.Accepter.Accept(o.Cluster, "file", items, func(rec []byte) error {
+		return q.Append(ctx, bytes.Clone(rec), nil)
 	})
-	res.Accepted += ar.Accepted
-	res.Rejected += ar.Rejected
-	res.Skipped += ar.Skipped
+	n.accepted.Add(int64(ar.Accepted))
+	n.rejected.Add(int64(ar.Rejected))
+	n.skipped.Add(int64(ar.Skipped))
 	return err
-}
-
-// insertRecord inserts an encoded batch, retrying while ClickHouse is away
-// (until ctx ends).
-func insertRecord(ctx context.Context, st Inserter, rec []byte, res *IngestResult, log *slog.Logger) error {
-	var set RecordSet
-	if err := set.Add(string(rec)); err != nil {
-		return err
-	}
-	backoff := 200 * time.Millisecond
-	for {
-		ir, err := st.InsertRecords(ctx, &set)
-		if err == nil {
-			res.Stored += ir.Stored
-			res.Duplicates += ir.Duplicates
-			return nil
-		}
-		if ctx.Err() != nil {
-			return ctx.Err()
-		}
-		if log != nil {
-			log.Warn("ClickHouse insert failed; retrying", "err", err, "retryIn", backoff)
-		}
-		select {
-		case <-ctx.Done():
-			return ctx.Err()
-		case <-time.After(backoff):
-		}
-		backoff = min(2*backoff, 10*time.Second)
-	}
 }
 
 // lineItems adapts logfile lines to an ItemReader.
 type lineItems struct {
 	next func() (logfile.Line, error)
+	n    *atomic.Int64 // lines read, for the progress line (may be nil)
 }
 
 func (l *lineItems) Next() (Item, error) {
 	line, err := l.next()
+	if err == nil && l.n != nil {
+		l.n.Add(1)
+	}
 	var tooLong *logfile.LineTooLongError
 	switch {
 	case errors.As(err, &tooLong):
@@ -154,7 +198,7 @@ func (c *countingReader) Read(p []byte) (int, error) {
 	return n, err
 }
 
-func progress(w io.Writer, total int64, done *atomic.Int64, res *IngestResult) func() {
+func progress(w io.Writer, total int64, n *ingestCounts) func() {
 	if w == nil {
 		return func() {}
 	}
@@ -162,10 +206,10 @@ func progress(w io.Writer, total int64, done *atomic.Int64, res *IngestResult) f
 	finished := make(chan struct{})
 	start := time.Now()
 	draw := func() {
-		d := done.Load()
+		d := n.bytes.Load()
 		pct := 100.0
 		if total > 0 {
-			pct = 100 * float64(d) / float64(total)
+			pct = min(100, 100*float64(d)/float64(total))
 		}
 		const width = 30
 		filled := int(pct / 100 * width)
@@ -176,8 +220,12 @@ func progress(w io.Writer, total int64, done *atomic.Int64, res *IngestResult) f
 				bar[i] = '='
 			}
 		}
-		mb := float64(d) / (1 << 20)
-		fmt.Fprintf(w, "\r[%s] %5.1f%%  %.1f MiB  %.1f MiB/s ", bar, pct, mb, mb/time.Since(start).Seconds())
+		secs := time.Since(start).Seconds()
+		eta := "--"
+		if d > 0 && total > d {
+			eta = (time.Duration(float64(total-d) / float64(d) * secs * float64(time.Second))).Round(time.Second).String()
+		}
+		fmt.Fprintf(w, "\r[%s] %5.1f%%  %.1f MiB  %.0f events/s  ETA %s ", bar, pct, float64(d)/(1<<20), float64(n.events.Load())/secs, eta)
 	}
 	go func() {
 		defer close(finished)
@@ -215,10 +263,11 @@ type TailOptions struct {
 }
 
 // Tail follows a live audit log across rotations until ctx is done. Lines
-// are inserted in batches, and the checkpoint is confirmed only after the
-// insert, so a restart resumes with nothing lost; lines inserted but not
-// yet confirmed before a crash are read again and dropped by the store's
-// dedup.
+// are accepted in groups (BatchLines, or what FlushInterval gathered) and
+// stored by a Drainer; the checkpoint of a group is confirmed only once
+// ClickHouse stored it and everything before it, so a restart resumes with
+// nothing lost; lines stored but not yet confirmed before a crash are read
+// again and dropped by the store's dedup.
 func Tail(ctx context.Context, st Inserter, path string, o TailOptions) error {
 	if o.Accepter == nil {
 		o.Accepter = &Accepter{}
@@ -238,66 +287,91 @@ func Tail(ctx context.Context, st Inserter, path string, o TailOptions) error {
 		return err
 	}
 	defer f.Close()
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	q := NewQueue(queueBytes, func(mark any) error { return f.Confirm(mark.(logfile.Checkpoint)) })
+	d := NewDrainer(q, st, DrainerOptions{MaxRecords: ingestMaxRecords, Linger: o.FlushInterval / 4,
+		Metrics: o.Metrics, Logger: o.Logger})
+	drained := make(chan error, 1)
+	go func() { drained <- d.Run(ctx) }()
+	stop := func(err error) error {
+		cancel() // unconfirmed lines are read again after a restart
+		if derr := <-drained; err == nil {
+			err = derr
+		}
+		return err
+	}
 	var (
 		items       []Item
 		last        logfile.Checkpoint
-		res         IngestResult
 		lostCounted int64 // f.LostBytes() already in the metric
 	)
+	// flush accepts the group; its last record carries the group's
+	// checkpoint.
 	flush := func() error {
 		if len(items) == 0 {
 			return nil
 		}
-		before := res
+		var prev []byte
 		accepted, err := o.Accepter.Accept(o.Cluster, "tail", &sliceItems{items: items}, func(rec []byte) error {
-			return insertRecord(ctx, st, rec, &res, o.Logger)
+			if prev != nil {
+				if err := q.Append(ctx, prev, nil); err != nil {
+					return err
+				}
+			}
+			prev = bytes.Clone(rec)
+			return nil
 		})
-		if err != nil {
-			return err
+		if err == nil && prev != nil {
+			var mark any
+			if last != (logfile.Checkpoint{}) {
+				mark = last
+			}
+			err = q.Append(ctx, prev, mark)
 		}
+		items = items[:0]
 		if m := o.Metrics; m != nil {
 			m.CountAccepted("tail", accepted)
-			m.Stored.Add(float64(res.Stored - before.Stored))
-			m.Deduplicated.Add(float64(res.Duplicates - before.Duplicates))
 			if lost := f.LostBytes(); lost > lostCounted {
 				m.TailLostBytes.Add(float64(lost - lostCounted))
 				lostCounted = lost
 			}
 		}
-		if last != (logfile.Checkpoint{}) {
-			if err := f.Confirm(last); err != nil {
-				return fmt.Errorf("confirm checkpoint: %w", err)
-			}
-		}
-		items = items[:0]
-		return nil
+		return err
 	}
 	deadline := time.Now().Add(o.FlushInterval)
 	for {
-		wait, cancel := context.WithDeadline(ctx, deadline)
+		wait, cancelWait := context.WithDeadline(ctx, deadline)
 		line, err := f.Next(wait)
-		cancel()
+		cancelWait()
 		var tooLong *logfile.LineTooLongError
 		switch {
 		case err == nil:
-			items = append(items, Item{Raw: line.Data})
+			items = append(items, Item{Raw: line.Data}) // Data belongs to us
 			last = line.Checkpoint
 		case errors.As(err, &tooLong):
 			items = append(items, Item{Err: err})
 		case ctx.Err() != nil:
-			return nil // unconfirmed lines are read again after a restart
+			return stop(nil)
 		case errors.Is(err, context.DeadlineExceeded):
 		default:
-			return fmt.Errorf("follow %s: %w", path, err)
+			return stop(fmt.Errorf("follow %s: %w", path, err))
 		}
 		if len(items) >= o.BatchLines || !time.Now().Before(deadline) {
 			if err := flush(); err != nil {
 				if ctx.Err() != nil {
-					return nil
+					return stop(nil)
 				}
-				return err
+				return stop(err)
 			}
 			deadline = time.Now().Add(o.FlushInterval)
+		}
+		select {
+		case err := <-drained:
+			// The drainer stopped on its own: a confirm failed.
+			drained <- err
+			return stop(nil)
+		default:
 		}
 	}
 }

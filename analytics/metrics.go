@@ -22,7 +22,7 @@ type Metrics struct {
 	SpoolBytes     prometheus.Gauge       // spool bytes on disk
 	FlushSeconds   prometheus.Histogram   // time of one ClickHouse insert
 	// CHErrors counts failed ClickHouse attempts by op: insert, lookup,
-	// migrate, retention.
+	// migrate, retention, duplicate_scan.
 	CHErrors *prometheus.CounterVec
 	// TailLostBytes counts bytes a copytruncate rotation destroyed before
 	// tail read them.
@@ -35,6 +35,7 @@ const (
 	OpLookup    = "lookup"
 	OpMigrate   = "migrate"
 	OpRetention = "retention"
+	OpScan      = "duplicate_scan"
 )
 
 // Reasons a webhook batch is refused, the reason label of

@@ -223,7 +223,85 @@ var Migrations = []Migration{
 				AND code >= 200 AND code < 300`,
 		}, epoch("loop_epoch")...),
 	},
+	{
+		Version: 4,
+		Name:    "stored_keys, duplicate_events: exact counts under concurrent writers",
+		Statements: []string{
+			// One row per stored copy of an event: a plain MergeTree never
+			// collapses, so count() per key is how often the key was
+			// inserted, and so how often every view counted it. A copy
+			// beyond the first can only come from two writers racing past
+			// the key lookup (docs/auditsink.md, "Exactly once").
+			`CREATE TABLE IF NOT EXISTS {db}.stored_keys (
+				event_date  Date,
+				cluster     LowCardinality(String),
+				audit_id    String,
+				stage       LowCardinality(String),
+				fingerprint UInt64
+			) ENGINE = MergeTree()
+			PARTITION BY event_date
+			ORDER BY (cluster, audit_id, stage, fingerprint)`,
+			`CREATE MATERIALIZED VIEW IF NOT EXISTS {db}.stored_keys_mv TO {db}.stored_keys
+			AS SELECT event_date, cluster, audit_id, stage, fingerprint FROM {db}.events`,
+			// stored_keys answers the writer's lookup from now on (with
+			// event_keys for the events stored before this migration), so
+			// event_keys_mv goes: one table fewer written per insert.
+			`DROP TABLE IF EXISTS {db}.event_keys_mv`,
+			// One row per event stored more than once, with the event's own
+			// columns and how many copies were seen: the report subtracts
+			// copies-1 times the event's counters (computed with the same
+			// definitions as the views) from the rollups. Several writers
+			// may record the same duplicate; the highest count wins.
+			`CREATE TABLE IF NOT EXISTS {db}.duplicate_events (` + eventColumnsDDL + `,
+				copies              UInt32
+			) ENGINE = ReplacingMergeTree(copies)
+			PARTITION BY event_date
+			ORDER BY (cluster, audit_id, stage, fingerprint)`,
+		},
+	},
 }
+
+// eventColumnsDDL are the columns of events (migration 1), for tables that
+// hold whole events.
+const eventColumnsDDL = `
+				event_date          Date,
+				event_time          DateTime,
+				event_time_us       UInt64,
+				request_received_us UInt64,
+				latency_us          UInt64,
+				cluster             LowCardinality(String),
+				audit_id            String,
+				stage               LowCardinality(String),
+				fingerprint         UInt64,
+				level               LowCardinality(String),
+				verb                LowCardinality(String),
+				request_uri         String,
+				dry_run             UInt8,
+				user                LowCardinality(String),
+				user_groups         Array(String),
+				impersonated_user   LowCardinality(String),
+				writer              LowCardinality(String),
+				user_agent          LowCardinality(String),
+				source_ip           String,
+				api_group           LowCardinality(String),
+				api_version         LowCardinality(String),
+				resource            LowCardinality(String),
+				subresource         LowCardinality(String),
+				namespace           LowCardinality(String),
+				name                String,
+				object_uid          String,
+				stamp               String,
+				field_manager       LowCardinality(String),
+				code                UInt16,
+				reason              LowCardinality(String),
+				message             String,
+				cause_reasons       Array(String),
+				cause_fields        Array(String),
+				authz_decision      LowCardinality(String),
+				annotation_keys     Array(String),
+				annotation_values   Array(String),
+				lease_holder        String,
+				raw                 String`
 
 // epoch records from which hour a table fed by a view holds every event:
 // all hours when events was empty as the view started, else from two hours
@@ -240,7 +318,7 @@ func epoch(table string) []string {
 }
 
 // Tables whose day partitions retention drops.
-var retentionTables = []string{"events", "event_keys", "dead_letters", "request_rollup", "loop_conflicts", "loop_successes"}
+var retentionTables = []string{"events", "event_keys", "stored_keys", "duplicate_events", "dead_letters", "request_rollup", "loop_conflicts", "loop_successes"}
 
 var dbName = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]*$`)
 

@@ -28,7 +28,9 @@ type StoreOptions struct {
 }
 
 // Store writes rows to ClickHouse exactly once: Insert drops the events
-// that event_keys says are stored already.
+// that the key tables say are stored already, and records in
+// duplicate_events every event that racing writers stored more than once,
+// so that the report counts it once (docs/auditsink.md, "Exactly once").
 type Store struct {
 	conn driver.Conn
 	db   string
@@ -113,6 +115,9 @@ type InsertResult struct {
 	Stored     int // rows inserted into events
 	Duplicates int // rows dropped: stored before, or repeated in the batch
 	Dead       int // dead letters inserted
+	// Doubled counts the rows found stored more than once (a concurrent
+	// writer inserted them too), recorded in duplicate_events.
+	Doubled int
 }
 
 type eventKey struct {
@@ -121,9 +126,9 @@ type eventKey struct {
 }
 
 // Insert stores rows and dead letters. Rows whose key (cluster, audit_id,
-// stage, fingerprint) is already in event_keys, or repeated within rows,
-// are dropped. Insert is idempotent: calling it again with the same input
-// after an error or a crash stores nothing twice (event_keys is filled by
+// stage, fingerprint) is already stored, or repeated within rows, are
+// dropped. Insert is idempotent: calling it again with the same input
+// after an error or a crash stores nothing twice (stored_keys is filled by
 // a materialized view in the same INSERT as events).
 //
 // Insert encodes the rows as spool records and stores them with
@@ -139,19 +144,48 @@ func (s *Store) Insert(ctx context.Context, rows []Row, dead []DeadLetter) (Inse
 // InsertRecords stores the rows and dead letters of a record set exactly
 // once, like Insert. It does not change the set, so a failed call can be
 // repeated with it.
+//
+// The key lookup and the insert are not atomic: two writers can both find
+// a key missing and both insert it, and every view then counts it twice.
+// So after its insert InsertRecords looks the batch's keys up again and
+// records each key stored more than once in duplicate_events, which the
+// report subtracts. Of two racing writers the one whose check starts last
+// sees both copies: each check starts after its own insert returned. A
+// retry (or a replay after a crash) whose lookup finds copies records them
+// too.
 func (s *Store) InsertRecords(ctx context.Context, set *RecordSet) (InsertResult, error) {
+	return s.insertRecords(ctx, set, true)
+}
+
+// insertRecords is InsertRecords; lookup false skips the lookup before the
+// insert, which makes the race of two writers certain (for tests).
+func (s *Store) insertRecords(ctx context.Context, set *RecordSet, lookup bool) (InsertResult, error) {
 	var res InsertResult
-	fresh, err := s.fresh(ctx, set.rows)
-	if err != nil {
-		return res, err
+	rows, _ := dedup(set.rows, nil)
+	fresh, doubled := rows, map[eventKey]uint32{}
+	if lookup && len(rows) > 0 {
+		var err error
+		if fresh, err = s.fresh(ctx, rows, doubled); err != nil {
+			return res, err
+		}
 	}
 	res.Duplicates = len(set.rows) - len(fresh)
 	if len(fresh) > 0 {
 		if err := s.insertEvents(ctx, fresh); err != nil {
 			return res, err
 		}
+		if err := s.lookupKeys(ctx, fresh, true, func(k eventKey, copies uint32) { doubled[k] = copies }); err != nil {
+			return res, fmt.Errorf("check for concurrent copies: %w", err)
+		}
 	}
 	res.Stored = len(fresh)
+	if len(doubled) > 0 {
+		n, err := s.insertDuplicates(ctx, rows, doubled)
+		if err != nil {
+			return res, err
+		}
+		res.Doubled = n
+	}
 	if len(set.dead) > 0 {
 		if err := s.insertDead(ctx, set.dead); err != nil {
 			return res, err
@@ -161,28 +195,40 @@ func (s *Store) InsertRecords(ctx context.Context, set *RecordSet) (InsertResult
 	return res, nil
 }
 
-// fresh returns the rows not yet stored, without in-batch repeats.
-func (s *Store) fresh(ctx context.Context, rows []rowRef) ([]rowRef, error) {
-	out, _ := dedup(rows, nil)
-	if len(out) == 0 {
-		return out, nil
-	}
+// fresh returns the rows (without in-batch repeats) not yet stored, and
+// adds to doubled the stored ones with more than one copy.
+func (s *Store) fresh(ctx context.Context, rows []rowRef, doubled map[eventKey]uint32) ([]rowRef, error) {
 	stored := map[eventKey]struct{}{}
-	for cluster, rs := range byCluster(out) {
-		if err := s.lookup(ctx, cluster, rs, stored); err != nil {
-			return nil, err
+	err := s.lookupKeys(ctx, rows, false, func(k eventKey, copies uint32) {
+		stored[k] = struct{}{}
+		if copies > 1 {
+			doubled[k] = copies
 		}
+	})
+	if err != nil || len(stored) == 0 {
+		return rows, err
 	}
-	if len(stored) == 0 {
-		return out, nil
-	}
-	var kept []rowRef // not out[:0]: out may be the caller's rows
-	for _, r := range out {
+	var kept []rowRef // not rows[:0]: rows may be the caller's
+	for _, r := range rows {
 		if _, ok := stored[r.key]; !ok {
 			kept = append(kept, r)
 		}
 	}
 	return kept, nil
+}
+
+// lookupKeys calls found for each stored key that shares an audit ID with
+// rows (callers match the keys against rows), with its copies in
+// stored_keys (0 for an event stored before migration 4, which only
+// event_keys knows); onlyDoubled asks for the keys with more than one copy
+// only.
+func (s *Store) lookupKeys(ctx context.Context, rows []rowRef, onlyDoubled bool, found func(eventKey, uint32)) error {
+	for cluster, rs := range byCluster(rows) {
+		if err := s.lookup(ctx, cluster, rs, onlyDoubled, found); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // byCluster splits rows by cluster (almost always one).
@@ -198,11 +244,13 @@ func byCluster(rows []rowRef) map[string][]rowRef {
 	return m
 }
 
-// lookup returns which of the rows' keys event_keys holds. The batch's keys
-// travel as an external table of the native protocol (a data block, not a
-// literal IN list the server would have to parse), and the days of the
-// batch prune the partitions read.
-func (s *Store) lookup(ctx context.Context, cluster string, rows []rowRef, stored map[eventKey]struct{}) error {
+// lookup returns the stored keys that share an audit ID with rows, with
+// their copies in stored_keys. The batch's audit IDs travel as an external
+// table of the native protocol (a data block, not a literal IN list the
+// server would have to parse), and the days of the batch prune the
+// partitions read; both tables are ordered by the key, so the audit IDs
+// select a few granules.
+func (s *Store) lookup(ctx context.Context, cluster string, rows []rowRef, onlyDoubled bool, found func(eventKey, uint32)) error {
 	keys, err := ext.NewTable("batch_keys", ext.Column("audit_id", "String"))
 	if err != nil {
 		return err
@@ -223,20 +271,29 @@ func (s *Store) lookup(ctx context.Context, cluster string, rows []rowRef, store
 	for d := range days {
 		dayList = append(dayList, time.Unix(d*86400, 0).UTC().Format(time.DateOnly))
 	}
-	q := "SELECT audit_id, toString(stage), fingerprint FROM " + s.db + ".event_keys" +
-		" WHERE event_date IN ? AND cluster = ? AND audit_id IN (SELECT audit_id FROM batch_keys)"
-	res, err := s.conn.Query(clickhouse.Context(ctx, clickhouse.WithExternalTable(keys)), q,
-		clickhouse.GroupSet{Value: dayList}, cluster)
+	where := " WHERE event_date IN ? AND cluster = ? AND audit_id IN (SELECT audit_id FROM batch_keys)"
+	q := "SELECT audit_id, toString(stage), fingerprint, toUInt32(count()) AS copies FROM " + s.db + ".stored_keys" + where +
+		" GROUP BY audit_id, stage, fingerprint HAVING copies > 1"
+	args := []any{clickhouse.GroupSet{Value: dayList}, cluster}
+	if !onlyDoubled {
+		q = "SELECT audit_id, toString(stage), fingerprint, toUInt32(sum(copy)) FROM (" +
+			"SELECT audit_id, stage, fingerprint, toUInt8(0) AS copy FROM " + s.db + ".event_keys" + where +
+			" UNION ALL SELECT audit_id, stage, fingerprint, toUInt8(1) AS copy FROM " + s.db + ".stored_keys" + where +
+			") GROUP BY audit_id, stage, fingerprint"
+		args = append(args, args...)
+	}
+	res, err := s.conn.Query(clickhouse.Context(ctx, clickhouse.WithExternalTable(keys)), q, args...)
 	if err != nil {
 		return fmt.Errorf("look up stored event keys: %w", lookupError{err})
 	}
 	defer res.Close()
 	for res.Next() {
 		k := eventKey{cluster: cluster}
-		if err := res.Scan(&k.auditID, &k.stage, &k.fingerprint); err != nil {
+		var copies uint32
+		if err := res.Scan(&k.auditID, &k.stage, &k.fingerprint, &copies); err != nil {
 			return fmt.Errorf("scan event key: %w", err)
 		}
-		stored[k] = struct{}{}
+		found(k, copies)
 	}
 	return res.Err()
 }
@@ -294,6 +351,78 @@ func (s *Store) insertEvents(ctx context.Context, rows []rowRef) error {
 	}
 	if err := b.Send(); err != nil {
 		return fmt.Errorf("insert events: %w", err)
+	}
+	return nil
+}
+
+// insertDuplicates records the rows whose keys doubled names as stored
+// more than once, each with its copies, in duplicate_events, and returns
+// how many it recorded.
+func (s *Store) insertDuplicates(ctx context.Context, rows []rowRef, doubled map[eventKey]uint32) (int, error) {
+	var copies []uint32
+	var dup []int
+	for i := range rows {
+		if c, ok := doubled[rows[i].key]; ok {
+			dup = append(dup, i)
+			copies = append(copies, c)
+		}
+	}
+	if len(dup) == 0 {
+		return 0, nil // copies of other events with the same audit IDs
+	}
+	b, err := s.conn.PrepareBatch(ctx, "INSERT INTO "+s.db+".duplicate_events ("+EventColumns+", copies)")
+	if err != nil {
+		return 0, fmt.Errorf("prepare duplicate_events insert: %w", err)
+	}
+	defer func() { _ = b.Abort() }()
+	cols := columnsPool.Get().(*eventColumns)
+	defer func() {
+		cols.reset()
+		columnsPool.Put(cols)
+	}()
+	cols.reset()
+	for _, i := range dup {
+		if err := cols.appendRow(&rows[i], s.raw); err != nil {
+			return 0, err
+		}
+	}
+	dst := b.Columns()
+	if len(dst) != len(eventColumnTypes)+1 {
+		return 0, fmt.Errorf("duplicate_events insert: the server asked for %d columns, want %d", len(dst), len(eventColumnTypes)+1)
+	}
+	if err := cols.load(dst[:len(eventColumnTypes)]); err != nil {
+		return 0, err
+	}
+	if _, err := dst[len(eventColumnTypes)].Append(copies); err != nil {
+		return 0, fmt.Errorf("duplicate_events insert: copies: %w", err)
+	}
+	if err := b.Send(); err != nil {
+		return 0, fmt.Errorf("insert duplicate_events: %w", err)
+	}
+	return len(dup), nil
+}
+
+// ScanDuplicates records in duplicate_events every event of the days from
+// since on that stored_keys holds more than once. The writers record the
+// copies they see right after their insert; the scan catches the rest: a
+// writer killed between its insert and its check while the other writer of
+// the same event checked too early. It is idempotent (duplicate_events keeps
+// the highest count per event) and reads stored_keys of those days whole,
+// and of events only the granules of the duplicated keys.
+func (s *Store) ScanDuplicates(ctx context.Context, since time.Time) error {
+	day := since.UTC().Format(time.DateOnly)
+	doubled := `SELECT cluster, audit_id, stage, fingerprint, toUInt32(count()) AS copies
+		FROM ` + s.db + `.stored_keys WHERE event_date >= toDate(?)
+		GROUP BY cluster, audit_id, stage, fingerprint HAVING copies > 1`
+	q := `INSERT INTO ` + s.db + `.duplicate_events (` + EventColumns + `, copies)
+	SELECT ` + EventColumns + `, copies FROM (
+		SELECT ` + EventColumns + ` FROM ` + s.db + `.events
+		PREWHERE event_date >= toDate(?) AND (cluster, audit_id, stage, fingerprint) IN (
+			SELECT cluster, audit_id, stage, fingerprint FROM (` + doubled + `))
+		LIMIT 1 BY cluster, audit_id, stage, fingerprint
+	) AS e ANY INNER JOIN (` + doubled + `) AS d USING (cluster, audit_id, stage, fingerprint)`
+	if err := s.conn.Exec(ctx, q, day, day, day); err != nil {
+		return fmt.Errorf("scan for duplicates: %w", err)
 	}
 	return nil
 }

@@ -39,7 +39,7 @@ func BenchmarkStoreInsert(b *testing.B) {
 			b.Fatal(err)
 		}
 		t0 := time.Now()
-		if _, err := st.fresh(b.Context(), set.rows); err != nil {
+		if _, err := st.fresh(b.Context(), set.rows, map[eventKey]uint32{}); err != nil {
 			b.Fatal(err)
 		}
 		lookup += time.Since(t0)

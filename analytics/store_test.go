@@ -135,8 +135,8 @@ func TestInsertStoresEachEventOnce(t *testing.T) {
 			}
 		})
 	}
-	if n := count(t, st, "SELECT count() FROM {db}.event_keys"); n != uint64(total) {
-		t.Errorf("event_keys has %d rows, want %d", n, total)
+	if n := count(t, st, "SELECT count() FROM {db}.stored_keys"); n != uint64(total) {
+		t.Errorf("stored_keys has %d rows, want %d", n, total)
 	}
 }
 
@@ -220,7 +220,7 @@ func TestRetentionDropsWholeDays(t *testing.T) {
 	if n := count(t, st, "SELECT count() FROM {db}.events"); n != 3 {
 		t.Errorf("%d events left, want 3", n)
 	}
-	if n := count(t, st, "SELECT count() FROM {db}.event_keys"); n != 3 {
+	if n := count(t, st, "SELECT count() FROM {db}.stored_keys"); n != 3 {
 		t.Errorf("%d keys left, want 3", n)
 	}
 	if n := count(t, st, "SELECT toUInt64(sum(requests)) FROM {db}.request_rollup"); n != 3 {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"slices"
 	"sync"
@@ -22,10 +23,10 @@ type Inserter interface {
 
 var _ Inserter = (*Store)(nil)
 
-// WriterOptions configure a Writer.
-type WriterOptions struct {
-	// MaxRecords caps the spool records per insert; defaulted to 100
-	// (40,000 rows of 400-event webhook batches, about 20 MB of records).
+// DrainerOptions configure a Drainer.
+type DrainerOptions struct {
+	// MaxRecords caps the records per insert; defaulted to 100 (40,000
+	// rows of 400-event webhook batches, about 20 MB of records).
 	MaxRecords int
 	// Parallel is the number of inserts in flight; defaulted to 2.
 	Parallel int
@@ -37,19 +38,24 @@ type WriterOptions struct {
 	// MinBackoff and MaxBackoff bound the wait between failed inserts;
 	// defaulted to 200ms and 10s.
 	MinBackoff, MaxBackoff time.Duration
-	Metrics                *Metrics
-	Logger                 *slog.Logger
+	// Observe, when set, is called with what each insert did, and with the
+	// rows dropped because an insert in flight holds them (as Duplicates);
+	// from several goroutines at once.
+	Observe func(InsertResult)
+	Metrics *Metrics
+	Logger  *slog.Logger
 }
 
-// Writer drains the spool into ClickHouse: it reads unconfirmed records,
+// Drainer drains a Source into ClickHouse: it reads unconfirmed records,
 // inserts them (the store drops what is already stored), and confirms them
 // only after the insert succeeded. A crash between insert and confirm
-// replays the records, and the store's event_keys lookup drops them, so
-// nothing is doubled.
-type Writer struct {
-	spool *spool.Spool
+// replays the records, and the store's key lookup drops them, so nothing
+// is doubled. The sink drains its spool with one; ingest and tail drain a
+// Queue.
+type Drainer struct {
+	src   Source
 	store Inserter
-	o     WriterOptions
+	o     DrainerOptions
 
 	mu       sync.Mutex
 	inflight []*claim // the rows of the inserts in flight
@@ -57,22 +63,26 @@ type Writer struct {
 	rowsPerRecord int // of the last read, to size the next set (Run only)
 }
 
+// Writer, WriterOptions and NewWriter are the former names of Drainer,
+// DrainerOptions and NewDrainer.
+type (
+	Writer        = Drainer
+	WriterOptions = DrainerOptions
+)
+
+// NewWriter is NewDrainer.
+func NewWriter(src Source, st Inserter, o DrainerOptions) *Drainer { return NewDrainer(src, st, o) }
+
 // claim is the rows of an insert in flight, indexed.
 type claim struct {
 	rows  []rowRef
 	index keyIndex
 }
 
-// NewWriter makes a writer; call Run.
-func NewWriter(sp *spool.Spool, st Inserter, o WriterOptions) *Writer {
+// NewDrainer makes a drainer; call Run.
+func NewDrainer(src Source, st Inserter, o DrainerOptions) *Drainer {
 	if o.MaxRecords <= 0 {
 		o.MaxRecords = 100
-	}
-	if o.MinBackoff <= 0 {
-		o.MinBackoff = 200 * time.Millisecond
-	}
-	if o.MaxBackoff <= 0 {
-		o.MaxBackoff = 10 * time.Second
 	}
 	if o.Logger == nil {
 		o.Logger = slog.New(slog.DiscardHandler)
@@ -83,25 +93,27 @@ func NewWriter(sp *spool.Spool, st Inserter, o WriterOptions) *Writer {
 	if o.Linger == 0 {
 		o.Linger = time.Second
 	}
-	return &Writer{spool: sp, store: st, o: o}
+	return &Drainer{src: src, store: st, o: o}
 }
 
-// Run drains until ctx is done or the spool is closed. Insert errors are
-// retried with backoff forever: the spool keeps accepting (up to its size)
-// while ClickHouse is away.
+// Run drains until ctx is done, the spool is closed, or a Queue is closed
+// and empty (then every record is inserted and confirmed before Run
+// returns). Insert errors are retried with backoff forever: the spool
+// keeps accepting (up to its size), and a queue holds its readers, while
+// ClickHouse is away.
 //
 // Up to Parallel inserts run at once, so that the driver encoding one batch
-// overlaps with the server storing the previous one. Spool positions are
+// overlaps with the server storing the previous one. Positions are
 // confirmed strictly in order. A batch does not insert keys that an earlier
-// batch still in flight is inserting (the event_keys lookup cannot see
-// those yet); that earlier batch is retried until it succeeds.
-func (w *Writer) Run(ctx context.Context) error {
+// batch still in flight is inserting (the key lookup cannot see those
+// yet); that earlier batch is retried until it succeeds.
+func (w *Drainer) Run(ctx context.Context) error {
 	type job struct {
 		end  spool.Position
 		done chan struct{}
 		err  error
 	}
-	var pending []*job // in spool order
+	var pending []*job // in source order
 	// confirm confirms the finished prefix of pending. The spool
 	// serialises Next and Confirm, so both happen on this goroutine.
 	confirm := func() error {
@@ -113,8 +125,8 @@ func (w *Writer) Run(ctx context.Context) error {
 			}
 			if j := pending[0]; j.err != nil {
 				return j.err
-			} else if err := w.spool.Confirm(j.end); err != nil {
-				return fmt.Errorf("confirm spool: %w", err)
+			} else if err := w.src.Confirm(j.end); err != nil {
+				return fmt.Errorf("confirm: %w", err)
 			}
 			pending = pending[1:]
 		}
@@ -147,16 +159,21 @@ func (w *Writer) Run(ctx context.Context) error {
 			// Come back soon to confirm what finishes meanwhile.
 			next, cancel = context.WithTimeout(ctx, 20*time.Millisecond)
 		}
-		b, err := w.spool.Next(next, w.o.MaxRecords)
+		b, err := w.src.Next(next, w.o.MaxRecords)
 		cancel()
 		if err != nil {
 			switch {
 			case ctx.Err() != nil || errors.Is(err, spool.ErrClosed):
 				return stop(nil)
+			case errors.Is(err, io.EOF):
+				for _, j := range pending {
+					<-j.done
+				}
+				return stop(confirm())
 			case errors.Is(err, context.DeadlineExceeded):
 				continue
 			}
-			return stop(fmt.Errorf("read spool: %w", err))
+			return stop(fmt.Errorf("read records: %w", err))
 		}
 		b = w.linger(ctx, b)
 		set := &RecordSet{rows: make([]rowRef, 0, len(b.Records)*w.rowsPerRecord*9/8)}
@@ -188,7 +205,7 @@ func (w *Writer) Run(ctx context.Context) error {
 // trickle of small webhook batches becomes fewer, larger inserts (each
 // insert costs ClickHouse a part, and CPU the HTTP side needs). It stops
 // early once no record arrived for Linger/4: the trickle has paused.
-func (w *Writer) linger(ctx context.Context, b spool.Batch) spool.Batch {
+func (w *Drainer) linger(ctx context.Context, b spool.Batch) spool.Batch {
 	deadline := time.Now().Add(w.o.Linger)
 	for len(b.Records) < w.o.MaxRecords && w.o.Linger > 0 {
 		until := time.Now().Add(w.o.Linger / 4)
@@ -196,10 +213,10 @@ func (w *Writer) linger(ctx context.Context, b spool.Batch) spool.Batch {
 			until = deadline
 		}
 		wait, cancel := context.WithDeadline(ctx, until)
-		more, err := w.spool.Next(wait, w.o.MaxRecords-len(b.Records))
+		more, err := w.src.Next(wait, w.o.MaxRecords-len(b.Records))
 		cancel()
 		if err != nil {
-			return b // the deadline, or a closing spool: insert what we have
+			return b // the deadline, or a closing source: insert what we have
 		}
 		b.Records = append(b.Records, more.Records...)
 		b.End = more.End
@@ -210,7 +227,7 @@ func (w *Writer) linger(ctx context.Context, b spool.Batch) spool.Batch {
 // claim drops the set's rows whose key an in-flight insert is inserting,
 // and repeats within the set, and marks the rest as in flight. Only Run
 // claims; inserts release concurrently.
-func (w *Writer) claim(set *RecordSet) *claim {
+func (w *Drainer) claim(set *RecordSet) *claim {
 	w.mu.Lock()
 	busy := slices.Clone(w.inflight)
 	w.mu.Unlock()
@@ -225,8 +242,13 @@ func (w *Writer) claim(set *RecordSet) *claim {
 		return false
 	})
 	set.rows = c.rows
-	if dropped := n - len(c.rows); dropped > 0 && w.o.Metrics != nil {
-		w.o.Metrics.Deduplicated.Add(float64(dropped))
+	if dropped := n - len(c.rows); dropped > 0 {
+		if w.o.Metrics != nil {
+			w.o.Metrics.Deduplicated.Add(float64(dropped))
+		}
+		if w.o.Observe != nil {
+			w.o.Observe(InsertResult{Duplicates: dropped})
+		}
 	}
 	w.mu.Lock()
 	w.inflight = append(w.inflight, c)
@@ -234,42 +256,43 @@ func (w *Writer) claim(set *RecordSet) *claim {
 	return c
 }
 
-func (w *Writer) release(c *claim) {
+func (w *Drainer) release(c *claim) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	w.inflight = slices.DeleteFunc(w.inflight, func(x *claim) bool { return x == c })
 }
 
-func (w *Writer) insert(ctx context.Context, set *RecordSet) error {
-	backoff := w.o.MinBackoff
-	for {
+func (w *Drainer) insert(ctx context.Context, set *RecordSet) error {
+	b := Backoff{Min: w.o.MinBackoff, Max: w.o.MaxBackoff}
+	log := w.o.Logger.With("rows", set.Rows())
+	return Retry(ctx, b, log, "ClickHouse insert", func(err error) {
+		w.o.Metrics.CountCHError(OpInsert, err)
+		w.gauge()
+	}, func() error {
 		start := time.Now()
 		res, err := w.store.InsertRecords(ctx, set)
-		if err == nil {
-			if m := w.o.Metrics; m != nil {
-				m.FlushSeconds.Observe(time.Since(start).Seconds())
-				m.Stored.Add(float64(res.Stored))
-				m.Deduplicated.Add(float64(res.Duplicates))
-			}
-			return nil
+		if err != nil {
+			return err
 		}
-		if ctx.Err() != nil {
-			return ctx.Err()
+		if m := w.o.Metrics; m != nil {
+			m.FlushSeconds.Observe(time.Since(start).Seconds())
+			m.Stored.Add(float64(res.Stored))
+			m.Deduplicated.Add(float64(res.Duplicates))
 		}
-		w.o.Metrics.CountCHError(OpInsert, err)
-		w.o.Logger.Warn("ClickHouse insert failed; retrying", "err", err, "rows", set.Rows(), "retryIn", backoff)
-		w.gauge()
-		select {
-		case <-ctx.Done():
-			return ctx.Err()
-		case <-time.After(backoff):
+		if w.o.Observe != nil {
+			w.o.Observe(res)
 		}
-		backoff = min(backoff*2, w.o.MaxBackoff)
-	}
+		if res.Doubled > 0 {
+			w.o.Logger.Info("events stored by a concurrent writer too; recorded for the report to count once", "events", res.Doubled)
+		}
+		return nil
+	})
 }
 
-func (w *Writer) gauge() {
-	if w.o.Metrics != nil {
-		w.o.Metrics.SpoolBytes.Set(float64(w.spool.Stats().BytesOnDisk))
+// gauge sets the spool size metric when the source is a spool.
+func (w *Drainer) gauge() {
+	sp, ok := w.src.(*spool.Spool)
+	if ok && w.o.Metrics != nil {
+		w.o.Metrics.SpoolBytes.Set(float64(sp.Stats().BytesOnDisk))
 	}
 }

@@ -29,15 +29,15 @@ func acceptInto(t *testing.T, sp *spool.Spool, cluster, body string) AcceptResul
 // drain runs a writer until the spool has nothing pending.
 func drain(t *testing.T, sp *spool.Spool, st Inserter) {
 	t.Helper()
-	drainWith(t, sp, st, WriterOptions{})
+	drainWith(t, sp, st, DrainerOptions{})
 }
 
-func drainWith(t *testing.T, sp *spool.Spool, st Inserter, o WriterOptions) {
+func drainWith(t *testing.T, sp *spool.Spool, st Inserter, o DrainerOptions) {
 	t.Helper()
 	ctx, cancel := context.WithCancel(t.Context())
 	done := make(chan error, 1)
 	o.MinBackoff, o.MaxBackoff = 50*time.Millisecond, 500*time.Millisecond
-	go func() { done <- NewWriter(sp, st, o).Run(ctx) }()
+	go func() { done <- NewDrainer(sp, st, o).Run(ctx) }()
 	deadline := time.Now().Add(60 * time.Second)
 	for sp.Stats().RecordsPending > 0 {
 		if time.Now().After(deadline) {
@@ -148,11 +148,11 @@ func TestWriterStoresSpooledEventsExactlyOnce(t *testing.T) {
 		for range 3 {
 			acceptInto(t, sp, "concurrent", body)
 		}
-		drainWith(t, sp, st, WriterOptions{MaxRecords: 1, Parallel: 3})
+		drainWith(t, sp, st, DrainerOptions{MaxRecords: 1, Parallel: 3})
 		if n := count(t, st, "SELECT count() FROM {db}.events WHERE cluster = 'concurrent'"); n != want {
 			t.Fatalf("%d events, want %d", n, want)
 		}
-		if n := count(t, st, "SELECT count() FROM {db}.event_keys WHERE cluster = 'concurrent'"); n != want {
+		if n := count(t, st, "SELECT count() FROM {db}.stored_keys WHERE cluster = 'concurrent'"); n != want {
 			t.Fatalf("%d keys, want %d", n, want)
 		}
 	})
@@ -206,7 +206,7 @@ func TestWriterWaitsOutClickHouseDowntime(t *testing.T) {
 	defer cancel()
 	done := make(chan error, 1)
 	go func() {
-		done <- NewWriter(sp, st, WriterOptions{Metrics: m, MinBackoff: 50 * time.Millisecond, MaxBackoff: 300 * time.Millisecond}).Run(ctx)
+		done <- NewDrainer(sp, st, DrainerOptions{Metrics: m, MinBackoff: 50 * time.Millisecond, MaxBackoff: 300 * time.Millisecond}).Run(ctx)
 	}()
 
 	srv.Stop()

@@ -62,7 +62,7 @@ type Options struct {
 	// Retention drops day partitions older than this (0 keeps all).
 	Retention time.Duration
 	// InsertParallel is the number of ClickHouse inserts in flight;
-	// defaulted by analytics.WriterOptions.
+	// defaulted by analytics.DrainerOptions.
 	InsertParallel int
 	// ShutdownTimeout bounds a graceful shutdown; defaulted to
 	// DefaultShutdownTimeout (20s), below Kubernetes' default grace period
@@ -180,7 +180,8 @@ func Run(ctx context.Context, o Options) error {
 		if err := migrateUntilDone(bg, store, metrics, log); err != nil {
 			return
 		}
-		w := analytics.NewWriter(sp, store, analytics.WriterOptions{Metrics: metrics, Parallel: o.InsertParallel, Logger: log.With("component", "writer")})
+		wg.Go(func() { scanDuplicates(bg, store, metrics, log) })
+		w := analytics.NewDrainer(sp, store, analytics.DrainerOptions{Metrics: metrics, Parallel: o.InsertParallel, Logger: log.With("component", "writer")})
 		if err := w.Run(bg); err != nil {
 			// Without a writer the spool only fills up: stop, so that a
 			// restart (which replays the spool) can recover.
@@ -285,26 +286,34 @@ func serverTLS(o Options) (*tls.Config, *x509.CertPool, error) {
 // migrateUntilDone applies the migrations, retrying while ClickHouse is
 // away; the spool keeps accepting meanwhile.
 func migrateUntilDone(ctx context.Context, store *analytics.Store, m *analytics.Metrics, log *slog.Logger) error {
-	backoff := 200 * time.Millisecond
-	for {
-		applied, err := store.Migrate(ctx)
-		if err == nil {
-			if len(applied) > 0 {
-				log.Info("schema migrated", "versions", applied)
-			}
-			return nil
-		}
-		if ctx.Err() != nil {
-			return ctx.Err()
-		}
+	return analytics.Retry(ctx, analytics.Backoff{}, log, "schema migration", func(err error) {
 		m.CountCHError(analytics.OpMigrate, err)
-		log.Warn("schema migration failed; retrying", "err", err, "retryIn", backoff)
+	}, func() error {
+		applied, err := store.Migrate(ctx)
+		if err == nil && len(applied) > 0 {
+			log.Info("schema migrated", "versions", applied)
+		}
+		return err
+	})
+}
+
+// DuplicateScanDays is how far back serve's hourly scan for events stored
+// more than once looks (Store.ScanDuplicates): the copies a writer killed
+// between its insert and its check left unrecorded.
+const DuplicateScanDays = 2
+
+// scanDuplicates runs the duplicate scan now and then every hour.
+func scanDuplicates(ctx context.Context, store *analytics.Store, m *analytics.Metrics, log *slog.Logger) {
+	for {
+		if err := store.ScanDuplicates(ctx, time.Now().AddDate(0, 0, -DuplicateScanDays)); err != nil && ctx.Err() == nil {
+			m.CountCHError(analytics.OpScan, err)
+			log.Warn("duplicate scan failed", "err", err)
+		}
 		select {
 		case <-ctx.Done():
-			return ctx.Err()
-		case <-time.After(backoff):
+			return
+		case <-time.After(time.Hour):
 		}
-		backoff = min(2*backoff, 10*time.Second)
 	}
 }
 

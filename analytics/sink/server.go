@@ -1,7 +1,7 @@
 // Package sink is the HTTP endpoint for kube-apiserver's audit webhook
 // backend: it authenticates the apiserver, splits each EventList body as a
 // stream, appends the accepted events to the durable spool, and answers 200
-// only after the spool's fsync. A background analytics.Writer drains the
+// only after the spool's fsync. A background analytics.Drainer drains the
 // spool into ClickHouse.
 package sink
 

@@ -15,7 +15,9 @@ import (
 // Counting statements read request_rollup's whole hours inside the window
 // from request_rollup_epoch on and the raw events for the rest; the
 // retry-loop rows come from the tables of migration 3 from loop_epoch on
-// and from events before it. Both splits are exact, as in the report.
+// and from events before it. Both splits are exact, as in the report, and
+// so is the correction for events stored more than once (always applied:
+// a panel cannot first ask whether the window holds a duplicate).
 type Grafana struct {
 	// Database holds the tables.
 	Database string
@@ -128,6 +130,7 @@ func (g Grafana) Bind(s Statement) (string, error) {
 	}
 	sql := replace(s.SQL,
 		"{loop_conflicts}", grafanaLoopConflicts, "{loop_successes}", grafanaLoopSuccesses,
+		"{duplicates}", corrected, "{dedup}", correctedDedup,
 		"{filters}", "("+strings.Join(filters, " AND ")+")",
 		"{raw_window}", grafanaRaw, "{rollup_window}", grafanaRollup, "{window}", grafanaWindow, "{events_window}", grafanaEventsWindow,
 		"{bucket}", "toDateTime(intDiv(toUInt32(event_time), @interval_s) * @interval_s)",

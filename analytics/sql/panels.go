@@ -52,9 +52,9 @@ ORDER BY time, resource`}
 		Params: with(filtered, Top), Time: countedTime,
 		Columns: []string{"namespace", "attempts", "conflicts", "conflict_rate"},
 		SQL: `
-SELECT namespace, sum(write_attempts) AS attempts, sum(write_version_conflicts) AS conflicts, ` + rateOfAttempts + `
+SELECT namespace, toUInt64(sum(write_attempts)) AS attempts, toUInt64(sum(write_version_conflicts)) AS conflicts, ` + rateOfAttempts + `
 FROM ` + counted + `
-WHERE write_attempts > 0
+WHERE write_attempts != 0
 GROUP BY namespace
 ORDER BY conflicts DESC, attempts DESC, namespace ASC
 LIMIT @top`}
@@ -85,9 +85,9 @@ LIMIT @top`}
 		Params: with(filtered, Top), Time: countedTime,
 		Columns: []string{"user", "count"},
 		SQL: `
-SELECT writer AS user, sum(stampless_updates) AS count
+SELECT writer AS user, toUInt64(sum(stampless_updates)) AS count
 FROM ` + counted + `
-WHERE stampless_updates > 0
+WHERE stampless_updates != 0
 GROUP BY user
 ORDER BY count DESC, user
 LIMIT @top`}
@@ -107,9 +107,9 @@ ORDER BY time, action`}
 		Params: with(filtered, Top), Time: countedTime,
 		Columns: []string{"namespace", "name", "attempts", "conflicts", "conflict_rate"},
 		SQL: `
-SELECT namespace, name, sum(write_attempts) AS attempts, sum(write_version_conflicts) AS conflicts, ` + rateOfAttempts + `
+SELECT namespace, name, toUInt64(sum(write_attempts)) AS attempts, toUInt64(sum(write_version_conflicts)) AS conflicts, ` + rateOfAttempts + `
 FROM ` + counted + `
-WHERE api_group = 'coordination.k8s.io' AND resource = 'leases' AND write_attempts > 0
+WHERE api_group = 'coordination.k8s.io' AND resource = 'leases' AND write_attempts != 0
 GROUP BY namespace, name
 ORDER BY conflicts DESC, attempts DESC, namespace, name
 LIMIT @top`}
@@ -120,7 +120,7 @@ LIMIT @top`}
 		Params: with(filtered, MinWrites), Time: countedTime,
 		Columns: []string{"conflict_rate"},
 		SQL: `
-SELECT if(sum(write_attempts) >= greatest(@min_writes, 1), sum(version_conflicts) / sum(write_attempts), 0) AS conflict_rate
+SELECT if(sum(write_attempts) >= greatest(toInt64(@min_writes), 1), sum(version_conflicts) / sum(write_attempts), 0) AS conflict_rate
 FROM ` + counted}
 
 	// StaleRetryLoops counts the unresolved retry loops whose last conflict

@@ -14,6 +14,10 @@ type Report struct {
 	// RawLoops derives the retry-loop rows from events instead of reading
 	// the tables of migration 3 (for windows that begin before loop_epoch).
 	RawLoops bool
+	// NoDuplicates says that no event of the window is recorded as stored
+	// more than once (duplicate_events), so the statements skip the
+	// correction: the same answers, cheaper.
+	NoDuplicates bool
 }
 
 // The report's window parameters, bound by the caller beside the
@@ -60,12 +64,16 @@ var reportFilters = func() string {
 
 // Bind renders s for the report.
 func (r Report) Bind(s Statement) string {
-	lc, ls := loopConflictsTable, loopSuccessesTable
+	lc, ls, dups, dedup := loopConflictsTable, loopSuccessesTable, corrected, correctedDedup
+	if r.NoDuplicates {
+		lc, dups, dedup = loopConflictsPlain, noDuplicates, ""
+	}
 	if r.RawLoops {
 		lc, ls = loopConflictsRaw, loopSuccessesRaw
 	}
 	return replace(s.SQL,
 		"{loop_conflicts}", lc, "{loop_successes}", ls,
+		"{duplicates}", dups, "{dedup}", dedup,
 		"{filters}", reportFilters,
 		"{raw_window}", reportRawWindow, "{rollup_window}", reportRollupWindow, "{window}", reportWindow, "{events_window}", reportWindow,
 		"{bucket}", "toDateTime(intDiv(toUInt32(event_time), @interval_s) * @interval_s)",

@@ -117,7 +117,9 @@ type Statement struct {
 	// Columns are the result's column names, in order.
 	Columns []string
 	// SQL is the text with placeholders: {db}, {filters}, the windows,
-	// and {loop_conflicts} and {loop_successes} (the retry-loop rows).
+	// {loop_conflicts} and {loop_successes} (the retry-loop rows), and
+	// {duplicates} and {dedup} (the correction for events stored more
+	// than once).
 	SQL string
 }
 
@@ -151,7 +153,7 @@ func (s Statement) Validate() error {
 	var places, windows []string
 	for _, p := range placeholderRef.FindAllString(s.SQL, -1) {
 		switch p {
-		case "{db}", "{filters}", "{loop_conflicts}", "{loop_successes}":
+		case "{db}", "{filters}", "{loop_conflicts}", "{loop_successes}", "{duplicates}", "{dedup}":
 		default:
 			places = append(places, p)
 		}

@@ -12,53 +12,122 @@ const (
 	rateOfAttempts = `if(attempts > 0, conflicts / attempts, 0) AS conflict_rate`
 )
 
+// identity is the dedup identity of an event. events is a
+// ReplacingMergeTree on it, so a copy stored twice by racing writers is
+// collapsed only once the parts merge; a raw read keeps one row per
+// identity itself (LIMIT 1 BY, {dedup}).
+const identity = `cluster, audit_id, stage, fingerprint`
+
+// The correction for events stored more than once (migration 4): the
+// sources of {duplicates} and {dedup}.
+const (
+	// corrected is duplicate_events, one row per event with the highest
+	// count of copies seen.
+	corrected = `{db}.duplicate_events FINAL`
+	// correctedDedup keeps one row per identity of a raw read.
+	correctedDedup = `LIMIT 1 BY ` + identity
+	// noDuplicates reads nothing: for windows without a recorded duplicate.
+	noDuplicates = `(SELECT * FROM {db}.duplicate_events LIMIT 0)`
+)
+
 // counted is the window's requests as counter rows: request_rollup's whole
-// hours UNION ALL one row per raw event for the rest of the window. The two
-// are disjoint and together make the window, so the sums are exact. Sum
-// the counters.
+// hours, corrected for duplicates, UNION ALL one row per raw event for the
+// rest of the window. The parts are disjoint and together make the window,
+// so the sums are exact. Sum the counters (Int64: the corrections are
+// negative) and convert the sums back with toUInt64.
+//
+// The rollup's views count every stored copy of an event, so for each event
+// stored copies > 1 times in the rollup's hours a third part adds its
+// counters times -(copies - 1), computed from its columns with the same
+// definitions as the views. The raw part reads events, where a copy may not
+// be merged away yet, so it keeps one row per identity.
 var counted = func() string {
-	var names, raw []string
+	var names, raw, dup []string
 	for _, c := range Counters {
-		names = append(names, c.Name)
-		raw = append(raw, "toUInt64("+c.Cond+") AS "+c.Name)
+		names = append(names, "toInt64(rr."+c.Name+") AS "+c.Name)
+		raw = append(raw, "toInt64("+c.Cond+") AS "+c.Name)
+		dup = append(dup, "toInt64("+c.Cond+") * (1 - toInt64(copies)) AS "+c.Name)
 	}
+	columns := `writer, api_group, resource, namespace, name, verb, code, stamp, ` + ConflictClass + ` AS class, ` + IsWrite + ` AS is_write`
 	return `(
 	SELECT api_group, resource, namespace, name, writer, ` + strings.Join(names, ", ") + `
-	FROM {db}.request_rollup
+	FROM {db}.request_rollup AS rr
 	WHERE cluster = @cluster AND {rollup_window} AND {filters}
 	UNION ALL
+	SELECT api_group, resource, namespace, name, writer, ` + strings.Join(dup, ", ") + `
+	FROM (SELECT ` + columns + `, copies, toDateTime(intDiv(event_time_us, 3600000000) * 3600) AS hour
+		FROM {duplicates}
+		WHERE ` + Request + ` AND cluster = @cluster AND {filters})
+	WHERE {rollup_window}
+	UNION ALL
 	SELECT api_group, resource, namespace, name, writer, ` + strings.Join(raw, ", ") + `
-	FROM (SELECT writer, api_group, resource, namespace, name, verb, code, stamp, ` + ConflictClass + ` AS class, ` + IsWrite + ` AS is_write
+	FROM (SELECT ` + identity + `, ` + columns + `
 		FROM {db}.events
 		PREWHERE {raw_window}
-		WHERE ` + Request + ` AND cluster = @cluster AND {filters})
+		WHERE ` + Request + ` AND cluster = @cluster AND {filters}
+		{dedup})
 )`
 }()
 
 // classified is the window's requests in events with their class and
 // is_write, for series (buckets narrower than the rollup's hours) and
 // columns the rollup lacks.
+//
+// It keeps one row per identity, as the report's raw reads do.
 const classified = `(
-	SELECT event_time, user_agent, resource, verb, code, stamp, latency_us, ` + ConflictClass + ` AS class, ` + IsWrite + ` AS is_write
+	SELECT ` + identity + `, event_time, user_agent, resource, verb, code, stamp, latency_us, ` + ConflictClass + ` AS class, ` + IsWrite + ` AS is_write
 	FROM {db}.events
 	PREWHERE {events_window}
-	WHERE ` + Request + ` AND cluster = @cluster AND {filters})`
+	WHERE ` + Request + ` AND cluster = @cluster AND {filters}
+	{dedup})`
 
 // The retry-loop rows: version conflicts and successful writes, one row per
 // request, each with its writer and object. The tables hold them as
 // migration 3's views write them; the raw forms derive the same rows from
 // events, for windows that begin before loop_epoch and to prove the tables
 // right.
+//
+// The views add a row per stored copy. A doubled version conflict would
+// lengthen its loop and raise its object in the hot-objects ranking, so
+// loopConflictsTable corrects the table's multiset: rows at the instant of
+// a duplicated conflict are counted per (writer, object, instant), minus
+// copies-1 for each duplicate there, and expanded back to that many rows;
+// every other row passes as is. A doubled success is harmless: a second
+// success at the same instant splits no run and moves no last success, so
+// loop_successes is read as it is.
 const (
-	loopConflictsTable = `{db}.loop_conflicts`
+	loopConflictsTable = `(
+	SELECT ` + loopConflictColumns + ` FROM {db}.loop_conflicts
+	WHERE cluster = @cluster AND {window} AND event_time_us NOT IN (SELECT event_time_us FROM ` + duplicateConflicts + `)
+	UNION ALL
+	SELECT ` + loopConflictColumns + ` FROM (
+		SELECT ` + loopConflictColumns + `, sum(k) AS n FROM (
+			SELECT ` + loopConflictColumns + `, toInt64(1) AS k FROM {db}.loop_conflicts
+			WHERE cluster = @cluster AND {window} AND event_time_us IN (SELECT event_time_us FROM ` + duplicateConflicts + `)
+			UNION ALL
+			SELECT ` + loopConflictColumns + `, 1 - toInt64(copies) AS k FROM ` + duplicateConflicts + `)
+		GROUP BY ` + loopConflictColumns + `
+		HAVING n > 0)
+	ARRAY JOIN range(toUInt64(n)) AS copy)`
 	loopSuccessesTable = `{db}.loop_successes`
+	// loopConflictsPlain is the table as it is: the same rows as
+	// loopConflictsTable where the window holds no duplicate.
+	loopConflictsPlain = `{db}.loop_conflicts`
 
-	loopConflictsRaw = `(SELECT event_date, event_time_us, cluster, writer, api_group, resource, namespace, name FROM {db}.events
+	loopConflictsRaw = `(SELECT audit_id, stage, fingerprint, ` + loopConflictColumns + ` FROM {db}.events
 		PREWHERE code = 409
-		WHERE {events_window} AND ` + Request + ` AND ` + IsWrite + ` AND ` + VersionConflict + `)`
+		WHERE {events_window} AND ` + Request + ` AND ` + IsWrite + ` AND ` + VersionConflict + `
+		{dedup})`
 	loopSuccessesRaw = `(SELECT event_date, event_time_us, cluster, ` + LoopPair + ` AS pair FROM {db}.events
 		PREWHERE {events_window}
 		WHERE ` + Request + ` AND ` + IsWrite + ` AND ` + IsSuccess + `)`
+
+	// loopConflictColumns are the columns of loop_conflicts.
+	loopConflictColumns = `event_date, cluster, writer, api_group, resource, namespace, name, event_time_us`
+
+	// duplicateConflicts are the duplicated version conflicts of the window.
+	duplicateConflicts = `(SELECT ` + loopConflictColumns + `, copies FROM {duplicates}
+		WHERE cluster = @cluster AND {window} AND ` + Request + ` AND ` + IsWrite + ` AND ` + VersionConflict + `)`
 )
 
 // loopCandidates are the (writer, object) pairs with at least @threshold
@@ -95,10 +164,10 @@ var (
 		Columns: []string{"requests", "write_attempts", "version_conflicts", "field_conflicts", "already_exists",
 			"delete_precondition_conflicts", "stampless_updates", "other_conflicts", "gone", "conflict_rate"},
 		SQL: `
-SELECT sum(requests) AS requests, sum(write_attempts) AS write_attempts, sum(version_conflicts) AS version_conflicts,
-	sum(field_conflicts) AS field_conflicts, sum(already_exists) AS already_exists,
-	sum(delete_precondition_conflicts) AS delete_precondition_conflicts, sum(stampless_updates) AS stampless_updates,
-	sum(other_conflicts) AS other_conflicts, sum(gone) AS gone,
+SELECT toUInt64(sum(requests)) AS requests, toUInt64(sum(write_attempts)) AS write_attempts, toUInt64(sum(version_conflicts)) AS version_conflicts,
+	toUInt64(sum(field_conflicts)) AS field_conflicts, toUInt64(sum(already_exists)) AS already_exists,
+	toUInt64(sum(delete_precondition_conflicts)) AS delete_precondition_conflicts, toUInt64(sum(stampless_updates)) AS stampless_updates,
+	toUInt64(sum(other_conflicts)) AS other_conflicts, toUInt64(sum(gone)) AS gone,
 	if(write_attempts > 0, version_conflicts / write_attempts, 0) AS conflict_rate
 FROM ` + counted}
 
@@ -106,9 +175,9 @@ FROM ` + counted}
 		Params: with(filtered, Top), Time: countedTime,
 		Columns: []string{"user", "attempts", "conflicts", "conflict_rate"},
 		SQL: `
-SELECT writer AS user, sum(write_attempts) AS attempts, sum(write_version_conflicts) AS conflicts, ` + rateOfAttempts + `
+SELECT writer AS user, toUInt64(sum(write_attempts)) AS attempts, toUInt64(sum(write_version_conflicts)) AS conflicts, ` + rateOfAttempts + `
 FROM ` + counted + `
-WHERE write_attempts > 0
+WHERE write_attempts != 0
 GROUP BY user
 ORDER BY conflicts DESC, attempts DESC, user ASC
 LIMIT @top`}
@@ -117,9 +186,9 @@ LIMIT @top`}
 		Params: with(filtered, Top), Time: countedTime,
 		Columns: []string{"api_group", "resource", "attempts", "conflicts", "conflict_rate"},
 		SQL: `
-SELECT api_group, resource, sum(write_attempts) AS attempts, sum(write_version_conflicts) AS conflicts, ` + rateOfAttempts + `
+SELECT api_group, resource, toUInt64(sum(write_attempts)) AS attempts, toUInt64(sum(write_version_conflicts)) AS conflicts, ` + rateOfAttempts + `
 FROM ` + counted + `
-WHERE write_attempts > 0
+WHERE write_attempts != 0
 GROUP BY api_group, resource
 ORDER BY conflicts DESC, attempts DESC, api_group ASC, resource ASC
 LIMIT @top`}
@@ -138,9 +207,9 @@ LIMIT @top`}
 		Columns: []string{"g", "r", "ns", "n", "attempts", "distinct_writers", "conflicts", "conflict_rate"},
 		SQL: `
 SELECT any(api_group) AS g, any(resource) AS r, any(namespace) AS ns, any(name) AS n,
-	sum(write_attempts) AS attempts, uniqExact(writer) AS distinct_writers, sum(write_version_conflicts) AS conflicts, ` + rateOfAttempts + `
+	toUInt64(sum(write_attempts)) AS attempts, uniqExact(writer) AS distinct_writers, toUInt64(sum(write_version_conflicts)) AS conflicts, ` + rateOfAttempts + `
 FROM ` + counted + `
-WHERE write_attempts > 0 AND (` + ObjectHash + ` IN (
+WHERE write_attempts != 0 AND (` + ObjectHash + ` IN (
 		SELECT tupleElement(arrayJoin(arrayFilter((o, least) -> tupleElement(o, 2) >= least, objs,
 			replicate(arrayReduce('min', arraySlice(arrayReverseSort(arrayMap(o -> tupleElement(o, 2), objs)), 1, @top)), objs))), 1)
 		FROM ` + conflictedObjects + `)
@@ -172,16 +241,19 @@ LIMIT @top`}
 		Params: with(filtered, Top), Time: countedTime,
 		Columns: []string{"user", "api_group", "resource", "namespace", "name", "count"},
 		SQL: `
-SELECT writer AS user, api_group, resource, namespace, name, sum(stampless_updates) AS count
+SELECT writer AS user, api_group, resource, namespace, name, toUInt64(sum(stampless_updates)) AS count
 FROM ` + counted + `
-WHERE stampless_updates > 0
+WHERE stampless_updates != 0
 GROUP BY user, api_group, resource, namespace, name
 ORDER BY count DESC, user, api_group, resource, namespace, name
 LIMIT @top`}
 
 	// LeaseHolderChanges collapses each lease's non-empty holders, in time
 	// order, into runs: every run after the first is a change. holders
-	// lists the runs' holders in order, so A -> B -> A lists A, B, A.
+	// lists the runs' holders in order, so A -> B -> A lists A, B, A. A
+	// copy of an event not merged away yet sorts next to its original
+	// (same instant, same holder) and so extends a run without starting
+	// one: no dedup needed.
 	LeaseHolderChanges = Statement{Name: "lease_holder_changes", Title: "Lease holder changes", Shape: Rows,
 		Params: with(filtered, Top), Time: []Window{EventsWhole},
 		Columns: []string{"namespace", "name", "changes", "holders"},
@@ -221,9 +293,10 @@ const decisions = `(
 		SELECT event_time, arrayJoin(arrayFilter(x -> like(tupleElement(x, 1), '%.stampguard.dev/%'), arrayMap((k, v) -> (k, v), annotation_keys, annotation_values))) AS kv,
 			splitByChar('/', tupleElement(kv, 1))[2] AS kind,
 			arrayJoin(extractAll(tupleElement(kv, 2), '\\{[^{}]*\\}')) AS entry
-		FROM {db}.events
-		PREWHERE notEmpty(annotation_keys)
-		WHERE ` + requests + `
+		FROM (SELECT ` + identity + `, event_time, annotation_keys, annotation_values FROM {db}.events
+			PREWHERE notEmpty(annotation_keys)
+			WHERE ` + requests + `
+			{dedup})
 	)
 )`
 

@@ -206,12 +206,8 @@ func serve(ctx context.Context, args []string, _, stderr io.Writer) error {
 	if o.Retention, err = parseRetention(retention); err != nil {
 		return err
 	}
-	if *memLimit != "" && os.Getenv("GOMEMLIMIT") == "" {
-		n, err := parseBytes(*memLimit)
-		if err != nil {
-			return fmt.Errorf("--memory-limit: %w", err)
-		}
-		debug.SetMemoryLimit(n)
+	if err := setMemoryLimit(*memLimit); err != nil {
+		return err
 	}
 	if os.Getenv("GOGC") == "" {
 		debug.SetGCPercent(*gcPercent)
@@ -249,13 +245,30 @@ func serve(ctx context.Context, args []string, _, stderr io.Writer) error {
 	return sink.Run(ctx, o)
 }
 
+// setMemoryLimit applies --memory-limit unless GOMEMLIMIT is set.
+func setMemoryLimit(limit string) error {
+	if limit == "" || os.Getenv("GOMEMLIMIT") != "" {
+		return nil
+	}
+	n, err := parseBytes(limit)
+	if err != nil {
+		return fmt.Errorf("--memory-limit: %w", err)
+	}
+	debug.SetMemoryLimit(n)
+	return nil
+}
+
 func ingest(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs := flag.NewFlagSet("ingest", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	var c common
 	c.register(fs)
 	noProgress := fs.Bool("no-progress", false, "no progress bar even on a terminal")
+	memLimit := fs.String("memory-limit", "200MiB", "soft memory limit of the Go runtime (GOMEMLIMIT)")
 	if err := parse(fs, args); err != nil {
+		return err
+	}
+	if err := setMemoryLimit(*memLimit); err != nil {
 		return err
 	}
 	if fs.NArg() == 0 {
@@ -324,6 +337,7 @@ func migrate(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	var c common
 	c.register(fs)
 	retention := fs.String("retention", "", "also drop day partitions older than this, e.g. 30d")
+	scanDays := fs.Int("scan-days", 2, "record the events stored more than once (by writers killed mid-insert) of the last N days; 0: no scan")
 	if err := parse(fs, args); err != nil {
 		return err
 	}
@@ -345,6 +359,11 @@ func migrate(ctx context.Context, args []string, stdout, stderr io.Writer) error
 		return err
 	}
 	fmt.Fprintf(stdout, "database %s at schema version %d (applied now: %v)\n", st.Database(), v, applied)
+	if *scanDays > 0 {
+		if err := st.ScanDuplicates(ctx, time.Now().AddDate(0, 0, -*scanDays)); err != nil {
+			return err
+		}
+	}
 	keep, err := parseRetention(*retention)
 	if err != nil || keep == 0 {
 		return err

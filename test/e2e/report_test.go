@@ -80,6 +80,12 @@ func TestReportEqualsGroundTruth(t *testing.T) {
 			t.Fatalf("report changed after a second ingest\n%s", lineDiff(string(got), string(again)))
 		}
 	})
+	t.Run("concurrent writers count each event once", func(t *testing.T) {
+		concurrentWriters(t, bin, ch, env.AuditLogPath, func(db string) []byte {
+			return sink("report", "--database", db, "--cluster", "e2e", "--format", "json", "--top", "1000",
+				"--since", res.Since.UTC().Format(time.RFC3339Nano), "--until", res.Until.UTC().Format(time.RFC3339Nano))
+		}, wantJSON)
+	})
 	t.Run("the table shows the same findings", func(t *testing.T) {
 		table := string(sink("report", "--database", db, "--cluster", "e2e", "--top", "1000",
 			"--since", res.Since.UTC().Format(time.RFC3339Nano), "--until", res.Until.UTC().Format(time.RFC3339Nano)))

@@ -1,0 +1,161 @@
+package analytics
+
+import (
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+
+	asql "github.com/stampguard/stampguard/analytics/sql"
+)
+
+// racingRows are copies of the real events under fresh audit IDs, so that
+// each round inserts keys no earlier round stored.
+func racingRows(t *testing.T, round int) []Row {
+	t.Helper()
+	rows := decodeAll(t, "race", realEvents(t))
+	for i := range rows {
+		rows[i].AuditID = fmt.Sprintf("r%d-%s", round, rows[i].AuditID)
+		rows[i].Fingerprint = Fingerprint(&rows[i])
+	}
+	return rows
+}
+
+// TestRacingWritersRecordEveryCopy forces the race the key lookup cannot
+// prevent: n stores insert the same rows at once and skip the lookup, so
+// every one of them inserts. Each insert's check then runs after its own
+// insert returned, so the last check sees all n copies: duplicate_events
+// must name every row with copies = n, however the inserts interleaved.
+func TestRacingWritersRecordEveryCopy(t *testing.T) {
+	first, srv := newStore(t, false)
+	for _, writers := range []int{2, 3} {
+		stores := []*Store{first}
+		for range writers - 1 {
+			st, err := OpenStore(t.Context(), StoreOptions{DSN: srv.DSN(), Database: first.db})
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { st.Close() })
+			stores = append(stores, st)
+		}
+		for round := range 5 {
+			round += writers * 100
+			rows := racingRows(t, round)
+			var wg sync.WaitGroup
+			start := make(chan struct{})
+			results := make([]InsertResult, writers)
+			errs := make([]error, writers)
+			for i, st := range stores {
+				set, err := recordSetOf(rows, nil, false)
+				if err != nil {
+					t.Fatal(err)
+				}
+				wg.Go(func() {
+					<-start
+					results[i], errs[i] = st.insertRecords(t.Context(), set, false)
+				})
+			}
+			close(start)
+			wg.Wait()
+			doubled := 0
+			for i := range writers {
+				if errs[i] != nil {
+					t.Fatal(errs[i])
+				}
+				doubled = max(doubled, results[i].Doubled)
+			}
+			prefix := fmt.Sprintf("r%d-%%", round)
+			if n := count(t, first, "SELECT count() FROM {db}.stored_keys WHERE audit_id LIKE ?", prefix); n != uint64(writers*len(rows)) {
+				t.Fatalf("%d writers, round %d: stored_keys holds %d copies, want %d", writers, round, n, writers*len(rows))
+			}
+			if doubled != len(rows) {
+				t.Errorf("%d writers, round %d: the last check saw %d doubled rows, want %d", writers, round, doubled, len(rows))
+			}
+			if n := count(t, first, "SELECT count() FROM {db}.duplicate_events FINAL WHERE audit_id LIKE ? AND copies = ?", prefix, writers); n != uint64(len(rows)) {
+				t.Errorf("%d writers, round %d: duplicate_events names %d rows with %d copies, want %d", writers, round, n, writers, len(rows))
+			}
+		}
+	}
+	// The rollup counted every copy; minus (copies-1) per duplicate it
+	// counts each request once.
+	requests := count(t, first, "SELECT count() FROM (SELECT DISTINCT cluster, audit_id, stage, fingerprint FROM {db}.events WHERE "+asql.Request+")")
+	rolled := count(t, first, "SELECT toUInt64(sum(requests)) FROM {db}.request_rollup")
+	excess := count(t, first, "SELECT toUInt64(sum(copies - 1)) FROM {db}.duplicate_events FINAL WHERE "+asql.Request)
+	if requests == 0 || rolled-excess != requests {
+		t.Errorf("the rollup counts %d requests, duplicates %d extra: %d, want %d", rolled, excess, rolled-excess, requests)
+	}
+}
+
+// TestInsertAfterARaceRecordsTheCopies: a writer that finds a key stored
+// twice before its insert (a replay after it crashed between its insert
+// and its check) records the copies and stores nothing.
+func TestInsertAfterARaceRecordsTheCopies(t *testing.T) {
+	st, _ := newStore(t, false)
+	rows := racingRows(t, 1)
+	for range 2 {
+		set, err := recordSetOf(rows, nil, false)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := st.insertEvents(t.Context(), set.rows); err != nil { // no check: the "crash"
+			t.Fatal(err)
+		}
+	}
+	if n := count(t, st, "SELECT count() FROM {db}.duplicate_events"); n != 0 {
+		t.Fatalf("duplicate_events has %d rows before any check", n)
+	}
+	res, err := st.Insert(t.Context(), rows, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.Stored != 0 || res.Doubled != len(rows) {
+		t.Fatalf("replay: %+v, want nothing stored and %d doubled", res, len(rows))
+	}
+	if n := count(t, st, "SELECT count() FROM {db}.duplicate_events FINAL WHERE copies = 2"); n != uint64(len(rows)) {
+		t.Fatalf("duplicate_events names %d rows with 2 copies, want %d", n, len(rows))
+	}
+}
+
+// TestScanDuplicatesFindsUncheckedCopies: copies no writer checked (both
+// writers killed after their inserts) are found by the scan, which is
+// idempotent and keeps the events' own columns.
+func TestScanDuplicatesFindsUncheckedCopies(t *testing.T) {
+	st, _ := newStore(t, true)
+	rows := racingRows(t, 2)
+	for copies := range 3 {
+		set, err := recordSetOf(rows[:copies+2], nil, true)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := st.insertEvents(t.Context(), set.rows); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// rows[0] and rows[1] are stored 3 times, rows[2] twice, rows[3] once.
+	for range 2 {
+		if err := st.ScanDuplicates(t.Context(), time.Unix(0, 0)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	got := map[string]uint32{}
+	res, err := st.conn.Query(t.Context(), "SELECT audit_id, copies FROM "+st.db+".duplicate_events FINAL")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for res.Next() {
+		var id string
+		var c uint32
+		if err := res.Scan(&id, &c); err != nil {
+			t.Fatal(err)
+		}
+		got[id] = c
+	}
+	res.Close()
+	want := map[string]uint32{rows[0].AuditID: 3, rows[1].AuditID: 3, rows[2].AuditID: 2}
+	if fmt.Sprint(got) != fmt.Sprint(want) {
+		t.Fatalf("duplicate_events %v, want %v", got, want)
+	}
+	if n := count(t, st, "SELECT count() FROM {db}.duplicate_events d WHERE raw = ''"); n != 0 {
+		t.Errorf("%d duplicates lost the event's columns", n)
+	}
+}

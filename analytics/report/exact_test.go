@@ -1,0 +1,132 @@
+package report
+
+import (
+	"errors"
+	"math/rand/v2"
+	"reflect"
+	"testing"
+	"time"
+
+	"github.com/stampguard/stampguard/analytics"
+	asql "github.com/stampguard/stampguard/analytics/sql"
+	"github.com/stampguard/stampguard/internal/chtest"
+)
+
+// TestReportCountsDuplicatesOnce stores the same rows into two databases:
+// once by a single writer, and once with a third of the events stored
+// again by a plain INSERT (as a racing writer would: every view counts
+// the copies) and a ninth a third time. The copies are found half by a
+// replay's lookup and half by the scan. Over windows that cut hours, with
+// and without filters, on the rollup path and raw, the report of the
+// second database must equal the single writer's.
+func TestReportCountsDuplicatesOnce(t *testing.T) {
+	srv := chtest.Start(t)
+	ctx := t.Context()
+	rows := append(buildScenario().rows, randomRows(11, 6000)...)
+	rand.New(rand.NewPCG(12, 13)).Shuffle(len(rows), func(i, j int) { rows[i], rows[j] = rows[j], rows[i] })
+	open := func() (*analytics.Store, string) {
+		db := srv.NewDatabase(t)
+		st, err := analytics.OpenStore(ctx, analytics.StoreOptions{DSN: srv.DSN(), Database: db})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { st.Close() })
+		if _, err := st.Migrate(ctx); err != nil {
+			t.Fatal(err)
+		}
+		for i := 0; i < len(rows); i += 700 {
+			if _, err := st.Insert(ctx, rows[i:min(i+700, len(rows))], nil); err != nil {
+				t.Fatal(err)
+			}
+		}
+		return st, db
+	}
+	once, onceDB := open()
+	twice, twiceDB := open()
+	conn := twice.Conn()
+	for _, mod := range []int{3, 9} {
+		q := "INSERT INTO " + twiceDB + ".events (" + analytics.EventColumns + ") SELECT " + analytics.EventColumns +
+			" FROM " + twiceDB + ".events WHERE cityHash64(audit_id) % ? = 0 LIMIT 1 BY cluster, audit_id, stage, fingerprint"
+		if err := conn.Exec(ctx, q, mod); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var before, after uint64
+	sum := func(db string) uint64 {
+		var n uint64
+		if err := conn.QueryRow(ctx, "SELECT toUInt64(sum(requests)) FROM "+db+".request_rollup").Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+	before, after = sum(onceDB), sum(twiceDB)
+	if after <= before {
+		t.Fatalf("the copies did not reach the rollup (%d requests, single writer %d): the test proves nothing", after, before)
+	}
+	res, err := twice.Insert(ctx, rows[:len(rows)/2], nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.Stored != 0 || res.Doubled == 0 {
+		t.Fatalf("the replay %+v: want nothing stored and copies found", res)
+	}
+	if err := twice.ScanDuplicates(ctx, t0.Add(-48*time.Hour)); err != nil {
+		t.Fatal(err)
+	}
+
+	windows := [][2]time.Time{
+		{t0, t0.Add(time.Hour)},
+		{t0.Add(-time.Hour), t0.Add(5 * time.Hour)},
+		{t0.Add(35 * time.Second), t0.Add(3*time.Hour + 1)},
+		{t0.Add(-30 * time.Minute), t0.Add(2*time.Hour + time.Microsecond)},
+		{t0.Add(time.Hour - time.Microsecond), t0.Add(2*time.Hour + time.Microsecond)},
+	}
+	for _, w := range windows {
+		for _, f := range []Options{{}, {User: "user-0"}, {Namespace: "ns-1", Resource: "deployments"}, {Namespace: "shop", Resource: "configmaps", User: "dave"}} {
+			f.Cluster, f.Top, f.Since, f.Until = "c1", 1000, w[0], w[1]
+			for _, noRollup := range []bool{false, true} {
+				f.NoRollup = noRollup
+				f.Database = onceDB
+				want, wantErr := Build(ctx, once.Conn(), f)
+				f.Database = twiceDB
+				got, err := Build(ctx, conn, f)
+				if (err != nil && !errors.Is(err, ErrNoEvents)) || !errors.Is(err, wantErr) {
+					t.Fatalf("window %v filters %+v: %v (single writer: %v)", w, f, err, wantErr)
+				}
+				if !reflect.DeepEqual(got, want) {
+					t.Errorf("window [%s, %s) filters %q/%q/%q raw %v: the report with duplicates differs\n got %+v\nwant %+v",
+						w[0], w[1], f.Namespace, f.Resource, f.User, noRollup, got, want)
+				}
+			}
+		}
+	}
+
+	// The dashboards' forms of every statement (always corrected: a panel
+	// cannot first ask for duplicates) answer with duplicates as the
+	// single writer's database does.
+	vars := map[string]asql.Variable{"cluster": {Name: "cluster"}, "namespace": {Name: "namespace", Multi: true},
+		"resource": {Name: "resource", Multi: true}, "user": {Name: "user", Multi: true}, "name": {Name: "name"}}
+	values := map[string]string{"top": "1000", "gap_us": "300000000", "threshold": "5", "min_writes": "10", "stale_us": "600000000"}
+	for _, w := range [][2]time.Duration{{0, time.Hour - time.Second}, {-time.Hour, 5*time.Hour - time.Second}, {35 * time.Second, 3 * time.Hour}} {
+		e := asql.Expansion{From: t0.Add(w[0]), To: t0.Add(w[1]), Interval: 10 * time.Minute,
+			Vars: map[string][]string{"cluster": {"c1"}, "name": {""}}, All: map[string]bool{"namespace": true, "resource": true, "user": true}}
+		for _, st := range asql.All {
+			sqlFor := func(db string) string {
+				bound, err := asql.Grafana{Database: db, Variables: vars, Values: values}.Bind(st)
+				if err != nil {
+					t.Fatal(err)
+				}
+				sql, err := e.Expand(bound)
+				if err != nil {
+					t.Fatal(err)
+				}
+				return sql
+			}
+			_, want := rowsOf(t, ctx, conn, sqlFor(onceDB))
+			_, got := rowsOf(t, ctx, conn, sqlFor(twiceDB))
+			if !reflect.DeepEqual(got, want) {
+				t.Errorf("window %v: the dashboards' %s with duplicates differs\n got %.300v\nwant %.300v", w, st.Name, got, want)
+			}
+		}
+	}
+}

@@ -1,0 +1,150 @@
+package sink
+
+import (
+	"bytes"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stampguard/stampguard/internal/chtest"
+)
+
+// ingestTemplates are the recorded events of analytics/testdata, the
+// larger RequestResponse and Request ones weighted up so that a generated
+// line averages about 1.3 KB (sizes 0.5-2 KB; a tenth at Metadata level,
+// one in sixteen a stage that is not stored).
+func ingestTemplates(b *testing.B) []string {
+	ev := realEvents(b)
+	return append(ev, ev[0], ev[1], ev[5], ev[6], ev[0], ev[1], ev[0])
+}
+
+// BenchmarkIngest runs `auditsink ingest` as its own process on one plain
+// JSON-lines file of generated real-shaped events (AUDITSINK_BENCH_EVENTS,
+// default 200,000) into a fresh database, and in the same run the ceiling:
+// clickhouse-client inserting the same flattened rows as TabSeparated into
+// the same schema. It reports both rates, their ratio, and the ingest
+// process's peak RSS and CPU per event, and ClickHouse's CPU per event for
+// both (figures that a busy machine moves less than the rates).
+func BenchmarkIngest(b *testing.B) {
+	n := 200_000
+	if v, err := strconv.Atoi(os.Getenv("AUDITSINK_BENCH_EVENTS")); err == nil && v > 0 {
+		n = v
+	}
+	bin := buildSink(b)
+	ch := chtest.Start(b)
+	templates := ingestTemplates(b)
+	dir := b.TempDir()
+	var (
+		events, secs, ceilSecs, cpu float64
+		chCPU, ceilCHCPU            float64
+		rss                         int64
+		size                        int64
+		run                         int
+	)
+	for b.Loop() {
+		run++
+		b.StopTimer()
+		path := filepath.Join(dir, "audit.log")
+		lines, bodies := ingestFile(templates, run, n)
+		if err := os.WriteFile(path, lines, 0o644); err != nil {
+			b.Fatal(err)
+		}
+		size = int64(len(lines))
+		db := ch.NewDatabase(b)
+		env := append(os.Environ(), "AUDITSINK_CLICKHOUSE_DSN="+ch.DSN())
+		mig := exec.Command(bin, "migrate", "--database", db, "--scan-days", "0")
+		mig.Env = env
+		if out, err := mig.CombinedOutput(); err != nil {
+			b.Fatalf("migrate: %v\n%s", err, out)
+		}
+		b.StartTimer()
+		cmd := exec.Command(bin, "ingest", "--database", db, "--cluster", "bench", "--no-progress", path)
+		cmd.Env = env
+		var out bytes.Buffer
+		cmd.Stdout, cmd.Stderr = &out, &out
+		start, ch0 := time.Now(), cpuSeconds(ch.PID())
+		if err := cmd.Start(); err != nil {
+			b.Fatal(err)
+		}
+		// VmHWM, polled: the rusage of a child started by this large
+		// process counts the parent's pages from before the exec.
+		polled, exited := make(chan int64), make(chan struct{})
+		go func() {
+			var hwm int64
+			for {
+				hwm = max(hwm, peakRSS(cmd.Process.Pid))
+				select {
+				case <-exited:
+					polled <- hwm
+					return
+				case <-time.After(20 * time.Millisecond):
+				}
+			}
+		}()
+		err := cmd.Wait()
+		close(exited)
+		if err != nil {
+			b.Fatalf("ingest: %v\n%s", err, out.String())
+		}
+		secs += time.Since(start).Seconds()
+		rss = max(rss, <-polled)
+		b.StopTimer()
+		if os.Getenv("AUDITSINK_BENCH_SHOW") != "" {
+			b.Log(out.String())
+		}
+		stored := 0
+		if _, err := fmt.Sscanf(out.String()[strings.Index(out.String(), ": ")+2:], "%d events stored", &stored); err != nil || stored == 0 {
+			b.Fatalf("ingest said %q", out.String())
+		}
+		waitCount(b, ch, db, uint64(stored))
+		chCPU += cpuSeconds(ch.PID()) - ch0
+		events += float64(stored)
+		cpu += (cmd.ProcessState.UserTime() + cmd.ProcessState.SystemTime()).Seconds()
+		ch0 = cpuSeconds(ch.PID())
+		ceilSecs += ceiling(b, ch, bodies)
+		ceilCHCPU += cpuSeconds(ch.PID()) - ch0
+		b.StartTimer()
+	}
+	b.ReportMetric(events/secs, "events/s")
+	b.ReportMetric(events/ceilSecs, "ceiling-events/s")
+	b.ReportMetric(ceilSecs/secs, "ratio")
+	b.ReportMetric(float64(rss)/(1<<20), "peak-RSS-MiB")
+	b.ReportMetric(1e6*cpu/events, "ingest-cpu-µs/event")
+	b.ReportMetric(1e6*chCPU/events, "clickhouse-cpu-µs/event")
+	b.ReportMetric(1e6*ceilCHCPU/events, "ceiling-clickhouse-cpu-µs/event")
+	b.ReportMetric(float64(size)/float64(n), "bytes/event")
+}
+
+// ingestFile generates n events as JSON lines, audit IDs unique per run,
+// and the same events as EventList bodies of 400 (for the ceiling).
+func ingestFile(templates []string, run, n int) ([]byte, [][]byte) {
+	var file bytes.Buffer
+	var bodies [][]byte
+	var body bytes.Buffer
+	for i := range n {
+		t := templates[i%len(templates)]
+		k := strings.Index(t, `"auditID":"`) + len(`"auditID":"`)
+		line := t[:k] + fmt.Sprintf("r%d-i%d-", run, i) + t[k:]
+		file.WriteString(line)
+		file.WriteByte('\n')
+		if i%400 == 0 {
+			if body.Len() > 0 {
+				body.WriteString("]}")
+				bodies = append(bodies, bytes.Clone(body.Bytes()))
+				body.Reset()
+			}
+			body.WriteString(`{"kind":"EventList","apiVersion":"audit.k8s.io/v1","metadata":{},"items":[`)
+		} else {
+			body.WriteByte(',')
+		}
+		body.WriteString(line)
+	}
+	body.WriteString("]}")
+	bodies = append(bodies, body.Bytes())
+	return file.Bytes(), bodies
+}
