@@ -5,6 +5,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	asql "github.com/stampguard/stampguard/analytics/sql"
 )
 
 // racingRows are copies of the real events under fresh audit IDs, so that
@@ -76,9 +78,9 @@ func TestRacingWritersRecordEveryCopy(t *testing.T) {
 	}
 	// The rollup counted every copy; minus (copies-1) per duplicate it
 	// counts each request once.
-	requests := count(t, first, "SELECT count() FROM (SELECT DISTINCT cluster, audit_id, stage, fingerprint FROM {db}.events WHERE "+SQLRequest+")")
+	requests := count(t, first, "SELECT count() FROM (SELECT DISTINCT cluster, audit_id, stage, fingerprint FROM {db}.events WHERE "+asql.Request+")")
 	rolled := count(t, first, "SELECT toUInt64(sum(requests)) FROM {db}.request_rollup")
-	excess := count(t, first, "SELECT toUInt64(sum(copies - 1)) FROM {db}.duplicate_events FINAL WHERE "+SQLRequest)
+	excess := count(t, first, "SELECT toUInt64(sum(copies - 1)) FROM {db}.duplicate_events FINAL WHERE "+asql.Request)
 	if requests == 0 || rolled-excess != requests {
 		t.Errorf("the rollup counts %d requests, duplicates %d extra: %d, want %d", rolled, excess, rolled-excess, requests)
 	}

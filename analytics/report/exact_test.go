@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/stampguard/stampguard/analytics"
+	asql "github.com/stampguard/stampguard/analytics/sql"
 	"github.com/stampguard/stampguard/internal/chtest"
 )
 
@@ -96,6 +97,35 @@ func TestReportCountsDuplicatesOnce(t *testing.T) {
 					t.Errorf("window [%s, %s) filters %q/%q/%q raw %v: the report with duplicates differs\n got %+v\nwant %+v",
 						w[0], w[1], f.Namespace, f.Resource, f.User, noRollup, got, want)
 				}
+			}
+		}
+	}
+
+	// The dashboards' forms of every statement (always corrected: a panel
+	// cannot first ask for duplicates) answer with duplicates as the
+	// single writer's database does.
+	vars := map[string]asql.Variable{"cluster": {Name: "cluster"}, "namespace": {Name: "namespace", Multi: true},
+		"resource": {Name: "resource", Multi: true}, "user": {Name: "user", Multi: true}, "name": {Name: "name"}}
+	values := map[string]string{"top": "1000", "gap_us": "300000000", "threshold": "5", "min_writes": "10", "stale_us": "600000000"}
+	for _, w := range [][2]time.Duration{{0, time.Hour - time.Second}, {-time.Hour, 5*time.Hour - time.Second}, {35 * time.Second, 3 * time.Hour}} {
+		e := asql.Expansion{From: t0.Add(w[0]), To: t0.Add(w[1]), Interval: 10 * time.Minute,
+			Vars: map[string][]string{"cluster": {"c1"}, "name": {""}}, All: map[string]bool{"namespace": true, "resource": true, "user": true}}
+		for _, st := range asql.All {
+			sqlFor := func(db string) string {
+				bound, err := asql.Grafana{Database: db, Variables: vars, Values: values}.Bind(st)
+				if err != nil {
+					t.Fatal(err)
+				}
+				sql, err := e.Expand(bound)
+				if err != nil {
+					t.Fatal(err)
+				}
+				return sql
+			}
+			_, want := rowsOf(t, ctx, conn, sqlFor(onceDB))
+			_, got := rowsOf(t, ctx, conn, sqlFor(twiceDB))
+			if !reflect.DeepEqual(got, want) {
+				t.Errorf("window %v: the dashboards' %s with duplicates differs\n got %.300v\nwant %.300v", w, st.Name, got, want)
 			}
 		}
 	}

@@ -11,6 +11,7 @@ import (
 	"github.com/ClickHouse/clickhouse-go/v2/lib/driver"
 
 	"github.com/stampguard/stampguard/analytics"
+	asql "github.com/stampguard/stampguard/analytics/sql"
 )
 
 // Options select what the report covers.
@@ -80,20 +81,8 @@ func Build(ctx context.Context, conn driver.Conn, o Options) (*Report, error) {
 		return nil, err
 	}
 	r := &Report{Window: Window{Since: o.Since.UTC().Format(TimeFormat), Until: o.Until.UTC().Format(TimeFormat)}}
-	o.rawLoops = o.NoRollup
-	if !o.NoRollup {
-		var rollupComplete, loopsComplete time.Time
-		// A scalar subquery is Nullable on current releases (26.7), plain
-		// on 18.16; ifNull makes it DateTime on both, for the same Scan.
-		epoch := func(table string) string {
-			return "ifNull((SELECT max(complete_from) FROM " + o.Database + "." + table + "), toDateTime(0))"
-		}
-		if err := conn.QueryRow(ctx, "SELECT "+epoch("request_rollup_epoch")+", "+epoch("loop_epoch")).
-			Scan(&rollupComplete, &loopsComplete); err != nil {
-			return nil, fmt.Errorf("read rollup epochs: %w", err)
-		}
-		o.rollupFrom, o.rollupTo = rollupHours(o.Since, o.Until, rollupComplete)
-		o.rawLoops = o.Since.Before(loopsComplete)
+	if err := o.split(ctx, conn); err != nil {
+		return nil, err
 	}
 	// Where no event of the window is recorded as stored more than once,
 	// the correction changes no figure: skip it (the common case).
@@ -113,16 +102,18 @@ func Build(ctx context.Context, conn driver.Conn, o Options) (*Report, error) {
 	err := q.parallel(o.parallel,
 		run{QueryTotals, func(rows driver.Rows) error {
 			return rows.Scan(&t.Requests, &t.WriteAttempts, &t.VersionConflicts, &t.FieldConflicts, &t.AlreadyExists,
-				&t.DeletePreconditionConflicts, &t.StamplessUpdates, &t.OtherConflicts, &t.Gone)
+				&t.DeletePreconditionConflicts, &t.StamplessUpdates, &t.OtherConflicts, &t.Gone, &t.ConflictRate)
 		}},
+		// The rate columns are for the dashboards; the report's JSON
+		// keeps its contract.
 		run{QueryConflictsByUser, collect(&r.ConflictsByUser, func(u *UserConflicts) []any {
-			return []any{&u.User, &u.WriteAttempts, &u.VersionConflicts}
+			return []any{&u.User, &u.WriteAttempts, &u.VersionConflicts, new(float64)}
 		})},
 		run{QueryConflictsByResource, collect(&r.ConflictsByResource, func(c *ResourceConflicts) []any {
-			return []any{&c.APIGroup, &c.Resource, &c.WriteAttempts, &c.VersionConflicts}
+			return []any{&c.APIGroup, &c.Resource, &c.WriteAttempts, &c.VersionConflicts, new(float64)}
 		})},
 		run{QueryHotObjects, collect(&r.HotObjects, func(h *HotObject) []any {
-			return []any{&h.APIGroup, &h.Resource, &h.Namespace, &h.Name, &h.WriteAttempts, &h.DistinctWriters, &h.VersionConflicts}
+			return []any{&h.APIGroup, &h.Resource, &h.Namespace, &h.Name, &h.WriteAttempts, &h.DistinctWriters, &h.VersionConflicts, new(float64)}
 		})},
 		run{QueryRetryLoops, func(rows driver.Rows) error {
 			var l RetryLoop
@@ -151,10 +142,30 @@ func Build(ctx context.Context, conn driver.Conn, o Options) (*Report, error) {
 	if t.Requests == 0 {
 		return r, ErrNoEvents
 	}
-	if t.WriteAttempts > 0 {
-		t.ConflictRate = float64(t.VersionConflicts) / float64(t.WriteAttempts)
-	}
 	return r, nil
+}
+
+// split decides where the window is read from: request_rollup's whole
+// hours from its epoch on, and the loop tables when the window begins at
+// or after theirs (both unless NoRollup).
+func (o *Options) split(ctx context.Context, conn driver.Conn) error {
+	o.rawLoops = o.NoRollup
+	if o.NoRollup {
+		return nil
+	}
+	var rollupComplete, loopsComplete time.Time
+	// A scalar subquery is Nullable on current releases (26.7), plain on
+	// 18.16; ifNull makes it DateTime on both, for the same Scan.
+	epoch := func(table string) string {
+		return "ifNull((SELECT max(complete_from) FROM " + o.Database + "." + table + "), toDateTime(0))"
+	}
+	if err := conn.QueryRow(ctx, "SELECT "+epoch("request_rollup_epoch")+", "+epoch("loop_epoch")).
+		Scan(&rollupComplete, &loopsComplete); err != nil {
+		return fmt.Errorf("read rollup epochs: %w", err)
+	}
+	o.rollupFrom, o.rollupTo = rollupHours(o.Since, o.Until, rollupComplete)
+	o.rawLoops = o.Since.Before(loopsComplete)
+	return nil
 }
 
 // rollupHours are the whole UTC hours inside [since, until) from complete
@@ -213,19 +224,20 @@ func micros(t time.Time) uint64 {
 func (o *Options) args() []any {
 	e1, e2 := rawEdges(o.Since, o.Until, o.rollupFrom, o.rollupTo)
 	return []any{
-		clickhouse.Named("rollup_from_us", micros(o.rollupFrom)),
-		clickhouse.Named("rollup_to_us", micros(o.rollupTo)),
-		clickhouse.Named("edge1_from_us", e1.from), clickhouse.Named("edge1_last_us", e1.last),
-		clickhouse.Named("edge2_from_us", e2.from), clickhouse.Named("edge2_last_us", e2.last),
-		clickhouse.Named("cluster", o.Cluster),
-		clickhouse.Named("since_us", uint64(o.Since.UnixMicro())),
-		clickhouse.Named("until_us", uint64(o.Until.UnixMicro())),
-		clickhouse.Named("namespace", o.Namespace),
-		clickhouse.Named("resource", o.Resource),
-		clickhouse.Named("user", o.User),
-		clickhouse.Named("top", o.Top),
-		clickhouse.Named("gap_us", uint64(o.LoopGap.Microseconds())),
-		clickhouse.Named("threshold", o.LoopThreshold),
+		clickhouse.Named(asql.ReportRollupFromUs, micros(o.rollupFrom)),
+		clickhouse.Named(asql.ReportRollupToUs, micros(o.rollupTo)),
+		clickhouse.Named(asql.ReportEdge1FromUs, e1.from), clickhouse.Named(asql.ReportEdge1LastUs, e1.last),
+		clickhouse.Named(asql.ReportEdge2FromUs, e2.from), clickhouse.Named(asql.ReportEdge2LastUs, e2.last),
+		clickhouse.Named(asql.ReportSinceUs, uint64(o.Since.UnixMicro())),
+		clickhouse.Named(asql.ReportUntilUs, uint64(o.Until.UnixMicro())),
+		clickhouse.Named(asql.Cluster.Name, o.Cluster),
+		clickhouse.Named(asql.Namespace.Name, o.Namespace),
+		clickhouse.Named(asql.Resource.Name, o.Resource),
+		clickhouse.Named(asql.User.Name, o.User),
+		clickhouse.Named(asql.Name.Name, ""),
+		clickhouse.Named(asql.Top.Name, o.Top),
+		clickhouse.Named(asql.GapUs.Name, uint64(o.LoopGap.Microseconds())),
+		clickhouse.Named(asql.Threshold.Name, o.LoopThreshold),
 	}
 }
 
@@ -237,22 +249,15 @@ type driverRows = driver.Rows
 const reportParallelism = 2
 
 type querier struct {
-	ctx     context.Context
-	conn    driver.Conn
-	db      string
-	sources Sources
-	args    []any
+	ctx    context.Context
+	conn   driver.Conn
+	binder asql.Report
+	args   []any
 }
 
 func (o *Options) querier(ctx context.Context, conn driver.Conn) querier {
-	s := ReportSources
-	if o.noDuplicates {
-		s.Duplicates, s.Dedup, s.LoopConflicts = NoDuplicates, "", LoopConflictsPlain
-	}
-	if o.rawLoops {
-		s.LoopConflicts, s.LoopSuccesses = LoopConflictsRaw, LoopSuccessesRaw
-	}
-	return querier{ctx: ctx, conn: conn, db: o.Database, sources: s, args: o.args()}
+	return querier{ctx: ctx, conn: conn, args: o.args(),
+		binder: asql.Report{Database: o.Database, RawLoops: o.rawLoops, NoDuplicates: o.noDuplicates}}
 }
 
 // collect scans each row into a new T, through the column targets that
@@ -292,7 +297,7 @@ func (q querier) parallel(n int, runs ...run) error {
 }
 
 func (q querier) each(query Query, scan func(driver.Rows) error) error {
-	rows, err := q.conn.Query(q.ctx, query.Render(q.db, q.sources), q.args...)
+	rows, err := q.conn.Query(q.ctx, q.binder.Bind(query), q.args...)
 	if err != nil {
 		return fmt.Errorf("query %s: %w", query.Name, err)
 	}

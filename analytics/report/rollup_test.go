@@ -139,7 +139,11 @@ func migrated(t *testing.T) (*analytics.Store, string) {
 // raw-only computation: on the scenario of TestBuild and on random skewed
 // rows, every batch delivered twice through Store.Insert, over windows that
 // cut hours in the middle at microsecond precision, with and without
-// filters.
+// filters. The rollup and the loop tables are filled by the migrations'
+// views, whose SQL is fixed text; the raw computation uses analytics/sql's
+// definitions: so this is also the proof that the released views still
+// agree with the definitions (every conflict class, stampless updates,
+// 410s, dry runs, other stages and clusters occur in the rows).
 func TestRollupEqualsRaw(t *testing.T) {
 	store, db := migrated(t)
 	ctx := t.Context()

@@ -1,0 +1,177 @@
+package report
+
+import (
+	"context"
+	"fmt"
+	"reflect"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/ClickHouse/clickhouse-go/v2"
+	"github.com/ClickHouse/clickhouse-go/v2/lib/driver"
+
+	asql "github.com/stampguard/stampguard/analytics/sql"
+)
+
+// rowsOf runs sql and returns every row as text, sorted, with the column names.
+func rowsOf(t *testing.T, ctx context.Context, conn driver.Conn, sql string, args ...any) ([]string, []string) {
+	t.Helper()
+	rows, err := conn.Query(ctx, sql, args...)
+	if err != nil {
+		t.Fatalf("%v\n%s", err, sql)
+	}
+	defer rows.Close()
+	var out []string
+	for rows.Next() {
+		dst := make([]any, len(rows.ColumnTypes()))
+		for i, ct := range rows.ColumnTypes() {
+			dst[i] = reflect.New(ct.ScanType()).Interface()
+		}
+		if err := rows.Scan(dst...); err != nil {
+			t.Fatal(err)
+		}
+		var cells []string
+		for _, d := range dst {
+			cells = append(cells, fmt.Sprint(reflect.ValueOf(d).Elem().Interface()))
+		}
+		out = append(out, strings.Join(cells, " | "))
+	}
+	if err := rows.Err(); err != nil {
+		t.Fatal(err)
+	}
+	slices.Sort(out)
+	return rows.Columns(), out
+}
+
+// TestGrafanaBinderEqualsReportBinder renders every statement with both
+// binders and requires the same rows: the report's split window and bound
+// parameters against the plugin's macros (expanded as the plugin does) and
+// template variables, over windows with whole-second edges that cut hours,
+// with the rollup and loop epochs at zero and in the middle of the data
+// (so the Grafana forms read both the rollup and raw events, and both the
+// loop tables and their raw forms).
+func TestGrafanaBinderEqualsReportBinder(t *testing.T) {
+	store, db := migrated(t)
+	ctx := t.Context()
+	conn := store.Conn()
+	if err := Synthesize(ctx, conn, db, "bench", 60_000, 5, t0, 4*time.Hour); err != nil {
+		t.Fatal(err)
+	}
+	// The writer and object name of the most conflicted pair, for the
+	// single-value filters.
+	var hotWriter, hotName string
+	if err := conn.QueryRow(ctx, "SELECT writer, name FROM "+db+".loop_conflicts GROUP BY writer, name ORDER BY count() DESC, writer, name LIMIT 1").Scan(&hotWriter, &hotName); err != nil {
+		t.Fatal(err)
+	}
+	values := map[string]string{"top": "1000", "gap_us": "300000000", "threshold": "5", "min_writes": "10", "stale_us": "600000000"}
+	extra := []any{clickhouse.Named("interval_s", uint64(600)), clickhouse.Named("min_writes", uint64(10)), clickhouse.Named("stale_us", uint64(600_000_000))}
+	type filter struct {
+		vars  map[string][]string
+		all   map[string]bool
+		names map[string]string
+	}
+	variables := map[string]asql.Variable{"cluster": {Name: "cluster"}, "namespace": {Name: "namespace", Multi: true}, "resource": {Name: "resource", Multi: true}, "user": {Name: "user", Multi: true}, "name": {Name: "name"}}
+	filters := []filter{
+		{vars: map[string][]string{"cluster": {"bench"}, "name": {""}}, all: map[string]bool{"namespace": true, "resource": true, "user": true}},
+		{vars: map[string][]string{"cluster": {"bench"}, "resource": {"configmaps"}, "name": {""}}, all: map[string]bool{"namespace": true, "user": true},
+			names: map[string]string{"resource": "configmaps"}},
+		{vars: map[string][]string{"cluster": {"bench"}, "user": {hotWriter}, "name": {hotName}}, all: map[string]bool{"namespace": true, "resource": true},
+			names: map[string]string{"user": hotWriter, "name": hotName}},
+	}
+	windows := [][2]time.Duration{
+		{-time.Hour, 5 * time.Hour},
+		{17*time.Minute + 3*time.Second, 3*time.Hour + 41*time.Minute + 9*time.Second},
+		{61 * time.Minute, 119 * time.Minute},
+	}
+	checked := 0
+	for pass, epoch := range []time.Duration{0, 2 * time.Hour} {
+		if pass > 0 {
+			for _, table := range []string{"request_rollup_epoch", "loop_epoch"} {
+				if err := conn.Exec(ctx, fmt.Sprintf("INSERT INTO %s.%s (complete_from) SELECT toDateTime(%d)", db, table, t0.Add(epoch).Unix())); err != nil {
+					t.Fatal(err)
+				}
+			}
+		}
+		for _, w := range windows {
+			for _, f := range filters {
+				o := Options{Database: db, Cluster: "bench", Top: 1000, Since: t0.Add(w[0]), Until: t0.Add(w[1])}
+				o.Resource, o.User = f.names["resource"], f.names["user"]
+				o.setDefaults()
+				if err := o.split(ctx, conn); err != nil {
+					t.Fatal(err)
+				}
+				q := o.querier(ctx, conn)
+				for i, a := range q.args {
+					if a.(driver.NamedValue).Name == asql.Name.Name {
+						q.args[i] = clickhouse.Named(asql.Name.Name, f.names["name"])
+					}
+				}
+				e := asql.Expansion{From: o.Since, To: o.Until.Add(-time.Second), Interval: 10 * time.Minute, Vars: f.vars, All: f.all}
+				g := asql.Grafana{Database: db, Variables: variables, Values: values}
+				for _, s := range asql.All {
+					_, want := rowsOf(t, ctx, conn, q.binder.Bind(s), append(q.args, extra...)...)
+					bound, err := g.Bind(s)
+					if err != nil {
+						t.Fatal(err)
+					}
+					sql, err := e.Expand(bound)
+					if err != nil {
+						t.Fatal(err)
+					}
+					cols, got := rowsOf(t, ctx, conn, sql)
+					if !slices.Equal(cols, s.Columns) {
+						t.Errorf("%s: columns %v, declared %v", s.Name, cols, s.Columns)
+					}
+					if !slices.Equal(got, want) {
+						t.Errorf("epoch +%s window %v filters %v: %s differs\nreport  %d rows %.300v\ngrafana %d rows %.300v", epoch, w, f.names, s.Name, len(want), want, len(got), got)
+					}
+					if len(want) > 0 {
+						checked++
+					}
+				}
+			}
+		}
+	}
+	if checked < len(asql.All)*9 {
+		t.Errorf("only %d comparisons had rows", checked)
+	}
+}
+
+// TestGrafanaMultiValueFiltersSumTheirValues proves the multi-value form
+// of the filters: totals over two namespaces are the sums of each.
+func TestGrafanaMultiValueFiltersSumTheirValues(t *testing.T) {
+	store, db := migrated(t)
+	ctx := t.Context()
+	conn := store.Conn()
+	if err := Synthesize(ctx, conn, db, "bench", 20_000, 9, t0, 2*time.Hour); err != nil {
+		t.Fatal(err)
+	}
+	g := asql.Grafana{Database: db, Variables: map[string]asql.Variable{"cluster": {Name: "cluster"}, "namespace": {Name: "namespace", Multi: true}, "resource": {Name: "resource", Multi: true}, "user": {Name: "user", Multi: true}, "name": {Name: "name"}}}
+	bound, err := g.Bind(asql.Totals)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, nss := rowsOf(t, ctx, conn, "SELECT DISTINCT namespace FROM "+db+".events")
+	if len(nss) < 2 {
+		t.Fatalf("only %d namespaces", len(nss))
+	}
+	requests := func(ns ...string) uint64 {
+		e := asql.Expansion{From: t0, To: t0.Add(2 * time.Hour), Interval: time.Minute,
+			Vars: map[string][]string{"cluster": {"bench"}, "namespace": ns, "name": {""}}, All: map[string]bool{"resource": true, "user": true}}
+		sql, err := e.Expand(bound)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var n uint64
+		if err := conn.QueryRow(ctx, "SELECT requests FROM ("+sql+")").Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+	a, b, both := requests(nss[0]), requests(nss[1]), requests(nss[0], nss[1])
+	if a == 0 || b == 0 || both != a+b {
+		t.Errorf("namespaces %s and %s: %d + %d requests, both together %d", nss[0], nss[1], a, b, both)
+	}
+}

@@ -1,0 +1,78 @@
+package report
+
+import (
+	"testing"
+	"time"
+
+	"github.com/stampguard/stampguard/analytics"
+	asql "github.com/stampguard/stampguard/analytics/sql"
+	"github.com/stampguard/stampguard/internal/chtest"
+)
+
+// BenchmarkGrafanaStatements runs each statement as a dashboard panel
+// sends it (Grafana binder, expanded as the plugin does, "All" selected)
+// over a 6-hour range that cuts hours at both ends (as "now-6h" does) and
+// over the whole day, on
+// a day of synthetic events (10 million by default; REPORT_BENCH_EVENTS
+// overrides it).
+func BenchmarkGrafanaStatements(b *testing.B) {
+	srv := chtest.Start(b)
+	db := srv.NewDatabase(b)
+	ctx := b.Context()
+	store, err := analytics.OpenStore(ctx, analytics.StoreOptions{DSN: srv.DSN(), Database: db})
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer store.Close()
+	if _, err := store.Migrate(ctx); err != nil {
+		b.Fatal(err)
+	}
+	if err := Synthesize(ctx, store.Conn(), db, "bench", benchEvents(), 42, t0, 24*time.Hour); err != nil {
+		b.Fatal(err)
+	}
+	for _, table := range []string{"events", "request_rollup"} {
+		if err := store.Conn().Exec(ctx, "OPTIMIZE TABLE "+db+"."+table+" FINAL"); err != nil {
+			b.Logf("optimize %s: %v", table, err)
+		}
+	}
+	g := asql.Grafana{Database: db,
+		Variables: map[string]asql.Variable{"cluster": {Name: "cluster"}, "namespace": {Name: "namespace", Multi: true},
+			"resource": {Name: "resource", Multi: true}, "user": {Name: "user", Multi: true}, "name": {Name: "name"}},
+		Values: map[string]string{"top": "20", "gap_us": "300000000", "threshold": "5", "min_writes": "50", "stale_us": "900000000"}}
+	from := t0.Add(9*time.Hour + 17*time.Minute + 23*time.Second)
+	ranges := []struct {
+		name     string
+		from, to time.Time
+	}{
+		{"6h-cut", from, from.Add(6 * time.Hour)},
+		{"day", t0, t0.Add(24*time.Hour - time.Second)},
+	}
+	for _, rg := range ranges {
+		e := asql.Expansion{From: rg.from, To: rg.to, Interval: 30 * time.Second,
+			Vars: map[string][]string{"cluster": {"bench"}, "name": {""}}, All: map[string]bool{"namespace": true, "resource": true, "user": true}}
+		for _, s := range asql.All {
+			bound, err := g.Bind(s)
+			if err != nil {
+				b.Fatal(err)
+			}
+			sql, err := e.Expand(bound)
+			if err != nil {
+				b.Fatal(err)
+			}
+			b.Run(rg.name+"/"+s.Name, func(b *testing.B) {
+				for b.Loop() {
+					rows, err := store.Conn().Query(ctx, sql)
+					if err != nil {
+						b.Fatal(err)
+					}
+					for rows.Next() {
+					}
+					rows.Close()
+					if err := rows.Err(); err != nil {
+						b.Fatal(err)
+					}
+				}
+			})
+		}
+	}
+}

@@ -1,0 +1,164 @@
+package sql
+
+// Statements the dashboards and alert rules read beside the report's:
+// series over buckets narrower than the rollup's hours, the columns the
+// rollup lacks (user agent, latency), and single numbers for alerts.
+var (
+	ConflictRateSeries = Statement{Name: "conflict_rate_series", Title: "Version-conflict rate", Shape: Series,
+		Params: with(filtered, IntervalS), Time: []Window{EventsWhole, Bucket},
+		Columns: []string{"time", "conflict_rate"},
+		SQL: `
+SELECT time, conflict_rate
+FROM (
+	SELECT {bucket} AS time, countIf(class = 'version') AS conflicts, countIf(is_write) AS attempts, ` + rateOfAttempts + `
+	FROM ` + classified + `
+	GROUP BY time
+)
+ORDER BY time`}
+
+	ConflictKindsSeries = Statement{Name: "conflict_kinds_series", Title: "Conflicts by kind", Shape: Series,
+		Params: with(filtered, IntervalS), Time: []Window{EventsWhole, Bucket},
+		Columns: []string{"time", "version", "field", "delete_precondition", "already_exists", "other"},
+		SQL: `
+SELECT {bucket} AS time, countIf(class = 'version') AS version, countIf(class = 'field') AS field,
+	countIf(class = 'delete_precondition') AS delete_precondition, countIf(class = 'already_exists') AS already_exists,
+	countIf(class = 'other') AS other
+FROM ` + classified + `
+GROUP BY time
+ORDER BY time`}
+
+	StamplessGoneSeries = Statement{Name: "stampless_gone_series", Title: "Stampless updates and 410 Gone", Shape: Series,
+		Params: with(filtered, IntervalS), Time: []Window{EventsWhole, Bucket},
+		Columns: []string{"time", "stampless_updates", "gone"},
+		SQL: `
+SELECT {bucket} AS time, countIf(verb = 'update' AND ` + IsSuccess + ` AND stamp = '') AS stampless_updates, countIf(code = 410) AS gone
+FROM ` + classified + `
+GROUP BY time
+ORDER BY time`}
+
+	// WriteLatencySeries measures write latency from the audit timestamps
+	// (the stage timestamp minus requestReceivedTimestamp), per resource.
+	WriteLatencySeries = Statement{Name: "write_latency_series", Title: "Write latency by resource", Shape: Series,
+		Params: with(filtered, IntervalS), Time: []Window{EventsWhole, Bucket},
+		Columns: []string{"time", "resource", "p50", "p99"},
+		SQL: `
+SELECT {bucket} AS time, resource, quantileExact(0.5)(latency_us) / 1000000 AS p50, quantileExact(0.99)(latency_us) / 1000000 AS p99
+FROM ` + classified + `
+WHERE is_write
+GROUP BY time, resource
+ORDER BY time, resource`}
+
+	ConflictsByNamespace = Statement{Name: "conflicts_by_namespace", Title: "Version conflicts by namespace", Shape: Rows,
+		Params: with(filtered, Top), Time: countedTime,
+		Columns: []string{"namespace", "attempts", "conflicts", "conflict_rate"},
+		SQL: `
+SELECT namespace, toUInt64(sum(write_attempts)) AS attempts, toUInt64(sum(write_version_conflicts)) AS conflicts, ` + rateOfAttempts + `
+FROM ` + counted + `
+WHERE write_attempts != 0
+GROUP BY namespace
+ORDER BY conflicts DESC, attempts DESC, namespace ASC
+LIMIT @top`}
+
+	// ConflictsByUserAgent reads raw events: the rollup has no user agent.
+	ConflictsByUserAgent = Statement{Name: "conflicts_by_user_agent", Title: "Version conflicts by user agent", Shape: Rows,
+		Params: with(filtered, Top), Time: []Window{EventsWhole},
+		Columns: []string{"user_agent", "attempts", "conflicts", "conflict_rate"},
+		SQL: `
+SELECT user_agent, countIf(is_write) AS attempts, countIf(is_write AND class = 'version') AS conflicts, ` + rateOfAttempts + `
+FROM ` + classified + `
+GROUP BY user_agent
+HAVING attempts > 0
+ORDER BY conflicts DESC, attempts DESC, user_agent ASC
+LIMIT @top`}
+
+	UnresolvedRetryLoops = Statement{Name: "unresolved_retry_loops", Title: "Unresolved retry loops", Shape: Rows,
+		Params: RetryLoops.Params, Time: RetryLoops.Time,
+		Columns: []string{"user", "api_group", "resource", "namespace", "name", "conflicts", "first", "last"},
+		SQL:     loopRows(`resolved = 0`)}
+
+	ResolvedRetryLoops = Statement{Name: "resolved_retry_loops", Title: "Resolved retry loops", Shape: Rows,
+		Params: RetryLoops.Params, Time: RetryLoops.Time,
+		Columns: []string{"user", "api_group", "resource", "namespace", "name", "conflicts", "first", "last"},
+		SQL:     loopRows(`resolved = 1`)}
+
+	StamplessByWriter = Statement{Name: "stampless_by_writer", Title: "Stampless updates by writer", Shape: Rows,
+		Params: with(filtered, Top), Time: countedTime,
+		Columns: []string{"user", "count"},
+		SQL: `
+SELECT writer AS user, toUInt64(sum(stampless_updates)) AS count
+FROM ` + counted + `
+WHERE stampless_updates != 0
+GROUP BY user
+ORDER BY count DESC, user
+LIMIT @top`}
+
+	PolicyDecisionsSeries = Statement{Name: "policy_decisions_series", Title: "stampguard decisions by action", Shape: Series,
+		Params: with(filtered, IntervalS), Time: []Window{EventsWhole, Bucket},
+		Columns: []string{"time", "action", "count"},
+		SQL: `
+SELECT {bucket} AS time, action, count() AS count
+FROM ` + decisions + `
+GROUP BY time, action
+ORDER BY time, action`}
+
+	// LeaseConflicts are the version conflicts on each lease: writers
+	// racing for leadership, or renewing from a stale read.
+	LeaseConflicts = Statement{Name: "lease_conflicts", Title: "Version conflicts on leases", Shape: Rows,
+		Params: with(filtered, Top), Time: countedTime,
+		Columns: []string{"namespace", "name", "attempts", "conflicts", "conflict_rate"},
+		SQL: `
+SELECT namespace, name, toUInt64(sum(write_attempts)) AS attempts, toUInt64(sum(write_version_conflicts)) AS conflicts, ` + rateOfAttempts + `
+FROM ` + counted + `
+WHERE api_group = 'coordination.k8s.io' AND resource = 'leases' AND write_attempts != 0
+GROUP BY namespace, name
+ORDER BY conflicts DESC, attempts DESC, namespace, name
+LIMIT @top`}
+
+	// ConflictRate is the window's version-conflict rate, 0 below
+	// @min_writes write attempts: the conflict-storm and climbing alerts.
+	ConflictRate = Statement{Name: "conflict_rate", Title: "Version-conflict rate", Shape: Number,
+		Params: with(filtered, MinWrites), Time: countedTime,
+		Columns: []string{"conflict_rate"},
+		SQL: `
+SELECT if(sum(write_attempts) >= greatest(toInt64(@min_writes), 1), sum(version_conflicts) / sum(write_attempts), 0) AS conflict_rate
+FROM ` + counted}
+
+	// StaleRetryLoops counts the unresolved retry loops whose last conflict
+	// is more than @stale_us before the window's end: the writer stopped
+	// without a success since.
+	StaleRetryLoops = Statement{Name: "stale_retry_loops", Title: "Stale unresolved retry loops", Shape: Number,
+		Params: with(RetryLoops.Params, StaleUs), Time: []Window{Whole, End},
+		Columns: []string{"loops"},
+		SQL: `
+SELECT count() AS loops
+FROM (` + retryLoops + `)
+WHERE resolved = 0 AND last_us + @stale_us < {end_us}`}
+
+	// AuditedStamplessWrites counts the stampless writes that a policy in
+	// Audit mode let through on a guarded kind (it would have denied them).
+	AuditedStamplessWrites = Statement{Name: "audited_stampless_writes", Title: "Stampless writes let through by Audit", Shape: Number,
+		Params: filtered, Time: []Window{EventsWhole},
+		Columns: []string{"writes"},
+		SQL: `
+SELECT count() AS writes
+FROM ` + decisions + `
+WHERE kind = 'stamp-missing' AND action = 'audit'`}
+)
+
+// loopRows lists the retry loops that match cond, with their first and
+// last conflicts as DateTime for a table.
+func loopRows(cond string) string {
+	return `
+SELECT user, api_group, resource, namespace, name, conflicts,
+	toDateTime(intDiv(first_us, 1000000)) AS first, toDateTime(intDiv(last_us, 1000000)) AS last
+FROM (` + retryLoops + `)
+WHERE ` + cond
+}
+
+// All lists every statement: the report's, then the dashboards' and alert
+// rules'.
+var All = append(append([]Statement{}, ReportStatements...),
+	ConflictRateSeries, ConflictKindsSeries, StamplessGoneSeries, WriteLatencySeries,
+	ConflictsByNamespace, ConflictsByUserAgent, UnresolvedRetryLoops, ResolvedRetryLoops,
+	StamplessByWriter, PolicyDecisionsSeries, LeaseConflicts,
+	ConflictRate, StaleRetryLoops, AuditedStamplessWrites)

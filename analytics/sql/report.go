@@ -1,0 +1,82 @@
+package sql
+
+import "strings"
+
+// Report renders statements for `auditsink report`: every parameter stays
+// a bound @name parameter (client-side, quoted by the driver), and the
+// window is [@since_us, @until_us) split into request_rollup's whole hours
+// [@rollup_from_us, @rollup_to_us) and the raw edges around them
+// ([@edge1_from_us, @edge1_last_us] and [@edge2_from_us, @edge2_last_us],
+// closed). The caller computes the split and binds those parameters too.
+type Report struct {
+	// Database holds the tables.
+	Database string
+	// RawLoops derives the retry-loop rows from events instead of reading
+	// the tables of migration 3 (for windows that begin before loop_epoch).
+	RawLoops bool
+	// NoDuplicates says that no event of the window is recorded as stored
+	// more than once (duplicate_events), so the statements skip the
+	// correction: the same answers, cheaper.
+	NoDuplicates bool
+}
+
+// The report's window parameters, bound by the caller beside the
+// statements' own.
+const (
+	ReportSinceUs      = "since_us"
+	ReportUntilUs      = "until_us"
+	ReportRollupFromUs = "rollup_from_us"
+	ReportRollupToUs   = "rollup_to_us"
+	ReportEdge1FromUs  = "edge1_from_us"
+	ReportEdge1LastUs  = "edge1_last_us"
+	ReportEdge2FromUs  = "edge2_from_us"
+	ReportEdge2LastUs  = "edge2_last_us"
+)
+
+// reportWindow is the report's half-open window [@since_us, @until_us) on
+// the stage timestamp in microseconds, with the day partitions it spans so
+// that ClickHouse reads only those.
+const reportWindow = `event_date >= toDate(toDateTime(intDiv(@since_us, 1000000))) AND event_date <= toDate(toDateTime(intDiv(@until_us, 1000000))) AND event_time_us >= @since_us AND event_time_us < @until_us`
+
+// reportRawWindow is the window minus the rollup's whole hours: two edges,
+// each a closed range with the day partitions it spans. An empty edge has
+// from > last and spans no day, so ClickHouse reads nothing for it (a
+// condition the partition pruning cannot see through, such as if(), would
+// make it read the day).
+const reportRawWindow = `(` + rawEdge1 + ` OR ` + rawEdge2 + `)`
+
+const (
+	rawEdge1 = `(event_date >= toDate(toDateTime(intDiv(@edge1_from_us, 1000000))) AND event_date <= toDate(toDateTime(intDiv(@edge1_last_us, 1000000))) AND event_time_us >= @edge1_from_us AND event_time_us <= @edge1_last_us)`
+	rawEdge2 = `(event_date >= toDate(toDateTime(intDiv(@edge2_from_us, 1000000))) AND event_date <= toDate(toDateTime(intDiv(@edge2_last_us, 1000000))) AND event_time_us >= @edge2_from_us AND event_time_us <= @edge2_last_us)`
+)
+
+// reportRollupWindow selects the rollup's whole hours [@rollup_from_us, @rollup_to_us).
+const reportRollupWindow = `hour >= toDateTime(intDiv(@rollup_from_us, 1000000)) AND hour < toDateTime(intDiv(@rollup_to_us, 1000000))`
+
+// reportFilters narrows by each filter parameter; empty means any.
+var reportFilters = func() string {
+	var fs []string
+	for _, f := range Filters {
+		fs = append(fs, "(@"+f.Name+" = '' OR "+f.Column+" = @"+f.Name+")")
+	}
+	return "(" + strings.Join(fs, " AND ") + ")"
+}()
+
+// Bind renders s for the report.
+func (r Report) Bind(s Statement) string {
+	lc, ls, dups, dedup := loopConflictsTable, loopSuccessesTable, corrected, correctedDedup
+	if r.NoDuplicates {
+		lc, dups, dedup = loopConflictsPlain, noDuplicates, ""
+	}
+	if r.RawLoops {
+		lc, ls = loopConflictsRaw, loopSuccessesRaw
+	}
+	return replace(s.SQL,
+		"{loop_conflicts}", lc, "{loop_successes}", ls,
+		"{duplicates}", dups, "{dedup}", dedup,
+		"{filters}", reportFilters,
+		"{raw_window}", reportRawWindow, "{rollup_window}", reportRollupWindow, "{window}", reportWindow, "{events_window}", reportWindow,
+		"{bucket}", "toDateTime(intDiv(toUInt32(event_time), @interval_s) * @interval_s)",
+		"{end_us}", "@until_us",
+		"{db}", r.Database)
+}

@@ -1,0 +1,189 @@
+package sql
+
+import (
+	"fmt"
+	"regexp"
+	"slices"
+	"strings"
+)
+
+// Type is how a parameter is bound.
+type Type string
+
+// The parameter types.
+const (
+	TypeString Type = "String"
+	TypeUInt64 Type = "UInt64"
+	TypeInt    Type = "Int"
+)
+
+// Param is one @name parameter of a statement.
+type Param struct {
+	// Name is the parameter as the SQL writes it, without the @.
+	Name string
+	Type Type
+	// Meaning says what the parameter selects, for readers and the
+	// generated dashboards.
+	Meaning string
+	// Column is the column a filter narrows; empty for other parameters.
+	// Filters are placed by {filters}, and empty means any value.
+	Column string
+}
+
+// The parameters of the statements.
+var (
+	Cluster   = Param{Name: "cluster", Type: TypeString, Meaning: "the source cluster whose events are read"}
+	Namespace = Param{Name: "namespace", Type: TypeString, Meaning: "narrows to one namespace (empty: any)", Column: "namespace"}
+	Resource  = Param{Name: "resource", Type: TypeString, Meaning: "narrows to one resource, such as configmaps (empty: any)", Column: "resource"}
+	User      = Param{Name: "user", Type: TypeString, Meaning: "narrows to one writer: the impersonated user, else the user (empty: any)", Column: "writer"}
+	Name      = Param{Name: "name", Type: TypeString, Meaning: "narrows to objects of one name (empty: any)", Column: "name"}
+	Top       = Param{Name: "top", Type: TypeInt, Meaning: "bounds every list"}
+	GapUs     = Param{Name: "gap_us", Type: TypeUInt64, Meaning: "the longest pause inside a retry loop, in microseconds"}
+	Threshold = Param{Name: "threshold", Type: TypeInt, Meaning: "the fewest version conflicts that make a retry loop"}
+	IntervalS = Param{Name: "interval_s", Type: TypeUInt64, Meaning: "the width of a series' time bucket, in seconds"}
+	MinWrites = Param{Name: "min_writes", Type: TypeUInt64, Meaning: "the fewest write attempts for a conflict rate other than 0"}
+	StaleUs   = Param{Name: "stale_us", Type: TypeUInt64, Meaning: "how long after its last conflict an unresolved retry loop counts as stale, in microseconds"}
+)
+
+// Filters are the filter parameters, in the order {filters} writes them.
+var Filters = []Param{Namespace, Resource, User, Name}
+
+// Source is where a part of the window is read from.
+type Source string
+
+// The sources.
+const (
+	// Raw is the events table, or a table fed one row per event (the
+	// retry-loop tables).
+	Raw Source = "raw"
+	// Rollup is request_rollup's hourly counters.
+	Rollup Source = "rollup"
+)
+
+// Window is one way a statement places time: a placeholder in its SQL, the
+// column the placeholder filters or buckets, and the source it reads.
+type Window struct {
+	Placeholder string
+	Column      string
+	Source      Source
+	Meaning     string
+}
+
+// The windows.
+var (
+	// Whole is the whole window on event_time_us, on events or on the
+	// retry-loop tables (each has event_date and event_time_us).
+	Whole = Window{"{window}", "event_time_us", Raw, "the whole window"}
+	// EventsWhole is the whole window on events' event_time, for
+	// statements that read only events.
+	EventsWhole = Window{"{events_window}", "event_time", Raw, "the whole window, on events"}
+	// RawEdges is the part of the window that request_rollup does not
+	// answer, on events.
+	RawEdges = Window{"{raw_window}", "event_time_us", Raw, "the window minus request_rollup's whole hours"}
+	// RollupHours is request_rollup's whole hours inside the window.
+	RollupHours = Window{"{rollup_window}", "hour", Rollup, "the whole hours request_rollup answers"}
+	// Bucket is the start of a series' time bucket, as a DateTime.
+	Bucket = Window{"{bucket}", "event_time", Raw, "the time bucket of a series"}
+	// End is the window's end (exclusive) in microseconds.
+	End = Window{"{end_us}", "event_time_us", Raw, "the end of the window, exclusive, in microseconds"}
+)
+
+// Windows lists every window a binder must place.
+var Windows = []Window{Whole, EventsWhole, RawEdges, RollupHours, Bucket, End}
+
+// Shape is what a statement returns.
+type Shape string
+
+// The shapes.
+const (
+	// Rows is a table: the named columns, one row per finding.
+	Rows Shape = "rows"
+	// Series is a time series: the first column is the bucket's time.
+	Series Shape = "series"
+	// Number is one row of one number.
+	Number Shape = "number"
+)
+
+// Statement is one analytics query in its typed form.
+type Statement struct {
+	// Name identifies the statement; Title says what it shows.
+	Name, Title string
+	Shape       Shape
+	// Params are the @name parameters the SQL uses; a filter parameter
+	// is used through {filters}, interval_s through {bucket}.
+	Params []Param
+	// Time is where the SQL places time.
+	Time []Window
+	// Columns are the result's column names, in order.
+	Columns []string
+	// SQL is the text with placeholders: {db}, {filters}, the windows,
+	// {loop_conflicts} and {loop_successes} (the retry-loop rows), and
+	// {duplicates} and {dedup} (the correction for events stored more
+	// than once).
+	SQL string
+}
+
+var (
+	paramRef       = regexp.MustCompile(`@([a-z_]+)`)
+	placeholderRef = regexp.MustCompile(`\{[a-z_]+\}`)
+)
+
+// Validate checks that the statement declares exactly the parameters and
+// windows its SQL uses.
+func (s Statement) Validate() error {
+	var used []string
+	for _, m := range paramRef.FindAllStringSubmatch(s.SQL, -1) {
+		used = append(used, m[1])
+	}
+	if strings.Contains(s.SQL, "{filters}") {
+		for _, f := range Filters {
+			used = append(used, f.Name)
+		}
+	}
+	if strings.Contains(s.SQL, Bucket.Placeholder) {
+		used = append(used, IntervalS.Name)
+	}
+	var declared []string
+	for _, p := range s.Params {
+		declared = append(declared, p.Name)
+	}
+	if a, b := set(used), set(declared); !slices.Equal(a, b) {
+		return fmt.Errorf("statement %s: uses parameters %v, declares %v", s.Name, a, b)
+	}
+	var places, windows []string
+	for _, p := range placeholderRef.FindAllString(s.SQL, -1) {
+		switch p {
+		case "{db}", "{filters}", "{loop_conflicts}", "{loop_successes}", "{duplicates}", "{dedup}":
+		default:
+			places = append(places, p)
+		}
+	}
+	for _, w := range s.Time {
+		windows = append(windows, w.Placeholder)
+	}
+	if a, b := set(places), set(windows); !slices.Equal(a, b) {
+		return fmt.Errorf("statement %s: places time with %v, declares %v", s.Name, a, b)
+	}
+	if len(s.Columns) == 0 {
+		return fmt.Errorf("statement %s: no columns", s.Name)
+	}
+	if s.Shape == Series && s.Columns[0] != "time" {
+		return fmt.Errorf("statement %s: a series starts with the column time, not %s", s.Name, s.Columns[0])
+	}
+	return nil
+}
+
+func set(xs []string) []string {
+	xs = slices.Clone(xs)
+	slices.Sort(xs)
+	return slices.Compact(xs)
+}
+
+// replace fills placeholders in order: a later pair may fill what an
+// earlier one wrote.
+func replace(sql string, pairs ...string) string {
+	for i := 0; i+1 < len(pairs); i += 2 {
+		sql = strings.ReplaceAll(sql, pairs[i], pairs[i+1])
+	}
+	return sql
+}

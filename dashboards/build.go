@@ -1,0 +1,278 @@
+package dashboards
+
+import (
+	"fmt"
+	"strings"
+
+	"github.com/grafana/grafana-foundation-sdk/go/cog"
+	"github.com/grafana/grafana-foundation-sdk/go/cog/variants"
+	"github.com/grafana/grafana-foundation-sdk/go/common"
+	"github.com/grafana/grafana-foundation-sdk/go/dashboard"
+	"github.com/grafana/grafana-foundation-sdk/go/prometheus"
+	"github.com/grafana/grafana-foundation-sdk/go/stat"
+	"github.com/grafana/grafana-foundation-sdk/go/table"
+	"github.com/grafana/grafana-foundation-sdk/go/timeseries"
+	"github.com/grafana/grafana-foundation-sdk/go/units"
+
+	asql "github.com/stampguard/stampguard/analytics/sql"
+)
+
+// Tag is on every dashboard; the dashboards link to each other through it.
+const Tag = "stampguard"
+
+// Query is one ClickHouse query the generated files send: a panel's
+// target, a template variable's query, or an alert rule's data query.
+type Query struct {
+	// Name is "<dashboard uid>/<panel id>/<statement>",
+	// "<dashboard uid>/var/<variable>" or "alert/<rule uid>/<refId>".
+	Name string
+	// Statement is the analytics statement the query renders; zero for a
+	// variable's query.
+	Statement asql.Statement
+	// Shape is what the panel needs back: a series (a time column first),
+	// rows with Statement.Columns, or one number.
+	Shape asql.Shape
+	// SQL is the query as the file holds it: the plugin's macros and the
+	// template variables unexpanded.
+	SQL string
+	// Alert is true for an alert rule's query; From and To are then its
+	// relative time range (how long before now it starts and ends).
+	Alert    bool
+	From, To int64
+}
+
+// board is one dashboard being built.
+type board struct {
+	g      *generator
+	uid    string
+	b      *dashboard.DashboardBuilder //nolint:staticcheck // the classic model (newBoard says why)
+	ds     common.DataSourceRef
+	nextID uint32
+	binder asql.Grafana
+}
+
+func ref(typ, uid string) common.DataSourceRef {
+	return common.DataSourceRef{Type: &typ, Uid: &uid}
+}
+
+// clickHouseVariables are the filter variables of every ClickHouse
+// dashboard, by parameter name.
+var clickHouseVariables = map[string]asql.Variable{
+	asql.Cluster.Name:   {Name: "cluster"},
+	asql.Namespace.Name: {Name: "namespace", Multi: true},
+	asql.Resource.Name:  {Name: "resource", Multi: true},
+	asql.User.Name:      {Name: "user", Multi: true},
+	asql.Name.Name:      {Name: "name"},
+}
+
+func (g *generator) newBoard(uid, title, description string, tags ...string) *board {
+	// The classic dashboard model (deprecated in the SDK for dashboardv2):
+	// it is what Import, file provisioning and the sidecar read;
+	// dashboardv2 needs Grafana 12's v2 API.
+	b := dashboard.NewDashboardBuilder(title) //nolint:staticcheck
+	b.
+		Uid(uid).
+		Description(description).
+		Tags(append([]string{Tag}, tags...)).
+		Editable().
+		Tooltip(dashboard.DashboardCursorSyncCrosshair).
+		Time("now-6h", "now").
+		Refresh("1m").
+		Timezone("browser").
+		Link(dashboard.NewDashboardLinkBuilder("stampguard").
+			Type(dashboard.DashboardLinkTypeDashboards).
+			Tags([]string{Tag}).AsDropdown(true).IncludeVars(true).KeepTime(true))
+	return &board{g: g, uid: uid, b: b}
+}
+
+// clickHouseBoard is a dashboard on the ClickHouse data source with the
+// variables datasource, cluster, namespace, resource, user and name.
+func (g *generator) clickHouseBoard(uid, title, description string, tags ...string) *board {
+	bd := g.newBoard(uid, title, description, tags...)
+	bd.ds = ref(PluginID, "${datasource}")
+	bd.binder = asql.Grafana{Database: g.o.Database, Variables: clickHouseVariables, Values: map[string]string{
+		asql.Top.Name:       fmt.Sprint(g.o.Top),
+		asql.GapUs.Name:     fmt.Sprint(g.o.LoopGap.Microseconds()),
+		asql.Threshold.Name: fmt.Sprint(g.o.LoopThreshold),
+	}}
+	bd.b.WithVariable(dashboard.NewDatasourceVariableBuilder("datasource").
+		Label("ClickHouse").
+		Type(PluginID))
+	db := g.o.Database
+	// The lists come from request_rollup (small), over the last week.
+	bd.queryVariable("cluster", "Cluster", false,
+		`SELECT DISTINCT cluster FROM `+db+`.request_rollup WHERE event_date >= today() - 7 ORDER BY cluster`)
+	in := func(col string) string {
+		return `SELECT DISTINCT ` + col + ` FROM ` + db + `.request_rollup WHERE event_date >= today() - 7 AND cluster = ${cluster:singlequote} AND ` + col + ` != '' ORDER BY ` + col
+	}
+	bd.queryVariable("namespace", "Namespace", true, in("namespace"))
+	bd.queryVariable("resource", "Resource", true, in("resource"))
+	bd.queryVariable("user", "Writer", true, in("writer"))
+	empty := ""
+	bd.b.WithVariable(dashboard.NewTextBoxVariableBuilder("name").
+		Label("Object name").
+		Description("One object's name; empty for every object").
+		DefaultValue(dashboard.StringOrMap{String: &empty}))
+	return bd
+}
+
+// queryVariable adds a ClickHouse query variable; a multi-value one has
+// "All", whose custom value the filters read as any.
+func (bd *board) queryVariable(name, label string, multi bool, sql string) {
+	v := dashboard.NewQueryVariableBuilder(name).
+		Label(label).
+		Datasource(bd.ds).
+		Query(dashboard.StringOrMap{Map: map[string]any{"refId": name, "queryType": "sql", "rawSql": sql}}).
+		Refresh(dashboard.VariableRefreshOnTimeRangeChanged).
+		Sort(dashboard.VariableSortAlphabeticalAsc)
+	if multi {
+		all := "$__all"
+		v.Multi(true).IncludeAll(true).AllValue(asql.AllValue).
+			Current(dashboard.VariableOption{Text: dashboard.StringOrArrayOfString{String: strPtr("All")}, Value: dashboard.StringOrArrayOfString{String: &all}})
+	}
+	bd.b.WithVariable(v)
+	bd.g.queries = append(bd.g.queries, Query{Name: bd.uid + "/var/" + name, Shape: asql.Rows, SQL: sql})
+}
+
+func strPtr(s string) *string { return &s }
+
+// target renders s as the panel's query and records it.
+func (bd *board) target(id uint32, s asql.Statement) cog.Builder[variants.Dataquery] {
+	sql, err := bd.binder.Bind(s)
+	if err != nil {
+		bd.g.errs = append(bd.g.errs, err)
+	}
+	sql = strings.TrimSpace(sql)
+	bd.g.queries = append(bd.g.queries, Query{Name: fmt.Sprintf("%s/%d/%s", bd.uid, id, s.Name), Statement: s, Shape: s.Shape, SQL: sql})
+	return newClickHouseQuery("A", bd.ds, s.Shape == asql.Series, sql)
+}
+
+func (bd *board) id() uint32 {
+	bd.nextID++
+	return bd.nextID
+}
+
+func legend() *common.VizLegendOptionsBuilder {
+	return common.NewVizLegendOptionsBuilder().
+		DisplayMode(common.LegendDisplayModeTable).
+		Placement(common.LegendPlacementBottom).
+		ShowLegend(true).
+		Calcs([]string{"mean", "max", "lastNotNull"})
+}
+
+func tooltip() *common.VizTooltipOptionsBuilder {
+	return common.NewVizTooltipOptionsBuilder().Mode(common.TooltipDisplayModeMulti).Sort(common.SortOrderDescending)
+}
+
+func thresholds(steps ...any) *dashboard.ThresholdsConfigBuilder {
+	var ts []dashboard.Threshold
+	for i := 0; i+1 < len(steps); i += 2 {
+		var v *float64
+		if f, ok := steps[i].(float64); ok {
+			v = &f
+		}
+		ts = append(ts, dashboard.Threshold{Value: v, Color: steps[i+1].(string)})
+	}
+	return dashboard.NewThresholdsConfigBuilder().Mode(dashboard.ThresholdsModeAbsolute).Steps(ts)
+}
+
+// series is a time-series panel over s.
+func (bd *board) series(title, description string, s asql.Statement, unit string, w, h uint32) *timeseries.PanelBuilder {
+	id := bd.id()
+	p := timeseries.NewPanelBuilder().Id(id).Title(title).Description(description).
+		Datasource(bd.ds).WithTarget(bd.target(id, s)).
+		Unit(unit).Span(w).Height(h).
+		Legend(legend()).Tooltip(tooltip()).
+		LineWidth(1).FillOpacity(10).
+		Thresholds(thresholds(nil, "green"))
+	return p
+}
+
+// table is a table panel over s.
+func (bd *board) table(title, description string, s asql.Statement, w, h uint32) *table.PanelBuilder {
+	id := bd.id()
+	p := table.NewPanelBuilder().Id(id).Title(title).Description(description).
+		Datasource(bd.ds).WithTarget(bd.target(id, s)).
+		Span(w).Height(h).Filterable(true).
+		Footer(common.NewTableFooterOptionsBuilder().Show(false).Reducer([]string{"sum"})).
+		Thresholds(thresholds(nil, "green"))
+	for _, c := range s.Columns {
+		if c == "conflict_rate" {
+			p.OverrideByName(c, []dashboard.DynamicConfigValue{{Id: "unit", Value: units.PercentUnit}, {Id: "displayName", Value: "conflict rate"}})
+		}
+	}
+	return p
+}
+
+// stat is a stat panel showing one column of s.
+func (bd *board) stat(title, description string, s asql.Statement, column, unit string, w, h uint32, th *dashboard.ThresholdsConfigBuilder) *stat.PanelBuilder {
+	id := bd.id()
+	return stat.NewPanelBuilder().Id(id).Title(title).Description(description).
+		Datasource(bd.ds).WithTarget(bd.target(id, s)).
+		Unit(unit).Span(w).Height(h).
+		ReduceOptions(common.NewReduceDataOptionsBuilder().Calcs([]string{"lastNotNull"}).Fields("/^" + column + "$/")).
+		ColorMode(common.BigValueColorModeValue).GraphMode(common.BigValueGraphModeNone).
+		Thresholds(th)
+}
+
+// link filters this dashboard to one object or one writer: the url's
+// variables come from the clicked row.
+func (bd *board) link(title string, vars ...string) dashboard.DynamicConfigValue {
+	q := []string{"${__url_time_range}", "var-datasource=${datasource}", "var-cluster=${cluster}"}
+	for i := 0; i+1 < len(vars); i += 2 {
+		q = append(q, "var-"+vars[i]+"=${__data.fields."+vars[i+1]+"}")
+	}
+	return dashboard.DynamicConfigValue{Id: "links", Value: []map[string]any{{
+		"title": title, "url": "/d/" + bd.uid + "?" + strings.Join(q, "&"),
+	}}}
+}
+
+// promBoard is a dashboard on a Prometheus data source variable.
+func (g *generator) promBoard(uid, title, description string, tags ...string) *board {
+	bd := g.newBoard(uid, title, description, tags...)
+	bd.ds = ref("prometheus", "${datasource}")
+	bd.b.WithVariable(dashboard.NewDatasourceVariableBuilder("datasource").Label("Prometheus").Type("prometheus"))
+	return bd
+}
+
+// promSeries is a time-series panel of PromQL expressions, each with its
+// legend.
+func (bd *board) promSeries(title, description, unit string, w, h uint32, exprs ...string) *timeseries.PanelBuilder {
+	p := timeseries.NewPanelBuilder().Id(bd.id()).Title(title).Description(description).
+		Datasource(bd.ds).Unit(unit).Span(w).Height(h).
+		Legend(legend()).Tooltip(tooltip()).LineWidth(1).FillOpacity(10).
+		Thresholds(thresholds(nil, "green"))
+	for i := 0; i+1 < len(exprs); i += 2 {
+		p.WithTarget(prometheus.NewDataqueryBuilder().
+			Datasource(bd.ds).
+			RefId(string(rune('A' + i/2))).
+			Expr(exprs[i]).
+			LegendFormat(exprs[i+1]).
+			Range())
+	}
+	return p
+}
+
+func (bd *board) add(p cog.Builder[dashboard.Panel]) {
+	bd.b.WithPanel(p)
+}
+
+func (bd *board) row(title string) {
+	bd.b.WithRow(dashboard.NewRowBuilder(title).Id(bd.id()))
+}
+
+// Expanded is every ClickHouse query of the generated files, by Query.Name,
+// with e applied as Grafana and the plugin apply it: the SQL that reaches
+// ClickHouse. Tests run it on ClickHouse 18.16, and a suite on a current
+// release can run the same list.
+func (g *Generated) Expanded(e asql.Expansion) (map[string]string, error) {
+	out := make(map[string]string, len(g.Queries))
+	for _, q := range g.Queries {
+		sql, err := e.Expand(q.SQL)
+		if err != nil {
+			return nil, fmt.Errorf("%s: %w", q.Name, err)
+		}
+		out[q.Name] = sql
+	}
+	return out, nil
+}

@@ -1,0 +1,200 @@
+package dashboards
+
+import (
+	"errors"
+	"fmt"
+	"regexp"
+
+	"github.com/grafana/grafana-foundation-sdk/go/common"
+	"github.com/grafana/grafana-foundation-sdk/go/dashboard"
+	"github.com/grafana/grafana-foundation-sdk/go/units"
+
+	asql "github.com/stampguard/stampguard/analytics/sql"
+)
+
+// The dashboards' UIDs: stable, so links and bookmarks survive updates.
+const (
+	UIDConflicts  = "stampguard-conflicts"
+	UIDHotObjects = "stampguard-hot-objects"
+	UIDPolicy     = "stampguard-policy"
+	UIDLeases     = "stampguard-leases"
+	UIDHealth     = "stampguard-health"
+)
+
+// databaseName is a database the SQL can name without quoting.
+var databaseName = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]*$`)
+
+type generator struct {
+	o       Options
+	queries []Query
+	errs    []error
+}
+
+// Generated is the generator's output.
+type Generated struct {
+	// Options are the parameters it was generated with, defaults applied.
+	Options Options
+	// Dashboards are the five dashboards, in UID order of Files.
+	Dashboards []dashboard.Dashboard //nolint:staticcheck // the classic model: what Import, file provisioning and the sidecar read
+	// Rules is the alert rule group.
+	Rules RuleGroup
+	// Queries are every ClickHouse query of the dashboards and the rules.
+	Queries []Query
+}
+
+// Generate builds the dashboards and the alert rules.
+func Generate(o Options) (*Generated, error) {
+	o.setDefaults()
+	if !databaseName.MatchString(o.Database) {
+		return nil, fmt.Errorf("database name %q: want letters, digits and underscores", o.Database)
+	}
+	if o.Alerts.StormRate >= 1 || o.Alerts.ClimbMinRate >= 1 || o.BaselineConflictRate >= 1 {
+		return nil, fmt.Errorf("conflict rates are fractions of the writes, below 1: storm %g, climb minimum %g, baseline %g",
+			o.Alerts.StormRate, o.Alerts.ClimbMinRate, o.BaselineConflictRate)
+	}
+	g := &generator{o: o}
+	var out Generated
+	out.Options = o
+	for _, build := range []func() *board{g.conflicts, g.hotObjects, g.policy, g.leases, g.health} {
+		bd := build()
+		d, err := bd.b.Build()
+		if err != nil {
+			return nil, fmt.Errorf("dashboard %s: %w", bd.uid, err)
+		}
+		out.Dashboards = append(out.Dashboards, d)
+	}
+	rules, err := g.alertRules()
+	if err != nil {
+		return nil, err
+	}
+	out.Rules = rules
+	if err := errors.Join(g.errs...); err != nil {
+		return nil, err
+	}
+	out.Queries = g.queries
+	return &out, nil
+}
+
+func (g *generator) rateThresholds() *dashboard.ThresholdsConfigBuilder {
+	return thresholds(nil, "green", g.o.BaselineConflictRate, "orange", g.o.Alerts.StormRate, "red")
+}
+
+func (g *generator) conflicts() *board {
+	bd := g.clickHouseBoard(UIDConflicts, "stampguard: conflicts overview",
+		"Version conflicts (409) and their kinds, stampless updates, expired lists and write latency, from the apiserver's audit log.", "conflicts")
+	bd.add(bd.stat("Version-conflict rate", "Version conflicts per write attempt over the range.", asql.Totals, "conflict_rate", units.PercentUnit, 6, 4, g.rateThresholds()))
+	bd.add(bd.stat("Write attempts", "Create, update, patch and delete requests (dry runs excluded).", asql.Totals, "write_attempts", units.Short, 6, 4, thresholds(nil, "blue")))
+	bd.add(bd.stat("Version conflicts", "409 Conflict answers for a stale resourceVersion.", asql.Totals, "version_conflicts", units.Short, 6, 4, thresholds(nil, "green", 1.0, "orange")))
+	bd.add(bd.stat("Stampless updates", "Successful updates that sent no resourceVersion: they overwrite whatever was there.", asql.Totals, "stampless_updates", units.Short, 6, 4, thresholds(nil, "green", 1.0, "orange")))
+
+	rate := bd.series("Version-conflict rate",
+		fmt.Sprintf("Version conflicts per write attempt in each interval; the line is the healthy baseline (%g).", g.o.BaselineConflictRate),
+		asql.ConflictRateSeries, units.PercentUnit, 24, 8).
+		Thresholds(thresholds(nil, "transparent", g.o.BaselineConflictRate, "red")).
+		ThresholdsStyle(common.NewGraphThresholdsStyleConfigBuilder().Mode(common.GraphThresholdsStyleModeLine)).
+		AxisSoftMin(0)
+	bd.add(rate)
+	bd.add(bd.series("Conflicts by kind", "Every 409, classified once: version (stale resourceVersion), field (server-side apply manager conflict), delete precondition, already exists, other.",
+		asql.ConflictKindsSeries, units.Short, 12, 8).
+		DrawStyle(common.GraphDrawStyleBars).Stacking(common.NewStackingConfigBuilder().Mode(common.StackingModeNormal)))
+	bd.add(bd.series("Stampless updates and 410 Gone", "Updates without a resourceVersion that succeeded, and lists or watches whose resourceVersion had expired.",
+		asql.StamplessGoneSeries, units.Short, 12, 8).DrawStyle(common.GraphDrawStyleBars))
+	bd.add(bd.series("Write latency by resource (p50, p99)", "From requestReceivedTimestamp to the stage timestamp of each write, per resource.",
+		asql.WriteLatencySeries, units.Seconds, 24, 8))
+
+	bd.row("Where the conflicts are")
+	bd.add(bd.table("By resource", "Write attempts and version conflicts per resource.", asql.ConflictsByResource, 12, 8))
+	bd.add(bd.table("By namespace", "Write attempts and version conflicts per namespace.", asql.ConflictsByNamespace, 12, 8))
+	bd.add(bd.table("By writer", "Write attempts and version conflicts per writer (the impersonated user, else the user).", asql.ConflictsByUser, 12, 8).
+		OverrideByName("user", []dashboard.DynamicConfigValue{bd.link("Filter to this writer", "user", "user")}))
+	bd.add(bd.table("By user agent", "Write attempts and version conflicts per client user agent.", asql.ConflictsByUserAgent, 12, 8))
+	return bd
+}
+
+func (g *generator) hotObjects() *board {
+	bd := g.clickHouseBoard(UIDHotObjects, "stampguard: hot objects and retry loops",
+		"The objects most written and fought over, and writers looping on version conflicts. Click a name or writer to filter every panel to it.", "conflicts", "retry-loops")
+	objectLink := bd.link("Filter to this object", "namespace", "namespace", "resource", "resource", "name", "name")
+	writerLink := bd.link("Filter to this writer", "user", "user")
+	bd.add(bd.table("Hot objects", "Objects ranked by version conflicts, then distinct writers, then write attempts.", asql.HotObjects, 24, 9).
+		OverrideByName("n", []dashboard.DynamicConfigValue{{Id: "displayName", Value: "name"},
+			bd.link("Filter to this object", "namespace", "ns", "resource", "r", "name", "n")}).
+		OverrideByName("g", []dashboard.DynamicConfigValue{{Id: "displayName", Value: "api group"}}).
+		OverrideByName("r", []dashboard.DynamicConfigValue{{Id: "displayName", Value: "resource"}}).
+		OverrideByName("ns", []dashboard.DynamicConfigValue{{Id: "displayName", Value: "namespace"}}))
+	loops := func(title, description string, s asql.Statement) {
+		bd.add(bd.table(title, description, s, 24, 8).
+			OverrideByName("user", []dashboard.DynamicConfigValue{writerLink}).
+			OverrideByName("name", []dashboard.DynamicConfigValue{objectLink}))
+	}
+	loops("Unresolved retry loops", fmt.Sprintf("Runs of at least %d version conflicts by one writer on one object, no pause longer than %s, with no success by that writer on that object after the last conflict.",
+		g.o.LoopThreshold, duration(g.o.LoopGap)), asql.UnresolvedRetryLoops)
+	loops("Resolved retry loops", "Retry loops that ended with a success by the same writer on the same object.", asql.ResolvedRetryLoops)
+	bd.add(bd.series("Version-conflict rate", "Version conflicts per write attempt, for the filtered object or writer.", asql.ConflictRateSeries, units.PercentUnit, 24, 7).
+		Thresholds(thresholds(nil, "transparent", g.o.BaselineConflictRate, "red")).
+		ThresholdsStyle(common.NewGraphThresholdsStyleConfigBuilder().Mode(common.GraphThresholdsStyleModeLine)))
+	return bd
+}
+
+func (g *generator) policy() *board {
+	bd := g.clickHouseBoard(UIDPolicy, "stampguard: policy enforcement",
+		"What the stampguard webhook decided, from its audit annotations: by policy, rule kind and action. Under Audit, a decision is a write it would have denied.", "policy")
+	actions := []dashboard.ValueMapping{{ValueMap: &dashboard.ValueMap{Type: dashboard.MappingTypeValueToText, Options: map[string]dashboard.ValueMappingResult{
+		"deny":  {Text: strPtr("denied"), Color: strPtr("red")},
+		"warn":  {Text: strPtr("warned"), Color: strPtr("orange")},
+		"audit": {Text: strPtr("would have denied (Audit)"), Color: strPtr("yellow")},
+	}}}}
+	bd.add(bd.series("Decisions by action", "stampguard decisions per interval: denied, warned, and would have denied (Audit).", asql.PolicyDecisionsSeries, units.Short, 24, 8).
+		DrawStyle(common.GraphDrawStyleBars).Stacking(common.NewStackingConfigBuilder().Mode(common.StackingModeNormal)))
+	bd.add(bd.table("Decisions by policy, rule kind and action", "One row per policy, rule kind (stamp-missing, field-owner, immutable-field, delete-precondition) and action.", asql.PolicyDecisions, 14, 9).
+		OverrideByName("action", []dashboard.DynamicConfigValue{{Id: "mappings", Value: actions}, {Id: "custom.cellOptions", Value: map[string]any{"type": "color-text"}}}))
+	bd.add(bd.table("Stampless updates by writer", "Successful updates without a resourceVersion, per writer.", asql.StamplessByWriter, 10, 9).
+		OverrideByName("user", []dashboard.DynamicConfigValue{bd.link("Filter to this writer", "user", "user")}))
+	bd.add(bd.table("Stampless updates by object", "Successful updates without a resourceVersion, per writer and object.", asql.StamplessUpdates, 24, 8))
+	return bd
+}
+
+func (g *generator) leases() *board {
+	bd := g.clickHouseBoard(UIDLeases, "stampguard: leader election",
+		"Lease holder changes and version conflicts on coordination.k8s.io leases.", "leases")
+	bd.add(bd.table("Lease holder changes", "Per lease, the runs of its holder in time order; every run after the first is a change (A, B, A is two changes).", asql.LeaseHolderChanges, 12, 10).
+		OverrideByName("changes", []dashboard.DynamicConfigValue{{Id: "custom.cellOptions", Value: map[string]any{"type": "color-background"}}}).
+		Thresholds(thresholds(nil, "green", 2.0, "orange", 10.0, "red")))
+	bd.add(bd.table("Version conflicts on leases", "Write attempts and version conflicts per lease: candidates racing, or renewing from a stale read.", asql.LeaseConflicts, 12, 10))
+	return bd
+}
+
+func (g *generator) health() *board {
+	bd := g.promBoard(UIDHealth, "stampguard: health",
+		"The webhook's admission traffic and the audit sink's pipeline, from their Prometheus metrics.", "health")
+	bd.row("Webhook")
+	bd.add(bd.promSeries("Admission rate", "AdmissionReviews per second, by endpoint (stamp, fields).", units.RequestsPerSecond, 12, 8,
+		`sum by (endpoint) (rate(stampguard_admission_requests_total[$__rate_interval]))`, "{{endpoint}}"))
+	bd.add(bd.promSeries("Denials by policy", "Violations that denied the request, by policy and rule kind.", units.RequestsPerSecond, 12, 8,
+		`sum by (policy, rule) (rate(stampguard_admission_decisions_total{outcome="denied"}[$__rate_interval]))`, "{{policy}} {{rule}}",
+		`sum by (policy, rule) (rate(stampguard_admission_decisions_total{action="Audit"}[$__rate_interval]))`, "{{policy}} {{rule}} (Audit: would have denied)"))
+	bd.add(bd.promSeries("Evaluation latency", "Time from reading an AdmissionReview to writing the answer.", units.Seconds, 12, 8,
+		`histogram_quantile(0.5, sum by (le, endpoint) (rate(stampguard_admission_evaluation_seconds_bucket[$__rate_interval])))`, "p50 {{endpoint}}",
+		`histogram_quantile(0.99, sum by (le, endpoint) (rate(stampguard_admission_evaluation_seconds_bucket[$__rate_interval])))`, "p99 {{endpoint}}"))
+	bd.add(bd.promSeries("Errors and policies", "Reviews that could not be evaluated, by reason; and the policies known, by state.", units.Short, 12, 8,
+		`sum by (endpoint, reason) (rate(stampguard_admission_errors_total[$__rate_interval]))`, "error {{endpoint}} {{reason}}",
+		`sum by (state) (stampguard_policies)`, "policies {{state}}"))
+	bd.row("Audit sink")
+	bd.add(bd.promSeries("Events accepted and stored", "Events accepted by source, stored into ClickHouse, and dropped as already stored.", units.Short, 12, 8,
+		`sum by (source) (rate(auditsink_events_accepted_total[$__rate_interval]))`, "accepted {{source}}",
+		`sum(rate(auditsink_events_stored_total[$__rate_interval]))`, "stored",
+		`sum(rate(auditsink_events_deduplicated_total[$__rate_interval]))`, "deduplicated"))
+	bd.add(bd.promSeries("Refused and dead-lettered", "Webhook batches refused (answered non-2xx, by reason) and inputs stored as dead letters (by source).", units.Short, 12, 8,
+		`sum by (reason) (rate(auditsink_batches_refused_total[$__rate_interval]))`, "refused batches {{reason}}",
+		`sum by (source) (rate(auditsink_events_dead_lettered_total[$__rate_interval]))`, "dead-lettered {{source}}"))
+	bd.add(bd.promSeries("Insert lag", fmt.Sprintf("Age of the oldest spool record not yet confirmed stored in ClickHouse; the alert fires above %s.", duration(g.o.Alerts.InsertLag)), units.Seconds, 8, 8,
+		`max(auditsink_spool_oldest_unconfirmed_seconds)`, "insert lag").
+		Thresholds(thresholds(nil, "transparent", g.o.Alerts.InsertLag.Seconds(), "red")).
+		ThresholdsStyle(common.NewGraphThresholdsStyleConfigBuilder().Mode(common.GraphThresholdsStyleModeLine)))
+	bd.add(bd.promSeries("Spool bytes", "Bytes of spool segments on disk, per sink.", units.BytesIEC, 8, 8,
+		`auditsink_spool_bytes`, "{{instance}}"))
+	bd.add(bd.promSeries("ClickHouse inserts", "Insert duration (p99) and failed ClickHouse operations, by operation.", units.Seconds, 8, 8,
+		`histogram_quantile(0.99, sum by (le) (rate(auditsink_flush_duration_seconds_bucket[$__rate_interval])))`, "flush p99",
+		`sum by (op) (rate(auditsink_clickhouse_errors_total[$__rate_interval]))`, "errors {{op}} (per second)"))
+	return bd
+}
