@@ -145,14 +145,26 @@ func newClusterDDL(name string) (*clusterDDL, error) {
 }
 
 // applySettings sets what cluster mode needs on every query:
-// insert_distributed_sync, so that an insert into a Distributed table
-// returns only once every shard stored its rows: an acknowledged batch is
-// stored, and the stored-keys lookup of the next insert sees it.
+//   - insert_distributed_sync: an insert into a Distributed table returns
+//     only once every shard stored its rows, so an acknowledged batch is
+//     stored, and the stored-keys lookup of the next insert sees it;
+//   - prefer_localhost_replica 0: every node routes reads and writes to
+//     the same replica of a shard (the first healthy one, with the
+//     profile's load_balancing in_order), whichever node a sink is
+//     connected to, so that a writer's check reads the replica that took
+//     the copies;
+//   - insert_deduplicate 0: a Replicated table drops a block identical to
+//     a recent one, and a view's derived block can be identical while the
+//     source block is not; stored_keys must hold every copy that events
+//     and the views hold, so ClickHouse's block deduplication is off and
+//     stampguard's own (the lookup, the check, the scan) decides.
 func (c *clusterDDL) applySettings(opts *clickhouse.Options) {
 	if opts.Settings == nil {
 		opts.Settings = clickhouse.Settings{}
 	}
 	opts.Settings["insert_distributed_sync"] = 1
+	opts.Settings["prefer_localhost_replica"] = 0
+	opts.Settings["insert_deduplicate"] = 0
 }
 
 // profileSettings are settings cluster mode needs that are strings, which

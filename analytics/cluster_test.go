@@ -1,7 +1,9 @@
 package analytics
 
 import (
+	"fmt"
 	"strings"
+	"sync"
 	"testing"
 
 	"github.com/stampguard/stampguard/internal/chtest"
@@ -60,6 +62,67 @@ func TestClusterSchemaOnARealCluster(t *testing.T) {
 		if err := srv.ClusterConn(t, "sg").QueryRow(t.Context(),
 			"SELECT count() FROM system.tables WHERE database = 'sg' AND name = 'events_local'").Scan(&n); err != nil || n != 1 {
 			t.Errorf("server %d: events_local count %d (%v)", srv.Port, n, err)
+		}
+	}
+}
+
+// TestClusterRacingWritersRecordEveryCopy is TestRacingWritersRecordEveryCopy
+// on a 2x2 cluster: two stores insert the same rows at once, skipping the
+// lookup, and the last check must see both copies of every row.
+func TestClusterRacingWritersRecordEveryCopy(t *testing.T) {
+	c := chtest.StartCluster(t, 2, 2)
+	var stores []*Store
+	for range 2 {
+		st, err := OpenStore(t.Context(), StoreOptions{DSN: c.DSN(), Database: "race", ClickHouseCluster: chtest.ClusterName})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { st.Close() })
+		stores = append(stores, st)
+	}
+	if _, err := stores[0].Migrate(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	for round := range 5 {
+		rows := racingRows(t, round)
+		var wg sync.WaitGroup
+		start := make(chan struct{})
+		results := make([]InsertResult, len(stores))
+		errs := make([]error, len(stores))
+		for i, st := range stores {
+			// Different blocks, as two sinks that batched differently
+			// send: ClickHouse's replicated block deduplication drops an
+			// identical block, but not these.
+			mine := rows
+			if i == 1 {
+				extra := racingRows(t, 1000+round)
+				mine = append(append([]Row(nil), rows...), extra...)
+			}
+			set, err := recordSetOf(mine, nil, false)
+			if err != nil {
+				t.Fatal(err)
+			}
+			wg.Go(func() {
+				<-start
+				results[i], errs[i] = st.insertRecords(t.Context(), set, false)
+			})
+		}
+		close(start)
+		wg.Wait()
+		doubled := 0
+		for i := range stores {
+			if errs[i] != nil {
+				t.Fatal(errs[i])
+			}
+			doubled = max(doubled, results[i].Doubled)
+		}
+		prefix := fmt.Sprintf("r%d-%%", round)
+		if n := count(t, stores[0], "SELECT count() FROM {db}.stored_keys WHERE audit_id LIKE ?", prefix); n != uint64(2*len(rows)) {
+			t.Logf("doubled %v", results)
+			t.Fatalf("round %d: stored_keys holds %d copies, want %d", round, n, 2*len(rows))
+		}
+		if doubled != len(rows) {
+			t.Errorf("round %d: the last check saw %d doubled rows, want %d", round, doubled, len(rows))
 		}
 	}
 }
