@@ -501,6 +501,14 @@ func TestAShutdownThatHitsItsDeadlineIsLogged(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer conn.Close()
+	// The server accepts connections in order: once a later one is
+	// answered, the server holds the silent one above, which a shutdown
+	// must then wait for (a stop racing its accept found no connection).
+	resp, err := http.Get(url + "/healthz")
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
 	start := time.Now()
 	stop() // fails the test if Run returns an error
 	if took := time.Since(start); took > 5*time.Second {

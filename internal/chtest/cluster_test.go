@@ -3,6 +3,7 @@ package chtest_test
 import (
 	"fmt"
 	"testing"
+	"time"
 
 	"github.com/ClickHouse/clickhouse-go/v2"
 
@@ -42,8 +43,9 @@ func TestClusterReplicatesAndShards(t *testing.T) {
 	if err := b.Send(); err != nil {
 		t.Fatal(err)
 	}
-	// A Distributed read picks any replica of a shard; let the second
-	// replicas fetch the parts first.
+	// A Distributed read picks a replica of each shard, and a second
+	// replica serves the rows once it fetched the part: wait for both
+	// replicas of every shard to hold the same rows.
 	for _, shard := range c.Shards {
 		for _, srv := range shard[1:] {
 			if err := srv.ClusterConn(t, "k").Exec(ctx, "SYSTEM SYNC REPLICA t_local"); err != nil {
@@ -52,20 +54,31 @@ func TestClusterReplicatesAndShards(t *testing.T) {
 		}
 	}
 	var n uint64
-	if err := conn.QueryRow(ctx, "SELECT count() FROM k.t FINAL").Scan(&n); err != nil {
-		t.Fatal(err)
+	for deadline := time.Now().Add(time.Minute); ; time.Sleep(200 * time.Millisecond) {
+		if err := conn.QueryRow(ctx, "SELECT count() FROM k.t FINAL").Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		if n == 1000 || time.Now().After(deadline) {
+			break
+		}
 	}
 	if n != 1000 {
 		t.Errorf("distinct keys through the Distributed table = %d, want 1000", n)
 	}
 	for s, shard := range c.Shards {
 		var counts []uint64
-		for _, srv := range shard {
-			var got uint64
-			if err := srv.ClusterConn(t, "k").QueryRow(ctx, "SELECT count() FROM t_local FINAL").Scan(&got); err != nil {
-				t.Fatal(err)
+		for deadline := time.Now().Add(time.Minute); ; time.Sleep(200 * time.Millisecond) {
+			counts = counts[:0]
+			for _, srv := range shard {
+				var got uint64
+				if err := srv.ClusterConn(t, "k").QueryRow(ctx, "SELECT count() FROM t_local FINAL").Scan(&got); err != nil {
+					t.Fatal(err)
+				}
+				counts = append(counts, got)
 			}
-			counts = append(counts, got)
+			if counts[0] == counts[1] || time.Now().After(deadline) {
+				break
+			}
 		}
 		if counts[0] == 0 || counts[0] == 1000 {
 			t.Errorf("shard %d holds %d of 1000 keys: the rows were not spread over the shards", s+1, counts[0])
