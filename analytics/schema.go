@@ -252,18 +252,7 @@ var Migrations = []Migration{
 			// copies-1 times the event's counters (computed with the same
 			// definitions as the views) from the rollups. Several writers
 			// may record the same duplicate; the highest count wins.
-			`CREATE TABLE IF NOT EXISTS {db}.duplicate_events (` + eventColumnsDDL + `,
-				copies              UInt32
-			) ENGINE = ReplacingMergeTree(copies)
-			PARTITION BY event_date
-			ORDER BY (cluster, audit_id, stage, fingerprint)`,
-		},
-	},
-}
-
-// eventColumnsDDL are the columns of events (migration 1), for tables that
-// hold whole events.
-const eventColumnsDDL = `
+			`CREATE TABLE IF NOT EXISTS {db}.duplicate_events (
 				event_date          Date,
 				event_time          DateTime,
 				event_time_us       UInt64,
@@ -301,7 +290,14 @@ const eventColumnsDDL = `
 				annotation_keys     Array(String),
 				annotation_values   Array(String),
 				lease_holder        String,
-				raw                 String`
+				raw                 String,
+				copies              UInt32
+			) ENGINE = ReplacingMergeTree(copies)
+			PARTITION BY event_date
+			ORDER BY (cluster, audit_id, stage, fingerprint)`,
+		},
+	},
+}
 
 // epoch records from which hour a table fed by a view holds every event:
 // all hours when events was empty as the view started, else from two hours

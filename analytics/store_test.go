@@ -314,3 +314,32 @@ func testCA(t *testing.T) []byte {
 	}
 	return pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der})
 }
+
+// TestDuplicateEventsHoldWholeEvents: migration 4 writes duplicate_events'
+// columns out as fixed text (a released migration must not follow later
+// edits), so this test keeps them equal to events' columns, in order, plus
+// copies; the report computes a duplicate's counters from them.
+func TestDuplicateEventsHoldWholeEvents(t *testing.T) {
+	st, _ := newStore(t, false)
+	columns := func(table string) []string {
+		rows, err := st.conn.Query(t.Context(), "SELECT name, type FROM system.columns WHERE database = ? AND table = ?", st.db, table) // in definition order (18.16 has no position column)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer rows.Close()
+		var out []string
+		for rows.Next() {
+			var name, typ string
+			if err := rows.Scan(&name, &typ); err != nil {
+				t.Fatal(err)
+			}
+			out = append(out, name+" "+typ)
+		}
+		return out
+	}
+	events, dups := columns("events"), columns("duplicate_events")
+	want := append(append([]string(nil), events...), "copies UInt32")
+	if strings.Join(dups, ", ") != strings.Join(want, ", ") {
+		t.Errorf("duplicate_events columns\n%v\nwant events' columns and copies\n%v", dups, want)
+	}
+}
