@@ -3,7 +3,10 @@ package chtest_test
 import (
 	"net"
 	"os"
+	"os/exec"
+	"slices"
 	"strconv"
+	"strings"
 	"testing"
 
 	"github.com/stampguard/stampguard/internal/chtest"
@@ -72,17 +75,27 @@ func TestStartServerOutsideATest(t *testing.T) {
 }
 
 // Under -short off CI, a test that starts a server is skipped before the
-// server starts.
+// server starts. The check runs in a child test process with -short and
+// without CI, so that it runs (and can fail) in every run, CI included.
 func TestStartSkipsUnderShort(t *testing.T) {
-	if !testing.Short() || os.Getenv("CI") == "true" {
-		t.Skip("checks the -short skip; run with go test -short")
+	if os.Getenv("CHTEST_SHORT_CHILD") == "1" {
+		var started bool
+		t.Run("a test that starts a server", func(t *testing.T) {
+			chtest.Start(t)
+			started = true
+		})
+		if started {
+			t.Fatal("chtest.Start returned under -short: the server started")
+		}
+		return
 	}
-	var started bool
-	t.Run("a test that starts a server", func(t *testing.T) {
-		chtest.Start(t)
-		started = true
-	})
-	if started {
-		t.Fatal("chtest.Start returned under -short: the server started")
+	cmd := exec.Command(os.Args[0], "-test.run=^TestStartSkipsUnderShort$", "-test.short", "-test.v")
+	cmd.Env = append(slices.DeleteFunc(os.Environ(), func(kv string) bool { return strings.HasPrefix(kv, "CI=") }), "CHTEST_SHORT_CHILD=1")
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		t.Fatalf("the -short child failed: %v\n%s", err, out)
+	}
+	if !strings.Contains(string(out), "--- SKIP: TestStartSkipsUnderShort/a_test_that_starts_a_server") {
+		t.Fatalf("under -short the server test was not skipped:\n%s", out)
 	}
 }
