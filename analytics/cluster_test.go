@@ -3,7 +3,6 @@ package analytics
 import (
 	"fmt"
 	"strings"
-	"sync"
 	"testing"
 
 	"github.com/stampguard/stampguard/internal/chtest"
@@ -85,40 +84,18 @@ func TestClusterRacingWritersRecordEveryCopy(t *testing.T) {
 	}
 	for round := range 5 {
 		rows := racingRows(t, round)
-		var wg sync.WaitGroup
-		start := make(chan struct{})
-		results := make([]InsertResult, len(stores))
-		errs := make([]error, len(stores))
-		for i, st := range stores {
-			// Different blocks, as two sinks that batched differently
-			// send: ClickHouse's replicated block deduplication drops an
-			// identical block, but not these.
-			mine := rows
+		// Different blocks, as two sinks that batched differently send:
+		// ClickHouse's replicated block deduplication drops an identical
+		// block, but not these.
+		extra := racingRows(t, 1000+round)
+		doubled := raceInserts(t, stores, func(i int) []Row {
 			if i == 1 {
-				extra := racingRows(t, 1000+round)
-				mine = append(append([]Row(nil), rows...), extra...)
+				return append(append([]Row(nil), rows...), extra...)
 			}
-			set, err := recordSetOf(mine, nil, false)
-			if err != nil {
-				t.Fatal(err)
-			}
-			wg.Go(func() {
-				<-start
-				results[i], errs[i] = st.insertRecords(t.Context(), set, false)
-			})
-		}
-		close(start)
-		wg.Wait()
-		doubled := 0
-		for i := range stores {
-			if errs[i] != nil {
-				t.Fatal(errs[i])
-			}
-			doubled = max(doubled, results[i].Doubled)
-		}
+			return rows
+		})
 		prefix := fmt.Sprintf("r%d-%%", round)
 		if n := count(t, stores[0], "SELECT count() FROM {db}.stored_keys WHERE audit_id LIKE ?", prefix); n != uint64(2*len(rows)) {
-			t.Logf("doubled %v", results)
 			t.Fatalf("round %d: stored_keys holds %d copies, want %d", round, n, 2*len(rows))
 		}
 		if doubled != len(rows) {

@@ -21,6 +21,37 @@ func racingRows(t *testing.T, round int) []Row {
 	return rows
 }
 
+// raceInserts has every store insert rowsOf(its index) at the same moment,
+// skipping the key lookup so that each one inserts, and returns the most
+// doubled rows any store's check saw.
+func raceInserts(t *testing.T, stores []*Store, rowsOf func(i int) []Row) int {
+	t.Helper()
+	var wg sync.WaitGroup
+	start := make(chan struct{})
+	results := make([]InsertResult, len(stores))
+	errs := make([]error, len(stores))
+	for i, st := range stores {
+		set, err := recordSetOf(rowsOf(i), nil, false)
+		if err != nil {
+			t.Fatal(err)
+		}
+		wg.Go(func() {
+			<-start
+			results[i], errs[i] = st.insertRecords(t.Context(), set, false)
+		})
+	}
+	close(start)
+	wg.Wait()
+	doubled := 0
+	for i := range stores {
+		if errs[i] != nil {
+			t.Fatal(errs[i])
+		}
+		doubled = max(doubled, results[i].Doubled)
+	}
+	return doubled
+}
+
 // TestRacingWritersRecordEveryCopy forces the race the key lookup cannot
 // prevent: n stores insert the same rows at once and skip the lookup, so
 // every one of them inserts. Each insert's check then runs after its own
@@ -41,29 +72,7 @@ func TestRacingWritersRecordEveryCopy(t *testing.T) {
 		for round := range 5 {
 			round += writers * 100
 			rows := racingRows(t, round)
-			var wg sync.WaitGroup
-			start := make(chan struct{})
-			results := make([]InsertResult, writers)
-			errs := make([]error, writers)
-			for i, st := range stores {
-				set, err := recordSetOf(rows, nil, false)
-				if err != nil {
-					t.Fatal(err)
-				}
-				wg.Go(func() {
-					<-start
-					results[i], errs[i] = st.insertRecords(t.Context(), set, false)
-				})
-			}
-			close(start)
-			wg.Wait()
-			doubled := 0
-			for i := range writers {
-				if errs[i] != nil {
-					t.Fatal(errs[i])
-				}
-				doubled = max(doubled, results[i].Doubled)
-			}
+			doubled := raceInserts(t, stores, func(int) []Row { return rows })
 			prefix := fmt.Sprintf("r%d-%%", round)
 			if n := count(t, first, "SELECT count() FROM {db}.stored_keys WHERE audit_id LIKE ?", prefix); n != uint64(writers*len(rows)) {
 				t.Fatalf("%d writers, round %d: stored_keys holds %d copies, want %d", writers, round, n, writers*len(rows))
