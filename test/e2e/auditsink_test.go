@@ -522,6 +522,24 @@ func buildAuditsink(t *testing.T, _, _ string) string {
 	return bintest.Build(t, "./cmd/auditsink")
 }
 
+// auditsinkRunner runs the built auditsink as a user types it, with env
+// added to the test's environment, and returns its standard output; a
+// failure fails the test with its standard error.
+func auditsinkRunner(t *testing.T, bin string, env ...string) func(args ...string) []byte {
+	return func(args ...string) []byte {
+		t.Helper()
+		cmd := exec.CommandContext(t.Context(), bin, args...)
+		cmd.Env = append(os.Environ(), env...)
+		var stderr bytes.Buffer
+		cmd.Stderr = &stderr
+		out, err := cmd.Output()
+		if err != nil {
+			t.Fatalf("auditsink %s: %v\n%s", strings.Join(args, " "), err, stderr.String())
+		}
+		return out
+	}
+}
+
 type sinkProcess struct {
 	t    *testing.T
 	bin  string

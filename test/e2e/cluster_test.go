@@ -8,7 +8,6 @@ import (
 	"math/rand/v2"
 	"net/http"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -40,19 +39,8 @@ func TestClusterMode(t *testing.T) {
 	bin := buildAuditsink(t, root, dir)
 	c := chtest.StartCluster(t, 2, 2)
 	const db = "stampguard"
-	env := append(os.Environ(), "AUDITSINK_CLICKHOUSE_DSN="+c.DSN(), "AUDITSINK_CLICKHOUSE_CLUSTER="+chtest.ClusterName)
-	sink := func(args ...string) []byte {
-		t.Helper()
-		cmd := exec.CommandContext(ctx, bin, args...)
-		cmd.Env = env
-		var stderr bytes.Buffer
-		cmd.Stderr = &stderr
-		out, err := cmd.Output()
-		if err != nil {
-			t.Fatalf("auditsink %s: %v\n%s", strings.Join(args, " "), err, stderr.String())
-		}
-		return out
-	}
+	env := []string{"AUDITSINK_CLICKHOUSE_DSN=" + c.DSN(), "AUDITSINK_CLICKHOUSE_CLUSTER=" + chtest.ClusterName}
+	sink := auditsinkRunner(t, bin, env...)
 
 	t.Log("migrate from two processes at once")
 	var wg sync.WaitGroup
@@ -98,7 +86,7 @@ func TestClusterMode(t *testing.T) {
 			"--tls-cert", pki.cert, "--tls-key", pki.key, "--token-file", tokenFile,
 			"--spool-dir", filepath.Join(dir, fmt.Sprintf("spool-%d", i)), "--metrics-listen", "",
 			"--database", db, "--log-level", "warn"},
-			env: env, log: filepath.Join(dir, fmt.Sprintf("sink-%d.log", i))}
+			env: append(os.Environ(), env...), log: filepath.Join(dir, fmt.Sprintf("sink-%d.log", i))}
 		s.start()
 		t.Cleanup(s.kill)
 		sinks, addrs = append(sinks, s), append(addrs, addr)

@@ -1,12 +1,10 @@
 package e2e
 
 import (
-	"bytes"
 	"encoding/json"
 	"fmt"
 	"math"
 	"os"
-	"os/exec"
 	"reflect"
 	"slices"
 	"sort"
@@ -146,18 +144,7 @@ func TestDashboardQueriesOnClickHouse(t *testing.T) {
 		t.Fatal(err)
 	}
 	bin := buildAuditsink(t, kubetest.RepoRoot(t), t.TempDir())
-	sink := func(args ...string) []byte {
-		t.Helper()
-		cmd := exec.CommandContext(ctx, bin, args...)
-		cmd.Env = append(os.Environ(), "AUDITSINK_CLICKHOUSE_DSN="+ch.DSN())
-		var stderr bytes.Buffer
-		cmd.Stderr = &stderr
-		out, err := cmd.Output()
-		if err != nil {
-			t.Fatalf("auditsink %s: %v\n%s", strings.Join(args, " "), err, stderr.String())
-		}
-		return out
-	}
+	sink := auditsinkRunner(t, bin, "AUDITSINK_CLICKHOUSE_DSN="+ch.DSN())
 	sink("ingest", "--database", db, "--cluster", cluster, logCopy)
 	conn := ch.Conn(t, db)
 
@@ -603,18 +590,7 @@ func TestPolicyPanelsOnClickHouse(t *testing.T) {
 		t.Fatal(err)
 	}
 	bin := buildAuditsink(t, kubetest.RepoRoot(t), t.TempDir())
-	sink := func(args ...string) []byte {
-		t.Helper()
-		cmd := exec.CommandContext(ctx, bin, args...)
-		cmd.Env = append(os.Environ(), "AUDITSINK_CLICKHOUSE_DSN="+ch.DSN())
-		var stderr bytes.Buffer
-		cmd.Stderr = &stderr
-		out, err := cmd.Output()
-		if err != nil {
-			t.Fatalf("auditsink %s: %v\n%s", strings.Join(args, " "), err, stderr.String())
-		}
-		return out
-	}
+	sink := auditsinkRunner(t, bin, "AUDITSINK_CLICKHOUSE_DSN="+ch.DSN())
 	sink("ingest", "--database", db, "--cluster", cluster, logCopy)
 	conn := ch.Conn(t, db)
 

@@ -3,8 +3,6 @@ package e2e
 import (
 	"bytes"
 	"encoding/json"
-	"os"
-	"os/exec"
 	"strings"
 	"testing"
 	"time"
@@ -41,17 +39,10 @@ func TestReportEqualsGroundTruth(t *testing.T) {
 
 	bin := buildAuditsink(t, kubetest.RepoRoot(t), t.TempDir())
 	dsn := ch.DSN()
+	// dsn is read at each call: a subtest turns on query logging.
 	sink := func(args ...string) []byte {
 		t.Helper()
-		cmd := exec.CommandContext(ctx, bin, args...)
-		cmd.Env = append(os.Environ(), "AUDITSINK_CLICKHOUSE_DSN="+dsn)
-		var stderr bytes.Buffer
-		cmd.Stderr = &stderr
-		out, err := cmd.Output()
-		if err != nil {
-			t.Fatalf("auditsink %s: %v\n%s", strings.Join(args, " "), err, stderr.String())
-		}
-		return out
+		return auditsinkRunner(t, bin, "AUDITSINK_CLICKHOUSE_DSN="+dsn)(args...)
 	}
 	ingest := func() { sink("ingest", "--database", db, "--cluster", "e2e", env.AuditLogPath) }
 	reportJSON := func() []byte {
