@@ -30,6 +30,8 @@ import (
 type clusterDDL struct {
 	// cluster is the remote_servers name.
 	cluster string
+	// nodeCache lists the cluster's nodes (replicas.go).
+	nodeCache clusterNodes
 }
 
 // Tables that hold the same rows on every node: one replica set spanning
@@ -61,7 +63,7 @@ var (
 
 // render returns the cluster statements for one single-node statement
 // (still with {db} to fill in).
-func (c clusterDDL) render(stmt string) ([]string, error) {
+func (c *clusterDDL) render(stmt string) ([]string, error) {
 	stmt = strings.TrimSpace(stmt)
 	on := " ON CLUSTER " + c.cluster
 	switch {
@@ -231,33 +233,11 @@ func (s *Store) partsSource(ctx context.Context) (string, error) {
 	if s.ddl == nil {
 		return "system.parts", nil
 	}
-	rows, err := s.conn.Query(ctx, "SELECT host_address, port FROM system.clusters WHERE cluster = ?", s.ddl.cluster)
+	nodes, err := s.ddl.nodes(ctx, s.conn)
 	if err != nil {
-		return "", fmt.Errorf("list the nodes of cluster %s: %w", s.ddl.cluster, err)
-	}
-	defer rows.Close()
-	var addrs []string
-	for rows.Next() {
-		var host string
-		var port uint16
-		if err := rows.Scan(&host, &port); err != nil {
-			return "", err
-		}
-		if !safeHost.MatchString(host) {
-			return "", fmt.Errorf("cluster %s: unexpected host address %q", s.ddl.cluster, host)
-		}
-		if strings.Contains(host, ":") {
-			host = "[" + host + "]"
-		}
-		addrs = append(addrs, fmt.Sprintf("%s:%d", host, port))
-	}
-	if err := rows.Err(); err != nil {
 		return "", err
 	}
-	if len(addrs) == 0 {
-		return "", fmt.Errorf("cluster %s is not in the servers' remote_servers (system.clusters)", s.ddl.cluster)
-	}
-	return "remote('" + strings.Join(addrs, ",") + "', system, parts)", nil
+	return "remote('" + strings.Join(nodes, ",") + "', system, parts)", nil
 }
 
 var safeHost = regexp.MustCompile(`^[0-9A-Za-z.:\-]+$`)

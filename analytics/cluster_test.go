@@ -9,7 +9,7 @@ import (
 )
 
 func TestClusterDDLRendersEveryMigration(t *testing.T) {
-	c := clusterDDL{cluster: "prod"}
+	c := &clusterDDL{cluster: "prod"}
 	for _, m := range Migrations {
 		for _, q := range m.Statements {
 			out, err := c.render(q)

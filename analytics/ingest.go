@@ -47,6 +47,9 @@ type IngestResult struct {
 	Rejected   int // dead letters
 	Skipped    int // events of stages not stored
 	Elapsed    time.Duration
+	// Unscanned: a check missed a ClickHouse node that was down, and the
+	// duplicate scan that makes the counts exact again failed.
+	Unscanned error
 }
 
 // String is the summary line.
@@ -55,8 +58,19 @@ func (r IngestResult) String() string {
 	if r.Elapsed > 0 {
 		rate = float64(r.Accepted+r.Skipped+r.Rejected) / r.Elapsed.Seconds()
 	}
-	return fmt.Sprintf("%d files: %d events stored, %d already stored, %d dead-lettered, %d skipped (stage) in %s (%.0f events/s)",
+	line := fmt.Sprintf("%d files: %d events stored, %d already stored, %d dead-lettered, %d skipped (stage) in %s (%.0f events/s)",
 		r.Files, r.Stored, r.Duplicates, r.Rejected, r.Skipped, r.Elapsed.Round(time.Millisecond), rate)
+	if r.Unscanned != nil {
+		line += fmt.Sprintf("\nA ClickHouse node was down while events were checked for copies a concurrent writer stored, and the scan for them failed (%v): "+
+			"once every node is up, run `auditsink migrate --scan-days N` to cover these days (serve does it by itself).", r.Unscanned)
+	}
+	return line
+}
+
+// pendingScanner is an Inserter whose checks can leave a duplicate scan
+// pending (a Store in cluster mode while a node is down).
+type pendingScanner interface {
+	ScanPending(ctx context.Context) (bool, error)
 }
 
 // File records are the Accepter's (5,000 rows); an insert gathers up to
@@ -139,10 +153,14 @@ func IngestFiles(ctx context.Context, st Inserter, paths []string, o IngestOptio
 	} else if err == nil {
 		err = ctx.Err()
 	}
-	return IngestResult{
+	res := IngestResult{
 		Files: files, Accepted: int(n.accepted.Load()), Rejected: int(n.rejected.Load()), Skipped: int(n.skipped.Load()),
 		Stored: int(n.stored.Load()), Duplicates: int(n.duplicates.Load()), Elapsed: time.Since(start),
-	}, err
+	}
+	if ps, ok := st.(pendingScanner); ok && err == nil {
+		_, res.Unscanned = ps.ScanPending(ctx)
+	}
+	return res, err
 }
 
 func ingestFile(ctx context.Context, q *Queue, path string, o IngestOptions, n *ingestCounts) error {
@@ -294,6 +312,9 @@ func Tail(ctx context.Context, st Inserter, path string, o TailOptions) error {
 		Metrics: o.Metrics, Logger: o.Logger})
 	drained := make(chan error, 1)
 	go func() { drained <- d.Run(ctx) }()
+	if ps, ok := st.(pendingScanner); ok {
+		go scanWhilePending(ctx, ps, o.Logger)
+	}
 	stop := func(err error) error {
 		cancel() // unconfirmed lines are read again after a restart
 		if derr := <-drained; err == nil {
@@ -387,4 +408,21 @@ func (s *sliceItems) Next() (Item, error) {
 	}
 	s.i++
 	return s.items[s.i-1], nil
+}
+
+// scanWhilePending runs, every minute, the duplicate scan a check left
+// pending while a ClickHouse node was down, until ctx is done.
+func scanWhilePending(ctx context.Context, ps pendingScanner, log *slog.Logger) {
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(time.Minute):
+		}
+		if ran, err := ps.ScanPending(ctx); err != nil && ctx.Err() == nil {
+			log.Warn("duplicate scan after a check that missed a ClickHouse node failed; retrying in a minute", "err", err)
+		} else if ran {
+			log.Info("duplicate scan after a check that missed a ClickHouse node done")
+		}
+	}
 }

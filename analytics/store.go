@@ -41,6 +41,8 @@ type Store struct {
 	raw  bool
 	// ddl renders DDL for a cluster; nil on a single node.
 	ddl *clusterDDL
+	// pending holds the days a check read without a node that was down.
+	pending pendingScan
 }
 
 // OpenStore connects to ClickHouse. It does not create the schema; call
@@ -131,6 +133,9 @@ type InsertResult struct {
 	// Doubled counts the rows found stored more than once (a concurrent
 	// writer inserted them too), recorded in duplicate_events.
 	Doubled int
+	// Partial: a ClickHouse node did not answer the checks (cluster mode),
+	// so the days of the batch wait for a duplicate scan (ScanPending).
+	Partial bool
 }
 
 type eventKey struct {
@@ -174,6 +179,7 @@ func (s *Store) InsertRecords(ctx context.Context, set *RecordSet) (InsertResult
 // insert, which makes the race of two writers certain (for tests).
 func (s *Store) insertRecords(ctx context.Context, set *RecordSet, lookup bool) (InsertResult, error) {
 	var res InsertResult
+	gen := s.pending.generation()
 	rows, _ := dedup(set.rows, nil)
 	fresh, doubled := rows, map[eventKey]uint32{}
 	if lookup && len(rows) > 0 {
@@ -205,6 +211,7 @@ func (s *Store) insertRecords(ctx context.Context, set *RecordSet, lookup bool) 
 		}
 		res.Dead = len(set.dead)
 	}
+	res.Partial = s.pending.generation() != gen
 	return res, nil
 }
 
@@ -264,25 +271,12 @@ func byCluster(rows []rowRef) map[string][]rowRef {
 // partitions read; both tables are ordered by the key, so the audit IDs
 // select a few granules.
 func (s *Store) lookup(ctx context.Context, cluster string, rows []rowRef, onlyDoubled bool, found func(eventKey, uint32)) error {
-	keys, err := ext.NewTable("batch_keys", ext.Column("audit_id", "String"))
+	if s.ddl != nil {
+		return s.lookupEveryReplica(ctx, cluster, rows, onlyDoubled, found)
+	}
+	keys, dayList, err := batchKeys(rows)
 	if err != nil {
 		return err
-	}
-	ids := make([]string, len(rows))
-	days := map[int64]struct{}{}
-	last := int64(math.MinInt64)
-	for i := range rows {
-		ids[i] = rows[i].key.auditID
-		if d := floorDiv(rows[i].micros, 86_400_000_000); d != last {
-			days[d], last = struct{}{}, d
-		}
-	}
-	if _, err := keys.Block().Columns[0].Append(ids); err != nil {
-		return err
-	}
-	dayList := make([]any, 0, len(days))
-	for d := range days {
-		dayList = append(dayList, time.Unix(d*86400, 0).UTC().Format(time.DateOnly))
 	}
 	where := " WHERE event_date IN ? AND cluster = ? AND audit_id IN (SELECT audit_id FROM batch_keys)"
 	q := "SELECT audit_id, toString(stage), fingerprint, toUInt32(count()) AS copies FROM " + s.db + ".stored_keys" + where +
@@ -309,6 +303,32 @@ func (s *Store) lookup(ctx context.Context, cluster string, rows []rowRef, onlyD
 		found(k, copies)
 	}
 	return res.Err()
+}
+
+// batchKeys returns the rows' audit IDs as the external table batch_keys,
+// and the days they fall on.
+func batchKeys(rows []rowRef) (*ext.Table, []any, error) {
+	keys, err := ext.NewTable("batch_keys", ext.Column("audit_id", "String"))
+	if err != nil {
+		return nil, nil, err
+	}
+	ids := make([]string, len(rows))
+	days := map[int64]struct{}{}
+	last := int64(math.MinInt64)
+	for i := range rows {
+		ids[i] = rows[i].key.auditID
+		if d := floorDiv(rows[i].micros, 86_400_000_000); d != last {
+			days[d], last = struct{}{}, d
+		}
+	}
+	if _, err := keys.Block().Columns[0].Append(ids); err != nil {
+		return nil, nil, err
+	}
+	dayList := make([]any, 0, len(days))
+	for d := range days {
+		dayList = append(dayList, time.Unix(d*86400, 0).UTC().Format(time.DateOnly))
+	}
+	return keys, dayList, nil
 }
 
 // EventColumns is the events insert column list, in the order insertEvents
@@ -424,6 +444,9 @@ func (s *Store) insertDuplicates(ctx context.Context, rows []rowRef, doubled map
 // and of events only the granules of the duplicated keys.
 func (s *Store) ScanDuplicates(ctx context.Context, since time.Time) error {
 	day := since.UTC().Format(time.DateOnly)
+	if s.ddl != nil {
+		return s.scanEveryReplica(ctx, day)
+	}
 	doubled := `SELECT cluster, audit_id, stage, fingerprint, toUInt32(count()) AS copies
 		FROM ` + s.db + `.stored_keys WHERE event_date >= toDate(?)
 		GROUP BY cluster, audit_id, stage, fingerprint HAVING copies > 1`

@@ -42,6 +42,11 @@ type DrainerOptions struct {
 	// rows dropped because an insert in flight holds them (as Duplicates);
 	// from several goroutines at once.
 	Observe func(InsertResult)
+	// Finish, when set, lets the inserts in flight when Run's ctx is done
+	// go on, their checks included, until Finish is done; what they
+	// stored is confirmed. Without it they are cancelled with ctx (and
+	// their records replay after a restart).
+	Finish  context.Context
 	Metrics *Metrics
 	Logger  *slog.Logger
 }
@@ -114,6 +119,13 @@ func (w *Drainer) Run(ctx context.Context) error {
 		err  error
 	}
 	var pending []*job // in source order
+	inserts := ctx
+	if w.o.Finish != nil {
+		var cancel context.CancelFunc
+		inserts, cancel = context.WithCancel(context.WithoutCancel(ctx))
+		defer cancel()
+		defer context.AfterFunc(w.o.Finish, cancel)()
+	}
 	// confirm confirms the finished prefix of pending. The spool
 	// serialises Next and Confirm, so both happen on this goroutine.
 	confirm := func() error {
@@ -134,10 +146,11 @@ func (w *Drainer) Run(ctx context.Context) error {
 	}
 	stop := func(err error) error {
 		for _, j := range pending {
-			<-j.done // inserts end promptly once ctx is done
+			<-j.done // inserts end promptly once ctx (or Finish) is done
 		}
 		if ctx.Err() != nil {
-			return nil //nolint:nilerr // a shutdown, not a failure: unconfirmed records replay after a restart
+			_ = confirm() // what the inserts stored; the rest replays after a restart
+			return nil    //nolint:nilerr // a shutdown, not a failure
 		}
 		return err
 	}
@@ -195,7 +208,7 @@ func (w *Drainer) Run(ctx context.Context) error {
 		pending = append(pending, j)
 		go func() {
 			defer close(j.done)
-			j.err = w.insert(ctx, set)
+			j.err = w.insert(inserts, set)
 			w.release(c)
 		}()
 	}
@@ -281,6 +294,9 @@ func (w *Drainer) insert(ctx context.Context, set *RecordSet) error {
 		}
 		if w.o.Observe != nil {
 			w.o.Observe(res)
+		}
+		if res.Partial {
+			w.o.Logger.Warn("a ClickHouse node did not answer the check for copies a concurrent writer stored; a duplicate scan of these days runs once it is back")
 		}
 		if res.Doubled > 0 {
 			w.o.Logger.Info("events stored by a concurrent writer too; recorded for the report to count once", "events", res.Doubled)

@@ -231,3 +231,73 @@ func TestWriterWaitsOutClickHouseDowntime(t *testing.T) {
 		t.Errorf("clickhouse error counter %v, want >= 1", got)
 	}
 }
+
+// blockingInserter holds each insert until release is closed, or fails it
+// when its ctx is done first.
+type blockingInserter struct {
+	started chan struct{}
+	release chan struct{}
+}
+
+func (b *blockingInserter) InsertRecords(ctx context.Context, set *RecordSet) (InsertResult, error) {
+	close(b.started)
+	select {
+	case <-b.release:
+		return InsertResult{Stored: set.Rows()}, nil
+	case <-ctx.Done():
+		return InsertResult{}, ctx.Err()
+	}
+}
+
+// TestDrainerFinishLetsTheInsertInFlightEnd: at shutdown an insert in
+// flight, with its check for concurrent copies, ends and is confirmed
+// with Finish; without it, it is cancelled and its record stays
+// unconfirmed (to replay).
+func TestDrainerFinishLetsTheInsertInFlightEnd(t *testing.T) {
+	a := Accepter{Decoder: Decoder{KeepRaw: true}}
+	var rec []byte
+	body := `{"kind":"EventList","apiVersion":"audit.k8s.io/v1","items":[` + strings.Join(realEvents(t)[:5], ",") + `]}`
+	if _, err := a.Accept("c", "webhook", NewListReader(strings.NewReader(body), 0), func(r []byte) error {
+		rec = append([]byte(nil), r...)
+		return nil
+	}); err != nil || rec == nil {
+		t.Fatalf("accept: %v", err)
+	}
+	for _, finish := range []bool{true, false} {
+		var confirmed []any
+		q := NewQueue(1<<20, func(m any) error { confirmed = append(confirmed, m); return nil })
+		if err := q.Append(t.Context(), rec, "mark"); err != nil {
+			t.Fatal(err)
+		}
+		st := &blockingInserter{started: make(chan struct{}), release: make(chan struct{})}
+		o := DrainerOptions{Linger: -1, MinBackoff: time.Millisecond, MaxBackoff: time.Millisecond}
+		fin, stopFin := context.WithCancel(t.Context())
+		if finish {
+			o.Finish = fin
+		}
+		ctx, cancel := context.WithCancel(t.Context())
+		done := make(chan error, 1)
+		go func() { done <- NewDrainer(q, st, o).Run(ctx) }()
+		<-st.started
+		cancel() // shutdown while the insert is in flight
+		if finish {
+			select {
+			case err := <-done:
+				t.Fatalf("with Finish, Run returned (%v) before the insert in flight ended", err)
+			case <-time.After(100 * time.Millisecond):
+			}
+		} else if err := <-done; err != nil { // returns without the release
+			t.Fatal(err)
+		}
+		close(st.release)
+		if finish {
+			if err := <-done; err != nil {
+				t.Fatal(err)
+			}
+		}
+		stopFin()
+		if want := map[bool]int{true: 1, false: 0}[finish]; len(confirmed) != want {
+			t.Errorf("finish %v: %d records confirmed, want %d", finish, len(confirmed), want)
+		}
+	}
+}

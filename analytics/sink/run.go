@@ -174,6 +174,10 @@ func Run(ctx context.Context, o Options) error {
 
 	bg, stopBG := context.WithCancel(context.WithoutCancel(ctx))
 	defer stopBG()
+	// The writer's inserts in flight at shutdown finish, with their checks
+	// for concurrent copies, until the shutdown deadline.
+	finish, stopFinish := context.WithCancel(context.WithoutCancel(ctx))
+	defer stopFinish()
 	var wg sync.WaitGroup
 	writerErr := make(chan error, 1)
 	wg.Go(func() {
@@ -181,7 +185,8 @@ func Run(ctx context.Context, o Options) error {
 			return
 		}
 		wg.Go(func() { scanDuplicates(bg, store, metrics, log) })
-		w := analytics.NewDrainer(sp, store, analytics.DrainerOptions{Metrics: metrics, Parallel: o.InsertParallel, Logger: log.With("component", "writer")})
+		w := analytics.NewDrainer(sp, store, analytics.DrainerOptions{Metrics: metrics, Parallel: o.InsertParallel, Finish: finish,
+			Logger: log.With("component", "writer")})
 		if err := w.Run(bg); err != nil {
 			// Without a writer the spool only fills up: stop, so that a
 			// restart (which replays the spool) can recover.
@@ -218,6 +223,7 @@ func Run(ctx context.Context, o Options) error {
 	shutdownCtx, cancel := context.WithDeadlineCause(context.WithoutCancel(ctx), stopping.Add(o.ShutdownTimeout),
 		fmt.Errorf("in-flight audit batches did not finish within the shutdown timeout (%s)", o.ShutdownTimeout))
 	defer cancel()
+	defer context.AfterFunc(shutdownCtx, stopFinish)()
 	_ = h.Wait(shutdownCtx)
 	if serr := srv.Shutdown(shutdownCtx); serr != nil {
 		log.Error("shutdown hit its deadline; closing the remaining connections", "err", context.Cause(shutdownCtx), "timeout", o.ShutdownTimeout)
@@ -302,17 +308,35 @@ func migrateUntilDone(ctx context.Context, store *analytics.Store, m *analytics.
 // between its insert and its check left unrecorded.
 const DuplicateScanDays = 2
 
-// scanDuplicates runs the duplicate scan now and then every hour.
+// pendingScanEvery is how often serve looks for a scan that a check left
+// pending while a ClickHouse node was down (Store.ScanPending). While the
+// node is down the scan fails at once; it runs whole once, after the node
+// is back.
+const pendingScanEvery = 15 * time.Second
+
+// scanDuplicates runs the duplicate scan now and then every hour, and in
+// between, every pendingScanEvery, the scan a check left pending while a node of the
+// cluster was down, until it succeeds.
 func scanDuplicates(ctx context.Context, store *analytics.Store, m *analytics.Metrics, log *slog.Logger) {
+	next := time.Now()
 	for {
-		if err := store.ScanDuplicates(ctx, time.Now().AddDate(0, 0, -DuplicateScanDays)); err != nil && ctx.Err() == nil {
+		if time.Now().After(next) {
+			next = time.Now().Add(time.Hour)
+			if err := store.ScanDuplicates(ctx, time.Now().AddDate(0, 0, -DuplicateScanDays)); err != nil && ctx.Err() == nil {
+				m.CountCHError(analytics.OpScan, err)
+				log.Warn("duplicate scan failed", "err", err)
+			}
+		}
+		if ran, err := store.ScanPending(ctx); err != nil && ctx.Err() == nil {
 			m.CountCHError(analytics.OpScan, err)
-			log.Warn("duplicate scan failed", "err", err)
+			log.Warn("duplicate scan after a check that missed a ClickHouse node failed; retrying", "err", err)
+		} else if ran {
+			log.Warn("duplicate scan after a check that missed a ClickHouse node done")
 		}
 		select {
 		case <-ctx.Done():
 			return
-		case <-time.After(time.Hour):
+		case <-time.After(pendingScanEvery):
 		}
 	}
 }
