@@ -60,19 +60,29 @@ func (p *scanner) expect(c byte) error {
 	return nil
 }
 
+// open consumes the start byte of an object or array at the cursor, one
+// level deeper, and reports whether the container is empty (then its end
+// byte is consumed too and the level closed).
+func (p *scanner) open(start, end byte) (empty bool, err error) {
+	if err := p.expect(start); err != nil {
+		return false, err
+	}
+	if p.depth++; p.depth > maxDepth {
+		return false, p.errorf("nesting deeper than %d", maxDepth)
+	}
+	if p.peek() == end {
+		p.i++
+		p.depth--
+		return true, nil
+	}
+	return false, nil
+}
+
 // members calls fn for each member of the object at the cursor, with the
 // cursor on the member's value; fn must consume the value.
 func (p *scanner) members(fn func(key string) error) error {
-	if err := p.expect('{'); err != nil {
+	if empty, err := p.open('{', '}'); empty || err != nil {
 		return err
-	}
-	if p.depth++; p.depth > maxDepth {
-		return p.errorf("nesting deeper than %d", maxDepth)
-	}
-	if p.peek() == '}' {
-		p.i++
-		p.depth--
-		return nil
 	}
 	for {
 		if p.peek() != '"' {
@@ -106,16 +116,8 @@ func (p *scanner) members(fn func(key string) error) error {
 
 // elements calls fn for each element of the array at the cursor.
 func (p *scanner) elements(fn func() error) error {
-	if err := p.expect('['); err != nil {
+	if empty, err := p.open('[', ']'); empty || err != nil {
 		return err
-	}
-	if p.depth++; p.depth > maxDepth {
-		return p.errorf("nesting deeper than %d", maxDepth)
-	}
-	if p.peek() == ']' {
-		p.i++
-		p.depth--
-		return nil
 	}
 	for {
 		p.ws()

@@ -29,19 +29,6 @@ const (
 	tagDead = 2
 )
 
-// AppendBatch encodes b onto dst. The encoding is private to the sink: the
-// spool's checksum guards it, and replay decodes it with DecodeBatch.
-func AppendBatch(dst []byte, b *Batch) []byte {
-	dst = AppendBatchHeader(dst, b.Cluster)
-	for i := range b.Rows {
-		dst = AppendRow(dst, &b.Rows[i])
-	}
-	for i := range b.Dead {
-		dst = AppendDeadLetter(dst, &b.Dead[i])
-	}
-	return dst
-}
-
 // AppendBatchHeader starts a record for cluster.
 func AppendBatchHeader(dst []byte, cluster string) []byte {
 	dst = append(dst, recordVersion)
@@ -88,8 +75,9 @@ func appendString(dst []byte, s string) []byte {
 	return append(dst, s...)
 }
 
-// DecodeBatch decodes a record made by AppendBatch. The strings of the
-// result share memory with rec, which must not change afterwards.
+// DecodeBatch decodes a record: AppendBatchHeader, then the entries that
+// AppendRow and AppendDeadLetter appended. The strings of the result share
+// memory with rec, which must not change afterwards.
 func DecodeBatch(rec string) (*Batch, error) {
 	d := recordReader{s: rec}
 	if v := d.byte(); v != recordVersion {

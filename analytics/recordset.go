@@ -40,8 +40,8 @@ func (s *RecordSet) Dead() []DeadLetter { return s.dead }
 // AddDead adds a dead letter.
 func (s *RecordSet) AddDead(d DeadLetter) { s.dead = append(s.dead, d) }
 
-// Add parses a record made by AppendBatch and adds its rows and dead
-// letters. A record that does not parse adds nothing.
+// Add parses a record (AppendBatchHeader, then AppendRow and
+// AppendDeadLetter entries) and adds its rows and dead letters. A record that does not parse adds nothing.
 func (s *RecordSet) Add(rec string) error {
 	nrows, ndead := len(s.rows), len(s.dead)
 	if err := s.add(rec); err != nil {

@@ -155,3 +155,16 @@ func FuzzRecordSet(f *testing.F) {
 		}
 	})
 }
+
+// AppendBatch encodes b onto dst (for tests: the product appends a
+// record entry by entry, AppendBatchHeader, AppendRow, AppendDeadLetter).
+func AppendBatch(dst []byte, b *Batch) []byte {
+	dst = AppendBatchHeader(dst, b.Cluster)
+	for i := range b.Rows {
+		dst = AppendRow(dst, &b.Rows[i])
+	}
+	for i := range b.Dead {
+		dst = AppendDeadLetter(dst, &b.Dead[i])
+	}
+	return dst
+}

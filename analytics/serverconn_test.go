@@ -82,7 +82,7 @@ func TestStoreSettingsOnClickHouse18(t *testing.T) {
 		t.Fatalf("open with the server away: %v", err)
 	}
 	defer away.Close()
-	if err := away.Ping(ctx); err == nil || !strings.Contains(err.Error(), "server version") {
+	if err := away.Conn().Ping(ctx); err == nil || !strings.Contains(err.Error(), "server version") {
 		t.Fatalf("ping with the server away: %v, want an error reading the server version", err)
 	}
 	srv.Start()

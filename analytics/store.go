@@ -116,9 +116,6 @@ func ParseDSN(dsn string) (*clickhouse.Options, error) {
 // Close closes the connections.
 func (s *Store) Close() error { return s.conn.Close() }
 
-// Ping checks that ClickHouse answers.
-func (s *Store) Ping(ctx context.Context) error { return s.conn.Ping(ctx) }
-
 // Conn exposes the connection for queries (issue 4's analytics).
 func (s *Store) Conn() driver.Conn { return s.conn }
 

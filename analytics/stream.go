@@ -61,67 +61,6 @@ func MaybeGzip(r io.Reader) (io.Reader, error) {
 	return br, nil
 }
 
-// LinesReader splits JSON lines (the audit log backend's format).
-type LinesReader struct {
-	r      *bufio.Reader
-	max    int
-	buf    []byte
-	offset int64
-}
-
-// NewLinesReader reads JSON lines from r; maxEvent <= 0 means
-// DefaultMaxEventBytes.
-func NewLinesReader(r io.Reader, maxEvent int) *LinesReader {
-	if maxEvent <= 0 {
-		maxEvent = DefaultMaxEventBytes
-	}
-	return &LinesReader{r: bufio.NewReaderSize(r, 256<<10), max: maxEvent}
-}
-
-// Offset is the number of bytes consumed, up to the end of the last item.
-func (l *LinesReader) Offset() int64 { return l.offset }
-
-// Next implements ItemReader. Blank lines are skipped. A last line without
-// a newline is an item too.
-func (l *LinesReader) Next() (Item, error) {
-	for {
-		line, err := l.r.ReadSlice('\n')
-		n := len(line)
-		var item Item
-		if errors.Is(err, bufio.ErrBufferFull) {
-			l.buf = append(l.buf[:0], line...)
-			for errors.Is(err, bufio.ErrBufferFull) {
-				line, err = l.r.ReadSlice('\n')
-				n += len(line)
-				if len(l.buf) < l.max+1 {
-					l.buf = append(l.buf, line...)
-				}
-			}
-			line = l.buf
-		}
-		if err != nil && err != io.EOF {
-			return Item{}, err
-		}
-		l.offset += int64(n)
-		trimmed := bytes.TrimSpace(line)
-		switch {
-		case n > l.max:
-			size := n
-			if err == nil {
-				size-- // the newline
-			}
-			item = Item{Raw: sample(trimmed), Err: eventSizeError{size, l.max}}
-		case len(trimmed) > 0:
-			item = Item{Raw: trimmed}
-		case err == io.EOF:
-			return Item{}, io.EOF
-		default:
-			continue
-		}
-		return item, nil
-	}
-}
-
 func sample(b []byte) []byte {
 	if len(b) > SampleBytes {
 		return b[:SampleBytes]

@@ -136,8 +136,7 @@ func TestOversizedEventsNameTheirSizeAndTheLimit(t *testing.T) {
 	events := realEvents(t)
 	want := fmt.Sprintf("event of %d bytes is larger than the limit of 1200 bytes", len(events[0]))
 	for name, r := range map[string]ItemReader{
-		"EventList":  NewListReader(strings.NewReader(eventList(events[2], events[0], events[3])), 1200),
-		"JSON lines": NewLinesReader(strings.NewReader(events[2]+"\n"+events[0]+"\n"+events[3]+"\n"), 1200),
+		"EventList": NewListReader(strings.NewReader(eventList(events[2], events[0], events[3])), 1200),
 	} {
 		_, errs := readAll(t, r)
 		if len(errs) != 1 || !strings.Contains(errs[0], want) {
@@ -163,39 +162,6 @@ func TestListReaderDecompressesGzip(t *testing.T) {
 	items, errs := readAll(t, NewListReader(r, 0))
 	if len(items) != len(events) || len(errs) != 0 {
 		t.Fatalf("%d items, %d dead letters; want %d, 0", len(items), len(errs), len(events))
-	}
-}
-
-func TestLinesReaderSplitsJSONLines(t *testing.T) {
-	events := realEvents(t)
-	long := `{"auditID":"` + strings.Repeat("x", 300<<10) + `"}`
-	tests := []struct {
-		name      string
-		body      string
-		max       int
-		wantItems []string
-		wantErrs  int
-	}{
-		{"each line is an event", strings.Join(events, "\n") + "\n", 0, events, 0},
-		{"a last line without newline counts", events[0] + "\n" + events[1], 0, events[:2], 0},
-		{"blank and CRLF lines are skipped", "\r\n" + events[0] + "\r\n\n" + events[1] + "\n", 0, events[:2], 0},
-		{"a line longer than the read buffer is whole", long + "\n" + events[0] + "\n", 0, []string{long, events[0]}, 0},
-		{"a line above the limit is a dead letter", long + "\n" + events[0] + "\n", 100 << 10, events[:1], 1},
-	}
-	for _, tt := range tests {
-		t.Run(tt.name, func(t *testing.T) {
-			lr := NewLinesReader(strings.NewReader(tt.body), tt.max)
-			items, errs := readAll(t, lr)
-			if strings.Join(items, "\n") != strings.Join(tt.wantItems, "\n") {
-				t.Errorf("got %d items, want %d", len(items), len(tt.wantItems))
-			}
-			if len(errs) != tt.wantErrs {
-				t.Errorf("dead letters %q, want %d", errs, tt.wantErrs)
-			}
-			if lr.Offset() != int64(len(tt.body)) {
-				t.Errorf("offset %d, want %d", lr.Offset(), len(tt.body))
-			}
-		})
 	}
 }
 

@@ -68,16 +68,6 @@ type Drainer struct {
 	rowsPerRecord int // of the last read, to size the next set (Run only)
 }
 
-// Writer, WriterOptions and NewWriter are the former names of Drainer,
-// DrainerOptions and NewDrainer.
-type (
-	Writer        = Drainer
-	WriterOptions = DrainerOptions
-)
-
-// NewWriter is NewDrainer.
-func NewWriter(src Source, st Inserter, o DrainerOptions) *Drainer { return NewDrainer(src, st, o) }
-
 // claim is the rows of an insert in flight, indexed.
 type claim struct {
 	rows  []rowRef

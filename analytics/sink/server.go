@@ -83,8 +83,11 @@ type HandlerOptions struct {
 	// DefaultBodyMinRate (64 KiB/s).
 	BodyGrace   time.Duration
 	BodyMinRate int64
-	Metrics     *analytics.Metrics
-	Logger      *slog.Logger
+	// Metrics, when set, counts the accepted events and the refused
+	// batches (by reason); nil counts nothing.
+	Metrics *analytics.Metrics
+	// Logger receives the handler's warnings; nil discards them.
+	Logger *slog.Logger
 }
 
 // Handler serves the audit webhook endpoints.
