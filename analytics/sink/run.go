@@ -145,11 +145,8 @@ func Run(ctx context.Context, o Options) error {
 	defer store.Close()
 
 	h, err := NewHandler(HandlerOptions{
-		Accepter: &analytics.Accepter{
-			Decoder: analytics.Decoder{RedactResources: o.RedactResources, KeepRaw: o.Store.KeepRaw},
-			Stages:  o.Stages,
-		},
-		Spool: sp, Token: o.Token, ClientCAs: clientCAs,
+		Accepter: newAccepter(o.Stages, o.RedactResources, o.Store.KeepRaw),
+		Spool:    sp, Token: o.Token, ClientCAs: clientCAs,
 		AllowUnauthenticated: o.AllowUnauthenticated, DefaultCluster: o.Cluster,
 		MaxBodyBytes: o.MaxBodyBytes, MaxEventBytes: o.MaxEventBytes,
 		BodyGrace: o.BodyGrace, BodyMinRate: o.BodyMinRate,

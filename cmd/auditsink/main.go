@@ -16,13 +16,10 @@ import (
 	"flag"
 	"fmt"
 	"io"
-	"log/slog"
 	"os"
 	"os/signal"
 	"runtime/debug"
 	"runtime/pprof"
-	"strconv"
-	"strings"
 	"syscall"
 	"time"
 
@@ -80,79 +77,6 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 
 var errUsage = errors.New("usage")
 
-// common are the flags every subcommand shares.
-type common struct {
-	dsn, dsnFile, database, logLevel string
-	chCluster                        string
-	cluster, stages, redact          string
-	keepRaw                          bool
-}
-
-const (
-	dsnEnv       = "AUDITSINK_CLICKHOUSE_DSN"
-	chClusterEnv = "AUDITSINK_CLICKHOUSE_CLUSTER"
-)
-
-func (c *common) register(fs *flag.FlagSet) {
-	fs.StringVar(&c.dsn, "clickhouse", "", "ClickHouse native DSN, e.g. clickhouse://127.0.0.1:9000. Credentials belong in --clickhouse-dsn-file or $"+dsnEnv+", not in argv")
-	fs.StringVar(&c.dsnFile, "clickhouse-dsn-file", "", "file holding the ClickHouse DSN (with user, password, secure=true)")
-	fs.StringVar(&c.database, "database", "stampguard", "ClickHouse database")
-	fs.StringVar(&c.chCluster, "clickhouse-cluster", os.Getenv(chClusterEnv), "ClickHouse cluster (from the servers' remote_servers) for sharded, replicated storage; empty: one server (or $"+chClusterEnv+")")
-	fs.StringVar(&c.logLevel, "log-level", "info", "debug, info, warn or error")
-	fs.StringVar(&c.cluster, "cluster", "", "source cluster name stored with each event")
-	fs.StringVar(&c.stages, "stages", strings.Join(analytics.DefaultStages, ","), "audit stages to store")
-	fs.StringVar(&c.redact, "redact-resources", "", "comma-separated resources whose request and response objects are dropped like those of secrets (always dropped)")
-	fs.BoolVar(&c.keepRaw, "keep-raw", false, "store each event's raw JSON (secrets redacted) in events.raw")
-}
-
-func (c *common) logger(w io.Writer) (*slog.Logger, error) {
-	var lvl slog.Level
-	if err := lvl.UnmarshalText([]byte(c.logLevel)); err != nil {
-		return nil, fmt.Errorf("--log-level: %w", err)
-	}
-	return slog.New(slog.NewJSONHandler(w, &slog.HandlerOptions{Level: lvl})), nil
-}
-
-// storeOptions resolves the DSN: a file first, then the environment, then
-// the flag.
-func (c *common) storeOptions(log *slog.Logger) (analytics.StoreOptions, error) {
-	dsn := c.dsn
-	switch {
-	case c.dsnFile != "":
-		b, err := os.ReadFile(c.dsnFile)
-		if err != nil {
-			return analytics.StoreOptions{}, fmt.Errorf("read DSN file: %w", err)
-		}
-		dsn = strings.TrimSpace(string(b))
-	case os.Getenv(dsnEnv) != "":
-		dsn = os.Getenv(dsnEnv)
-	case dsn == "":
-		return analytics.StoreOptions{}, fmt.Errorf("no ClickHouse DSN: give --clickhouse-dsn-file, $%s or --clickhouse", dsnEnv)
-	default:
-		if strings.Contains(strings.SplitN(dsn, "@", 2)[0], ":") && strings.Contains(dsn, "@") {
-			log.Warn("the ClickHouse DSN on the command line holds a password that other users can read in the process list; use --clickhouse-dsn-file or $" + dsnEnv)
-		}
-	}
-	return analytics.StoreOptions{DSN: dsn, Database: c.database, KeepRaw: c.keepRaw, ClickHouseCluster: c.chCluster}, nil
-}
-
-func (c *common) accepter() *analytics.Accepter {
-	return &analytics.Accepter{
-		Decoder: analytics.Decoder{RedactResources: splitList(c.redact), KeepRaw: c.keepRaw},
-		Stages:  splitList(c.stages),
-	}
-}
-
-func splitList(s string) []string {
-	var out []string
-	for _, f := range strings.Split(s, ",") {
-		if f = strings.TrimSpace(f); f != "" {
-			out = append(out, f)
-		}
-	}
-	return out
-}
-
 func parse(fs *flag.FlagSet, args []string) error {
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
@@ -166,49 +90,20 @@ func parse(fs *flag.FlagSet, args []string) error {
 func serve(ctx context.Context, args []string, _, stderr io.Writer) error {
 	fs := flag.NewFlagSet("serve", flag.ContinueOnError)
 	fs.SetOutput(stderr)
-	var c common
-	c.register(fs)
-	var (
-		o                   sink.Options
-		tokenFile           string
-		retention, spoolMax string
-		maxBody             string
-	)
-	fs.StringVar(&o.Listen, "listen", ":8443", "address to serve on")
-	fs.StringVar(&o.TLSCertFile, "tls-cert", "", "TLS certificate (PEM)")
-	fs.StringVar(&o.TLSKeyFile, "tls-key", "", "TLS private key (PEM)")
-	fs.BoolVar(&o.Plaintext, "plaintext", false, "serve plain HTTP without TLS (tests and trusted sidecars only)")
-	fs.StringVar(&o.ClientCAFile, "client-ca", "", "CA bundle that verifies the apiserver's client certificate")
-	fs.StringVar(&tokenFile, "token-file", "", "file holding the bearer token the apiserver sends (or $AUDITSINK_TOKEN)")
-	fs.BoolVar(&o.AllowUnauthenticated, "allow-unauthenticated", false, "accept batches without credentials")
-	fs.StringVar(&o.MetricsListen, "metrics-listen", ":9090", "address of the plain-HTTP /metrics endpoint (empty: off)")
-	fs.StringVar(&o.SpoolDir, "spool-dir", "/var/lib/auditsink/spool", "durable spool directory")
-	fs.StringVar(&spoolMax, "spool-max", "1GiB", "spool size at which the sink answers 503")
-	fs.StringVar(&maxBody, "max-body", "1GiB", "largest request body (413 above)")
-	fs.IntVar(&o.MaxEventBytes, "max-event-bytes", analytics.DefaultMaxEventBytes, "largest event; larger ones are dead-lettered")
-	fs.StringVar(&retention, "retention", "", "drop day partitions older than this, e.g. 30d (empty: keep all)")
-	fs.IntVar(&o.InsertParallel, "insert-parallel", 2, "ClickHouse inserts in flight")
-	fs.DurationVar(&o.ShutdownTimeout, "shutdown-timeout", sink.DefaultShutdownTimeout, "bound of a graceful shutdown (keep it below the pod's terminationGracePeriodSeconds)")
+	var c sink.ServeConfig
+	c.Register(fs)
 	memLimit := fs.String("memory-limit", "240MiB", "soft memory limit of the Go runtime (GOMEMLIMIT); the GC works harder near it")
 	gcPercent := fs.Int("gc-percent", 100, "Go GC target percentage (GOGC): higher trades memory, capped by --memory-limit, for less GC CPU")
 	cpuProfile := fs.String("cpu-profile", "", "write a Go CPU profile (pprof) of the whole run to this file (diagnostics)")
 	if err := parse(fs, args); err != nil {
 		return err
 	}
-	log, err := c.logger(stderr)
+	log, err := c.Logger(stderr)
 	if err != nil {
 		return err
 	}
-	if o.Store, err = c.storeOptions(log); err != nil {
-		return err
-	}
-	if o.SpoolMaxBytes, err = parseBytes(spoolMax); err != nil {
-		return fmt.Errorf("--spool-max: %w", err)
-	}
-	if o.MaxBodyBytes, err = parseBytes(maxBody); err != nil {
-		return fmt.Errorf("--max-body: %w", err)
-	}
-	if o.Retention, err = parseRetention(retention); err != nil {
+	o, err := c.Resolve(log)
+	if err != nil {
 		return err
 	}
 	if err := setMemoryLimit(*memLimit); err != nil {
@@ -217,20 +112,6 @@ func serve(ctx context.Context, args []string, _, stderr io.Writer) error {
 	if os.Getenv("GOGC") == "" {
 		debug.SetGCPercent(*gcPercent)
 	}
-	switch {
-	case tokenFile != "":
-		b, err := os.ReadFile(tokenFile)
-		if err != nil {
-			return fmt.Errorf("read token file: %w", err)
-		}
-		o.Token = strings.TrimSpace(string(b))
-	default:
-		o.Token = os.Getenv("AUDITSINK_TOKEN")
-	}
-	o.Cluster = clusterOr(c.cluster)
-	o.Stages = splitList(c.stages)
-	o.RedactResources = splitList(c.redact)
-	o.Logger = log
 	if *cpuProfile != "" {
 		f, err := os.Create(*cpuProfile)
 		if err != nil {
@@ -255,7 +136,7 @@ func setMemoryLimit(limit string) error {
 	if limit == "" || os.Getenv("GOMEMLIMIT") != "" {
 		return nil
 	}
-	n, err := parseBytes(limit)
+	n, err := sink.ParseBytes(limit)
 	if err != nil {
 		return fmt.Errorf("--memory-limit: %w", err)
 	}
@@ -266,8 +147,8 @@ func setMemoryLimit(limit string) error {
 func ingest(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs := flag.NewFlagSet("ingest", flag.ContinueOnError)
 	fs.SetOutput(stderr)
-	var c common
-	c.register(fs)
+	var c sink.Config
+	c.Register(fs)
 	noProgress := fs.Bool("no-progress", false, "no progress bar even on a terminal")
 	memLimit := fs.String("memory-limit", "200MiB", "soft memory limit of the Go runtime (GOMEMLIMIT)")
 	if err := parse(fs, args); err != nil {
@@ -280,16 +161,16 @@ func ingest(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 		fmt.Fprintln(stderr, "usage: auditsink ingest [flags] FILE...")
 		return errUsage
 	}
-	log, err := c.logger(stderr)
+	log, err := c.Logger(stderr)
 	if err != nil {
 		return err
 	}
-	st, err := openMigrated(ctx, &c, log)
+	st, err := c.OpenMigrated(ctx, log)
 	if err != nil {
 		return err
 	}
 	defer st.Close()
-	o := analytics.IngestOptions{Cluster: clusterOr(c.cluster), Accepter: c.accepter(), Logger: log}
+	o := c.IngestOptions(log)
 	if !*noProgress && isTerminal(os.Stderr) {
 		o.Progress = stderr
 	}
@@ -301,8 +182,8 @@ func ingest(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 func tail(ctx context.Context, args []string, _, stderr io.Writer) error {
 	fs := flag.NewFlagSet("tail", flag.ContinueOnError)
 	fs.SetOutput(stderr)
-	var c common
-	c.register(fs)
+	var c sink.Config
+	c.Register(fs)
 	checkpoint := fs.String("checkpoint", "", "checkpoint file (default: PATH.auditsink-checkpoint)")
 	metricsListen := fs.String("metrics-listen", "", "address of a plain-HTTP /metrics endpoint (empty: off)")
 	if err := parse(fs, args); err != nil {
@@ -316,11 +197,11 @@ func tail(ctx context.Context, args []string, _, stderr io.Writer) error {
 	if *checkpoint == "" {
 		*checkpoint = path + ".auditsink-checkpoint"
 	}
-	log, err := c.logger(stderr)
+	log, err := c.Logger(stderr)
 	if err != nil {
 		return err
 	}
-	st, err := openMigrated(ctx, &c, log)
+	st, err := c.OpenMigrated(ctx, log)
 	if err != nil {
 		return err
 	}
@@ -332,25 +213,24 @@ func tail(ctx context.Context, args []string, _, stderr io.Writer) error {
 		metrics = analytics.NewMetrics(reg)
 		defer sink.ServeMetrics(*metricsListen, reg, log)(context.WithoutCancel(ctx))
 	}
-	return analytics.Tail(ctx, st, path, analytics.TailOptions{Cluster: clusterOr(c.cluster),
-		Accepter: c.accepter(), CheckpointPath: *checkpoint, Metrics: metrics, Logger: log})
+	return analytics.Tail(ctx, st, path, c.TailOptions(*checkpoint, metrics, log))
 }
 
 func migrate(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs := flag.NewFlagSet("migrate", flag.ContinueOnError)
 	fs.SetOutput(stderr)
-	var c common
-	c.register(fs)
+	var c sink.Config
+	c.Register(fs)
 	retention := fs.String("retention", "", "also drop day partitions older than this, e.g. 30d")
 	scanDays := fs.Int("scan-days", 2, "record the events stored more than once (by writers killed mid-insert) of the last N days; 0: no scan")
 	if err := parse(fs, args); err != nil {
 		return err
 	}
-	log, err := c.logger(stderr)
+	log, err := c.Logger(stderr)
 	if err != nil {
 		return err
 	}
-	st, err := c.open(ctx, log)
+	st, err := c.Open(ctx, log)
 	if err != nil {
 		return err
 	}
@@ -369,7 +249,7 @@ func migrate(ctx context.Context, args []string, stdout, stderr io.Writer) error
 			return err
 		}
 	}
-	keep, err := parseRetention(*retention)
+	keep, err := sink.ParseRetention(*retention)
 	if err != nil || keep == 0 {
 		return err
 	}
@@ -378,76 +258,7 @@ func migrate(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	return err
 }
 
-// open connects to the store the flags name.
-func (c *common) open(ctx context.Context, log *slog.Logger) (*analytics.Store, error) {
-	so, err := c.storeOptions(log)
-	if err != nil {
-		return nil, err
-	}
-	return analytics.OpenStore(ctx, so)
-}
-
-func openMigrated(ctx context.Context, c *common, log *slog.Logger) (*analytics.Store, error) {
-	st, err := c.open(ctx, log)
-	if err != nil {
-		return nil, err
-	}
-	if _, err := st.Migrate(ctx); err != nil {
-		st.Close()
-		return nil, err
-	}
-	return st, nil
-}
-
-// clusterOr is c, or sink.DefaultCluster (what POST /events uses) when
-// no --cluster was given.
-func clusterOr(c string) string {
-	if c == "" {
-		return sink.DefaultCluster
-	}
-	return c
-}
-
 func isTerminal(f *os.File) bool {
 	fi, err := f.Stat()
 	return err == nil && fi.Mode()&os.ModeCharDevice != 0
-}
-
-// parseRetention reads "30d" (days) or a Go duration; "" is 0.
-func parseRetention(s string) (time.Duration, error) {
-	if s == "" {
-		return 0, nil
-	}
-	if d, ok := strings.CutSuffix(s, "d"); ok {
-		n, err := strconv.Atoi(d)
-		if err != nil || n <= 0 {
-			return 0, fmt.Errorf("--retention %q: want a number of days such as 30d", s)
-		}
-		return time.Duration(n) * 24 * time.Hour, nil
-	}
-	d, err := time.ParseDuration(s)
-	if err != nil || d <= 0 {
-		return 0, fmt.Errorf("--retention %q: want 30d or a duration", s)
-	}
-	return d, nil
-}
-
-// parseBytes reads sizes such as 512MiB, 1GiB or a plain byte count.
-func parseBytes(s string) (int64, error) {
-	units := []struct {
-		suffix string
-		mult   int64
-	}{{"KiB", 1 << 10}, {"MiB", 1 << 20}, {"GiB", 1 << 30}, {"TiB", 1 << 40}}
-	mult := int64(1)
-	for _, u := range units {
-		if n, ok := strings.CutSuffix(s, u.suffix); ok {
-			s, mult = n, u.mult
-			break
-		}
-	}
-	n, err := strconv.ParseInt(strings.TrimSpace(s), 10, 64)
-	if err != nil || n <= 0 {
-		return 0, fmt.Errorf("size %q: want a positive number with an optional KiB, MiB, GiB or TiB", s)
-	}
-	return n * mult, nil
 }

@@ -9,13 +9,14 @@ import (
 	"time"
 
 	"github.com/stampguard/stampguard/analytics/report"
+	"github.com/stampguard/stampguard/analytics/sink"
 )
 
 func reportCmd(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs := flag.NewFlagSet("report", flag.ContinueOnError)
 	fs.SetOutput(stderr)
-	var c common
-	c.register(fs)
+	var c sink.Config
+	c.Register(fs)
 	since := fs.String("since", "24h", "start of the window: RFC3339 or a duration ago (2h, 7d)")
 	until := fs.String("until", "", "end of the window (exclusive): RFC3339 or a duration ago; default now")
 	top := fs.Int("top", 10, "rows per list")
@@ -36,7 +37,7 @@ func reportCmd(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	}
 	now := time.Now().UTC()
 	o := report.Options{
-		Cluster: clusterOr(c.cluster), Top: *top, Namespace: *namespace, Resource: *resource, User: *user,
+		Cluster: c.SourceCluster(), Top: *top, Namespace: *namespace, Resource: *resource, User: *user,
 		LoopGap: *loopGap, LoopThreshold: *loopThreshold, Until: now,
 	}
 	var err error
@@ -48,11 +49,11 @@ func reportCmd(ctx context.Context, args []string, stdout, stderr io.Writer) err
 			return fmt.Errorf("--until: %w", err)
 		}
 	}
-	log, err := c.logger(stderr)
+	log, err := c.Logger(stderr)
 	if err != nil {
 		return err
 	}
-	st, err := c.open(ctx, log)
+	st, err := c.Open(ctx, log)
 	if err != nil {
 		return err
 	}
