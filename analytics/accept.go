@@ -8,6 +8,8 @@ import (
 	"sync"
 	"time"
 	"unsafe"
+
+	"github.com/stampguard/stampguard/analytics/audit"
 )
 
 // Accepter turns a stream of raw events into encoded Batch records: it
@@ -15,7 +17,7 @@ import (
 // dead letters. It holds no state between calls and is safe for concurrent
 // use.
 type Accepter struct {
-	Decoder Decoder
+	Decoder audit.Decoder
 	// Stages are the stages stored; defaulted to DefaultStages if empty.
 	Stages []string
 	// RecordRows caps the rows per record; defaulted to 5000.
@@ -36,7 +38,7 @@ type AcceptResult struct {
 // (which must copy or persist it before returning). source names the input
 // in dead letters and metrics. A read error of the stream is returned as
 // is; records already emitted stay emitted (redelivery deduplicates them).
-func (a *Accepter) Accept(cluster, source string, items ItemReader, emit func(rec []byte) error) (AcceptResult, error) {
+func (a *Accepter) Accept(cluster, source string, items audit.ItemReader, emit func(rec []byte) error) (AcceptResult, error) {
 	var res AcceptResult
 	maxRows, maxBytes := a.RecordRows, a.RecordBytes
 	if maxRows <= 0 {
@@ -47,7 +49,7 @@ func (a *Accepter) Accept(cluster, source string, items ItemReader, emit func(re
 	}
 	stages := a.Stages
 	if len(stages) == 0 {
-		stages = DefaultStages
+		stages = audit.DefaultStages
 	}
 	buf := recPool.Get().(*[]byte)
 	defer recPool.Put(buf)
@@ -63,7 +65,7 @@ func (a *Accepter) Accept(cluster, source string, items ItemReader, emit func(re
 		rec, n = rec[:header], 0
 		return err
 	}
-	var row Row
+	var row audit.Row
 	for {
 		it, err := items.Next()
 		if err != nil {
@@ -93,7 +95,7 @@ func (a *Accepter) Accept(cluster, source string, items ItemReader, emit func(re
 			}
 			it.Err = err
 		}
-		d := DeadLetter{Cluster: cluster, Source: source, Reason: it.Err.Error(),
+		d := audit.DeadLetter{Cluster: cluster, Source: source, Reason: it.Err.Error(),
 			Raw: a.deadRaw(it.Raw), ReceivedAt: time.Now().UnixMicro()}
 		rec = AppendDeadLetter(rec, &d)
 		res.Rejected++
@@ -111,7 +113,7 @@ var recPool = sync.Pool{New: func() any { b := make([]byte, 0, 256<<10); return 
 // event that failed to decode cannot be redacted reliably, so one that
 // mentions a redacted resource is withheld entirely.
 func (a *Accepter) deadRaw(raw []byte) string {
-	raw = sample(raw)
+	raw = audit.Sample(raw)
 	for _, r := range append([]string{"secrets"}, a.Decoder.RedactResources...) {
 		if bytes.Contains(raw, []byte(`"`+r+`"`)) {
 			return "(withheld: the input names " + r + " and could not be redacted)"

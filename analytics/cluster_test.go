@@ -5,6 +5,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/stampguard/stampguard/analytics/audit"
 	"github.com/stampguard/stampguard/internal/chtest"
 )
 
@@ -88,9 +89,9 @@ func TestClusterRacingWritersRecordEveryCopy(t *testing.T) {
 		// ClickHouse's replicated block deduplication drops an identical
 		// block, but not these.
 		extra := racingRows(t, 1000+round)
-		doubled := raceInserts(t, stores, func(i int) []Row {
+		doubled := raceInserts(t, stores, func(i int) []audit.Row {
 			if i == 1 {
-				return append(append([]Row(nil), rows...), extra...)
+				return append(append([]audit.Row(nil), rows...), extra...)
 			}
 			return rows
 		})

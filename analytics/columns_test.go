@@ -11,11 +11,13 @@ import (
 
 	"github.com/ClickHouse/ch-go/proto"
 	"github.com/ClickHouse/clickhouse-go/v2/lib/column"
+
+	"github.com/stampguard/stampguard/analytics/audit"
 )
 
 // wantColumns is what the events row of r holds, column by column in
 // EventColumns order, as Go values the driver scans.
-func wantColumns(r *Row, keepRaw bool) []any {
+func wantColumns(r *audit.Row, keepRaw bool) []any {
 	t := r.StageTime()
 	raw := ""
 	if keepRaw {
@@ -46,7 +48,7 @@ func wantColumns(r *Row, keepRaw bool) []any {
 // edges: empty and non-ASCII strings, empty and long lists, dry runs,
 // impersonation, times before 1970 and after 2038, and enough distinct
 // values that LowCardinality keys need 16 bits.
-func columnTestRows(t testing.TB, distinct int) []Row {
+func columnTestRows(t testing.TB, distinct int) []audit.Row {
 	rows := decodeAll(t, "prod", realEvents(t))
 	base := rows[0]
 	for i := range distinct {
@@ -71,7 +73,7 @@ func columnTestRows(t testing.TB, distinct int) []Row {
 		case 3:
 			r.RequestReceivedMicros = 0
 		}
-		r.Fingerprint = Fingerprint(&r)
+		r.Fingerprint = audit.Fingerprint(&r)
 		rows = append(rows, r)
 	}
 	return rows
@@ -79,7 +81,7 @@ func columnTestRows(t testing.TB, distinct int) []Row {
 
 // loadColumns builds columns from rows the way insertEvents does and loads
 // them into fresh driver columns of the events types.
-func loadColumns(t *testing.T, rows []Row, keepRaw bool) []column.Interface {
+func loadColumns(t *testing.T, rows []audit.Row, keepRaw bool) []column.Interface {
 	t.Helper()
 	set, err := recordSetOf(rows, nil, true)
 	if err != nil {
@@ -117,7 +119,7 @@ func TestNativeColumnsHoldEveryRowAsTheDriverReadsIt(t *testing.T) {
 			rows := columnTestRows(t, tt.distinct)
 			// The set groups rows by cluster; compare in that order.
 			set, _ := recordSetOf(rows, nil, true)
-			byKey := map[string]*Row{}
+			byKey := map[string]*audit.Row{}
 			for i := range rows {
 				byKey[rows[i].Cluster+"/"+rows[i].AuditID] = &rows[i]
 			}
@@ -167,7 +169,7 @@ func TestNativeColumnsHoldEveryRowAsTheDriverReadsIt(t *testing.T) {
 
 // wraps reports whether r's stage time is outside what Date and DateTime
 // hold: those wrap around, as they did through the driver's own append.
-func wraps(r *Row) bool { return r.StageMicros < 0 || r.StageMicros >= 1<<32*1e6 }
+func wraps(r *audit.Row) bool { return r.StageMicros < 0 || r.StageMicros >= 1<<32*1e6 }
 
 func TestNativeColumnsUse32BitKeysForHugeDictionaries(t *testing.T) {
 	c := newEventColumns()
@@ -201,7 +203,7 @@ func TestInsertedColumnsReadBackExactly(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer res.Close()
-	byKey := map[string]*Row{}
+	byKey := map[string]*audit.Row{}
 	for i := range rows {
 		byKey[rows[i].Cluster+"/"+rows[i].AuditID] = &rows[i]
 	}
@@ -251,7 +253,7 @@ func TestInsertedColumnsReadBackExactly(t *testing.T) {
 // per event between the spool and the socket.
 func BenchmarkEventColumns(b *testing.B) {
 	tmpl := decodeAll(b, "bench", realEvents(b)[:9])
-	rows := make([]Row, 5*insertBlockRows)
+	rows := make([]audit.Row, 5*insertBlockRows)
 	for i := range rows {
 		rows[i] = tmpl[i%len(tmpl)]
 		rows[i].AuditID = fmt.Sprintf("bench-%d", i)

@@ -6,17 +6,18 @@ import (
 	"testing"
 	"time"
 
+	"github.com/stampguard/stampguard/analytics/audit"
 	asql "github.com/stampguard/stampguard/analytics/sql"
 )
 
 // racingRows are copies of the real events under fresh audit IDs, so that
 // each round inserts keys no earlier round stored.
-func racingRows(t *testing.T, round int) []Row {
+func racingRows(t *testing.T, round int) []audit.Row {
 	t.Helper()
 	rows := decodeAll(t, "race", realEvents(t))
 	for i := range rows {
 		rows[i].AuditID = fmt.Sprintf("r%d-%s", round, rows[i].AuditID)
-		rows[i].Fingerprint = Fingerprint(&rows[i])
+		rows[i].Fingerprint = audit.Fingerprint(&rows[i])
 	}
 	return rows
 }
@@ -24,7 +25,7 @@ func racingRows(t *testing.T, round int) []Row {
 // raceInserts has every store insert rowsOf(its index) at the same moment,
 // skipping the key lookup so that each one inserts, and returns the most
 // doubled rows any store's check saw.
-func raceInserts(t *testing.T, stores []*Store, rowsOf func(i int) []Row) int {
+func raceInserts(t *testing.T, stores []*Store, rowsOf func(i int) []audit.Row) int {
 	t.Helper()
 	var wg sync.WaitGroup
 	start := make(chan struct{})
@@ -72,7 +73,7 @@ func TestRacingWritersRecordEveryCopy(t *testing.T) {
 		for round := range 5 {
 			round += writers * 100
 			rows := racingRows(t, round)
-			doubled := raceInserts(t, stores, func(int) []Row { return rows })
+			doubled := raceInserts(t, stores, func(int) []audit.Row { return rows })
 			prefix := fmt.Sprintf("r%d-%%", round)
 			if n := count(t, first, "SELECT count() FROM {db}.stored_keys WHERE audit_id LIKE ?", prefix); n != uint64(writers*len(rows)) {
 				t.Fatalf("%d writers, round %d: stored_keys holds %d copies, want %d", writers, round, n, writers*len(rows))

@@ -13,6 +13,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/stampguard/stampguard/analytics/audit"
 	"github.com/stampguard/stampguard/analytics/logfile"
 )
 
@@ -190,7 +191,7 @@ type lineItems struct {
 	n    *atomic.Int64 // lines read, for the progress line (may be nil)
 }
 
-func (l *lineItems) Next() (Item, error) {
+func (l *lineItems) Next() (audit.Item, error) {
 	line, err := l.next()
 	if err == nil && l.n != nil {
 		l.n.Add(1)
@@ -198,11 +199,11 @@ func (l *lineItems) Next() (Item, error) {
 	var tooLong *logfile.LineTooLongError
 	switch {
 	case errors.As(err, &tooLong):
-		return Item{Err: err}, nil
+		return audit.Item{Err: err}, nil
 	case err != nil:
-		return Item{}, err
+		return audit.Item{}, err
 	}
-	return Item{Raw: line.Data}, nil
+	return audit.Item{Raw: line.Data}, nil
 }
 
 type countingReader struct {
@@ -323,7 +324,7 @@ func Tail(ctx context.Context, st Inserter, path string, o TailOptions) error {
 		return err
 	}
 	var (
-		items       []Item
+		items       []audit.Item
 		last        logfile.Checkpoint
 		lostCounted int64 // f.LostBytes() already in the metric
 	)
@@ -368,10 +369,10 @@ func Tail(ctx context.Context, st Inserter, path string, o TailOptions) error {
 		var tooLong *logfile.LineTooLongError
 		switch {
 		case err == nil:
-			items = append(items, Item{Raw: line.Data}) // Data belongs to us
+			items = append(items, audit.Item{Raw: line.Data}) // Data belongs to us
 			last = line.Checkpoint
 		case errors.As(err, &tooLong):
-			items = append(items, Item{Err: err})
+			items = append(items, audit.Item{Err: err})
 		case ctx.Err() != nil:
 			return stop(nil)
 		case errors.Is(err, context.DeadlineExceeded):
@@ -398,13 +399,13 @@ func Tail(ctx context.Context, st Inserter, path string, o TailOptions) error {
 }
 
 type sliceItems struct {
-	items []Item
+	items []audit.Item
 	i     int
 }
 
-func (s *sliceItems) Next() (Item, error) {
+func (s *sliceItems) Next() (audit.Item, error) {
 	if s.i >= len(s.items) {
-		return Item{}, io.EOF
+		return audit.Item{}, io.EOF
 	}
 	s.i++
 	return s.items[s.i-1], nil

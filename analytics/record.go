@@ -4,14 +4,16 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+
+	"github.com/stampguard/stampguard/analytics/audit"
 )
 
 // Batch is what one spool record holds: the rows and dead letters accepted
 // from one request (or one chunk of a file) for one cluster.
 type Batch struct {
 	Cluster string
-	Rows    []Row
-	Dead    []DeadLetter
+	Rows    []audit.Row
+	Dead    []audit.DeadLetter
 }
 
 // recordVersion is the first byte of every encoded Batch; a reader refuses
@@ -36,7 +38,7 @@ func AppendBatchHeader(dst []byte, cluster string) []byte {
 }
 
 // AppendDeadLetter adds a dead letter to a record.
-func AppendDeadLetter(dst []byte, d *DeadLetter) []byte {
+func AppendDeadLetter(dst []byte, d *audit.DeadLetter) []byte {
 	dst = append(dst, tagDead)
 	dst = appendString(dst, d.Source)
 	dst = appendString(dst, d.Reason)
@@ -45,7 +47,7 @@ func AppendDeadLetter(dst []byte, d *DeadLetter) []byte {
 }
 
 // AppendRow adds a row to a record (its Cluster is the record's).
-func AppendRow(dst []byte, r *Row) []byte {
+func AppendRow(dst []byte, r *audit.Row) []byte {
 	dst = append(dst, tagRow)
 	for _, s := range [...]string{r.AuditID, r.Stage, r.Level, r.Verb, r.RequestURI, r.User,
 		r.ImpersonatedUser, r.UserAgent, r.SourceIP, r.APIGroup, r.APIVersion, r.Resource,
@@ -87,7 +89,7 @@ func DecodeBatch(rec string) (*Batch, error) {
 	for d.err == nil && d.i < len(d.s) {
 		switch tag := d.byte(); tag {
 		case tagRow:
-			r := Row{Cluster: b.Cluster}
+			r := audit.Row{Cluster: b.Cluster}
 			strs := [...]*string{&r.AuditID, &r.Stage, &r.Level, &r.Verb, &r.RequestURI, &r.User,
 				&r.ImpersonatedUser, &r.UserAgent, &r.SourceIP, &r.APIGroup, &r.APIVersion, &r.Resource,
 				&r.Subresource, &r.Namespace, &r.Name, &r.ObjectUID, &r.Stamp, &r.FieldManager, &r.Reason,
@@ -112,7 +114,7 @@ func DecodeBatch(rec string) (*Batch, error) {
 				b.Rows = append(b.Rows, r)
 			}
 		case tagDead:
-			dl := DeadLetter{Cluster: b.Cluster, Source: d.str(), Reason: d.str(), Raw: d.str(), ReceivedAt: d.varint()}
+			dl := audit.DeadLetter{Cluster: b.Cluster, Source: d.str(), Reason: d.str(), Raw: d.str(), ReceivedAt: d.varint()}
 			if d.err == nil {
 				b.Dead = append(b.Dead, dl)
 			}

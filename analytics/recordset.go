@@ -7,6 +7,8 @@ import (
 	"hash/maphash"
 	"slices"
 	"strings"
+
+	"github.com/stampguard/stampguard/analytics/audit"
 )
 
 // RecordSet holds the rows and dead letters of encoded Batch records (spool
@@ -17,7 +19,7 @@ import (
 // its records, which must not change while it is in use.
 type RecordSet struct {
 	rows []rowRef
-	dead []DeadLetter
+	dead []audit.DeadLetter
 }
 
 // rowRef is one row of a record.
@@ -35,10 +37,10 @@ type rowRef struct {
 func (s *RecordSet) Rows() int { return len(s.rows) }
 
 // Dead are the set's dead letters.
-func (s *RecordSet) Dead() []DeadLetter { return s.dead }
+func (s *RecordSet) Dead() []audit.DeadLetter { return s.dead }
 
 // AddDead adds a dead letter.
-func (s *RecordSet) AddDead(d DeadLetter) { s.dead = append(s.dead, d) }
+func (s *RecordSet) AddDead(d audit.DeadLetter) { s.dead = append(s.dead, d) }
 
 // Add parses a record (AppendBatchHeader, then AppendRow and
 // AppendDeadLetter entries) and adds its rows and dead letters. A record that does not parse adds nothing.
@@ -94,7 +96,7 @@ func (s *RecordSet) add(rec string) error {
 				s.rows = append(s.rows, r)
 			}
 		case tagDead:
-			dl := DeadLetter{Cluster: cluster, Source: d.str(), Reason: d.str(), Raw: d.str(), ReceivedAt: d.varint()}
+			dl := audit.DeadLetter{Cluster: cluster, Source: d.str(), Reason: d.str(), Raw: d.str(), ReceivedAt: d.varint()}
 			if d.err == nil {
 				s.dead = append(s.dead, dl)
 			}
@@ -277,7 +279,7 @@ func (d *recordReader) skipStr() {
 // and parses them back: Store.Insert takes Rows through the same path as
 // the spool's records. Without keepRaw the rows' Raw is not encoded (the
 // store would not keep it).
-func recordSetOf(rows []Row, dead []DeadLetter, keepRaw bool) (*RecordSet, error) {
+func recordSetOf(rows []audit.Row, dead []audit.DeadLetter, keepRaw bool) (*RecordSet, error) {
 	recs := map[string][]byte{}
 	var order []string
 	rec := func(cluster string) []byte {
@@ -321,7 +323,7 @@ func recordSetOf(rows []Row, dead []DeadLetter, keepRaw bool) (*RecordSet, error
 }
 
 // encodedSize is about the bytes AppendRow takes for r (an upper bound).
-func encodedSize(r *Row, keepRaw bool) int {
+func encodedSize(r *audit.Row, keepRaw bool) int {
 	n := 1 + rowStrings*binary.MaxVarintLen32 + rowLists*binary.MaxVarintLen32 + 5*binary.MaxVarintLen64 + 8
 	for _, s := range [...]string{r.AuditID, r.Stage, r.Level, r.Verb, r.RequestURI, r.User,
 		r.ImpersonatedUser, r.UserAgent, r.SourceIP, r.APIGroup, r.APIVersion, r.Resource,

@@ -4,11 +4,13 @@ import (
 	"cmp"
 	"strings"
 	"testing"
+
+	"github.com/stampguard/stampguard/analytics/audit"
 )
 
 func TestRecordSetFindsEveryRowsKeyAndAddsNothingOfABrokenRecord(t *testing.T) {
 	rows := decodeAll(t, "prod", realEvents(t))
-	dead := []DeadLetter{{Cluster: "prod", Source: "webhook", Reason: "r", Raw: "x", ReceivedAt: 7}}
+	dead := []audit.DeadLetter{{Cluster: "prod", Source: "webhook", Reason: "r", Raw: "x", ReceivedAt: 7}}
 	rec := string(AppendBatch(nil, &Batch{Cluster: "prod", Rows: rows, Dead: dead}))
 	var set RecordSet
 	if err := set.Add(rec); err != nil {
@@ -36,7 +38,7 @@ func TestRecordSetFindsEveryRowsKeyAndAddsNothingOfABrokenRecord(t *testing.T) {
 
 func TestDedup(t *testing.T) {
 	key := func(id string) rowRef {
-		k := eventKey{"prod", id, StageResponseComplete, 1}
+		k := eventKey{"prod", id, audit.StageResponseComplete, 1}
 		return rowRef{key: k, hash: k.hash()}
 	}
 	ids := func(rows []rowRef) (s []string) {
@@ -92,7 +94,7 @@ func TestEventOrderIsTheEventsSortingKey(t *testing.T) {
 	var rows []rowRef
 	for i := range 5000 {
 		k := eventKey{pick(i/7, "prod", "dev"), pick(i*31, "a", "ab", "ab\x00", "ab\x00x", "b", "", "0123456789abcdef0", "0123456789abcdef"),
-			pick(i/3, StageResponseComplete, StagePanic), uint64(i % 5)}
+			pick(i/3, audit.StageResponseComplete, audit.StagePanic), uint64(i % 5)}
 		rows = append(rows, rowRef{key: k, micros: int64(i%4) - 1, apiGroup: pick(i/11, "", "apps"),
 			resource: pick(i/13, "configmaps", "leases"), namespace: pick(i/17, "a", "b", ""), name: pick(i/19, "x", "y", "xy")})
 	}
@@ -125,7 +127,7 @@ func TestEventOrderIsTheEventsSortingKey(t *testing.T) {
 // row it accepts builds its columns.
 func FuzzRecordSet(f *testing.F) {
 	rows := decodeAll(f, "prod", realEvents(f))
-	dead := []DeadLetter{{Cluster: "prod", Source: "webhook", Reason: "r", Raw: "x", ReceivedAt: 7}}
+	dead := []audit.DeadLetter{{Cluster: "prod", Source: "webhook", Reason: "r", Raw: "x", ReceivedAt: 7}}
 	rec := AppendBatch(nil, &Batch{Cluster: "prod", Rows: rows[:1], Dead: dead})
 	f.Add(rec)
 	f.Add(rec[:len(rec)/2])

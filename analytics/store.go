@@ -14,6 +14,8 @@ import (
 	"github.com/ClickHouse/clickhouse-go/v2"
 	"github.com/ClickHouse/clickhouse-go/v2/ext"
 	"github.com/ClickHouse/clickhouse-go/v2/lib/driver"
+
+	"github.com/stampguard/stampguard/analytics/audit"
 )
 
 // StoreOptions configure a Store.
@@ -148,7 +150,7 @@ type eventKey struct {
 //
 // Insert encodes the rows as spool records and stores them with
 // InsertRecords, the path the sink's writer takes.
-func (s *Store) Insert(ctx context.Context, rows []Row, dead []DeadLetter) (InsertResult, error) {
+func (s *Store) Insert(ctx context.Context, rows []audit.Row, dead []audit.DeadLetter) (InsertResult, error) {
 	set, err := recordSetOf(rows, dead, s.raw)
 	if err != nil {
 		return InsertResult{}, err
@@ -460,7 +462,7 @@ func (s *Store) ScanDuplicates(ctx context.Context, since time.Time) error {
 	return nil
 }
 
-func (s *Store) insertDead(ctx context.Context, dead []DeadLetter) error {
+func (s *Store) insertDead(ctx context.Context, dead []audit.DeadLetter) error {
 	b, err := s.conn.PrepareBatch(ctx, "INSERT INTO "+s.db+
 		".dead_letters (received_date, received_at, received_us, cluster, source, reason, raw, raw_hash)")
 	if err != nil {
@@ -471,7 +473,7 @@ func (s *Store) insertDead(ctx context.Context, dead []DeadLetter) error {
 		t := time.UnixMicro(d.ReceivedAt).UTC()
 		day := time.Date(t.Year(), t.Month(), t.Day(), 0, 0, 0, 0, time.UTC)
 		if err := b.Append(day, t.Truncate(time.Second), uint64(d.ReceivedAt), d.Cluster, d.Source,
-			d.Reason, d.Raw, fnvString(fnvOffset, d.Raw)); err != nil {
+			d.Reason, d.Raw, d.RawHash()); err != nil {
 			return fmt.Errorf("dead letter: %w", err)
 		}
 	}

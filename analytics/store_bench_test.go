@@ -5,6 +5,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/stampguard/stampguard/analytics/audit"
 	"github.com/stampguard/stampguard/internal/testenv"
 )
 
@@ -29,7 +30,7 @@ func BenchmarkStoreInsert(b *testing.B) {
 	b.ReportAllocs()
 	for b.Loop() {
 		run++
-		rows := make([]Row, n)
+		rows := make([]audit.Row, n)
 		for i := range rows {
 			rows[i] = tmpl[i%len(tmpl)]
 			rows[i].AuditID = fmt.Sprintf("run%d-%d", run, i)

@@ -15,6 +15,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/stampguard/stampguard/analytics/audit"
 	"github.com/stampguard/stampguard/internal/chtest"
 
 	"github.com/stampguard/stampguard/internal/testenv"
@@ -60,10 +61,10 @@ func count(t *testing.T, st *Store, query string, args ...any) uint64 {
 	return n
 }
 
-func decodeAll(t testing.TB, cluster string, lines []string) []Row {
+func decodeAll(t testing.TB, cluster string, lines []string) []audit.Row {
 	t.Helper()
-	d := Decoder{KeepRaw: true}
-	rows := make([]Row, len(lines))
+	d := audit.Decoder{KeepRaw: true}
+	rows := make([]audit.Row, len(lines))
 	for i, l := range lines {
 		if err := d.Decode(l, &rows[i]); err != nil {
 			t.Fatal(err)
@@ -105,17 +106,17 @@ func TestInsertStoresEachEventOnce(t *testing.T) {
 	}
 	tests := []struct {
 		name        string
-		rows        []Row
+		rows        []audit.Row
 		wantStored  int
 		wantDropped int
 	}{
 		{"a redelivered batch stores nothing", rows, 0, len(rows)},
 		{"a batch repeating an event within itself stores it once", append(decodeAll(t, "staging", realEvents(t)[:2]), decodeAll(t, "staging", realEvents(t)[:2])...), 2, 2},
 		{"the same events from another cluster are new", decodeAll(t, "dev", realEvents(t)[:3]), 3, 0},
-		{"a reused audit ID of a different request is a new row", func() []Row {
+		{"a reused audit ID of a different request is a new row", func() []audit.Row {
 			r := decodeAll(t, "prod", realEvents(t)[:1])
 			r[0].StageMicros++
-			r[0].Fingerprint = Fingerprint(&r[0])
+			r[0].Fingerprint = audit.Fingerprint(&r[0])
 			return r
 		}(), 1, 0},
 	}
@@ -185,7 +186,7 @@ func TestInsertedRowsReadBack(t *testing.T) {
 
 func TestDeadLettersAreStoredWithReason(t *testing.T) {
 	st, _ := newStore(t, false)
-	dead := []DeadLetter{{Cluster: "prod", Source: "webhook", Reason: "event has no auditID", Raw: `{"stage":"x"}`, ReceivedAt: time.Now().UnixMicro()}}
+	dead := []audit.DeadLetter{{Cluster: "prod", Source: "webhook", Reason: "event has no auditID", Raw: `{"stage":"x"}`, ReceivedAt: time.Now().UnixMicro()}}
 	res, err := st.Insert(t.Context(), nil, dead)
 	if err != nil || res.Dead != 1 {
 		t.Fatalf("%+v %v", res, err)
@@ -198,13 +199,13 @@ func TestDeadLettersAreStoredWithReason(t *testing.T) {
 func TestRetentionDropsWholeDays(t *testing.T) {
 	st, _ := newStore(t, false)
 	base := realEvents(t)[:1]
-	var rows []Row
+	var rows []audit.Row
 	now := time.Date(2026, 11, 29, 12, 0, 0, 0, time.UTC)
 	for day := range 5 {
 		r := decodeAll(t, "prod", base)[0]
 		r.AuditID = fmt.Sprintf("day-%d", day)
 		r.StageMicros = now.AddDate(0, 0, -day).UnixMicro()
-		r.Fingerprint = Fingerprint(&r)
+		r.Fingerprint = audit.Fingerprint(&r)
 		rows = append(rows, r)
 	}
 	if _, err := st.Insert(t.Context(), rows, nil); err != nil {
@@ -230,7 +231,7 @@ func TestRetentionDropsWholeDays(t *testing.T) {
 
 func TestBatchRecordRoundTrips(t *testing.T) {
 	rows := decodeAll(t, "prod", realEvents(t))
-	in := Batch{Cluster: "prod", Rows: rows, Dead: []DeadLetter{{Cluster: "prod", Source: "file", Reason: "r", Raw: "x", ReceivedAt: 42}}}
+	in := Batch{Cluster: "prod", Rows: rows, Dead: []audit.DeadLetter{{Cluster: "prod", Source: "file", Reason: "r", Raw: "x", ReceivedAt: 42}}}
 	rec := AppendBatch(nil, &in)
 	out, err := DecodeBatch(string(rec))
 	if err != nil {

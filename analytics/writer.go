@@ -11,6 +11,7 @@ import (
 	"time"
 	"unsafe"
 
+	"github.com/stampguard/stampguard/analytics/audit"
 	"github.com/stampguard/stampguard/analytics/spool"
 )
 
@@ -187,7 +188,7 @@ func (w *Drainer) Run(ctx context.Context) error {
 				// The spool's checksum matched, so this is a record from a
 				// newer or broken sink: keep it visible, do not block.
 				w.o.Logger.Error("undecodable spool record; dead-lettering it", "err", err)
-				set.AddDead(DeadLetter{Source: "spool", Reason: err.Error(), Raw: string(sample(rec)), ReceivedAt: time.Now().UnixMicro()})
+				set.AddDead(audit.DeadLetter{Source: "spool", Reason: err.Error(), Raw: string(audit.Sample(rec)), ReceivedAt: time.Now().UnixMicro()})
 			}
 		}
 		if len(b.Records) > 0 {

@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/stampguard/stampguard/analytics/audit"
 	"github.com/stampguard/stampguard/analytics/spool"
 	"github.com/stampguard/stampguard/internal/chtest"
 
@@ -15,8 +16,8 @@ import (
 // acceptInto splits an EventList body and appends its records to sp.
 func acceptInto(t *testing.T, sp *spool.Spool, cluster, body string) AcceptResult {
 	t.Helper()
-	a := Accepter{Decoder: Decoder{KeepRaw: true}}
-	res, err := a.Accept(cluster, "webhook", NewListReader(strings.NewReader(body), 0), func(rec []byte) error {
+	a := Accepter{Decoder: audit.Decoder{KeepRaw: true}}
+	res, err := a.Accept(cluster, "webhook", audit.NewListReader(strings.NewReader(body), 0), func(rec []byte) error {
 		_, err := sp.Append([][]byte{rec})
 		return err
 	})
@@ -66,7 +67,7 @@ func TestAcceptKeepsStagesAndDeadLettersInvalidNeighbours(t *testing.T) {
 	body := eventList(events[0], `{"stage":"ResponseComplete"}`, events[9], `{"auditID":"s","stage":"Panic","stageTimestamp":"x","objectRef":{"resource":"secrets"},"requestObject":{"data":{"k":"c2VjcmV0"}}}`, events[1])
 	var recs [][]byte
 	a := Accepter{}
-	res, err := a.Accept("prod", "webhook", NewListReader(strings.NewReader(body), 0), func(rec []byte) error {
+	res, err := a.Accept("prod", "webhook", audit.NewListReader(strings.NewReader(body), 0), func(rec []byte) error {
 		recs = append(recs, append([]byte(nil), rec...))
 		return nil
 	})
@@ -83,7 +84,7 @@ func TestAcceptKeepsStagesAndDeadLettersInvalidNeighbours(t *testing.T) {
 	if len(b.Rows) != 2 || len(b.Dead) != 2 || b.Rows[0].Cluster != "prod" {
 		t.Fatalf("record: %d rows, %d dead", len(b.Rows), len(b.Dead))
 	}
-	if b.Dead[0].Reason != ErrMissingAuditID.Error() || b.Dead[0].Raw != `{"stage":"ResponseComplete"}` {
+	if b.Dead[0].Reason != audit.ErrMissingAuditID.Error() || b.Dead[0].Raw != `{"stage":"ResponseComplete"}` {
 		t.Errorf("first dead letter %+v", b.Dead[0])
 	}
 	if strings.Contains(b.Dead[1].Raw, "c2VjcmV0") {
@@ -101,12 +102,12 @@ func TestAcceptSplitsRecordsByRowsAndBytes(t *testing.T) {
 	}{
 		{"all rows of a small body fit one record", Accepter{}, 1},
 		{"a row cap of 4 cuts 20 rows into 5 records", Accepter{RecordRows: 4}, 5},
-		{"a byte cap below one row makes a record per row", Accepter{RecordBytes: 10, Decoder: Decoder{KeepRaw: true}}, 20},
+		{"a byte cap below one row makes a record per row", Accepter{RecordBytes: 10, Decoder: audit.Decoder{KeepRaw: true}}, 20},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			var chunks, rows int
-			_, err := tt.accepter.Accept("prod", "webhook", NewListReader(strings.NewReader(body), 0), func(rec []byte) error {
+			_, err := tt.accepter.Accept("prod", "webhook", audit.NewListReader(strings.NewReader(body), 0), func(rec []byte) error {
 				b, err := DecodeBatch(string(rec))
 				if err != nil {
 					return err
@@ -162,7 +163,7 @@ func TestWriterStoresSpooledEventsExactlyOnce(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		var rows []Row
+		var rows []audit.Row
 		for _, rec := range b.Records {
 			bb, err := DecodeBatch(string(rec))
 			if err != nil {
@@ -254,10 +255,10 @@ func (b *blockingInserter) InsertRecords(ctx context.Context, set *RecordSet) (I
 // with Finish; without it, it is cancelled and its record stays
 // unconfirmed (to replay).
 func TestDrainerFinishLetsTheInsertInFlightEnd(t *testing.T) {
-	a := Accepter{Decoder: Decoder{KeepRaw: true}}
+	a := Accepter{Decoder: audit.Decoder{KeepRaw: true}}
 	var rec []byte
 	body := `{"kind":"EventList","apiVersion":"audit.k8s.io/v1","items":[` + strings.Join(realEvents(t)[:5], ",") + `]}`
-	if _, err := a.Accept("c", "webhook", NewListReader(strings.NewReader(body), 0), func(r []byte) error {
+	if _, err := a.Accept("c", "webhook", audit.NewListReader(strings.NewReader(body), 0), func(r []byte) error {
 		rec = append([]byte(nil), r...)
 		return nil
 	}); err != nil || rec == nil {

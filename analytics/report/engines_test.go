@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/stampguard/stampguard/analytics"
+	"github.com/stampguard/stampguard/analytics/audit"
 	"github.com/stampguard/stampguard/internal/chdbtest"
 	"github.com/stampguard/stampguard/internal/chtest"
 	"github.com/stampguard/stampguard/internal/enginetest"
@@ -43,7 +44,7 @@ func reportShapes(db string) map[string]Options {
 
 // engineRows are the report tests' scenario and random skewed rows, plus
 // a few on the two days before, for retention to drop.
-func engineRows() []analytics.Row {
+func engineRows() []audit.Row {
 	rows := append(buildScenario().rows, randomRows(11, 3000)...)
 	old := &scenario{n: 100_000}
 	for i := range 6 {
@@ -80,7 +81,7 @@ func TestEnginesAgree(t *testing.T) {
 	// 18.16 is written through the product's writer path, in batches
 	// that repeat rows (the store drops what it stored before).
 	rows := engineRows()
-	dead := []analytics.DeadLetter{{Cluster: "c1", Source: "webhook", Reason: "not JSON", Raw: "{\"kind\":", ReceivedAt: t0.UnixMicro()}}
+	dead := []audit.DeadLetter{{Cluster: "c1", Source: "webhook", Reason: "not JSON", Raw: "{\"kind\":", ReceivedAt: t0.UnixMicro()}}
 	for i := 0; i < len(rows); i += 1000 {
 		batch := rows[max(i-100, 0):min(i+1000, len(rows))]
 		if _, err := en.Store.Insert(ctx, batch, dead[:min(i, 1)]); err != nil {
@@ -92,7 +93,7 @@ func TestEnginesAgree(t *testing.T) {
 	// The writer's stored-keys lookup, for a batch half stored before:
 	// its keys travel as the external table batch_keys, which on 26.7
 	// (and on 18.16 over HTTP) is a temporary table of the session.
-	batch := append(slices.Clone(rows[:20]), func() []analytics.Row {
+	batch := append(slices.Clone(rows[:20]), func() []audit.Row {
 		s := &scenario{n: 200_000}
 		for i := range 5 {
 			s.add(time.Duration(i)*time.Minute, "late", "update", "", "configmaps", "ns-1", "obj-9", 200, nil)

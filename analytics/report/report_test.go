@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/stampguard/stampguard/analytics"
+	"github.com/stampguard/stampguard/analytics/audit"
 	"github.com/stampguard/stampguard/internal/chtest"
 )
 
@@ -18,14 +19,14 @@ var t0 = time.Date(2026, 11, 29, 8, 0, 0, 0, time.UTC)
 
 // scenario writes audit rows the way the sink stores them.
 type scenario struct {
-	rows []analytics.Row
+	rows []audit.Row
 	n    int
 }
 
-func (s *scenario) add(at time.Duration, user, verb, group, resource, ns, name string, code int32, mod func(*analytics.Row)) {
+func (s *scenario) add(at time.Duration, user, verb, group, resource, ns, name string, code int32, mod func(*audit.Row)) {
 	s.n++
-	r := analytics.Row{
-		Cluster: "c1", AuditID: fmt.Sprintf("id-%04d", s.n), Stage: analytics.StageResponseComplete, Level: "Request",
+	r := audit.Row{
+		Cluster: "c1", AuditID: fmt.Sprintf("id-%04d", s.n), Stage: audit.StageResponseComplete, Level: "Request",
 		Verb: verb, User: user, APIGroup: group, APIVersion: "v1", Resource: resource, Namespace: ns, Name: name,
 		Code: code, RequestReceivedMicros: t0.Add(at).UnixMicro() - 500, StageMicros: t0.Add(at).UnixMicro(),
 		RequestURI: "/api/v1/" + resource,
@@ -36,7 +37,7 @@ func (s *scenario) add(at time.Duration, user, verb, group, resource, ns, name s
 	if mod != nil {
 		mod(&r)
 	}
-	r.Fingerprint = analytics.Fingerprint(&r)
+	r.Fingerprint = audit.Fingerprint(&r)
 	s.rows = append(s.rows, r)
 }
 
@@ -50,16 +51,16 @@ func buildScenario() *scenario {
 	s := &scenario{}
 	sec := time.Second
 	// Read-modify-write contention on cm/a, resolved.
-	s.add(1*sec, "alice", "update", "", "configmaps", "shop", "a", 200, func(r *analytics.Row) { r.Stamp = "1" })
-	s.add(2*sec, "bob", "update", "", "configmaps", "shop", "a", 409, func(r *analytics.Row) { r.Stamp = "1" })
-	s.add(3*sec, "bob", "update", "", "configmaps", "shop", "a", 200, func(r *analytics.Row) { r.Stamp = "2" })
+	s.add(1*sec, "alice", "update", "", "configmaps", "shop", "a", 200, func(r *audit.Row) { r.Stamp = "1" })
+	s.add(2*sec, "bob", "update", "", "configmaps", "shop", "a", 409, func(r *audit.Row) { r.Stamp = "1" })
+	s.add(3*sec, "bob", "update", "", "configmaps", "shop", "a", 200, func(r *audit.Row) { r.Stamp = "2" })
 	// carol is stuck: six conflicts, never a success.
 	for i := range 6 {
 		s.add(time.Duration(10+10*i)*sec, "carol", "update", "apps", "deployments", "shop", "web", 409, nil)
 	}
 	// dave loops five times, then succeeds.
 	conflicts(s, "dave", "shop", "b", 100*sec, 5, sec)
-	s.add(110*sec, "dave", "update", "", "configmaps", "shop", "b", 200, func(r *analytics.Row) { r.Stamp = "9" })
+	s.add(110*sec, "dave", "update", "", "configmaps", "shop", "b", 200, func(r *audit.Row) { r.Stamp = "9" })
 	// erin: three conflicts are no loop.
 	conflicts(s, "erin", "shop", "c", 120*sec, 3, sec)
 	// gina: 3 + 3 conflicts split by a ten-minute gap are two short runs.
@@ -68,20 +69,20 @@ func buildScenario() *scenario {
 	// frank overwrites blindly twice; one more blind write was impersonated.
 	s.add(200*sec, "frank", "update", "", "configmaps", "shop", "d", 200, nil)
 	s.add(201*sec, "frank", "update", "", "configmaps", "shop", "d", 200, nil)
-	s.add(202*sec, "admin", "update", "", "configmaps", "shop", "d", 200, func(r *analytics.Row) { r.ImpersonatedUser = "frank" })
+	s.add(202*sec, "admin", "update", "", "configmaps", "shop", "d", 200, func(r *audit.Row) { r.ImpersonatedUser = "frank" })
 	// Server-side apply field conflict, create of an existing name, stale
 	// uid precondition, another webhook's 409, an expired list.
-	s.add(210*sec, "alice", "patch", "", "configmaps", "shop", "a", 409, func(r *analytics.Row) {
+	s.add(210*sec, "alice", "patch", "", "configmaps", "shop", "a", 409, func(r *audit.Row) {
 		r.Message, r.CauseReasons, r.CauseFields = `Apply failed with 1 conflict: conflict with "bob": .data.x`, []string{"FieldManagerConflict"}, []string{".data.x"}
 	})
-	s.add(211*sec, "alice", "create", "", "configmaps", "shop", "a", 409, func(r *analytics.Row) {
+	s.add(211*sec, "alice", "create", "", "configmaps", "shop", "a", 409, func(r *audit.Row) {
 		r.Reason, r.Message = "AlreadyExists", `configmaps "a" already exists`
 	})
-	s.add(212*sec, "alice", "delete", "", "configmaps", "shop", "e", 409, func(r *analytics.Row) {
+	s.add(212*sec, "alice", "delete", "", "configmaps", "shop", "e", 409, func(r *audit.Row) {
 		r.Message = `Operation cannot be fulfilled on configmaps "e": the UID in the precondition (1) does not match the UID in record (2). The object might have been deleted and then recreated`
 	})
-	s.add(213*sec, "alice", "update", "", "configmaps", "shop", "f", 409, func(r *analytics.Row) { r.Message = "denied by quota-webhook" })
-	s.add(214*sec, "alice", "list", "", "configmaps", "shop", "", 410, func(r *analytics.Row) {
+	s.add(213*sec, "alice", "update", "", "configmaps", "shop", "f", 409, func(r *audit.Row) { r.Message = "denied by quota-webhook" })
+	s.add(214*sec, "alice", "list", "", "configmaps", "shop", "", 410, func(r *audit.Row) {
 		r.Reason, r.Message = "Expired", "The resourceVersion for the provided list is too old."
 	})
 	// A lease changes hands A -> B -> A; renewals, a release to "" and
@@ -92,15 +93,15 @@ func buildScenario() *scenario {
 			verb = "create"
 		}
 		s.add(time.Duration(300+i)*sec, "system:kube-scheduler", verb, "coordination.k8s.io", "leases", "kube-system", "kube-scheduler", 200,
-			func(r *analytics.Row) { r.LeaseHolder, r.Stamp = h, fmt.Sprint(i) })
+			func(r *audit.Row) { r.LeaseHolder, r.Stamp = h, fmt.Sprint(i) })
 	}
 	// stampguard decisions.
-	s.add(400*sec, "alice", "update", "apps", "deployments", "shop", "web", 403, func(r *analytics.Row) {
+	s.add(400*sec, "alice", "update", "apps", "deployments", "shop", "web", 403, func(r *audit.Row) {
 		r.Reason, r.Stamp = "Forbidden", "5"
 		r.AnnotationKeys = []string{"fields.stampguard.dev/field-owner", "authorization.k8s.io/decision"}
 		r.AnnotationValues = []string{`[{"policy":"deployments","rule":"fieldOwners[0]","action":"Deny","path":"spec.replicas","writer":"alice"}]`, "allow"}
 	})
-	s.add(401*sec, "frank", "update", "", "configmaps", "shop", "d", 200, func(r *analytics.Row) {
+	s.add(401*sec, "frank", "update", "", "configmaps", "shop", "d", 200, func(r *audit.Row) {
 		r.AnnotationKeys = []string{"stamp.stampguard.dev/stamp-missing"}
 		r.AnnotationValues = []string{`[{"policy":"a","rule":"requireResourceVersion","action":"Warn","path":"metadata.resourceVersion","writer":"frank"},{"policy":"b","rule":"requireResourceVersion","action":"Audit","path":"metadata.resourceVersion","writer":"frank"}]`}
 	})
@@ -108,9 +109,9 @@ func buildScenario() *scenario {
 	s.add(500*sec, "alice", "create", "authorization.k8s.io", "subjectaccessreviews", "", "", 201, nil)
 	// ... and, not even as requests: a dry run, another stage, another
 	// cluster, and an event outside the window.
-	s.add(501*sec, "alice", "update", "", "configmaps", "shop", "a", 409, func(r *analytics.Row) { r.DryRun = true })
-	s.add(502*sec, "alice", "update", "", "configmaps", "shop", "a", 409, func(r *analytics.Row) { r.Stage = analytics.StageRequestReceived })
-	s.add(503*sec, "alice", "update", "", "configmaps", "shop", "a", 409, func(r *analytics.Row) { r.Cluster = "c2" })
+	s.add(501*sec, "alice", "update", "", "configmaps", "shop", "a", 409, func(r *audit.Row) { r.DryRun = true })
+	s.add(502*sec, "alice", "update", "", "configmaps", "shop", "a", 409, func(r *audit.Row) { r.Stage = audit.StageRequestReceived })
+	s.add(503*sec, "alice", "update", "", "configmaps", "shop", "a", 409, func(r *audit.Row) { r.Cluster = "c2" })
 	s.add(2*time.Hour, "alice", "update", "", "configmaps", "shop", "a", 409, nil)
 	return s
 }
@@ -139,10 +140,10 @@ func TestBuild(t *testing.T) {
 	})
 
 	s := buildScenario()
-	rows := append([]analytics.Row(nil), s.rows...)
+	rows := append([]audit.Row(nil), s.rows...)
 	rand.New(rand.NewPCG(1, 2)).Shuffle(len(rows), func(i, j int) { rows[i], rows[j] = rows[j], rows[i] })
 	// Out of order, and every row twice: the store keeps each once.
-	for _, batch := range [][]analytics.Row{rows[:len(rows)/2], rows[len(rows)/2:], rows} {
+	for _, batch := range [][]audit.Row{rows[:len(rows)/2], rows[len(rows)/2:], rows} {
 		if _, err := store.Insert(ctx, batch, nil); err != nil {
 			t.Fatal(err)
 		}

@@ -11,6 +11,7 @@ import (
 
 	"github.com/ClickHouse/clickhouse-go/v2/lib/driver"
 	"github.com/stampguard/stampguard/analytics"
+	"github.com/stampguard/stampguard/analytics/audit"
 	"github.com/stampguard/stampguard/internal/chtest"
 )
 
@@ -38,7 +39,7 @@ func TestRollupHours(t *testing.T) {
 // randomRows are skewed audit rows over [t0-1h, t0+5h): a few writers and
 // objects take most writes, with every kind of 409, stampless updates,
 // expired lists, leases, dry runs, other stages and another cluster.
-func randomRows(seed uint64, n int) []analytics.Row {
+func randomRows(seed uint64, n int) []audit.Row {
 	rnd := rand.New(rand.NewPCG(seed, 7))
 	zipf := func(k int) int { return int(float64(k) * rnd.Float64() * rnd.Float64() * rnd.Float64()) }
 	s := &scenario{}
@@ -54,39 +55,39 @@ func randomRows(seed uint64, n int) []analytics.Row {
 		}
 		verb := []string{"get", "list", "update", "update", "update", "patch", "create", "delete"}[rnd.IntN(8)]
 		code := int32(200)
-		var mod func(*analytics.Row)
+		var mod func(*audit.Row)
 		switch p := rnd.IntN(100); {
 		case verb == "list" && p < 10:
-			code, mod = 410, func(r *analytics.Row) {
+			code, mod = 410, func(r *audit.Row) {
 				r.Reason, r.Message = "Expired", "The resourceVersion for the provided list is too old."
 			}
 		case verb == "update" && p < 30:
 			code = 409
 		case verb == "update" && p < 40:
-			mod = func(r *analytics.Row) { r.Stamp = "" }
+			mod = func(r *audit.Row) { r.Stamp = "" }
 		case verb == "patch" && p < 20:
-			code, mod = 409, func(r *analytics.Row) {
+			code, mod = 409, func(r *audit.Row) {
 				r.Message, r.CauseReasons, r.CauseFields = `Apply failed with 1 conflict: conflict with "x": .data.x`, []string{"FieldManagerConflict"}, []string{".data.x"}
 			}
 		case verb == "create" && p < 30:
-			code, mod = 409, func(r *analytics.Row) { r.Reason, r.Message = "AlreadyExists", `configmaps "a" already exists` }
+			code, mod = 409, func(r *audit.Row) { r.Reason, r.Message = "AlreadyExists", `configmaps "a" already exists` }
 		case verb == "delete" && p < 20:
-			code, mod = 409, func(r *analytics.Row) {
+			code, mod = 409, func(r *audit.Row) {
 				r.Message = `Operation cannot be fulfilled: the UID in the precondition (1) does not match the UID in record (2). The object might have been deleted and then recreated`
 			}
 		case p < 3:
-			code, mod = 409, func(r *analytics.Row) { r.Message = "denied by quota-webhook" }
+			code, mod = 409, func(r *audit.Row) { r.Message = "denied by quota-webhook" }
 		case p < 5:
-			mod = func(r *analytics.Row) { r.DryRun = true }
+			mod = func(r *audit.Row) { r.DryRun = true }
 		case p < 7:
-			mod = func(r *analytics.Row) { r.Stage = analytics.StageRequestReceived }
+			mod = func(r *audit.Row) { r.Stage = audit.StageRequestReceived }
 		case p < 8:
-			mod = func(r *analytics.Row) { r.Cluster = "c2" }
+			mod = func(r *audit.Row) { r.Cluster = "c2" }
 		case p < 10:
-			mod = func(r *analytics.Row) { r.ImpersonatedUser = "imp-" + user }
+			mod = func(r *audit.Row) { r.ImpersonatedUser = "imp-" + user }
 		}
 		stamp := fmt.Sprint(rnd.IntN(1000))
-		s.add(at, user, verb, group, res, ns, name, code, func(r *analytics.Row) {
+		s.add(at, user, verb, group, res, ns, name, code, func(r *audit.Row) {
 			if verb == "update" {
 				r.Stamp = stamp
 			}

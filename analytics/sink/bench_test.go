@@ -20,6 +20,7 @@ import (
 	"time"
 
 	"github.com/stampguard/stampguard/analytics"
+	"github.com/stampguard/stampguard/analytics/audit"
 	"github.com/stampguard/stampguard/internal/chtest"
 )
 
@@ -249,7 +250,7 @@ func ceiling(b *testing.B, ch *chtest.Server, bodies [][]byte) float64 {
 	a := analytics.Accepter{}
 	n := 0
 	for _, body := range bodies {
-		_, err := a.Accept("bench", "webhook", analytics.NewListReader(bytes.NewReader(body), 0), func(rec []byte) error {
+		_, err := a.Accept("bench", "webhook", audit.NewListReader(bytes.NewReader(body), 0), func(rec []byte) error {
 			batch, err := analytics.DecodeBatch(string(rec))
 			if err != nil {
 				return err
@@ -278,7 +279,7 @@ func ceiling(b *testing.B, ch *chtest.Server, bodies [][]byte) float64 {
 
 var tsvEscape = strings.NewReplacer("\\", "\\\\", "\t", "\\t", "\n", "\\n", "'", "\\'")
 
-func writeTSV(w *bytes.Buffer, r *analytics.Row) {
+func writeTSV(w *bytes.Buffer, r *audit.Row) {
 	t := r.StageTime()
 	str := func(s string) { w.WriteString(tsvEscape.Replace(s)) }
 	arr := func(l []string) {

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/stampguard/stampguard/analytics"
+	"github.com/stampguard/stampguard/analytics/audit"
 )
 
 // The environment variables the auditsink commands read.
@@ -49,7 +50,7 @@ type Config struct {
 	// empty means DefaultCluster.
 	Cluster string
 	// Stages is --stages, a comma-separated list; defaulted to
-	// analytics.DefaultStages.
+	// audit.DefaultStages.
 	Stages string
 	// RedactResources is --redact-resources, a comma-separated list; no
 	// default (secrets are always redacted).
@@ -67,7 +68,7 @@ func (c *Config) Register(fs *flag.FlagSet) {
 	fs.StringVar(&c.ClickHouseCluster, "clickhouse-cluster", os.Getenv(ClickHouseClusterEnv), "ClickHouse cluster (from the servers' remote_servers) for sharded, replicated storage; empty: one server (or $"+ClickHouseClusterEnv+")")
 	fs.StringVar(&c.LogLevel, "log-level", "info", "debug, info, warn or error")
 	fs.StringVar(&c.Cluster, "cluster", "", "source cluster name stored with each event")
-	fs.StringVar(&c.Stages, "stages", strings.Join(analytics.DefaultStages, ","), "audit stages to store")
+	fs.StringVar(&c.Stages, "stages", strings.Join(audit.DefaultStages, ","), "audit stages to store")
 	fs.StringVar(&c.RedactResources, "redact-resources", "", "comma-separated resources whose request and response objects are dropped like those of secrets (always dropped)")
 	fs.BoolVar(&c.KeepRaw, "keep-raw", false, "store each event's raw JSON (secrets redacted) in events.raw")
 }
@@ -143,7 +144,7 @@ func (c *Config) Accepter() *analytics.Accepter {
 
 func newAccepter(stages, redact []string, keepRaw bool) *analytics.Accepter {
 	return &analytics.Accepter{
-		Decoder: analytics.Decoder{RedactResources: redact, KeepRaw: keepRaw},
+		Decoder: audit.Decoder{RedactResources: redact, KeepRaw: keepRaw},
 		Stages:  stages,
 	}
 }
@@ -193,7 +194,7 @@ func (s *ServeConfig) Register(fs *flag.FlagSet) {
 	fs.StringVar(&o.SpoolDir, "spool-dir", "/var/lib/auditsink/spool", "durable spool directory")
 	fs.StringVar(&s.SpoolMax, "spool-max", "1GiB", "spool size at which the sink answers 503")
 	fs.StringVar(&s.MaxBody, "max-body", "1GiB", "largest request body (413 above)")
-	fs.IntVar(&o.MaxEventBytes, "max-event-bytes", analytics.DefaultMaxEventBytes, "largest event; larger ones are dead-lettered")
+	fs.IntVar(&o.MaxEventBytes, "max-event-bytes", audit.DefaultMaxEventBytes, "largest event; larger ones are dead-lettered")
 	fs.StringVar(&s.Retention, "retention", "", "drop day partitions older than this, e.g. 30d (empty: keep all)")
 	fs.IntVar(&o.InsertParallel, "insert-parallel", 2, "ClickHouse inserts in flight")
 	fs.DurationVar(&o.ShutdownTimeout, "shutdown-timeout", DefaultShutdownTimeout, "bound of a graceful shutdown (keep it below the pod's terminationGracePeriodSeconds)")

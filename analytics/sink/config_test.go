@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/stampguard/stampguard/analytics"
+	"github.com/stampguard/stampguard/analytics/audit"
 )
 
 // parseConfig binds a ServeConfig to a fresh flag set and parses args, as
@@ -137,9 +138,9 @@ func TestResolveServeDefaults(t *testing.T) {
 		t.Fatal(err)
 	}
 	if o.Listen != ":8443" || o.MetricsListen != ":9090" || o.SpoolDir != "/var/lib/auditsink/spool" ||
-		o.SpoolMaxBytes != 1<<30 || o.MaxBodyBytes != 1<<30 || o.MaxEventBytes != analytics.DefaultMaxEventBytes ||
+		o.SpoolMaxBytes != 1<<30 || o.MaxBodyBytes != 1<<30 || o.MaxEventBytes != audit.DefaultMaxEventBytes ||
 		o.Retention != 0 || o.InsertParallel != 2 || o.ShutdownTimeout != DefaultShutdownTimeout ||
-		o.Cluster != DefaultCluster || !reflect.DeepEqual(o.Stages, analytics.DefaultStages) || o.RedactResources != nil ||
+		o.Cluster != DefaultCluster || !reflect.DeepEqual(o.Stages, audit.DefaultStages) || o.RedactResources != nil ||
 		o.Plaintext || o.AllowUnauthenticated || o.Token != "" || o.Logger == nil {
 		t.Errorf("defaults resolved to %+v", o)
 	}
@@ -175,7 +176,7 @@ func TestResolveErrorsNameTheFlag(t *testing.T) {
 
 func TestPipelineOptionsShareTheAccepter(t *testing.T) {
 	c := &parseConfig(t, "--stages", "Panic", "--redact-resources", "configmaps", "--keep-raw").Config
-	want := &analytics.Accepter{Decoder: analytics.Decoder{RedactResources: []string{"configmaps"}, KeepRaw: true}, Stages: []string{"Panic"}}
+	want := &analytics.Accepter{Decoder: audit.Decoder{RedactResources: []string{"configmaps"}, KeepRaw: true}, Stages: []string{"Panic"}}
 	log := discard()
 	in := c.IngestOptions(log)
 	if in.Cluster != DefaultCluster || !reflect.DeepEqual(in.Accepter, want) || in.Logger != log {

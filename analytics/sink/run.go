@@ -56,7 +56,7 @@ type Options struct {
 	// RedactResources are removed like secrets (always removed).
 	RedactResources []string
 	// MaxBodyBytes defaulted to DefaultMaxBodyBytes; MaxEventBytes to
-	// analytics.DefaultMaxEventBytes.
+	// audit.DefaultMaxEventBytes.
 	MaxBodyBytes  int64
 	MaxEventBytes int
 	// Retention drops day partitions older than this (0 keeps all).

@@ -25,6 +25,7 @@ import (
 	"time"
 
 	"github.com/stampguard/stampguard/analytics"
+	"github.com/stampguard/stampguard/analytics/audit"
 	"github.com/stampguard/stampguard/analytics/spool"
 )
 
@@ -73,7 +74,7 @@ type HandlerOptions struct {
 	// defaulted to DefaultMaxBodyBytes.
 	MaxBodyBytes int64
 	// MaxEventBytes caps one event; defaulted to
-	// analytics.DefaultMaxEventBytes.
+	// audit.DefaultMaxEventBytes.
 	MaxEventBytes int
 	// RetryAfter is sent with 503 answers; defaulted to 5s.
 	RetryAfter time.Duration
@@ -125,7 +126,7 @@ func NewHandler(o HandlerOptions) (*Handler, error) {
 		o.MaxBodyBytes = DefaultMaxBodyBytes
 	}
 	if o.MaxEventBytes <= 0 {
-		o.MaxEventBytes = analytics.DefaultMaxEventBytes
+		o.MaxEventBytes = audit.DefaultMaxEventBytes
 	}
 	if o.RetryAfter <= 0 {
 		o.RetryAfter = 5 * time.Second
@@ -393,7 +394,7 @@ func (h *Handler) events(w http.ResponseWriter, r *http.Request) {
 	switch enc := r.Header.Get("Content-Encoding"); enc {
 	case "", "identity":
 		var err error
-		if src, err = analytics.MaybeGzip(body); err != nil {
+		if src, err = audit.MaybeGzip(body); err != nil {
 			h.readError(w, log, err)
 			return
 		}
@@ -412,7 +413,7 @@ func (h *Handler) events(w http.ResponseWriter, r *http.Request) {
 	src = &limitedReader{r: src, n: h.o.MaxBodyBytes}
 
 	var spoolErr error
-	items := analytics.NewListReader(src, h.o.MaxEventBytes)
+	items := audit.NewListReader(src, h.o.MaxEventBytes)
 	defer items.Release()
 	res, err := h.o.Accepter.Accept(cluster, "webhook", items, func(rec []byte) error {
 		_, spoolErr = h.o.Spool.Append([][]byte{rec})
@@ -455,7 +456,7 @@ func (h *Handler) refuse(reason string) {
 
 func (h *Handler) readError(w http.ResponseWriter, log *slog.Logger, err error) {
 	var mbe *http.MaxBytesError
-	var env *analytics.EnvelopeError
+	var env *audit.EnvelopeError
 	switch {
 	case errors.As(err, &mbe) || errors.Is(err, errTooLarge):
 		log.Warn("audit batch body over the limit", "limit", h.o.MaxBodyBytes)

@@ -40,6 +40,7 @@ import (
 	"github.com/ClickHouse/clickhouse-go/v2/lib/driver"
 
 	"github.com/stampguard/stampguard/analytics"
+	"github.com/stampguard/stampguard/analytics/audit"
 	"github.com/stampguard/stampguard/analytics/logfile"
 	"github.com/stampguard/stampguard/internal/bintest"
 	"github.com/stampguard/stampguard/internal/chtest"
@@ -387,7 +388,7 @@ func responseCompleteIDs(t *testing.T, path string) map[string]int {
 			if err := json.Unmarshal(line.Data, &ev); err != nil {
 				t.Fatalf("%s: %v", f, err)
 			}
-			if ev.Stage == analytics.StageResponseComplete {
+			if ev.Stage == audit.StageResponseComplete {
 				ids[ev.AuditID]++
 			}
 		}

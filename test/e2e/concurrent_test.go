@@ -14,7 +14,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/stampguard/stampguard/analytics"
+	"github.com/stampguard/stampguard/analytics/audit"
 	"github.com/stampguard/stampguard/analytics/report"
 	"github.com/stampguard/stampguard/internal/chtest"
 )
@@ -215,7 +215,7 @@ func eventLists(t *testing.T, lines []string, n int) ([][]byte, int) {
 			if err := json.Unmarshal([]byte(l), &ev); err != nil {
 				t.Fatal(err)
 			}
-			if ev.Stage == analytics.StageResponseComplete || ev.Stage == analytics.StagePanic {
+			if ev.Stage == audit.StageResponseComplete || ev.Stage == audit.StagePanic {
 				accepted++
 			}
 		}

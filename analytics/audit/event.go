@@ -1,15 +1,10 @@
-// Package analytics turns kube-apiserver audit events into rows of the
-// ClickHouse `events` table, stores them exactly once, and (issue 4) queries
-// them.
-//
-// One audit event travels like this: the sink's HTTP handler or a log file
-// reader splits the input into raw events (stream.go), DecodeEvent flattens
-// each into a Row (decode.go), the rows of one request are encoded into a
-// Batch record (record.go) and appended to the spool, and the Writer
-// (writer.go) replays spool records into the Store (store.go), which drops
-// events already stored before it inserts and builds the ClickHouse columns
-// straight from the records (recordset.go, columns.go).
-package analytics
+// Package audit reads kube-apiserver audit events (audit.k8s.io/v1): it
+// splits an EventList body into raw events (ListReader, stream.go),
+// flattens each into a Row with its Fingerprint (Decoder, decode.go, over
+// the scanner of json.go), and names what could not become a row
+// (DeadLetter). It knows nothing of storage: package analytics encodes
+// Rows into spool records and stores them in ClickHouse.
+package audit
 
 import "time"
 
@@ -141,3 +136,7 @@ type DeadLetter struct {
 	Raw        string
 	ReceivedAt int64 // Unix microseconds
 }
+
+// RawHash is the FNV-1a hash of the dead letter's Raw (the raw_hash column
+// of dead_letters).
+func (d *DeadLetter) RawHash() uint64 { return fnvString(fnvOffset, d.Raw) }

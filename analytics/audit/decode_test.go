@@ -1,4 +1,4 @@
-package analytics
+package audit
 
 import (
 	"bufio"
@@ -13,11 +13,11 @@ import (
 	"unicode/utf8"
 )
 
-// realEvents returns the JSON lines of testdata/events.jsonl, real apiserver
+// realEvents returns the JSON lines of analytics/testdata/events.jsonl, real apiserver
 // event shapes (see DESIGN.md, "What the audit log says").
 func realEvents(tb testing.TB) []string {
 	tb.Helper()
-	f, err := os.Open("testdata/events.jsonl")
+	f, err := os.Open("../testdata/events.jsonl")
 	if err != nil {
 		tb.Fatal(err)
 	}
@@ -320,7 +320,7 @@ func FuzzDecode(f *testing.F) {
 }
 
 // BenchmarkDecode measures decode+flatten of real-shaped RequestResponse
-// events (~2 KB, the first line of testdata/events.jsonl) on one core.
+// events (~2 KB, the first line of analytics/testdata/events.jsonl) on one core.
 func BenchmarkDecode(b *testing.B) {
 	raw := realEvents(b)[0]
 	d := Decoder{}

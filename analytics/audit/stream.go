@@ -1,4 +1,4 @@
-package analytics
+package audit
 
 import (
 	"bufio"
@@ -61,7 +61,8 @@ func MaybeGzip(r io.Reader) (io.Reader, error) {
 	return br, nil
 }
 
-func sample(b []byte) []byte {
+// Sample is what a dead letter keeps of an input: its first SampleBytes.
+func Sample(b []byte) []byte {
 	if len(b) > SampleBytes {
 		return b[:SampleBytes]
 	}
@@ -278,7 +279,7 @@ func (l *ListReader) value() ([]byte, error) {
 			if head != nil {
 				b = head
 			}
-			return sample(b), errors.New("unexpected end of input inside an event")
+			return Sample(b), errors.New("unexpected end of input inside an event")
 		}
 	}
 }
@@ -323,7 +324,7 @@ func objectEnd(buf []byte, start int) (int, bool) {
 func (l *ListReader) finish(head []byte, skipped int) ([]byte, error) {
 	if size := skipped + l.pos - l.start; head != nil || size > l.max {
 		if head == nil {
-			head = sample(l.buf[l.start:l.pos])
+			head = Sample(l.buf[l.start:l.pos])
 		}
 		l.start = l.pos
 		return head, eventSizeError{size, l.max}
@@ -341,7 +342,7 @@ func (l *ListReader) malformed(reason string) (Item, error) {
 	if l.rerr != nil {
 		return Item{}, l.rerr
 	}
-	rest := sample(bytes.TrimSpace(l.buf[l.start:]))
+	rest := Sample(bytes.TrimSpace(l.buf[l.start:]))
 	return Item{Raw: rest, Err: fmt.Errorf("malformed EventList: %s", reason)}, nil
 }
 
