@@ -82,15 +82,14 @@ const (
 	colRaw
 )
 
-// recordStringCols are the columns of a row's strings, in record order
-// (AppendRow); -1 is a string the insert does not store as such (raw is
-// handled apart).
-var recordStringCols = [rowStrings]int{colAuditID, colStage, colLevel, colVerb, colRequestURI, colUser,
-	colImpersonatedUser, colUserAgent, colSourceIP, colAPIGroup, colAPIVersion, colResource,
-	colSubresource, colNamespace, colName, colObjectUID, colStamp, colFieldManager, colReason,
-	colMessage, colAuthzDecision, colLeaseHolder, colRaw}
-
-var recordListCols = [rowLists]int{colUserGroups, colCauseReasons, colCauseFields, colAnnotationKeys, colAnnotationValues}
+// recordStringLC says, by position in a row's record, which strings go
+// to a LowCardinality column.
+var recordStringLC = func() (lc [rowStrings]bool) {
+	for i, f := range rowStringFields {
+		lc[i] = eventColumnTypes[f.col] == lcString
+	}
+	return lc
+}()
 
 var columnsPool = sync.Pool{New: func() any { return newEventColumns() }}
 
@@ -244,33 +243,29 @@ func (c *eventColumns) appendRow(r *rowRef, keepRaw bool) error {
 		strs[i] = d.str()
 	}
 	cols := &c.cols
-	for _, l := range recordListCols {
+	for _, f := range &rowListFields {
 		k := d.count()
-		col := &cols[l]
+		col := &cols[f.col]
 		for range k {
 			col.str(d.str())
 		}
 		col.endArray(k)
 	}
-	flags := d.uvarint()
-	code := d.varint()
-	received := d.varint()
-	stage := d.varint()
-	fingerprint := d.uint64()
+	t := d.tail()
 	if d.err != nil {
 		return fmt.Errorf("spool record row: %w", d.err)
 	}
-	for i, col := range recordStringCols {
-		switch col {
-		case colRaw:
+	for i, f := range &rowStringFields {
+		switch {
+		case f.col == colRaw:
 			if !keepRaw {
 				strs[i] = ""
 			}
-			cols[col].str(strs[i])
-		case colAuditID, colRequestURI, colSourceIP, colName, colObjectUID, colStamp, colMessage, colLeaseHolder:
-			cols[col].str(strs[i])
+			cols[f.col].str(strs[i])
+		case recordStringLC[i]:
+			cols[f.col].lc(strs[i])
 		default:
-			cols[col].lc(strs[i])
+			cols[f.col].str(strs[i])
 		}
 	}
 	writer := strs[strImpersonated]
@@ -280,19 +275,19 @@ func (c *eventColumns) appendRow(r *rowRef, keepRaw bool) error {
 	cols[colWriter].lc(writer)
 	cols[colCluster].lc(r.key.cluster)
 
-	secs := floorDiv(stage, 1e6)
+	secs := floorDiv(t.stage, 1e6)
 	cols[colDate].u16(uint16(floorDiv(secs, 86400)))
 	cols[colTime].u32(uint32(secs))
-	cols[colTimeUS].u64(uint64(stage))
-	cols[colReceivedUS].u64(uint64(received))
+	cols[colTimeUS].u64(uint64(t.stage))
+	cols[colReceivedUS].u64(uint64(t.received))
 	var latency int64
-	if received != 0 && stage >= received {
-		latency = stage - received
+	if t.received != 0 && t.stage >= t.received {
+		latency = t.stage - t.received
 	}
 	cols[colLatencyUS].u64(uint64(latency))
-	cols[colFingerprint].u64(fingerprint)
-	cols[colDryRun].u8(uint8(flags & 1))
-	cols[colCode].u16(uint16(code))
+	cols[colFingerprint].u64(t.fingerprint)
+	cols[colDryRun].u8(uint8(t.flags & 1))
+	cols[colCode].u16(uint16(t.code))
 	c.n++
 	return nil
 }

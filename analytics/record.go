@@ -46,30 +46,21 @@ func AppendDeadLetter(dst []byte, d *audit.DeadLetter) []byte {
 	return binary.AppendVarint(dst, d.ReceivedAt)
 }
 
-// AppendRow adds a row to a record (its Cluster is the record's).
+// AppendRow adds a row to a record (its Cluster is the record's), in the
+// layout of layout.go.
 func AppendRow(dst []byte, r *audit.Row) []byte {
 	dst = append(dst, tagRow)
-	for _, s := range [...]string{r.AuditID, r.Stage, r.Level, r.Verb, r.RequestURI, r.User,
-		r.ImpersonatedUser, r.UserAgent, r.SourceIP, r.APIGroup, r.APIVersion, r.Resource,
-		r.Subresource, r.Namespace, r.Name, r.ObjectUID, r.Stamp, r.FieldManager, r.Reason,
-		r.Message, r.AuthzDecision, r.LeaseHolder, r.Raw} {
-		dst = appendString(dst, s)
+	for _, f := range &rowStringFields {
+		dst = appendString(dst, *f.str(r))
 	}
-	for _, l := range [...][]string{r.UserGroups, r.CauseReasons, r.CauseFields, r.AnnotationKeys, r.AnnotationValues} {
+	for _, f := range &rowListFields {
+		l := *f.list(r)
 		dst = binary.AppendUvarint(dst, uint64(len(l)))
 		for _, s := range l {
 			dst = appendString(dst, s)
 		}
 	}
-	var flags uint64
-	if r.DryRun {
-		flags = 1
-	}
-	dst = binary.AppendUvarint(dst, flags)
-	dst = binary.AppendVarint(dst, int64(r.Code))
-	dst = binary.AppendVarint(dst, r.RequestReceivedMicros)
-	dst = binary.AppendVarint(dst, r.StageMicros)
-	return binary.LittleEndian.AppendUint64(dst, r.Fingerprint)
+	return tailOf(r).appendTo(dst)
 }
 
 func appendString(dst []byte, s string) []byte {
@@ -90,26 +81,19 @@ func DecodeBatch(rec string) (*Batch, error) {
 		switch tag := d.byte(); tag {
 		case tagRow:
 			r := audit.Row{Cluster: b.Cluster}
-			strs := [...]*string{&r.AuditID, &r.Stage, &r.Level, &r.Verb, &r.RequestURI, &r.User,
-				&r.ImpersonatedUser, &r.UserAgent, &r.SourceIP, &r.APIGroup, &r.APIVersion, &r.Resource,
-				&r.Subresource, &r.Namespace, &r.Name, &r.ObjectUID, &r.Stamp, &r.FieldManager, &r.Reason,
-				&r.Message, &r.AuthzDecision, &r.LeaseHolder, &r.Raw}
-			for _, p := range strs {
-				*p = d.str()
+			for _, f := range &rowStringFields {
+				*f.str(&r) = d.str()
 			}
-			for _, l := range [...]*[]string{&r.UserGroups, &r.CauseReasons, &r.CauseFields, &r.AnnotationKeys, &r.AnnotationValues} {
+			for _, f := range &rowListFields {
 				if k := d.count(); k > 0 {
-					*l = make([]string, k)
-					for i := range *l {
-						(*l)[i] = d.str()
+					l := make([]string, k)
+					for i := range l {
+						l[i] = d.str()
 					}
+					*f.list(&r) = l
 				}
 			}
-			r.DryRun = d.uvarint()&1 == 1
-			r.Code = int32(d.varint())
-			r.RequestReceivedMicros = d.varint()
-			r.StageMicros = d.varint()
-			r.Fingerprint = d.uint64()
+			d.tail().setOn(&r)
 			if d.err == nil {
 				b.Rows = append(b.Rows, r)
 			}
@@ -194,6 +178,11 @@ func (d *recordReader) str() string {
 	s := d.s[d.i : d.i+n]
 	d.i += n
 	return s
+}
+
+func (d *recordReader) skipStr() {
+	n := d.count()
+	d.i += n
 }
 
 func (d *recordReader) uint64() uint64 {

@@ -65,20 +65,24 @@ func (s *RecordSet) add(rec string) error {
 		case tagRow:
 			r := rowRef{rec: rec, off: d.i}
 			r.key.cluster = cluster
-			r.key.auditID = d.str()
-			r.key.stage = d.str()
-			for i := 2; i < rowStrings; i++ {
-				switch i {
-				case strAPIGroup:
-					r.apiGroup = d.str()
-				case strResource:
-					r.resource = d.str()
-				case strNamespace:
-					r.namespace = d.str()
-				case strName:
-					r.name = d.str()
-				default:
+			for _, role := range &keyRoles {
+				if role == keySkip {
 					d.skipStr()
+					continue
+				}
+				switch role {
+				case keyAuditID:
+					r.key.auditID = d.str()
+				case keyStage:
+					r.key.stage = d.str()
+				case keyAPIGroup:
+					r.apiGroup = d.str()
+				case keyResource:
+					r.resource = d.str()
+				case keyNamespace:
+					r.namespace = d.str()
+				case keyName:
+					r.name = d.str()
 				}
 			}
 			for range rowLists {
@@ -86,11 +90,9 @@ func (s *RecordSet) add(rec string) error {
 					d.skipStr()
 				}
 			}
-			d.uvarint() // flags
-			d.varint()  // code
-			d.varint()  // request received
-			r.micros = d.varint()
-			r.key.fingerprint = d.uint64()
+			t := d.tail()
+			r.micros = t.stage
+			r.key.fingerprint = t.fingerprint
 			r.hash = r.key.hash()
 			if d.err == nil {
 				s.rows = append(s.rows, r)
@@ -108,22 +110,6 @@ func (s *RecordSet) add(rec string) error {
 	}
 	return d.err
 }
-
-// The strings and string lists of a row, in record order (AppendRow).
-const (
-	rowStrings = 23
-	rowLists   = 5
-)
-
-// Positions of a row's strings in its record.
-const (
-	strUser         = 5
-	strImpersonated = 6
-	strAPIGroup     = 9
-	strResource     = 11
-	strNamespace    = 13
-	strName         = 14
-)
 
 // eventOrder returns the positions of rows in the order of the events
 // table's sorting key (cluster, api_group, resource, namespace, name,
@@ -270,11 +256,6 @@ func dedup(rows []rowRef, drop func(*rowRef) bool) ([]rowRef, keyIndex) {
 	return kept, idx
 }
 
-func (d *recordReader) skipStr() {
-	n := d.count()
-	d.i += n
-}
-
 // recordSetOf encodes rows and dead letters into records (one per cluster)
 // and parses them back: Store.Insert takes Rows through the same path as
 // the spool's records. Without keepRaw the rows' Raw is not encoded (the
@@ -325,17 +306,13 @@ func recordSetOf(rows []audit.Row, dead []audit.DeadLetter, keepRaw bool) (*Reco
 // encodedSize is about the bytes AppendRow takes for r (an upper bound).
 func encodedSize(r *audit.Row, keepRaw bool) int {
 	n := 1 + rowStrings*binary.MaxVarintLen32 + rowLists*binary.MaxVarintLen32 + 5*binary.MaxVarintLen64 + 8
-	for _, s := range [...]string{r.AuditID, r.Stage, r.Level, r.Verb, r.RequestURI, r.User,
-		r.ImpersonatedUser, r.UserAgent, r.SourceIP, r.APIGroup, r.APIVersion, r.Resource,
-		r.Subresource, r.Namespace, r.Name, r.ObjectUID, r.Stamp, r.FieldManager, r.Reason,
-		r.Message, r.AuthzDecision, r.LeaseHolder} {
-		n += len(s)
+	for _, f := range &rowStringFields {
+		if f.col != colRaw || keepRaw {
+			n += len(*f.str(r))
+		}
 	}
-	if keepRaw {
-		n += len(r.Raw)
-	}
-	for _, l := range [...][]string{r.UserGroups, r.CauseReasons, r.CauseFields, r.AnnotationKeys, r.AnnotationValues} {
-		for _, s := range l {
+	for _, f := range &rowListFields {
+		for _, s := range *f.list(r) {
 			n += binary.MaxVarintLen32 + len(s)
 		}
 	}
