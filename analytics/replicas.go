@@ -167,7 +167,7 @@ func (s *Store) answering(ctx context.Context, nodes []string) []string {
 // batch's days for a duplicate scan (a copy may be on the node that is
 // down and nowhere else yet). event_keys, which only events stored before
 // migration 4 are in, plays no part: cluster mode came later.
-func (s *Store) lookupEveryReplica(ctx context.Context, cluster string, rows []rowRef, onlyDoubled bool, found func(eventKey, uint32)) error {
+func (s *Store) lookupEveryReplica(ctx context.Context, cluster string, rows []rowRef, kq keyQuery, found func(eventKey, uint32)) error {
 	nodes, err := s.ddl.nodes(ctx, s.conn)
 	if err != nil {
 		return err
@@ -182,7 +182,7 @@ func (s *Store) lookupEveryReplica(ctx context.Context, cluster string, rows []r
 		for range nodes {
 			args = append(args, clickhouse.GroupSet{Value: days}, cluster)
 		}
-		return s.everyReplicaKeys(nodes, where, onlyDoubled), args
+		return s.everyReplicaKeys(nodes, where, kq.doubled), args
 	}
 	partial, err := s.queryEveryReplica(clickhouse.Context(ctx, clickhouse.WithExternalTable(keys)), nodes, q, true, found)
 	if err != nil {

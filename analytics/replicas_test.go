@@ -84,7 +84,7 @@ func TestClusterCheckReadsEveryReplica(t *testing.T) {
 	check := func() map[eventKey]uint32 {
 		t.Helper()
 		doubled := map[eventKey]uint32{}
-		if err := st.lookupKeys(ctx, refs, true, func(k eventKey, copies uint32) { doubled[k] = copies }); err != nil {
+		if err := st.lookupKeys(ctx, refs, keyQuery{doubled: true}, func(k eventKey, copies uint32) { doubled[k] = copies }); err != nil {
 			t.Fatal(err)
 		}
 		return doubled
