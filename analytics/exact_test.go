@@ -6,6 +6,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ClickHouse/clickhouse-go/v2"
+
 	"github.com/stampguard/stampguard/analytics/audit"
 	asql "github.com/stampguard/stampguard/analytics/sql"
 )
@@ -167,5 +169,78 @@ func TestScanDuplicatesFindsUncheckedCopies(t *testing.T) {
 	}
 	if n := count(t, st, "SELECT count() FROM {db}.duplicate_events d WHERE raw = ''"); n != 0 {
 		t.Errorf("%d duplicates lost the event's columns", n)
+	}
+}
+
+// TestCheckReadsOnlyRecentParts: the check after an insert reads the parts
+// of stored_keys written since its lookup started, so it sees copies
+// stored now, also once merged, and not copies stored before (which that
+// lookup would have seen); the whole check sees both.
+func TestCheckReadsOnlyRecentParts(t *testing.T) {
+	st, _ := newStore(t, false)
+	ctx := t.Context()
+	rows := racingRows(t, 3)
+	set, err := recordSetOf(rows[:2], nil, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	refs, _ := dedup(set.rows, nil)
+	insert := func(r rowRef) {
+		t.Helper()
+		for range 2 {
+			if err := st.insertEvents(ctx, []rowRef{r}); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	// refs[1]: two copies in parts older than the margin, beside 100,000
+	// other keys of the day; refs[0]: two copies stored after the lookup
+	// started.
+	insert(refs[1])
+	if err := st.conn.Exec(ctx, "INSERT INTO "+st.db+".stored_keys (event_date, cluster, audit_id, stage, fingerprint) SELECT toDate(?), ?, toString(number), 'ResponseComplete', number FROM system.numbers LIMIT 100000",
+		time.UnixMicro(refs[1].micros).UTC().Format(time.DateOnly), refs[1].key.cluster); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(recentMargin + 2*time.Second)
+	since := time.Now()
+	insert(refs[0])
+	check := func(q keyQuery, want ...eventKey) {
+		t.Helper()
+		got := map[eventKey]uint32{}
+		qctx := ctx
+		if !q.since.IsZero() {
+			// The old parts are skipped, not read and filtered.
+			qctx = clickhouse.Context(ctx, clickhouse.WithSettings(clickhouse.Settings{"max_rows_to_read": 50000}))
+		}
+		if err := st.lookupKeys(qctx, refs, q, func(k eventKey, n uint32) { got[k] = n }); err != nil {
+			t.Fatal(err)
+		}
+		if len(got) != len(want) {
+			t.Errorf("since %v: found %v, want %v", q.since, got, want)
+		}
+		for _, k := range want {
+			if got[k] != 2 {
+				t.Errorf("since %v: %v has %d copies, want 2", q.since, k, got[k])
+			}
+		}
+	}
+	check(keyQuery{doubled: true, since: since}, refs[0].key)
+	check(keyQuery{doubled: true}, refs[0].key, refs[1].key)
+	// A merge writes a new part holding the recent copies: still read
+	// (here with the old ones, all in one part).
+	if err := st.conn.Exec(ctx, "OPTIMIZE TABLE "+st.db+".stored_keys FINAL"); err != nil {
+		t.Fatal(err)
+	}
+	check(keyQuery{doubled: true}, refs[0].key, refs[1].key)
+	var parts uint64
+	if err := st.conn.QueryRow(ctx, "SELECT count() FROM system.parts WHERE database = ? AND table = 'stored_keys' AND active", st.db).Scan(&parts); err != nil || parts != 1 {
+		t.Fatalf("%d active parts after OPTIMIZE FINAL (%v), want 1", parts, err)
+	}
+	got := map[eventKey]uint32{}
+	if err := st.lookupKeys(ctx, refs, keyQuery{doubled: true, since: since}, func(k eventKey, n uint32) { got[k] = n }); err != nil {
+		t.Fatal(err)
+	}
+	if got[refs[0].key] != 2 {
+		t.Errorf("after the merge the recent copies read %v, want 2 copies of %v", got, refs[0].key)
 	}
 }

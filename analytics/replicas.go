@@ -81,12 +81,12 @@ func (c *clusterDDL) nodes(ctx context.Context, conn driver.Conn) ([]string, err
 }
 
 // everyReplicaKeys is a query that returns, for each key of stored_keys
-// matching where, the parts that hold it on any node and its rows in
+// matching where (one condition per node), the parts that hold it on any node and its rows in
 // each: columns cluster, audit_id, stage, fingerprint, parts
 // Array(String), rows Array(UInt32). Each node counts its own parts; the
 // same part on two replicas is listed once. onlyDoubled keeps the keys
 // that may have more than one copy: in several parts, or twice in one.
-func (s *Store) everyReplicaKeys(nodes []string, where string, onlyDoubled bool) string {
+func (s *Store) everyReplicaKeys(nodes, where []string, onlyDoubled bool) string {
 	const key = "cl, audit_id, st, fingerprint"
 	var b strings.Builder
 	b.WriteString("SELECT " + key + ", groupArray(part), groupArray(n) FROM (\n\tSELECT " + key + ", part, max(n) AS n FROM (")
@@ -95,7 +95,7 @@ func (s *Store) everyReplicaKeys(nodes []string, where string, onlyDoubled bool)
 			b.WriteString("\n\t\tUNION ALL")
 		}
 		b.WriteString("\n\t\tSELECT toString(cluster) AS cl, audit_id, toString(stage) AS st, fingerprint, _part AS part, toUInt32(count()) AS n FROM remote('" +
-			node + "', " + s.db + ", stored_keys" + LocalSuffix + ")" + where + " GROUP BY " + key + ", part")
+			node + "', " + s.db + ", stored_keys" + LocalSuffix + ")" + where[i] + " GROUP BY " + key + ", part")
 	}
 	b.WriteString("\n\t) GROUP BY " + key + ", part\n) GROUP BY " + key)
 	if onlyDoubled {
@@ -167,7 +167,7 @@ func (s *Store) answering(ctx context.Context, nodes []string) []string {
 // batch's days for a duplicate scan (a copy may be on the node that is
 // down and nowhere else yet). event_keys, which only events stored before
 // migration 4 are in, plays no part: cluster mode came later.
-func (s *Store) lookupEveryReplica(ctx context.Context, cluster string, rows []rowRef, onlyDoubled bool, found func(eventKey, uint32)) error {
+func (s *Store) lookupEveryReplica(ctx context.Context, cluster string, rows []rowRef, kq keyQuery, found func(eventKey, uint32)) error {
 	nodes, err := s.ddl.nodes(ctx, s.conn)
 	if err != nil {
 		return err
@@ -182,7 +182,16 @@ func (s *Store) lookupEveryReplica(ctx context.Context, cluster string, rows []r
 		for range nodes {
 			args = append(args, clickhouse.GroupSet{Value: days}, cluster)
 		}
-		return s.everyReplicaKeys(nodes, where, onlyDoubled), args
+		return s.everyReplicaKeys(nodes, repeat(where, len(nodes)), kq.doubled), args
+	}
+	if kq.doubled && !kq.since.IsZero() {
+		ok, partial := s.checkRecentEveryReplica(ctx, nodes, keys, where, []any{clickhouse.GroupSet{Value: days}, cluster}, kq.since, found)
+		if ok {
+			if partial {
+				s.pending.mark(rows)
+			}
+			return nil
+		}
 	}
 	partial, err := s.queryEveryReplica(clickhouse.Context(ctx, clickhouse.WithExternalTable(keys)), nodes, q, true, found)
 	if err != nil {
@@ -192,6 +201,101 @@ func (s *Store) lookupEveryReplica(ctx context.Context, cluster string, rows []r
 		s.pending.mark(rows)
 	}
 	return nil
+}
+
+func repeat(s string, n int) []string {
+	out := make([]string, n)
+	for i := range out {
+		out[i] = s
+	}
+	return out
+}
+
+// checkRecentEveryReplica is checkRecentParts on every node: each node's
+// branch names that node's parts of stored_keys_local written since the
+// batch's lookup started (the lookup read every node, so it saw the
+// copies stored before). ok is false when the whole check must run
+// instead: a listing or the read failed, or a merge replaced a listed
+// part meanwhile. partial: a node did not answer (the caller marks the
+// batch for a scan, as for the whole check).
+func (s *Store) checkRecentEveryReplica(ctx context.Context, nodes []string, keys *ext.Table, where string, args []any, since time.Time, found func(eventKey, uint32)) (ok, partial bool) {
+	back := int64((time.Since(since) + clusterRecentMargin + time.Second - 1) / time.Second)
+	listed, err := s.partsEveryNode(ctx, nodes, "modification_time >= now() - ?", func(int) any { return back })
+	if err != nil {
+		up := s.answering(ctx, nodes)
+		if len(up) == 0 || len(up) == len(nodes) {
+			return false, false
+		}
+		if listed, err = s.partsEveryNode(ctx, up, "modification_time >= now() - ?", func(int) any { return back }); err != nil {
+			return false, false
+		}
+		nodes, partial = up, true
+	}
+	var withParts, wheres []string
+	var partsOf [][]any
+	var qargs []any
+	for i, n := range nodes {
+		if len(listed[i]) == 0 {
+			continue
+		}
+		withParts, partsOf = append(withParts, n), append(partsOf, listed[i])
+		wheres = append(wheres, where+" AND _part IN ?")
+		qargs = append(append(qargs, args...), clickhouse.GroupSet{Value: listed[i]})
+	}
+	if len(withParts) == 0 {
+		return false, false // not even this batch's parts: check everything
+	}
+	q := func([]string) (string, []any) { return s.everyReplicaKeys(withParts, wheres, true), qargs }
+	if _, err := s.queryEveryReplica(clickhouse.Context(ctx, clickhouse.WithExternalTable(keys)), withParts, q, false, found); err != nil {
+		return false, false
+	}
+	still, err := s.partsEveryNode(ctx, withParts, "name IN ?", func(i int) any { return clickhouse.GroupSet{Value: partsOf[i]} })
+	if err != nil {
+		return false, false
+	}
+	for i := range withParts {
+		if len(still[i]) != len(partsOf[i]) {
+			return false, false
+		}
+	}
+	return true, partial
+}
+
+// clusterRecentMargin is recentMargin on a cluster: a part's time is its
+// node's clock, compared with that node's now(), and the batch's lookup
+// started on the sink's clock; the margin also covers the sink's and the
+// nodes' clocks disagreeing.
+const clusterRecentMargin = 30 * time.Second
+
+// partsEveryNode lists the active parts of stored_keys_local matching
+// cond on each node (arg(i) is node i's argument), in one query.
+func (s *Store) partsEveryNode(ctx context.Context, nodes []string, cond string, arg func(int) any) ([][]any, error) {
+	var b strings.Builder
+	args := make([]any, 0, len(nodes)+1)
+	for i, n := range nodes {
+		if i > 0 {
+			b.WriteString(" UNION ALL ")
+		}
+		fmt.Fprintf(&b, "SELECT toUInt32(%d) AS node, name FROM remote('%s', system, parts) WHERE database = ? AND table = 'stored_keys%s' AND active AND %s", i, n, LocalSuffix, cond)
+		args = append(args, s.db, arg(i))
+	}
+	rows, err := s.conn.Query(ctx, b.String(), args...)
+	if err != nil {
+		return nil, fmt.Errorf("list the parts of stored_keys on every node: %w", err)
+	}
+	defer rows.Close()
+	out := make([][]any, len(nodes))
+	for rows.Next() {
+		var node uint32
+		var name string
+		if err := rows.Scan(&node, &name); err != nil {
+			return nil, err
+		}
+		if int(node) < len(out) {
+			out[node] = append(out[node], name)
+		}
+	}
+	return out, rows.Err()
 }
 
 // scanEveryReplica is ScanDuplicates in cluster mode: the keys with more
@@ -215,7 +319,7 @@ func (s *Store) scanEveryReplica(ctx context.Context, day string) error {
 		for i := range args {
 			args[i] = day
 		}
-		return s.everyReplicaKeys(nodes, " WHERE event_date >= toDate(?)", true), args
+		return s.everyReplicaKeys(nodes, repeat(" WHERE event_date >= toDate(?)", len(nodes)), true), args
 	}
 	if _, err := s.queryEveryReplica(ctx, nodes, q, false, func(k eventKey, copies uint32) {
 		if copies > 1 && appendErr == nil {

@@ -6,6 +6,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ClickHouse/clickhouse-go/v2"
+
 	"github.com/stampguard/stampguard/internal/chtest"
 )
 
@@ -61,6 +63,7 @@ func TestClusterCheckReadsEveryReplica(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
+	since := time.Now() // as if the batch's lookup started now
 	rows := racingRows(t, 0)
 	set, err := recordSetOf(rows, nil, false)
 	if err != nil {
@@ -84,7 +87,7 @@ func TestClusterCheckReadsEveryReplica(t *testing.T) {
 	check := func() map[eventKey]uint32 {
 		t.Helper()
 		doubled := map[eventKey]uint32{}
-		if err := st.lookupKeys(ctx, refs, true, func(k eventKey, copies uint32) { doubled[k] = copies }); err != nil {
+		if err := st.lookupKeys(ctx, refs, keyQuery{doubled: true}, func(k eventKey, copies uint32) { doubled[k] = copies }); err != nil {
 			t.Fatal(err)
 		}
 		return doubled
@@ -100,6 +103,26 @@ func TestClusterCheckReadsEveryReplica(t *testing.T) {
 	}
 	if st.ScanIsPending() {
 		t.Fatal("a scan is pending although every replica answered")
+	}
+	// The check after an insert names each node's parts written since the
+	// lookup: it must find the same copies, without falling back.
+	nodes, err := st.ddl.nodes(ctx, st.conn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	keys, days, err := batchKeys(refs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	recent := map[eventKey]uint32{}
+	ok, partial := st.checkRecentEveryReplica(ctx, nodes, keys,
+		" WHERE event_date IN ? AND cluster = ? AND audit_id IN (SELECT audit_id FROM batch_keys)",
+		[]any{clickhouse.GroupSet{Value: days}, refs[0].key.cluster}, since, func(k eventKey, n uint32) { recent[k] = n })
+	if !ok || partial {
+		t.Fatalf("the recent-parts check fell back (ok %v, partial %v)", ok, partial)
+	}
+	if fmt.Sprint(recent) != fmt.Sprint(doubled) {
+		t.Fatalf("the recent-parts check found %v, the whole check %v", recent, doubled)
 	}
 	day := time.UnixMicro(refs[0].micros).UTC()
 	if err := st.ScanDuplicates(ctx, day); err != nil {

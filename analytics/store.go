@@ -181,7 +181,12 @@ func (s *Store) insertRecords(ctx context.Context, set *RecordSet, lookup bool) 
 	gen := s.pending.generation()
 	rows, _ := dedup(set.rows, nil)
 	fresh, doubled := rows, map[eventKey]uint32{}
+	check := keyQuery{doubled: true}
 	if lookup && len(rows) > 0 {
+		// A copy that a concurrent writer stored before this lookup
+		// started, the lookup sees; so the check reads only what was
+		// stored since.
+		check.since = time.Now()
 		var err error
 		if fresh, err = s.fresh(ctx, rows, doubled); err != nil {
 			return res, err
@@ -192,7 +197,7 @@ func (s *Store) insertRecords(ctx context.Context, set *RecordSet, lookup bool) 
 		if err := s.insertEvents(ctx, fresh); err != nil {
 			return res, err
 		}
-		if err := s.lookupKeys(ctx, fresh, true, func(k eventKey, copies uint32) { doubled[k] = copies }); err != nil {
+		if err := s.lookupKeys(ctx, fresh, check, func(k eventKey, copies uint32) { doubled[k] = copies }); err != nil {
 			return res, fmt.Errorf("check for concurrent copies: %w", err)
 		}
 	}
@@ -218,7 +223,7 @@ func (s *Store) insertRecords(ctx context.Context, set *RecordSet, lookup bool) 
 // adds to doubled the stored ones with more than one copy.
 func (s *Store) fresh(ctx context.Context, rows []rowRef, doubled map[eventKey]uint32) ([]rowRef, error) {
 	stored := map[eventKey]struct{}{}
-	err := s.lookupKeys(ctx, rows, false, func(k eventKey, copies uint32) {
+	err := s.lookupKeys(ctx, rows, keyQuery{}, func(k eventKey, copies uint32) {
 		stored[k] = struct{}{}
 		if copies > 1 {
 			doubled[k] = copies
@@ -236,14 +241,31 @@ func (s *Store) fresh(ctx context.Context, rows []rowRef, doubled map[eventKey]u
 	return kept, nil
 }
 
+// keyQuery is what a key lookup asks for.
+type keyQuery struct {
+	// doubled asks for the keys with more than one copy only: the check
+	// for copies a concurrent writer stored.
+	doubled bool
+	// since, when set, reads only the parts of stored_keys written from
+	// then on (less recentMargin; one node): the copies a concurrent
+	// writer stored before the lookup of the batch started, that lookup
+	// saw. On a day-sized table the check then reads the batch's and its
+	// racers' parts instead of granules of most of the day's keys.
+	since time.Time
+}
+
+// recentMargin is how much earlier than keyQuery.since a part may have
+// been written and still be read: part modification times are whole
+// seconds of the server's clock, compared with its now().
+const recentMargin = 2 * time.Second
+
 // lookupKeys calls found for each stored key that shares an audit ID with
 // rows (callers match the keys against rows), with its copies in
 // stored_keys (0 for an event stored before migration 4, which only
-// event_keys knows); onlyDoubled asks for the keys with more than one copy
-// only.
-func (s *Store) lookupKeys(ctx context.Context, rows []rowRef, onlyDoubled bool, found func(eventKey, uint32)) error {
+// event_keys knows).
+func (s *Store) lookupKeys(ctx context.Context, rows []rowRef, q keyQuery, found func(eventKey, uint32)) error {
 	for cluster, rs := range byCluster(rows) {
-		if err := s.lookup(ctx, cluster, rs, onlyDoubled, found); err != nil {
+		if err := s.lookup(ctx, cluster, rs, q, found); err != nil {
 			return err
 		}
 	}
@@ -269,25 +291,37 @@ func byCluster(rows []rowRef) map[string][]rowRef {
 // server would have to parse), and the days of the batch prune the
 // partitions read; both tables are ordered by the key, so the audit IDs
 // select a few granules.
-func (s *Store) lookup(ctx context.Context, cluster string, rows []rowRef, onlyDoubled bool, found func(eventKey, uint32)) error {
+func (s *Store) lookup(ctx context.Context, cluster string, rows []rowRef, kq keyQuery, found func(eventKey, uint32)) error {
 	if s.ddl != nil {
-		return s.lookupEveryReplica(ctx, cluster, rows, onlyDoubled, found)
+		return s.lookupEveryReplica(ctx, cluster, rows, kq, found)
 	}
 	keys, dayList, err := batchKeys(rows)
 	if err != nil {
 		return err
 	}
 	where := " WHERE event_date IN ? AND cluster = ? AND audit_id IN (SELECT audit_id FROM batch_keys)"
+	args := []any{clickhouse.GroupSet{Value: dayList}, cluster}
+	if kq.doubled && !kq.since.IsZero() {
+		ok, err := s.checkRecentParts(ctx, keys, where, args, kq.since, cluster, found)
+		if ok || err != nil {
+			return err
+		}
+	}
 	q := "SELECT audit_id, toString(stage), fingerprint, toUInt32(count()) AS copies FROM " + s.db + ".stored_keys" + where +
 		" GROUP BY audit_id, stage, fingerprint HAVING copies > 1"
-	args := []any{clickhouse.GroupSet{Value: dayList}, cluster}
-	if !onlyDoubled {
+	if !kq.doubled {
 		q = "SELECT audit_id, toString(stage), fingerprint, toUInt32(sum(copy)) FROM (" +
 			"SELECT audit_id, stage, fingerprint, toUInt8(0) AS copy FROM " + s.db + ".event_keys" + where +
 			" UNION ALL SELECT audit_id, stage, fingerprint, toUInt8(1) AS copy FROM " + s.db + ".stored_keys" + where +
 			") GROUP BY audit_id, stage, fingerprint"
 		args = append(args, args...)
 	}
+	return s.queryKeys(ctx, keys, q, args, cluster, found)
+}
+
+// queryKeys runs a key lookup q (columns audit_id, stage, fingerprint,
+// copies) with the batch's keys and calls found for each row.
+func (s *Store) queryKeys(ctx context.Context, keys *ext.Table, q string, args []any, cluster string, found func(eventKey, uint32)) error {
 	res, err := s.conn.Query(clickhouse.Context(ctx, clickhouse.WithExternalTable(keys)), q, args...)
 	if err != nil {
 		return fmt.Errorf("look up stored event keys: %w", lookupError{err})
@@ -302,6 +336,49 @@ func (s *Store) lookup(ctx context.Context, cluster string, rows []rowRef, onlyD
 		found(k, copies)
 	}
 	return res.Err()
+}
+
+// checkRecentParts is the check for copies that reads only the parts of
+// stored_keys written since the batch's lookup started: their names are
+// listed first, and the read names them (18.16 skips the other parts only
+// for names given as literals). A merge that replaces a listed part
+// between the listing and the read would hide its rows, so the listed
+// parts must still be active after the read; if one is not, ok is false
+// and the caller runs the whole check.
+func (s *Store) checkRecentParts(ctx context.Context, keys *ext.Table, where string, args []any, since time.Time, cluster string, found func(eventKey, uint32)) (ok bool, err error) {
+	back := int64((time.Since(since) + recentMargin + time.Second - 1) / time.Second)
+	parts, err := s.activeParts(ctx, "modification_time >= now() - ?", back)
+	if err != nil || len(parts) == 0 {
+		return false, err
+	}
+	q := "SELECT audit_id, toString(stage), fingerprint, toUInt32(count()) AS copies FROM " + s.db + ".stored_keys" + where +
+		" AND _part IN ? GROUP BY audit_id, stage, fingerprint HAVING copies > 1"
+	if err := s.queryKeys(ctx, keys, q, append(args, clickhouse.GroupSet{Value: parts}), cluster, found); err != nil {
+		return false, err
+	}
+	still, err := s.activeParts(ctx, "name IN ?", clickhouse.GroupSet{Value: parts})
+	if err != nil {
+		return false, err
+	}
+	return len(still) == len(parts), nil
+}
+
+// activeParts lists the active parts of stored_keys matching cond.
+func (s *Store) activeParts(ctx context.Context, cond string, arg any) ([]any, error) {
+	rows, err := s.conn.Query(ctx, "SELECT name FROM system.parts WHERE database = ? AND table = 'stored_keys' AND active AND "+cond, s.db, arg)
+	if err != nil {
+		return nil, fmt.Errorf("list the parts of stored_keys: %w", lookupError{err})
+	}
+	defer rows.Close()
+	var names []any
+	for rows.Next() {
+		var n string
+		if err := rows.Scan(&n); err != nil {
+			return nil, err
+		}
+		names = append(names, n)
+	}
+	return names, rows.Err()
 }
 
 // batchKeys returns the rows' audit IDs as the external table batch_keys,
