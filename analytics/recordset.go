@@ -195,6 +195,13 @@ func prefix16(s string) (uint64, uint64) {
 	return binary.BigEndian.Uint64(b[:8]), binary.BigEndian.Uint64(b[8:])
 }
 
+// eventKey identifies an event: the key of stored_keys (cluster,
+// audit_id, stage, fingerprint), by which a row is stored once.
+type eventKey struct {
+	cluster, auditID, stage string
+	fingerprint             uint64
+}
+
 var keySeed = maphash.MakeSeed()
 
 func (k *eventKey) hash() uint64 {

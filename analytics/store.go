@@ -137,11 +137,6 @@ type InsertResult struct {
 	Partial bool
 }
 
-type eventKey struct {
-	cluster, auditID, stage string
-	fingerprint             uint64
-}
-
 // Insert stores rows and dead letters. Rows whose key (cluster, audit_id,
 // stage, fingerprint) is already stored, or repeated within rows, are
 // dropped. Insert is idempotent: calling it again with the same input
