@@ -1,6 +1,7 @@
 package report
 
 import (
+	"fmt"
 	"os"
 	"strconv"
 	"testing"
@@ -52,6 +53,30 @@ func BenchmarkReport(b *testing.B) {
 	}
 	if r.Totals.Requests < n*99/100 || r.Totals.VersionConflicts == 0 || len(r.RetryLoops) == 0 || len(r.LeaseHolderChanges) == 0 || len(r.PolicyDecisions) == 0 {
 		b.Fatalf("synthetic data does not exercise every section: %+v, %d loops, %d leases, %d decisions", r.Totals, len(r.RetryLoops), len(r.LeaseHolderChanges), len(r.PolicyDecisions))
+	}
+	// REPORT_BENCH_DUPLICATES=d stores d events a second time, spread
+	// over the day, as racing writers would, and records them (the scan):
+	// the report then runs its correction, and must still say the same.
+	if d, err := strconv.ParseUint(os.Getenv("REPORT_BENCH_DUPLICATES"), 10, 64); err == nil && d > 0 {
+		if err := store.Conn().Exec(ctx, fmt.Sprintf("INSERT INTO %s.events SELECT * FROM %s.events WHERE cityHash64(audit_id) %% %d = 0",
+			db, db, max(n/d, 1))); err != nil {
+			b.Fatal(err)
+		}
+		if err := store.ScanDuplicates(ctx, t0); err != nil {
+			b.Fatal(err)
+		}
+		var recorded uint64
+		if err := store.Conn().QueryRow(ctx, "SELECT count() FROM "+db+".duplicate_events").Scan(&recorded); err != nil || recorded == 0 {
+			b.Fatalf("%d duplicates recorded (%v)", recorded, err)
+		}
+		again, err := Build(ctx, store.Conn(), o)
+		if err != nil {
+			b.Fatal(err)
+		}
+		if again.Totals != r.Totals {
+			b.Fatalf("with %d duplicates the totals are %+v, without %+v", recorded, again.Totals, r.Totals)
+		}
+		b.Logf("%d events stored twice and recorded; the report's totals are unchanged", recorded)
 	}
 	var rollupRows uint64
 	if err := store.Conn().QueryRow(ctx, "SELECT count() FROM "+db+".request_rollup").Scan(&rollupRows); err != nil {
