@@ -104,14 +104,26 @@ func TestEnginesAgree(t *testing.T) {
 		t.Fatalf("insert a half-stored batch: %+v, %v", res, err)
 	}
 	var lookups []enginetest.Statement
+	var partNamed []string // the check of recent parts, as recorded
 	for _, s := range enginetest.Selects(en.Recorded(t, "stored-keys lookup")) {
 		if strings.Contains(s.SQL, "batch_keys") {
 			s.Norm = enginetest.Unordered // the store takes the keys as a set
+			// The check after the insert names the parts 18.16 wrote
+			// since the lookup; part names are each engine's own. It must
+			// run on 26.7 as recorded, and it is compared without the
+			// names (over every part).
+			if parts := partFilter.FindString(s.SQL); parts != "" {
+				partNamed = append(partNamed, s.SQL)
+				s.SQL = strings.Replace(s.SQL, parts, "", 1)
+			}
 			lookups = append(lookups, s)
 		}
 	}
 	if len(lookups) == 0 {
 		t.Fatal("the store's insert ran no lookup that reads batch_keys: the suite must learn the new lookup")
+	}
+	if len(partNamed) == 0 {
+		t.Fatal("the store's insert ran no check of recent parts: the suite must learn the new check")
 	}
 	// Racing writers: every fifth event stored once more by a plain INSERT
 	// (as a second writer's would be: the views count the copy), the copies
@@ -162,6 +174,11 @@ func TestEnginesAgree(t *testing.T) {
 		}
 		e.Exec(t, setup...)
 		defer func() { _, _ = e.Query("DROP TEMPORARY TABLE IF EXISTS batch_keys", "") }()
+		for _, q := range partNamed {
+			if _, err := e.Query(q, ""); err != nil {
+				t.Errorf("the check of recent parts on 26.7: %v\nin:\n%.2000s", err, q)
+			}
+		}
 		if n := en.SameAnswers(t, session, lookups); n < len(batch) {
 			t.Errorf("the lookups found %d stored keys, want all %d of the batch", n, len(batch))
 		}
@@ -250,3 +267,6 @@ func TestSynthesizeAgrees(t *testing.T) {
 		t.Errorf("the tables held %d rows, fewer than the 20,000 generated", n)
 	}
 }
+
+// partFilter is the recent-parts check's condition on part names.
+var partFilter = regexp.MustCompile(` AND _part IN \([^)]*\)`)
