@@ -555,29 +555,39 @@ type sinkProcess struct {
 
 func (s *sinkProcess) start() {
 	s.t.Helper()
+	addr := s.args[2]
+	s.launch("listen on "+addr, func() bool {
+		c, err := tls.Dial("tcp", addr, &tls.Config{InsecureSkipVerify: true})
+		if err == nil {
+			c.Close()
+		}
+		return err == nil
+	})
+}
+
+// launch starts the process, its output appended to s.log, and returns
+// once ready reports true (polled), failing the test if the process exits
+// first or is not ready within 30 s.
+func (s *sinkProcess) launch(what string, ready func() bool) {
+	s.t.Helper()
 	s.mu.Lock()
-	defer s.mu.Unlock()
 	logf, err := os.OpenFile(s.log, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
 	if err != nil {
+		s.mu.Unlock()
 		s.t.Fatal(err)
 	}
 	cmd := exec.Command(s.bin, s.args...)
 	cmd.Env, cmd.Stdout, cmd.Stderr = s.env, logf, logf
 	if err := cmd.Start(); err != nil {
+		s.mu.Unlock()
 		s.t.Fatal(err)
 	}
 	done := make(chan struct{})
 	go func() { s.err = cmd.Wait(); logf.Close(); close(done) }()
 	s.cmd, s.done = cmd, done
-	// Ready when the port answers TLS.
-	addr := s.args[2]
+	s.mu.Unlock()
 	deadline := time.Now().Add(30 * time.Second)
-	for {
-		c, err := tls.Dial("tcp", addr, &tls.Config{InsecureSkipVerify: true})
-		if err == nil {
-			c.Close()
-			return
-		}
+	for !ready() {
 		select {
 		case <-done:
 			b, _ := os.ReadFile(s.log)
@@ -585,7 +595,7 @@ func (s *sinkProcess) start() {
 		default:
 		}
 		if time.Now().After(deadline) {
-			s.t.Fatalf("auditsink serve did not listen on %s", addr)
+			s.t.Fatalf("auditsink serve did not %s", what)
 		}
 		time.Sleep(50 * time.Millisecond)
 	}

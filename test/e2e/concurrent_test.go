@@ -12,7 +12,6 @@ import (
 	"strings"
 	"sync"
 	"testing"
-	"time"
 
 	"github.com/stampguard/stampguard/analytics/audit"
 	"github.com/stampguard/stampguard/analytics/report"
@@ -147,37 +146,13 @@ func concurrentWriters(t *testing.T, bin string, ch *chtest.Server, logPath stri
 // endpoint answers.
 func (s *sinkProcess) startPlain(metrics string) {
 	s.t.Helper()
-	logf, err := os.OpenFile(s.log, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
-	if err != nil {
-		s.t.Fatal(err)
-	}
-	cmd := exec.Command(s.bin, s.args...)
-	cmd.Env, cmd.Stdout, cmd.Stderr = s.env, logf, logf
-	if err := cmd.Start(); err != nil {
-		s.t.Fatal(err)
-	}
-	done := make(chan struct{})
-	go func() { _ = cmd.Wait(); logf.Close(); close(done) }() // killed at cleanup
-	s.mu.Lock()
-	s.cmd, s.done = cmd, done
-	s.mu.Unlock()
-	deadline := time.Now().Add(30 * time.Second)
-	for {
-		if resp, err := http.Get("http://" + metrics + "/metrics"); err == nil {
+	s.launch("answer on "+metrics, func() bool {
+		resp, err := http.Get("http://" + metrics + "/metrics")
+		if err == nil {
 			resp.Body.Close()
-			return
 		}
-		select {
-		case <-done:
-			b, _ := os.ReadFile(s.log)
-			s.t.Fatalf("auditsink serve exited:\n%s", b)
-		default:
-		}
-		if time.Now().After(deadline) {
-			s.t.Fatalf("auditsink serve did not answer on %s", metrics)
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
+		return err == nil
+	})
 }
 
 // completeLines are the newline-terminated lines of a log file.
