@@ -8,7 +8,6 @@ import (
 	"time"
 
 	"github.com/stampguard/stampguard/analytics/audit"
-	"github.com/stampguard/stampguard/internal/testenv"
 )
 
 // BenchmarkCheckOnADayOfKeys times the check for concurrent copies after
@@ -17,17 +16,8 @@ import (
 // of the day's keys, and the check of the parts written since the lookup,
 // side by side on the same batch.
 func BenchmarkCheckOnADayOfKeys(b *testing.B) {
-	testenv.SkipIfShort(b, "starts clickhouse-server")
-	srv := chtestStart(b)
-	db := srv.NewDatabase(b)
-	st, err := OpenStore(b.Context(), StoreOptions{DSN: srv.DSN(), Database: db})
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer st.Close()
-	if _, err := st.Migrate(b.Context()); err != nil {
-		b.Fatal(err)
-	}
+	st := benchStore(b)
+	db := st.db
 	tmpl := decodeAll(b, "bench", realEvents(b)[:9])
 	tset, err := recordSetOf(tmpl, nil, false)
 	if err != nil {

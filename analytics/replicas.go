@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -182,7 +183,7 @@ func (s *Store) lookupEveryReplica(ctx context.Context, cluster string, rows []r
 		for range nodes {
 			args = append(args, clickhouse.GroupSet{Value: days}, cluster)
 		}
-		return s.everyReplicaKeys(nodes, repeat(where, len(nodes)), kq.doubled), args
+		return s.everyReplicaKeys(nodes, slices.Repeat([]string{where}, len(nodes)), kq.doubled), args
 	}
 	if kq.doubled && !kq.since.IsZero() {
 		ok, partial := s.checkRecentEveryReplica(ctx, nodes, keys, where, []any{clickhouse.GroupSet{Value: days}, cluster}, kq.since, found)
@@ -203,14 +204,6 @@ func (s *Store) lookupEveryReplica(ctx context.Context, cluster string, rows []r
 	return nil
 }
 
-func repeat(s string, n int) []string {
-	out := make([]string, n)
-	for i := range out {
-		out[i] = s
-	}
-	return out
-}
-
 // checkRecentEveryReplica is checkRecentParts on every node: each node's
 // branch names that node's parts of stored_keys_local written since the
 // batch's lookup started (the lookup read every node, so it saw the
@@ -219,7 +212,7 @@ func repeat(s string, n int) []string {
 // part meanwhile. partial: a node did not answer (the caller marks the
 // batch for a scan, as for the whole check).
 func (s *Store) checkRecentEveryReplica(ctx context.Context, nodes []string, keys *ext.Table, where string, args []any, since time.Time, found func(eventKey, uint32)) (ok, partial bool) {
-	back := int64((time.Since(since) + clusterRecentMargin + time.Second - 1) / time.Second)
+	back := secondsBack(since, clusterRecentMargin)
 	listed, err := s.partsEveryNode(ctx, nodes, "modification_time >= now() - ?", func(int) any { return back })
 	if err != nil {
 		up := s.answering(ctx, nodes)
@@ -319,7 +312,7 @@ func (s *Store) scanEveryReplica(ctx context.Context, day string) error {
 		for i := range args {
 			args[i] = day
 		}
-		return s.everyReplicaKeys(nodes, repeat(" WHERE event_date >= toDate(?)", len(nodes)), true), args
+		return s.everyReplicaKeys(nodes, slices.Repeat([]string{" WHERE event_date >= toDate(?)"}, len(nodes)), true), args
 	}
 	if _, err := s.queryEveryReplica(ctx, nodes, q, false, func(k eventKey, copies uint32) {
 		if copies > 1 && appendErr == nil {

@@ -249,6 +249,12 @@ type keyQuery struct {
 	since time.Time
 }
 
+// secondsBack is how many whole seconds before the server's now() a part
+// written at since, less margin, may be dated.
+func secondsBack(since time.Time, margin time.Duration) int64 {
+	return int64((time.Since(since) + margin + time.Second - 1) / time.Second)
+}
+
 // recentMargin is how much earlier than keyQuery.since a part may have
 // been written and still be read: part modification times are whole
 // seconds of the server's clock, compared with its now().
@@ -341,7 +347,7 @@ func (s *Store) queryKeys(ctx context.Context, keys *ext.Table, q string, args [
 // parts must still be active after the read; if one is not, ok is false
 // and the caller runs the whole check.
 func (s *Store) checkRecentParts(ctx context.Context, keys *ext.Table, where string, args []any, since time.Time, cluster string, found func(eventKey, uint32)) (ok bool, err error) {
-	back := int64((time.Since(since) + recentMargin + time.Second - 1) / time.Second)
+	back := secondsBack(since, recentMargin)
 	parts, err := s.activeParts(ctx, "modification_time >= now() - ?", back)
 	if err != nil || len(parts) == 0 {
 		return false, err

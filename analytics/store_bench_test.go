@@ -9,20 +9,27 @@ import (
 	"github.com/stampguard/stampguard/internal/testenv"
 )
 
-// BenchmarkStoreInsert inserts batches of 20,000 fresh rows (dedup lookup
-// included) and reports rows/s, and separately the lookup alone.
-func BenchmarkStoreInsert(b *testing.B) {
+// benchStore is a migrated store in a fresh database of a clickhouse-server
+// of the benchmark's own.
+func benchStore(b *testing.B) *Store {
+	b.Helper()
 	testenv.SkipIfShort(b, "starts clickhouse-server")
 	srv := chtestStart(b)
-	db := srv.NewDatabase(b)
-	st, err := OpenStore(b.Context(), StoreOptions{DSN: srv.DSN(), Database: db})
+	st, err := OpenStore(b.Context(), StoreOptions{DSN: srv.DSN(), Database: srv.NewDatabase(b)})
 	if err != nil {
 		b.Fatal(err)
 	}
-	defer st.Close()
+	b.Cleanup(func() { st.Close() })
 	if _, err := st.Migrate(b.Context()); err != nil {
 		b.Fatal(err)
 	}
+	return st
+}
+
+// BenchmarkStoreInsert inserts batches of 20,000 fresh rows (dedup lookup
+// included) and reports rows/s, and separately the lookup alone.
+func BenchmarkStoreInsert(b *testing.B) {
+	st := benchStore(b)
 	tmpl := decodeAll(b, "bench", realEvents(b)[:9])
 	const n = 20000
 	run := 0
