@@ -68,9 +68,9 @@ func (r IngestResult) String() string {
 	return line
 }
 
-// pendingScanner is an Inserter whose checks can leave a duplicate scan
+// PendingScanner is an Inserter whose checks can leave a duplicate scan
 // pending (a Store in cluster mode while a node is down).
-type pendingScanner interface {
+type PendingScanner interface {
 	ScanPending(ctx context.Context) (bool, error)
 }
 
@@ -158,7 +158,7 @@ func IngestFiles(ctx context.Context, st Inserter, paths []string, o IngestOptio
 		Files: files, Accepted: int(n.accepted.Load()), Rejected: int(n.rejected.Load()), Skipped: int(n.skipped.Load()),
 		Stored: int(n.stored.Load()), Duplicates: int(n.duplicates.Load()), Elapsed: time.Since(start),
 	}
-	if ps, ok := st.(pendingScanner); ok && err == nil {
+	if ps, ok := st.(PendingScanner); ok && err == nil {
 		_, res.Unscanned = ps.ScanPending(ctx)
 	}
 	return res, err
@@ -313,8 +313,8 @@ func Tail(ctx context.Context, st Inserter, path string, o TailOptions) error {
 		Metrics: o.Metrics, Logger: o.Logger})
 	drained := make(chan error, 1)
 	go func() { drained <- d.Run(ctx) }()
-	if ps, ok := st.(pendingScanner); ok {
-		go scanWhilePending(ctx, ps, o.Logger)
+	if ps, ok := st.(PendingScanner); ok {
+		go ScanWhilePending(ctx, ps, time.Minute, o.Metrics, o.Logger)
 	}
 	stop := func(err error) error {
 		cancel() // unconfirmed lines are read again after a restart
@@ -411,19 +411,23 @@ func (s *sliceItems) Next() (audit.Item, error) {
 	return s.items[s.i-1], nil
 }
 
-// scanWhilePending runs, every minute, the duplicate scan a check left
-// pending while a ClickHouse node was down, until ctx is done.
-func scanWhilePending(ctx context.Context, ps pendingScanner, log *slog.Logger) {
+// ScanWhilePending runs, every interval until ctx is done, the duplicate
+// scan that a check left pending while a ClickHouse node was down. While
+// the node is down the scan fails at once; once it is back the scan runs
+// whole, and its end is logged at the level of the warning that
+// announced the gap.
+func ScanWhilePending(ctx context.Context, ps PendingScanner, every time.Duration, m *Metrics, log *slog.Logger) {
 	for {
 		select {
 		case <-ctx.Done():
 			return
-		case <-time.After(time.Minute):
+		case <-time.After(every):
 		}
 		if ran, err := ps.ScanPending(ctx); err != nil && ctx.Err() == nil {
-			log.Warn("duplicate scan after a check that missed a ClickHouse node failed; retrying in a minute", "err", err)
+			m.CountCHError(OpScan, err)
+			log.Warn("duplicate scan after a check that missed a ClickHouse node failed; retrying", "err", err, "in", every)
 		} else if ran {
-			log.Info("duplicate scan after a check that missed a ClickHouse node done")
+			log.Warn("duplicate scan after a check that missed a ClickHouse node done")
 		}
 	}
 }

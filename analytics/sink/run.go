@@ -182,6 +182,7 @@ func Run(ctx context.Context, o Options) error {
 			return
 		}
 		wg.Go(func() { scanDuplicates(bg, store, metrics, log) })
+		wg.Go(func() { analytics.ScanWhilePending(bg, store, pendingScanEvery, metrics, log) })
 		w := analytics.NewDrainer(sp, store, analytics.DrainerOptions{Metrics: metrics, Parallel: o.InsertParallel, Finish: finish,
 			Logger: log.With("component", "writer")})
 		if err := w.Run(bg); err != nil {
@@ -311,29 +312,17 @@ const DuplicateScanDays = 2
 // is back.
 const pendingScanEvery = 15 * time.Second
 
-// scanDuplicates runs the duplicate scan now and then every hour, and in
-// between, every pendingScanEvery, the scan a check left pending while a node of the
-// cluster was down, until it succeeds.
+// scanDuplicates runs the duplicate scan now and then every hour.
 func scanDuplicates(ctx context.Context, store *analytics.Store, m *analytics.Metrics, log *slog.Logger) {
-	next := time.Now()
 	for {
-		if time.Now().After(next) {
-			next = time.Now().Add(time.Hour)
-			if err := store.ScanDuplicates(ctx, time.Now().AddDate(0, 0, -DuplicateScanDays)); err != nil && ctx.Err() == nil {
-				m.CountCHError(analytics.OpScan, err)
-				log.Warn("duplicate scan failed", "err", err)
-			}
-		}
-		if ran, err := store.ScanPending(ctx); err != nil && ctx.Err() == nil {
+		if err := store.ScanDuplicates(ctx, time.Now().AddDate(0, 0, -DuplicateScanDays)); err != nil && ctx.Err() == nil {
 			m.CountCHError(analytics.OpScan, err)
-			log.Warn("duplicate scan after a check that missed a ClickHouse node failed; retrying", "err", err)
-		} else if ran {
-			log.Warn("duplicate scan after a check that missed a ClickHouse node done")
+			log.Warn("duplicate scan failed", "err", err)
 		}
 		select {
 		case <-ctx.Done():
 			return
-		case <-time.After(pendingScanEvery):
+		case <-time.After(time.Hour):
 		}
 	}
 }
