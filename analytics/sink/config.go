@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net/url"
 	"os"
 	"strconv"
 	"strings"
@@ -99,8 +100,10 @@ func (c *Config) StoreOptions(log *slog.Logger) (analytics.StoreOptions, error) 
 	case dsn == "":
 		return analytics.StoreOptions{}, fmt.Errorf("no ClickHouse DSN: give --clickhouse-dsn-file, $%s or --clickhouse", DSNEnv)
 	default:
-		if strings.Contains(strings.SplitN(dsn, "@", 2)[0], ":") && strings.Contains(dsn, "@") {
-			log.Warn("the ClickHouse DSN on the command line holds a password that other users can read in the process list; use --clickhouse-dsn-file or $" + DSNEnv)
+		if u, err := url.Parse(dsn); err == nil && u.User != nil {
+			if _, hasPassword := u.User.Password(); hasPassword {
+				log.Warn("the ClickHouse DSN on the command line holds a password that other users can read in the process list; use --clickhouse-dsn-file or $" + DSNEnv)
+			}
 		}
 	}
 	return analytics.StoreOptions{DSN: dsn, Database: c.Database, KeepRaw: c.KeepRaw, ClickHouseCluster: c.ClickHouseCluster}, nil

@@ -86,6 +86,8 @@ func TestADSNWithAPasswordOnTheCommandLineIsWarnedAbout(t *testing.T) {
 	for dsn, warned := range map[string]bool{
 		"clickhouse://user:secret@127.0.0.1:9000": true,
 		"clickhouse://127.0.0.1:9000":             false,
+		"clickhouse://user@127.0.0.1:9000":        false, // a user, no password
+		"clickhouse://user:@127.0.0.1:9000":       true,  // an empty one: still on the command line
 	} {
 		var logs bytes.Buffer
 		if _, err := parseConfig(t, "--clickhouse", dsn).StoreOptions(slog.New(slog.NewTextHandler(&logs, nil))); err != nil {
