@@ -8,8 +8,10 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"errors"
 	"fmt"
 	"io"
+	mrand "math/rand/v2"
 	"net"
 	"net/http"
 	"net/url"
@@ -358,6 +360,11 @@ func freePorts(tb testing.TB, n int) []int {
 
 // pickFreePorts asks the kernel for n distinct free loopback ports.
 func pickFreePorts(n int) ([]int, error) {
+	// Below the kernel's ephemeral range: a port that a stopped server
+	// gives up is then never handed to another process's connect or
+	// listen on port 0 before the server starts again on it (tests stop
+	// and restart servers on their ports).
+	low, high := 10000, ephemeralLow()
 	var ls []net.Listener
 	defer func() {
 		for _, l := range ls {
@@ -365,15 +372,39 @@ func pickFreePorts(n int) ([]int, error) {
 		}
 	}()
 	var ports []int
-	for range n {
-		l, err := net.Listen("tcp", "127.0.0.1:0")
+	for tries := 0; len(ports) < n; tries++ {
+		if tries > 1000 {
+			return nil, fmt.Errorf("pick a free port: none free in %d-%d", low, high-1)
+		}
+		p := low + mrand.IntN(high-low)
+		l, err := net.Listen("tcp", fmt.Sprintf("127.0.0.1:%d", p))
 		if err != nil {
-			return nil, fmt.Errorf("pick a free port: %w", err)
+			continue
+		}
+		if l6, err := net.Listen("tcp", fmt.Sprintf("[::1]:%d", p)); err == nil {
+			ls = append(ls, l6)
+		} else if errors.Is(err, syscall.EADDRINUSE) {
+			l.Close()
+			continue
 		}
 		ls = append(ls, l)
-		ports = append(ports, l.Addr().(*net.TCPAddr).Port)
+		ports = append(ports, p)
 	}
 	return ports, nil
+}
+
+// ephemeralLow is the first port of the kernel's ephemeral range (32768
+// when it cannot be read).
+func ephemeralLow() int {
+	b, err := os.ReadFile("/proc/sys/net/ipv4/ip_local_port_range")
+	if err != nil {
+		return 32768
+	}
+	var lo, hi int
+	if _, err := fmt.Sscan(string(b), &lo, &hi); err != nil || lo <= 10000+1000 {
+		return 32768
+	}
+	return lo
 }
 
 func tail(b []byte, n int) []byte {
