@@ -85,6 +85,9 @@ var (
 	grafanaLoopConflicts = `(SELECT event_date, event_time_us, cluster, writer, api_group, resource, namespace, name FROM ` + loopConflictsTable + ` WHERE event_time_us >= ` + loopEpochUs + `
 		UNION ALL
 		SELECT event_date, event_time_us, cluster, writer, api_group, resource, namespace, name FROM ` + beforeEpoch(loopConflictsRaw) + `)`
+	grafanaLoopConflictsUncorrected = `(SELECT event_date, event_time_us, cluster, writer, api_group, resource, namespace, name FROM ` + loopConflictsPlain + ` WHERE event_time_us >= ` + loopEpochUs + `
+		UNION ALL
+		SELECT event_date, event_time_us, cluster, writer, api_group, resource, namespace, name FROM ` + beforeEpoch(loopConflictsRawUncorrected) + `)`
 	grafanaLoopSuccesses = `(SELECT event_date, event_time_us, cluster, pair FROM ` + loopSuccessesTable + ` WHERE event_time_us >= ` + loopEpochUs + `
 		UNION ALL
 		SELECT event_date, event_time_us, cluster, pair FROM ` + beforeEpoch(loopSuccessesRaw) + `)`
@@ -93,7 +96,7 @@ var (
 // beforeEpoch narrows a raw loop form's window to before loop_epoch, inside
 // its PREWHERE or WHERE, where ClickHouse prunes by it.
 func beforeEpoch(raw string) string {
-	return strings.Replace(raw, EventsWhole.Placeholder, EventsWhole.Placeholder+" AND "+beforeLoopEpoch, 1)
+	return strings.ReplaceAll(raw, EventsWhole.Placeholder, EventsWhole.Placeholder+" AND "+beforeLoopEpoch)
 }
 
 // Bind renders s for a Grafana panel or alert query. It fails when a
@@ -129,14 +132,15 @@ func (g Grafana) Bind(s Statement) (string, error) {
 		}
 	}
 	sql := replace(s.SQL,
-		"{loop_conflicts}", grafanaLoopConflicts, "{loop_successes}", grafanaLoopSuccesses,
-		"{duplicates}", corrected, "{dedup}", correctedDedup,
+		"{loop_conflicts}", grafanaLoopConflicts, "{loop_conflicts_uncorrected}", grafanaLoopConflictsUncorrected,
+		"{loop_successes}", grafanaLoopSuccesses,
+		"{duplicates}", corrected,
 		"{filters}", "("+strings.Join(filters, " AND ")+")",
 		"{raw_window}", grafanaRaw, "{rollup_window}", grafanaRollup, "{window}", grafanaWindow, "{events_window}", grafanaEventsWindow,
 		"{bucket}", "toDateTime(intDiv(toUInt32(event_time), @interval_s) * @interval_s)",
 		"{end_us}", endUs,
 		"{db}", g.Database)
-	return bindNames(sql, params), nil
+	return bindNames(correction(sql, true), params), nil
 }
 
 // bindNames replaces each @name with its text, matching whole names only.

@@ -64,19 +64,19 @@ var reportFilters = func() string {
 
 // Bind renders s for the report.
 func (r Report) Bind(s Statement) string {
-	lc, ls, dups, dedup := loopConflictsTable, loopSuccessesTable, corrected, correctedDedup
+	lc, lcu, ls, dups := loopConflictsTable, loopConflictsPlain, loopSuccessesTable, corrected
 	if r.NoDuplicates {
-		lc, dups, dedup = loopConflictsPlain, noDuplicates, ""
+		lc, dups = loopConflictsPlain, noDuplicates
 	}
 	if r.RawLoops {
-		lc, ls = loopConflictsRaw, loopSuccessesRaw
+		lc, lcu, ls = loopConflictsRaw, loopConflictsRawUncorrected, loopSuccessesRaw
 	}
-	return replace(s.SQL,
-		"{loop_conflicts}", lc, "{loop_successes}", ls,
-		"{duplicates}", dups, "{dedup}", dedup,
+	return correction(replace(s.SQL,
+		"{loop_conflicts}", lc, "{loop_conflicts_uncorrected}", lcu, "{loop_successes}", ls,
+		"{duplicates}", dups,
 		"{filters}", reportFilters,
 		"{raw_window}", reportRawWindow, "{rollup_window}", reportRollupWindow, "{window}", reportWindow, "{events_window}", reportWindow,
 		"{bucket}", "toDateTime(intDiv(toUInt32(event_time), @interval_s) * @interval_s)",
 		"{end_us}", "@until_us",
-		"{db}", r.Database)
+		"{db}", r.Database), !r.NoDuplicates)
 }

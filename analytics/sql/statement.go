@@ -117,9 +117,11 @@ type Statement struct {
 	// Columns are the result's column names, in order.
 	Columns []string
 	// SQL is the text with placeholders: {db}, {filters}, the windows,
-	// {loop_conflicts} and {loop_successes} (the retry-loop rows), and
-	// {duplicates} and {dedup} (the correction for events stored more
-	// than once).
+	// {loop_conflicts} and {loop_successes} (the retry-loop rows;
+	// {loop_conflicts_uncorrected} is a superset of the first, without
+	// the correction for duplicates), and
+	// {duplicates} and the region {duplicated} … {end_duplicated} (the
+	// correction for events stored more than once).
 	SQL string
 }
 
@@ -153,7 +155,8 @@ func (s Statement) Validate() error {
 	var places, windows []string
 	for _, p := range placeholderRef.FindAllString(s.SQL, -1) {
 		switch p {
-		case "{db}", "{filters}", "{loop_conflicts}", "{loop_successes}", "{duplicates}", "{dedup}":
+		case "{db}", "{filters}", "{loop_conflicts}", "{loop_conflicts_uncorrected}", "{loop_successes}",
+			"{duplicates}", "{duplicated}", "{end_duplicated}":
 		default:
 			places = append(places, p)
 		}
@@ -163,6 +166,9 @@ func (s Statement) Validate() error {
 	}
 	if a, b := set(places), set(windows); !slices.Equal(a, b) {
 		return fmt.Errorf("statement %s: places time with %v, declares %v", s.Name, a, b)
+	}
+	if a, b := strings.Count(s.SQL, "{duplicated}"), strings.Count(s.SQL, "{end_duplicated}"); a != b || len(duplicatedRegion.FindAllString(s.SQL, -1)) != a {
+		return fmt.Errorf("statement %s: %d {duplicated} regions open, %d close", s.Name, a, b)
 	}
 	if len(s.Columns) == 0 {
 		return fmt.Errorf("statement %s: no columns", s.Name)
@@ -177,6 +183,19 @@ func set(xs []string) []string {
 	xs = slices.Clone(xs)
 	slices.Sort(xs)
 	return slices.Compact(xs)
+}
+
+// duplicatedRegion is a {duplicated} … {end_duplicated} region.
+var duplicatedRegion = regexp.MustCompile(`(?s)\{duplicated\}.*?\{end_duplicated\}`)
+
+// correction renders the regions that apply the correction for events
+// stored more than once: their text stays when apply is set (the window
+// holds a recorded duplicate), else they are cut out.
+func correction(sql string, apply bool) string {
+	if !apply {
+		return duplicatedRegion.ReplaceAllString(sql, "")
+	}
+	return replace(sql, "{duplicated}", "", "{end_duplicated}", "")
 }
 
 // replace fills placeholders in order: a later pair may fill what an
