@@ -119,8 +119,9 @@ func BenchmarkReport(b *testing.B) {
 				}
 			}
 		})
+		o.plan = rawPlan(o.Since, o.Until)
 		if !mode.raw {
-			o.rollupFrom, o.rollupTo = rollupHours(o.Since, o.Until, time.Time{})
+			o.plan = planRead(o.Since, o.Until, time.Time{}, time.Now())
 		}
 		q := o.querier(ctx, store.Conn())
 		for _, query := range All {

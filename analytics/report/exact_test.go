@@ -130,3 +130,90 @@ func TestReportCountsDuplicatesOnce(t *testing.T) {
 		}
 	}
 }
+
+// TestReportCountsInstantTwinsOnce covers the one case where the report's
+// cheaper match of events to their duplicates (by instant and fingerprint)
+// would be wrong: two requests that share both (the same user, verb, URI,
+// code and timestamps, under two audit IDs), one of them stored twice.
+// Build must see the twin and match by identity; the report then equals
+// the single writer's. Matching by instant anyway loses the twin (from an
+// edge that adds, or from one that subtracts): the totals go wrong, which
+// proves the check is what keeps them exact.
+func TestReportCountsInstantTwinsOnce(t *testing.T) {
+	srv := chtest.Start(t)
+	ctx := t.Context()
+	rows := randomRows(21, 3000)
+	var doubled []string
+	for i := 0; i < 3000; i += 5 {
+		twin := rows[i]
+		twin.AuditID += "-twin"
+		rows = append(rows, twin)
+		doubled = append(doubled, rows[i].AuditID)
+	}
+	store := func() (*analytics.Store, string) {
+		db := srv.NewDatabase(t)
+		st, err := analytics.OpenStore(ctx, analytics.StoreOptions{DSN: srv.DSN(), Database: db})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { st.Close() })
+		if _, err := st.Migrate(ctx); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := st.Insert(ctx, rows, nil); err != nil {
+			t.Fatal(err)
+		}
+		return st, db
+	}
+	once, onceDB := store()
+	twice, twiceDB := store()
+	conn := twice.Conn()
+	// A racing writer's copies of the originals (not of their twins).
+	if err := conn.Exec(ctx, "INSERT INTO "+twiceDB+".events ("+analytics.EventColumns+") SELECT "+analytics.EventColumns+
+		" FROM "+twiceDB+".events WHERE has(?, audit_id)", doubled); err != nil {
+		t.Fatal(err)
+	}
+	if err := twice.ScanDuplicates(ctx, t0.Add(-48*time.Hour)); err != nil {
+		t.Fatal(err)
+	}
+	totals := func(o Options, instantKey bool) Totals {
+		t.Helper()
+		o.setDefaults()
+		if err := o.split(ctx, conn); err != nil {
+			t.Fatal(err)
+		}
+		o.keyedByInstant = instantKey
+		var tt Totals
+		if err := o.querier(ctx, conn).each(QueryTotals, func(rows driverRows) error {
+			return rows.Scan(&tt.Requests, &tt.WriteAttempts, &tt.VersionConflicts, &tt.FieldConflicts, &tt.AlreadyExists,
+				&tt.DeletePreconditionConflicts, &tt.StamplessUpdates, &tt.OtherConflicts, &tt.Gone, &tt.ConflictRate)
+		}); err != nil {
+			t.Fatal(err)
+		}
+		return tt
+	}
+	for _, w := range [][2]time.Time{
+		{t0.Add(17 * time.Minute), t0.Add(3*time.Hour + 41*time.Minute)},
+		{t0.Add(-50 * time.Minute), t0.Add(4*time.Hour + 10*time.Minute)},
+		{t0.Add(5 * time.Minute), t0.Add(50 * time.Minute)},
+	} {
+		o := Options{Cluster: "c1", Top: 1000, Since: w[0], Until: w[1]}
+		o.Database = onceDB
+		want, err := Build(ctx, once.Conn(), o)
+		if err != nil {
+			t.Fatal(err)
+		}
+		o.Database = twiceDB
+		got, err := Build(ctx, conn, o)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !reflect.DeepEqual(got, want) {
+			t.Errorf("window [%s, %s): the report with duplicates and their twins differs\n got %+v\nwant %+v", w[0], w[1], got, want)
+		}
+		if byInstant := totals(o, true); byInstant == want.Totals {
+			t.Errorf("window [%s, %s): matched by instant the totals are right too (%+v): no twin is in the window's raw edges, the test proves nothing",
+				w[0], w[1], byInstant)
+		}
+	}
+}

@@ -36,9 +36,9 @@ type Options struct {
 	// edges from events; both give the same numbers.
 	NoRollup bool
 
-	// rollupFrom and rollupTo are the whole hours [rollupFrom, rollupTo)
-	// that request_rollup answers; both zero when it answers nothing.
-	rollupFrom, rollupTo time.Time
+	// plan is where the counts come from: request_rollup's hours and the
+	// raw edges around them.
+	plan readPlan
 	// parallel is how many queries run at once (reportParallelism).
 	parallel int
 	// rawLoops computes retry loops from events instead of the loop tables.
@@ -46,6 +46,9 @@ type Options struct {
 	// noDuplicates says that no event of the window is recorded as stored
 	// more than once, so the queries skip the correction.
 	noDuplicates bool
+	// keyedByInstant says that the correction may match events to their
+	// duplicates by instant and fingerprint (asql.Report.KeyedByInstant).
+	keyedByInstant bool
 }
 
 func (o *Options) setDefaults() {
@@ -84,16 +87,30 @@ func Build(ctx context.Context, conn driver.Conn, o Options) (*Report, error) {
 	if err := o.split(ctx, conn); err != nil {
 		return nil, err
 	}
-	// Where no event of the window is recorded as stored more than once,
-	// the correction changes no figure: skip it (the common case).
+	// Where no event the report reads (the window, and any hour read
+	// whole around it) is recorded as stored more than once, the
+	// correction changes no figure: skip it (the common case).
 	var doubled uint64
+	from, until := o.plan.covered(o.Since, o.Until)
 	if err := conn.QueryRow(ctx, "SELECT count() FROM "+o.Database+".duplicate_events WHERE cluster = ? AND "+
 		"event_date >= toDate(toDateTime(intDiv(?, 1000000))) AND event_date <= toDate(toDateTime(intDiv(?, 1000000))) AND "+
-		"event_time_us >= ? AND event_time_us < ?", o.Cluster, uint64(o.Since.UnixMicro()), uint64(o.Until.UnixMicro()),
-		uint64(o.Since.UnixMicro()), uint64(o.Until.UnixMicro())).Scan(&doubled); err != nil {
+		"event_time_us >= ? AND event_time_us < ?", o.Cluster, uint64(from.UnixMicro()), uint64(until.UnixMicro()),
+		uint64(from.UnixMicro()), uint64(until.UnixMicro())).Scan(&doubled); err != nil {
 		return nil, fmt.Errorf("read duplicates: %w", err)
 	}
 	o.noDuplicates = doubled == 0
+	if !o.noDuplicates {
+		// The correction may match events to their duplicates by instant
+		// and fingerprint, cheaper to read than the identity, unless an
+		// event shares those with a duplicate it is not.
+		var collisions uint64
+		if err := conn.QueryRow(ctx, asql.Report{Database: o.Database}.InstantKeyCollisions(),
+			clickhouse.Named(asql.ReportSinceUs, uint64(from.UnixMicro())), clickhouse.Named(asql.ReportUntilUs, uint64(until.UnixMicro()))).
+			Scan(&collisions); err != nil {
+			return nil, fmt.Errorf("read duplicates: %w", err)
+		}
+		o.keyedByInstant = collisions == 0
+	}
 	q := o.querier(ctx, conn)
 
 	t := &r.Totals
@@ -151,6 +168,7 @@ func Build(ctx context.Context, conn driver.Conn, o Options) (*Report, error) {
 func (o *Options) split(ctx context.Context, conn driver.Conn) error {
 	o.rawLoops = o.NoRollup
 	if o.NoRollup {
+		o.plan = rawPlan(o.Since, o.Until)
 		return nil
 	}
 	var rollupComplete, loopsComplete time.Time
@@ -163,53 +181,111 @@ func (o *Options) split(ctx context.Context, conn driver.Conn) error {
 		Scan(&rollupComplete, &loopsComplete); err != nil {
 		return fmt.Errorf("read rollup epochs: %w", err)
 	}
-	o.rollupFrom, o.rollupTo = rollupHours(o.Since, o.Until, rollupComplete)
+	o.plan = planRead(o.Since, o.Until, rollupComplete, time.Now().Add(-openHourMargin))
 	o.rawLoops = o.Since.Before(loopsComplete)
 	return nil
 }
 
-// rollupHours are the whole UTC hours inside [since, until) from complete
-// on, as [from, to); both zero when there is none.
-func rollupHours(since, until, complete time.Time) (from, to time.Time) {
-	from = since.UTC().Truncate(time.Hour)
-	if from.Before(since) {
-		from = from.Add(time.Hour)
+// openHourMargin is how long after its end an hour counts as closed: the
+// report reads an hour that cuts the window whole from request_rollup,
+// minus its events outside the window, only once the hour is closed, so
+// that an event stored while the query runs cannot land in one of the two
+// reads and not the other. Later events (a backfill, a spool draining
+// after an outage) are counted as of when each table is read.
+const openHourMargin = 10 * time.Minute
+
+// readPlan is where the counts of a window [since, until) come from:
+// request_rollup's hours [from, to) (none when both are zero) and two raw
+// edges of events around them. An edge either adds the part of the window
+// outside the hours (sign +1) or, where an hour that cuts the window is
+// read whole, subtracts that hour's part outside the window (sign -1). The
+// edges never overlap, and edge1 lies before edge2.
+type readPlan struct {
+	from, to     time.Time
+	edge1, edge2 edge
+}
+
+// planRead plans the read of [since, until): request_rollup's whole hours
+// from complete on (when it holds every event), and for each hour that
+// cuts the window, whichever raw read is the shorter: the window's part of
+// the hour, or the rest of the hour subtracted from the whole hour (only
+// for hours from complete on that ended before closed). At most half an
+// hour of raw events on each side is read, where reading only the window's
+// part could take an hour's worth.
+func planRead(since, until, complete, closed time.Time) readPlan {
+	since, until = since.UTC(), until.UTC()
+	c := ceilHour(complete)
+	usable := func(h time.Time) bool { return !h.Before(c) && !h.Add(time.Hour).After(closed) }
+	h1, h2 := since.Truncate(time.Hour), until.Truncate(time.Hour)
+	if h1.Equal(h2) { // the window lies inside one hour
+		if 2*until.Sub(since) > time.Hour && usable(h1) {
+			return readPlan{from: h1, to: h1.Add(time.Hour), edge1: span(h1, since, -1), edge2: span(until, h1.Add(time.Hour), -1)}
+		}
+		return rawPlan(since, until)
 	}
-	c := complete.UTC().Truncate(time.Hour)
-	if c.Before(complete) {
-		c = c.Add(time.Hour)
-	}
+	from, to := ceilHour(since), h2
 	if from.Before(c) {
 		from = c
 	}
-	to = until.UTC().Truncate(time.Hour)
-	if !from.Before(to) {
-		return time.Time{}, time.Time{}
+	if to.Before(from) { // no hour of the window is complete in the rollup
+		return rawPlan(since, until)
 	}
-	return from, to
+	p := readPlan{edge1: span(since, from, 1), edge2: span(to, until, 1)}
+	if since.After(h1) && from.Equal(h1.Add(time.Hour)) && usable(h1) && since.Sub(h1) < from.Sub(since) {
+		from, p.edge1 = h1, span(h1, since, -1)
+	}
+	if until.After(h2) && usable(h2) && h2.Add(time.Hour).Sub(until) < until.Sub(h2) {
+		to, p.edge2 = h2.Add(time.Hour), span(until, h2.Add(time.Hour), -1)
+	}
+	if from.Before(to) {
+		p.from, p.to = from, to
+	}
+	return p
 }
 
-// edge is a closed range of microseconds [from, last]; from > last when empty.
-type edge struct{ from, last uint64 }
+// rawPlan reads all of [since, until) from events.
+func rawPlan(since, until time.Time) readPlan {
+	return readPlan{edge1: span(since, until, 1), edge2: noEdge}
+}
 
-// noEdge is empty, and its day range (1970-01-03 to 1970-01-01) is empty
-// too, so that ClickHouse prunes every partition.
-var noEdge = edge{from: 2 * 86_400_000_000, last: 0}
+// ceilHour is t rounded up to a whole UTC hour.
+func ceilHour(t time.Time) time.Time {
+	h := t.UTC().Truncate(time.Hour)
+	if h.Before(t) {
+		h = h.Add(time.Hour)
+	}
+	return h
+}
 
-func span(from, to time.Time) edge {
+// span is the edge [from, to) as a closed range, with its sign.
+func span(from, to time.Time, sign int64) edge {
 	if !from.Before(to) {
 		return noEdge
 	}
-	return edge{uint64(from.UnixMicro()), uint64(to.UnixMicro()) - 1}
+	return edge{uint64(from.UnixMicro()), uint64(to.UnixMicro()) - 1, sign}
 }
 
-// rawEdges are the parts of [since, until) outside the rollup's hours
-// [from, to): the whole window when the rollup answers nothing.
-func rawEdges(since, until, from, to time.Time) (edge, edge) {
-	if from.IsZero() {
-		return span(since, until), noEdge
+// edge is a closed range of microseconds [from, last] (from > last when
+// empty) and whether its events add to the counts (+1) or subtract (-1).
+type edge struct {
+	from, last uint64
+	sign       int64
+}
+
+// noEdge is empty, and its day range (1970-01-03 to 1970-01-01) is empty
+// too, so that ClickHouse prunes every partition.
+var noEdge = edge{from: 2 * 86_400_000_000, last: 0, sign: 1}
+
+// covered is the span the plan reads: the window and any hour read whole
+// around it.
+func (p readPlan) covered(since, until time.Time) (time.Time, time.Time) {
+	if !p.from.IsZero() && p.from.Before(since) {
+		since = p.from
 	}
-	return span(since, from), span(to, until)
+	if p.to.After(until) {
+		until = p.to
+	}
+	return since, until
 }
 
 // micros is t in Unix microseconds, 0 for the zero time.
@@ -222,12 +298,12 @@ func micros(t time.Time) uint64 {
 
 // args binds the options to the queries' parameters.
 func (o *Options) args() []any {
-	e1, e2 := rawEdges(o.Since, o.Until, o.rollupFrom, o.rollupTo)
+	e1, e2 := o.plan.edge1, o.plan.edge2
 	return []any{
-		clickhouse.Named(asql.ReportRollupFromUs, micros(o.rollupFrom)),
-		clickhouse.Named(asql.ReportRollupToUs, micros(o.rollupTo)),
-		clickhouse.Named(asql.ReportEdge1FromUs, e1.from), clickhouse.Named(asql.ReportEdge1LastUs, e1.last),
-		clickhouse.Named(asql.ReportEdge2FromUs, e2.from), clickhouse.Named(asql.ReportEdge2LastUs, e2.last),
+		clickhouse.Named(asql.ReportRollupFromUs, micros(o.plan.from)),
+		clickhouse.Named(asql.ReportRollupToUs, micros(o.plan.to)),
+		clickhouse.Named(asql.ReportEdge1FromUs, e1.from), clickhouse.Named(asql.ReportEdge1LastUs, e1.last), clickhouse.Named(asql.ReportEdge1Sign, e1.sign),
+		clickhouse.Named(asql.ReportEdge2FromUs, e2.from), clickhouse.Named(asql.ReportEdge2LastUs, e2.last), clickhouse.Named(asql.ReportEdge2Sign, e2.sign),
 		clickhouse.Named(asql.ReportSinceUs, uint64(o.Since.UnixMicro())),
 		clickhouse.Named(asql.ReportUntilUs, uint64(o.Until.UnixMicro())),
 		clickhouse.Named(asql.Cluster.Name, o.Cluster),
@@ -257,7 +333,7 @@ type querier struct {
 
 func (o *Options) querier(ctx context.Context, conn driver.Conn) querier {
 	return querier{ctx: ctx, conn: conn, args: o.args(),
-		binder: asql.Report{Database: o.Database, RawLoops: o.rawLoops, NoDuplicates: o.noDuplicates}}
+		binder: asql.Report{Database: o.Database, RawLoops: o.rawLoops, NoDuplicates: o.noDuplicates, KeyedByInstant: o.keyedByInstant}}
 }
 
 // collect scans each row into a new T, through the column targets that

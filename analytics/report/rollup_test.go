@@ -15,23 +15,45 @@ import (
 	"github.com/stampguard/stampguard/internal/chtest"
 )
 
-func TestRollupHours(t *testing.T) {
+// TestPlanRead checks where the report reads a window from: the
+// rollup's hours, an hour that cuts the window read whole where its part
+// outside the window is the shorter raw read (closed hours from the
+// rollup's epoch on only), and the raw edges with their signs.
+func TestPlanRead(t *testing.T) {
 	h := func(m int) time.Time { return t0.Add(time.Duration(m) * time.Minute) }
+	open := time.Date(9999, 1, 1, 0, 0, 0, 0, time.UTC)
+	add := func(from, to time.Time) edge { return span(from, to, 1) }
+	sub := func(from, to time.Time) edge { return span(from, to, -1) }
 	cases := []struct {
+		name                   string
 		since, until, complete time.Time
+		closed                 time.Time
 		from, to               time.Time
+		edge1, edge2           edge
 	}{
-		{h(0), h(60), time.Time{}, h(0), h(60)},
-		{h(1), h(179), time.Time{}, h(60), h(120)},
-		{h(1), h(119), time.Time{}, time.Time{}, time.Time{}},
-		{h(0), h(59), time.Time{}, time.Time{}, time.Time{}},
-		{h(0).Add(time.Microsecond), h(240), h(90), h(120), h(240)},
-		{h(0), h(240), h(240), time.Time{}, time.Time{}},
+		{"whole hours", h(0), h(60), time.Time{}, open, h(0), h(60), noEdge, noEdge},
+		{"both hours whole, minus a minute each", h(1), h(179), time.Time{}, open, h(0), h(180), sub(h(0), h(1)), sub(h(179), h(180))},
+		{"the last hour is still open", h(1), h(179), time.Time{}, h(170), h(0), h(120), sub(h(0), h(1)), add(h(120), h(179))},
+		{"the hour ended less than the margin ago is open", h(1), h(179), time.Time{}, h(179), h(0), h(120), sub(h(0), h(1)), add(h(120), h(179))},
+		{"only the end hour is the shorter whole", h(40), h(100), time.Time{}, open, h(60), h(120), add(h(40), h(60)), sub(h(100), h(120))},
+		{"two short edges, no hour", h(50), h(70), time.Time{}, open, time.Time{}, time.Time{}, add(h(50), h(60)), add(h(60), h(70))},
+		{"two long edges, two whole hours", h(10), h(110), time.Time{}, open, h(0), h(120), sub(h(0), h(10)), sub(h(110), h(120))},
+		{"inside one hour, most of it", h(5), h(50), time.Time{}, open, h(0), h(60), sub(h(0), h(5)), sub(h(50), h(60))},
+		{"inside one hour, from its start", h(0), h(45), time.Time{}, open, h(0), h(60), noEdge, sub(h(45), h(60))},
+		{"inside one hour, a little of it", h(5), h(20), time.Time{}, open, time.Time{}, time.Time{}, add(h(5), h(20)), noEdge},
+		{"inside one hour before the epoch", h(5), h(50), h(30), open, time.Time{}, time.Time{}, add(h(5), h(50)), noEdge},
+		{"the epoch cuts the window", h(0).Add(time.Microsecond), h(240), h(90), open, h(120), h(240), add(h(0).Add(time.Microsecond), h(120)), noEdge},
+		{"the epoch is the window's end", h(0), h(240), h(240), open, time.Time{}, time.Time{}, add(h(0), h(240)), noEdge},
+		{"the epoch is after the window", h(1), h(179), h(300), open, time.Time{}, time.Time{}, add(h(1), h(179)), noEdge},
 	}
 	for _, c := range cases {
-		from, to := rollupHours(c.since, c.until, c.complete)
-		if !from.Equal(c.from) || !to.Equal(c.to) {
-			t.Errorf("rollupHours(%s, %s, %s) = [%s, %s), want [%s, %s)", c.since, c.until, c.complete, from, to, c.from, c.to)
+		p := planRead(c.since, c.until, c.complete, c.closed)
+		want := readPlan{from: c.from, to: c.to, edge1: c.edge1, edge2: c.edge2}
+		if !p.from.Equal(want.from) || !p.to.Equal(want.to) || p.edge1 != want.edge1 || p.edge2 != want.edge2 {
+			t.Errorf("%s: planRead(%s, %s) = %+v, want %+v", c.name, c.since.Format(time.TimeOnly), c.until.Format(time.TimeOnly), p, want)
+		}
+		if p.edge1.from <= p.edge1.last && p.edge2.from <= p.edge2.last && p.edge1.last >= p.edge2.from {
+			t.Errorf("%s: edge1 %+v does not lie before edge2 %+v", c.name, p.edge1, p.edge2)
 		}
 	}
 }
@@ -101,8 +123,7 @@ func randomRows(seed uint64, n int) []audit.Row {
 
 // rollupUsed says whether the report over o reads whole hours from the rollup.
 func rollupUsed(o Options) bool {
-	from, _ := rollupHours(o.Since, o.Until, time.Time{})
-	return !from.IsZero()
+	return !planRead(o.Since, o.Until, time.Time{}, time.Now()).from.IsZero()
 }
 
 func assertSameReports(t *testing.T, ctx context.Context, conn driver.Conn, o Options) {

@@ -134,9 +134,9 @@ func (g Grafana) Bind(s Statement) (string, error) {
 	sql := replace(s.SQL,
 		"{loop_conflicts}", grafanaLoopConflicts, "{loop_conflicts_uncorrected}", grafanaLoopConflictsUncorrected,
 		"{loop_successes}", grafanaLoopSuccesses,
-		"{duplicates}", corrected,
+		"{duplicates}", corrected, "{duplicate_key}", identityKey,
 		"{filters}", "("+strings.Join(filters, " AND ")+")",
-		"{raw_window}", grafanaRaw, "{rollup_window}", grafanaRollup, "{window}", grafanaWindow, "{events_window}", grafanaEventsWindow,
+		"{raw_window}", grafanaRaw, "{raw_sign}", "1", "{rollup_window}", grafanaRollup, "{window}", grafanaWindow, "{events_window}", grafanaEventsWindow,
 		"{bucket}", "toDateTime(intDiv(toUInt32(event_time), @interval_s) * @interval_s)",
 		"{end_us}", endUs,
 		"{db}", g.Database)

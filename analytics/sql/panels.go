@@ -56,6 +56,7 @@ SELECT namespace, toUInt64(sum(write_attempts)) AS attempts, toUInt64(sum(write_
 FROM ` + counted + `
 WHERE write_attempts != 0
 GROUP BY namespace
+HAVING attempts > 0
 ORDER BY conflicts DESC, attempts DESC, namespace ASC
 LIMIT @top`}
 
@@ -89,6 +90,7 @@ SELECT writer AS user, toUInt64(sum(stampless_updates)) AS count
 FROM ` + counted + `
 WHERE stampless_updates != 0
 GROUP BY user
+HAVING count > 0
 ORDER BY count DESC, user
 LIMIT @top`}
 
@@ -111,6 +113,7 @@ SELECT namespace, name, toUInt64(sum(write_attempts)) AS attempts, toUInt64(sum(
 FROM ` + counted + `
 WHERE api_group = 'coordination.k8s.io' AND resource = 'leases' AND write_attempts != 0
 GROUP BY namespace, name
+HAVING attempts > 0
 ORDER BY conflicts DESC, attempts DESC, namespace, name
 LIMIT @top`}
 

@@ -18,6 +18,12 @@ type Report struct {
 	// more than once (duplicate_events), so the statements skip the
 	// correction: the same answers, cheaper.
 	NoDuplicates bool
+	// KeyedByInstant says that no event shares its instant and fingerprint
+	// with a recorded duplicate of another identity, so the correction may
+	// match events to duplicates by those two numbers instead of the
+	// identity: the same answers, cheaper. The caller checks it
+	// (InstantKeyCollisions).
+	KeyedByInstant bool
 }
 
 // The report's window parameters, bound by the caller beside the
@@ -31,6 +37,11 @@ const (
 	ReportEdge1LastUs  = "edge1_last_us"
 	ReportEdge2FromUs  = "edge2_from_us"
 	ReportEdge2LastUs  = "edge2_last_us"
+	// ReportEdge1Sign and ReportEdge2Sign are +1 where an edge's events
+	// add to request_rollup's hours, -1 where they are subtracted (the
+	// edge is the part outside the window of an hour read whole).
+	ReportEdge1Sign = "edge1_sign"
+	ReportEdge2Sign = "edge2_sign"
 )
 
 // reportWindow is the report's half-open window [@since_us, @until_us) on
@@ -50,6 +61,10 @@ const (
 	rawEdge2 = `(event_date >= toDate(toDateTime(intDiv(@edge2_from_us, 1000000))) AND event_date <= toDate(toDateTime(intDiv(@edge2_last_us, 1000000))) AND event_time_us >= @edge2_from_us AND event_time_us <= @edge2_last_us)`
 )
 
+// reportRawSign is the sign of a raw edge's event: the edges are in
+// order, and an empty one lies before every event.
+const reportRawSign = `if(event_time_us <= @edge1_last_us, @edge1_sign, @edge2_sign)`
+
 // reportRollupWindow selects the rollup's whole hours [@rollup_from_us, @rollup_to_us).
 const reportRollupWindow = `hour >= toDateTime(intDiv(@rollup_from_us, 1000000)) AND hour < toDateTime(intDiv(@rollup_to_us, 1000000))`
 
@@ -64,7 +79,10 @@ var reportFilters = func() string {
 
 // Bind renders s for the report.
 func (r Report) Bind(s Statement) string {
-	lc, lcu, ls, dups := loopConflictsTable, loopConflictsPlain, loopSuccessesTable, corrected
+	lc, lcu, ls, dups, key := loopConflictsTable, loopConflictsPlain, loopSuccessesTable, corrected, identityKey
+	if r.KeyedByInstant {
+		key = instantKey
+	}
 	if r.NoDuplicates {
 		lc, dups = loopConflictsPlain, noDuplicates
 	}
@@ -73,10 +91,22 @@ func (r Report) Bind(s Statement) string {
 	}
 	return correction(replace(s.SQL,
 		"{loop_conflicts}", lc, "{loop_conflicts_uncorrected}", lcu, "{loop_successes}", ls,
-		"{duplicates}", dups,
+		"{duplicates}", dups, "{duplicate_key}", key,
 		"{filters}", reportFilters,
-		"{raw_window}", reportRawWindow, "{rollup_window}", reportRollupWindow, "{window}", reportWindow, "{events_window}", reportWindow,
+		"{raw_window}", reportRawWindow, "{raw_sign}", reportRawSign, "{rollup_window}", reportRollupWindow, "{window}", reportWindow, "{events_window}", reportWindow,
 		"{bucket}", "toDateTime(intDiv(toUInt32(event_time), @interval_s) * @interval_s)",
 		"{end_us}", "@until_us",
 		"{db}", r.Database), !r.NoDuplicates)
+}
+
+// InstantKeyCollisions counts the events of [@since_us, @until_us) that
+// share their instant and fingerprint with an event recorded in
+// duplicate_events there but are not that event (another audit ID,
+// stage or cluster). Where it counts none, KeyedByInstant holds for the
+// statements that read inside that window.
+func (r Report) InstantKeyCollisions() string {
+	return replace(`SELECT count() FROM {db}.events
+PREWHERE {window} AND (`+instantKey+`) IN (SELECT `+instantKey+` FROM {db}.duplicate_events WHERE {window})
+WHERE (`+identityKey+`) NOT IN (SELECT `+identityKey+` FROM {db}.duplicate_events WHERE {window})`,
+		"{window}", reportWindow, "{db}", r.Database)
 }

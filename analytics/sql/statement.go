@@ -156,7 +156,7 @@ func (s Statement) Validate() error {
 	for _, p := range placeholderRef.FindAllString(s.SQL, -1) {
 		switch p {
 		case "{db}", "{filters}", "{loop_conflicts}", "{loop_conflicts_uncorrected}", "{loop_successes}",
-			"{duplicates}", "{duplicated}", "{end_duplicated}":
+			"{duplicates}", "{duplicate_key}", "{duplicated}", "{end_duplicated}", "{raw_sign}":
 		default:
 			places = append(places, p)
 		}
@@ -169,6 +169,9 @@ func (s Statement) Validate() error {
 	}
 	if a, b := strings.Count(s.SQL, "{duplicated}"), strings.Count(s.SQL, "{end_duplicated}"); a != b || len(duplicatedRegion.FindAllString(s.SQL, -1)) != a {
 		return fmt.Errorf("statement %s: %d {duplicated} regions open, %d close", s.Name, a, b)
+	}
+	if strings.Contains(s.SQL, "{raw_sign}") && !slices.Contains(s.Time, RawEdges) {
+		return fmt.Errorf("statement %s: uses {raw_sign} without %s", s.Name, RawEdges.Placeholder)
 	}
 	if len(s.Columns) == 0 {
 		return fmt.Errorf("statement %s: no columns", s.Name)

@@ -33,28 +33,40 @@ const (
 // distinctEvents reads columns from the events that pass prewhere and
 // where, one row per identity. Only an event recorded in duplicate_events
 // can have a second copy in events, and duplicate_events holds each such
-// event once, whole. So the events whose identity the window's duplicates
-// do not hold are read from events as they are, and the others from
-// duplicate_events: no row of events is hashed beyond the identity's
-// NOT IN, and no second read of events is needed. window is the read's
-// time placeholder; it bounds the duplicates too (their event_time and
-// event_time_us are their events'). Without the correction the read is
-// the first part alone, unfiltered.
+// event once, whole. So the events whose key ({duplicate_key}) no
+// duplicate of the window holds are read from events as they are, and the
+// others from duplicate_events: no second read of events, and nothing
+// hashed but the key. The key is the identity, or, where the binder knows
+// that no other event shares a duplicate's instant and fingerprint, those
+// two numbers, which cost far less to read than the audit ID (a raw read
+// reads its columns for the whole day: events is sorted by object). window
+// is the read's time placeholder; it bounds the duplicates too (their
+// event_time and event_time_us are their events'). Without the correction
+// the read is the first part alone, unfiltered.
 func distinctEvents(columns, prewhere, where, window string) string {
 	return `(
 	SELECT ` + columns + ` FROM {db}.events
 	PREWHERE ` + prewhere + `
-	WHERE ` + where + `{duplicated} AND (` + identity + `) NOT IN (SELECT ` + identity + ` FROM {duplicates} WHERE ` + window + `)
+	WHERE ` + where + `{duplicated} AND ({duplicate_key}) NOT IN (SELECT {duplicate_key} FROM {duplicates} WHERE ` + window + `)
 	UNION ALL
 	SELECT ` + columns + ` FROM {duplicates}
 	WHERE ` + window + ` AND ` + prewhere + ` AND ` + where + `{end_duplicated})`
 }
 
-// counted is the window's requests as counter rows: request_rollup's whole
-// hours, corrected for duplicates, UNION ALL one row per raw event for the
-// rest of the window. The parts are disjoint and together make the window,
-// so the sums are exact. Sum the counters (Int64: the corrections are
-// negative) and convert the sums back with toUInt64.
+// The keys a raw read matches events to their recorded duplicates by.
+const (
+	identityKey = identity
+	instantKey  = `event_time_us, fingerprint`
+)
+
+// counted is the window's requests as counter rows: request_rollup's
+// hours, corrected for duplicates, UNION ALL one row per raw event of the
+// edges, each times its edge's sign ({raw_sign}): +1 for the parts of the
+// window outside the hours, -1 for the parts of the hours outside the
+// window (where a binder reads an hour that cuts the window whole). The
+// parts together make the window, so the sums are exact; a single row may
+// be negative, so sum the counters (Int64) before judging them, and
+// convert the sums back with toUInt64.
 //
 // The rollup's views count every stored copy of an event, so for each event
 // stored copies > 1 times in the rollup's hours a third part adds its
@@ -65,7 +77,7 @@ var counted = func() string {
 	var names, raw, dup []string
 	for _, c := range Counters {
 		names = append(names, "toInt64(rr."+c.Name+") AS "+c.Name)
-		raw = append(raw, "toInt64("+c.Cond+") AS "+c.Name)
+		raw = append(raw, "toInt64("+c.Cond+") * edge_sign AS "+c.Name)
 		dup = append(dup, "toInt64("+c.Cond+") * (1 - toInt64(copies)) AS "+c.Name)
 	}
 	columns := `writer, api_group, resource, namespace, name, verb, code, stamp, ` + ConflictClass + ` AS class, ` + IsWrite + ` AS is_write`
@@ -81,7 +93,7 @@ var counted = func() string {
 	WHERE {rollup_window}
 	UNION ALL
 	SELECT api_group, resource, namespace, name, writer, ` + strings.Join(raw, ", ") + `
-	FROM ` + distinctEvents(columns, `{raw_window}`, Request+` AND cluster = @cluster AND {filters}`, `{raw_window}`) + `
+	FROM ` + distinctEvents(columns+`, {raw_sign} AS edge_sign`, `{raw_window}`, Request+` AND cluster = @cluster AND {filters}`, `{raw_window}`) + `
 )`
 }()
 
@@ -203,6 +215,7 @@ SELECT writer AS user, toUInt64(sum(write_attempts)) AS attempts, toUInt64(sum(w
 FROM ` + counted + `
 WHERE write_attempts != 0
 GROUP BY user
+HAVING attempts > 0
 ORDER BY conflicts DESC, attempts DESC, user ASC
 LIMIT @top`}
 
@@ -214,31 +227,38 @@ SELECT api_group, resource, toUInt64(sum(write_attempts)) AS attempts, toUInt64(
 FROM ` + counted + `
 WHERE write_attempts != 0
 GROUP BY api_group, resource
+HAVING attempts > 0
 ORDER BY conflicts DESC, attempts DESC, api_group ASC, resource ASC
 LIMIT @top`}
 
 	// HotObjects groups by a hash of the object, not by its four strings,
 	// which keeps the per-object aggregation cheap; any() recovers the
-	// names. A writer is distinct on an object when one of its counter
-	// rows there has a write attempt. Counting distinct writers for every
-	// object is most of the cost, and only the contenders need it: the
-	// objects with at least as many version conflicts as the @top-th most
-	// conflicted one, counted in the small {loop_conflicts} (its rows are
-	// exactly the write_version_conflicts). When fewer than @top objects
-	// have a conflict, every object contends, so the ranking stays exact.
+	// names. A writer is distinct on an object when its write attempts
+	// there sum above zero (a counted row may be negative). Counting
+	// distinct writers for every object is most of the cost, and only the
+	// contenders need it: the objects with at least as many version
+	// conflicts as the @top-th most conflicted one, counted in the small
+	// {loop_conflicts} (its rows are exactly the write_version_conflicts).
+	// When fewer than @top objects have a conflict, every object contends,
+	// so the ranking stays exact.
 	HotObjects = Statement{Name: "hot_objects", Title: "Hot objects", Shape: Rows,
 		Params: with(filtered, Top), Time: []Window{RollupHours, RawEdges, Whole},
 		Columns: []string{"g", "r", "ns", "n", "attempts", "distinct_writers", "conflicts", "conflict_rate"},
 		SQL: `
-SELECT any(api_group) AS g, any(resource) AS r, any(namespace) AS ns, any(name) AS n,
-	toUInt64(sum(write_attempts)) AS attempts, uniqExact(writer) AS distinct_writers, toUInt64(sum(write_version_conflicts)) AS conflicts, ` + rateOfAttempts + `
-FROM ` + counted + `
-WHERE write_attempts != 0 AND (` + ObjectHash + ` IN (
-		SELECT tupleElement(arrayJoin(arrayFilter((o, least) -> tupleElement(o, 2) >= least, objs,
-			replicate(arrayReduce('min', arraySlice(arrayReverseSort(arrayMap(o -> tupleElement(o, 2), objs)), 1, @top)), objs))), 1)
-		FROM ` + conflictedObjects + `)
-	OR (SELECT length(objs) < @top FROM ` + conflictedObjects + `))
-GROUP BY ` + ObjectHash + `
+SELECT any(wg) AS g, any(wr) AS r, any(wns) AS ns, any(wn) AS n,
+	toUInt64(sum(wa)) AS attempts, count() AS distinct_writers, toUInt64(sum(wc)) AS conflicts, ` + rateOfAttempts + `
+FROM (
+	SELECT ` + ObjectHash + ` AS h, writer, any(api_group) AS wg, any(resource) AS wr, any(namespace) AS wns, any(name) AS wn,
+		sum(write_attempts) AS wa, sum(write_version_conflicts) AS wc
+	FROM ` + counted + `
+	WHERE write_attempts != 0 AND (` + ObjectHash + ` IN (
+			SELECT tupleElement(arrayJoin(arrayFilter((o, least) -> tupleElement(o, 2) >= least, objs,
+				replicate(arrayReduce('min', arraySlice(arrayReverseSort(arrayMap(o -> tupleElement(o, 2), objs)), 1, @top)), objs))), 1)
+			FROM ` + conflictedObjects + `)
+		OR (SELECT length(objs) < @top FROM ` + conflictedObjects + `))
+	GROUP BY h, writer
+	HAVING wa > 0)
+GROUP BY h
 ORDER BY conflicts DESC, distinct_writers DESC, attempts DESC, g, r, ns, n
 LIMIT @top`}
 
@@ -269,6 +289,7 @@ SELECT writer AS user, api_group, resource, namespace, name, toUInt64(sum(stampl
 FROM ` + counted + `
 WHERE stampless_updates != 0
 GROUP BY user, api_group, resource, namespace, name
+HAVING count > 0
 ORDER BY count DESC, user, api_group, resource, namespace, name
 LIMIT @top`}
 
