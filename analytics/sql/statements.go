@@ -183,6 +183,11 @@ const conflictedObjects = `(
 	SELECT groupArray((h, c)) AS objs
 	FROM (SELECT ` + ObjectHash + ` AS h, count() AS c FROM {loop_conflicts} WHERE cluster = @cluster AND {window} AND {filters} GROUP BY h))`
 
+// fewConflictedObjects says that fewer than @top objects have a version
+// conflict in the window. A copy adds rows only to an object that has a
+// conflict, so the uncorrected rows name the same objects, cheaper.
+const fewConflictedObjects = `(SELECT uniqExact(` + ObjectHash + `) < @top FROM {loop_conflicts_uncorrected} WHERE cluster = @cluster AND {window} AND {filters})`
+
 // Parameter and window lists the statements share.
 var (
 	filtered    = []Param{Cluster, Namespace, Resource, User, Name}
@@ -255,7 +260,7 @@ FROM (
 			SELECT tupleElement(arrayJoin(arrayFilter((o, least) -> tupleElement(o, 2) >= least, objs,
 				replicate(arrayReduce('min', arraySlice(arrayReverseSort(arrayMap(o -> tupleElement(o, 2), objs)), 1, @top)), objs))), 1)
 			FROM ` + conflictedObjects + `)
-		OR (SELECT length(objs) < @top FROM ` + conflictedObjects + `))
+		OR ` + fewConflictedObjects + `)
 	GROUP BY h, writer
 	HAVING wa > 0)
 GROUP BY h
