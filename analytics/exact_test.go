@@ -1,6 +1,7 @@
 package analytics
 
 import (
+	"context"
 	"fmt"
 	"sync"
 	"testing"
@@ -242,5 +243,82 @@ func TestCheckReadsOnlyRecentParts(t *testing.T) {
 	}
 	if got[refs[0].key] != 2 {
 		t.Errorf("after the merge the recent copies read %v, want 2 copies of %v", got, refs[0].key)
+	}
+}
+
+// TestCheckAfterAQuietInsertReadsNothing: when the parts of stored_keys
+// new since the lookup hold just the batch's rows, no writer raced it and
+// the check reads nothing (a read of the batch's part would exceed
+// max_rows_to_read here). When another writer stored copies of the same
+// rows after the lookup, the check reads and finds every one.
+func TestCheckAfterAQuietInsertReadsNothing(t *testing.T) {
+	st, srv := newStore(t, false)
+	ctx := t.Context()
+	other, err := OpenStore(ctx, StoreOptions{DSN: srv.DSN(), Database: st.db})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { other.Close() })
+	batch := func(round int) []rowRef {
+		var rows []audit.Row
+		for i := range 40 {
+			rows = append(rows, racingRows(t, round*1000+i)...)
+		}
+		set, err := recordSetOf(rows, nil, false)
+		if err != nil {
+			t.Fatal(err)
+		}
+		refs, _ := dedup(set.rows, nil)
+		return refs
+	}
+	lookedUp := func() keyQuery {
+		t.Helper()
+		q := keyQuery{doubled: true, since: time.Now()}
+		if q.known, err = st.recentParts(ctx, secondsBack(q.since, recentMargin)+1); err != nil {
+			t.Fatal(err)
+		}
+		return q
+	}
+	check := func(qctx context.Context, refs []rowRef, q keyQuery) map[eventKey]uint32 {
+		t.Helper()
+		if q.recent, err = st.recentParts(ctx, secondsBack(q.since, recentMargin)); err != nil {
+			t.Fatal(err)
+		}
+		got := map[eventKey]uint32{}
+		if err := st.lookupKeys(qctx, refs, q, func(k eventKey, n uint32) { got[k] = n }); err != nil {
+			t.Fatal(err)
+		}
+		return got
+	}
+
+	quiet := batch(1)
+	if len(quiet) < 100 {
+		t.Fatalf("%d rows: too few for max_rows_to_read to tell a read", len(quiet))
+	}
+	q := lookedUp()
+	if err := st.insertEvents(ctx, quiet); err != nil {
+		t.Fatal(err)
+	}
+	noRead := clickhouse.Context(ctx, clickhouse.WithSettings(clickhouse.Settings{"max_rows_to_read": len(quiet) / 2}))
+	if got := check(noRead, quiet, q); len(got) != 0 {
+		t.Errorf("quiet insert: the check found %v", got)
+	}
+
+	raced := batch(2)
+	q = lookedUp()
+	if err := other.insertEvents(ctx, raced); err != nil { // the racer, after the lookup
+		t.Fatal(err)
+	}
+	if err := st.insertEvents(ctx, raced); err != nil {
+		t.Fatal(err)
+	}
+	got := check(ctx, raced, q)
+	if len(got) != len(raced) {
+		t.Errorf("raced insert: the check found %d doubled rows, want %d", len(got), len(raced))
+	}
+	for k, n := range got {
+		if n != 2 {
+			t.Errorf("raced insert: %v has %d copies, want 2", k, n)
+		}
 	}
 }

@@ -183,6 +183,11 @@ func (s *Store) insertRecords(ctx context.Context, set *RecordSet, lookup bool) 
 		// stored since.
 		check.since = time.Now()
 		var err error
+		if s.ddl == nil {
+			if check.known, err = s.recentParts(ctx, secondsBack(check.since, recentMargin)+1); err != nil {
+				return res, err
+			}
+		}
 		if fresh, err = s.fresh(ctx, rows, doubled); err != nil {
 			return res, err
 		}
@@ -191,6 +196,12 @@ func (s *Store) insertRecords(ctx context.Context, set *RecordSet, lookup bool) 
 	if len(fresh) > 0 {
 		if err := s.insertEvents(ctx, fresh); err != nil {
 			return res, err
+		}
+		if check.known != nil {
+			var err error
+			if check.recent, err = s.recentParts(ctx, secondsBack(check.since, recentMargin)); err != nil {
+				return res, fmt.Errorf("check for concurrent copies: %w", err)
+			}
 		}
 		if err := s.lookupKeys(ctx, fresh, check, func(k eventKey, copies uint32) { doubled[k] = copies }); err != nil {
 			return res, fmt.Errorf("check for concurrent copies: %w", err)
@@ -247,6 +258,13 @@ type keyQuery struct {
 	// saw. On a day-sized table the check then reads the batch's and its
 	// racers' parts instead of granules of most of the day's keys.
 	since time.Time
+	// known are the recent parts of stored_keys (name to rows) listed
+	// before the batch's lookup started, and recent those listed after its
+	// insert returned (one node). If the parts new in recent hold exactly
+	// the batch's rows, no other writer (nor another batch of this Store)
+	// stored anything since the lookup, so no copy can have raced it, and
+	// the check reads nothing.
+	known, recent map[string]uint64
 }
 
 // secondsBack is how many whole seconds before the server's now() a part
@@ -303,7 +321,7 @@ func (s *Store) lookup(ctx context.Context, cluster string, rows []rowRef, kq ke
 	where := " WHERE event_date IN ? AND cluster = ? AND audit_id IN (SELECT audit_id FROM batch_keys)"
 	args := []any{clickhouse.GroupSet{Value: dayList}, cluster}
 	if kq.doubled && !kq.since.IsZero() {
-		ok, err := s.checkRecentParts(ctx, keys, where, args, kq.since, cluster, found)
+		ok, err := s.checkRecentParts(ctx, keys, where, args, kq, len(rows), cluster, found)
 		if ok || err != nil {
 			return err
 		}
@@ -346,11 +364,29 @@ func (s *Store) queryKeys(ctx context.Context, keys *ext.Table, q string, args [
 // between the listing and the read would hide its rows, so the listed
 // parts must still be active after the read; if one is not, ok is false
 // and the caller runs the whole check.
-func (s *Store) checkRecentParts(ctx context.Context, keys *ext.Table, where string, args []any, since time.Time, cluster string, found func(eventKey, uint32)) (ok bool, err error) {
-	back := secondsBack(since, recentMargin)
-	parts, err := s.activeParts(ctx, "modification_time >= now() - ?", back)
-	if err != nil || len(parts) == 0 {
-		return false, err
+//
+// When the parts new in kq.recent since kq.known hold just the batch's
+// rows (inserted), nothing else was stored since the lookup, and the check
+// is done without reading: a racing writer's copy is a part of its own,
+// or, merged, makes a part holding more rows. Any other part makes the
+// check read.
+func (s *Store) checkRecentParts(ctx context.Context, keys *ext.Table, where string, args []any, kq keyQuery, inserted int, cluster string, found func(eventKey, uint32)) (ok bool, err error) {
+	recent := kq.recent
+	if recent == nil {
+		var err error
+		if recent, err = s.recentParts(ctx, secondsBack(kq.since, recentMargin)); err != nil {
+			return false, err
+		}
+	}
+	if len(recent) == 0 {
+		return false, nil
+	}
+	if kq.known != nil && kq.recent != nil && newRows(kq.known, recent) == uint64(inserted) {
+		return true, nil
+	}
+	parts := make([]any, 0, len(recent))
+	for name := range recent {
+		parts = append(parts, name)
 	}
 	q := "SELECT audit_id, toString(stage), fingerprint, toUInt32(count()) AS copies FROM " + s.db + ".stored_keys" + where +
 		" AND _part IN ? GROUP BY audit_id, stage, fingerprint HAVING copies > 1"
@@ -362,6 +398,37 @@ func (s *Store) checkRecentParts(ctx context.Context, keys *ext.Table, where str
 		return false, err
 	}
 	return len(still) == len(parts), nil
+}
+
+// newRows sums the rows of the parts in now that were not in before.
+func newRows(before, now map[string]uint64) uint64 {
+	var n uint64
+	for name, rows := range now {
+		if _, ok := before[name]; !ok {
+			n += rows
+		}
+	}
+	return n
+}
+
+// recentParts lists the active parts of stored_keys written from back
+// seconds before the server's now() on, with their rows.
+func (s *Store) recentParts(ctx context.Context, back int64) (map[string]uint64, error) {
+	rows, err := s.conn.Query(ctx, "SELECT name, rows FROM system.parts WHERE database = ? AND table = 'stored_keys' AND active AND modification_time >= now() - ?", s.db, back)
+	if err != nil {
+		return nil, fmt.Errorf("list the parts of stored_keys: %w", lookupError{err})
+	}
+	defer rows.Close()
+	parts := map[string]uint64{}
+	for rows.Next() {
+		var name string
+		var n uint64
+		if err := rows.Scan(&name, &n); err != nil {
+			return nil, err
+		}
+		parts[name] = n
+	}
+	return parts, rows.Err()
 }
 
 // activeParts lists the active parts of stored_keys matching cond.
