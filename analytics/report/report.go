@@ -99,19 +99,21 @@ func Build(ctx context.Context, conn driver.Conn, o Options) (*Report, error) {
 		return nil, fmt.Errorf("read duplicates: %w", err)
 	}
 	o.noDuplicates = doubled == 0
+	q := o.querier(ctx, conn)
 	if !o.noDuplicates {
 		// The correction may match events to their duplicates by instant
 		// and fingerprint, cheaper to read than the identity, unless an
-		// event shares those with a duplicate it is not.
-		var collisions uint64
-		if err := conn.QueryRow(ctx, asql.Report{Database: o.Database}.InstantKeyCollisions(),
-			clickhouse.Named(asql.ReportSinceUs, uint64(from.UnixMicro())), clickhouse.Named(asql.ReportUntilUs, uint64(until.UnixMicro()))).
-			Scan(&collisions); err != nil {
-			return nil, fmt.Errorf("read duplicates: %w", err)
+		// event the report reads so shares those with a duplicate it is
+		// not.
+		if check := q.binder.InstantKeyCollisions(All...); check != "" {
+			var collisions uint64
+			if err := conn.QueryRow(ctx, check, q.args...).Scan(&collisions); err != nil {
+				return nil, fmt.Errorf("read duplicates: %w", err)
+			}
+			o.keyedByInstant = collisions == 0
+			q = o.querier(ctx, conn)
 		}
-		o.keyedByInstant = collisions == 0
 	}
-	q := o.querier(ctx, conn)
 
 	t := &r.Totals
 	r.ConflictsByUser, r.ConflictsByResource, r.HotObjects = []UserConflicts{}, []ResourceConflicts{}, []HotObject{}

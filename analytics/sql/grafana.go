@@ -140,7 +140,7 @@ func (g Grafana) Bind(s Statement) (string, error) {
 		"{bucket}", "toDateTime(intDiv(toUInt32(event_time), @interval_s) * @interval_s)",
 		"{end_us}", endUs,
 		"{db}", g.Database)
-	return bindNames(correction(sql, true), params), nil
+	return bindNames(keyedReadRef.ReplaceAllString(correction(sql, true), ""), params), nil
 }
 
 // bindNames replaces each @name with its text, matching whole names only.

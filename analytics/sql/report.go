@@ -1,6 +1,10 @@
 package sql
 
-import "strings"
+import (
+	"slices"
+	"strconv"
+	"strings"
+)
 
 // Report renders statements for `auditsink report`: every parameter stays
 // a bound @name parameter (client-side, quoted by the driver), and the
@@ -79,6 +83,11 @@ var reportFilters = func() string {
 
 // Bind renders s for the report.
 func (r Report) Bind(s Statement) string {
+	return keyedReadRef.ReplaceAllString(r.bind(s), "")
+}
+
+// bind is Bind keeping the keyed reads' numbers (keyedReadRef).
+func (r Report) bind(s Statement) string {
 	lc, lcu, ls, dups, key := loopConflictsTable, loopConflictsPlain, loopSuccessesTable, corrected, identityKey
 	if r.KeyedByInstant {
 		key = instantKey
@@ -99,14 +108,41 @@ func (r Report) Bind(s Statement) string {
 		"{db}", r.Database), !r.NoDuplicates)
 }
 
-// InstantKeyCollisions counts the events of [@since_us, @until_us) that
-// share their instant and fingerprint with an event recorded in
-// duplicate_events there but are not that event (another audit ID,
-// stage or cluster). Where it counts none, KeyedByInstant holds for the
-// statements that read inside that window.
-func (r Report) InstantKeyCollisions() string {
-	return replace(`SELECT count() FROM {db}.events
-PREWHERE {window} AND (`+instantKey+`) IN (SELECT `+instantKey+` FROM {db}.duplicate_events WHERE {window})
-WHERE (`+identityKey+`) NOT IN (SELECT `+identityKey+` FROM {db}.duplicate_events WHERE {window})`,
-		"{window}", reportWindow, "{db}", r.Database)
+// InstantKeyCollisions is a query that counts the events that the
+// statements, bound by r, read by instant and fingerprint where a
+// recorded duplicate has the same two but is not that event (another audit
+// ID, stage or cluster). Where it counts none, r with KeyedByInstant
+// answers as r matching by identity. It reads only where the statements'
+// keyed raw reads do, with their parameters (the report's); "" when they
+// make none.
+func (r Report) InstantKeyCollisions(statements ...Statement) string {
+	r.NoDuplicates, r.KeyedByInstant = false, false
+	seen := map[int]bool{}
+	var reads, windows []string
+	for _, s := range statements {
+		for _, m := range keyedReadRef.FindAllStringSubmatch(r.bind(s), -1) {
+			n, _ := strconv.Atoi(m[1])
+			if seen[n] {
+				continue
+			}
+			seen[n] = true
+			kr := keyedReads[n]
+			reads = append(reads, r.Bind(Statement{SQL: "(" + kr.prewhere + " AND " + kr.window + ")"}))
+			windows = append(windows, r.Bind(Statement{SQL: kr.window}))
+		}
+	}
+	if len(reads) == 0 {
+		return ""
+	}
+	// A read skips the events whose key a duplicate of its window holds,
+	// whatever the duplicate's other columns: the duplicates come from the
+	// reads' windows alone.
+	either := func(conds []string) string {
+		slices.Sort(conds)
+		return "(" + strings.Join(slices.Compact(conds), " OR ") + ")"
+	}
+	dups := either(windows)
+	return `SELECT count() FROM ` + r.Database + `.events
+PREWHERE ` + either(reads) + ` AND (` + instantKey + `) IN (SELECT ` + instantKey + ` FROM ` + r.Database + `.duplicate_events WHERE ` + dups + `)
+WHERE (` + identityKey + `) NOT IN (SELECT ` + identityKey + ` FROM ` + r.Database + `.duplicate_events WHERE ` + dups + `)`
 }

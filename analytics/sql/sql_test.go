@@ -116,3 +116,23 @@ func TestBothBindersPlaceEveryWindow(t *testing.T) {
 		}
 	}
 }
+
+// TestInstantKeyCollisionsReadWhereTheStatementsDo: the check reads the
+// raw edges and the window's annotated events (the report's keyed reads),
+// and the raw retry-loop rows only where the report derives them.
+func TestInstantKeyCollisionsReadWhereTheStatementsDo(t *testing.T) {
+	for _, raw := range []bool{false, true} {
+		q := Report{Database: "db", RawLoops: raw, NoDuplicates: true}.InstantKeyCollisions(ReportStatements...)
+		for _, want := range []string{reportRawWindow, "notEmpty(annotation_keys) AND " + reportWindow} {
+			if !strings.Contains(q, want) {
+				t.Errorf("raw loops %v: the check does not read %s:\n%s", raw, want, q)
+			}
+		}
+		if got := strings.Contains(q, "code = 409 AND "+reportWindow); got != raw {
+			t.Errorf("raw loops %v: the check reads the raw loop rows: %v", raw, got)
+		}
+	}
+	if q := (Report{Database: "db"}).InstantKeyCollisions(LeaseHolderChanges); q != "" {
+		t.Errorf("a statement without keyed reads needs no check, got %s", q)
+	}
+}

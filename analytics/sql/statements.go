@@ -1,6 +1,10 @@
 package sql
 
-import "strings"
+import (
+	"regexp"
+	"strconv"
+	"strings"
+)
 
 // Building blocks, shared by the statements below.
 const (
@@ -44,14 +48,27 @@ const (
 // event_time and event_time_us are their events'). Without the correction
 // the read is the first part alone, unfiltered.
 func distinctEvents(columns, prewhere, where, window string) string {
+	keyedReads = append(keyedReads, keyedRead{prewhere: prewhere, window: window})
 	return `(
 	SELECT ` + columns + ` FROM {db}.events
 	PREWHERE ` + prewhere + `
-	WHERE ` + where + `{duplicated} AND ({duplicate_key}) NOT IN (SELECT {duplicate_key} FROM {duplicates} WHERE ` + window + `)
+	WHERE ` + where + `{duplicated}/*keyed read ` + strconv.Itoa(len(keyedReads)-1) + `*/ AND ({duplicate_key}) NOT IN (SELECT {duplicate_key} FROM {duplicates} WHERE ` + window + `)
 	UNION ALL
 	SELECT ` + columns + ` FROM {duplicates}
 	WHERE ` + window + ` AND ` + prewhere + ` AND ` + where + `{end_duplicated})`
 }
+
+// keyedReads are the raw reads of distinctEvents, by number: the SQL of
+// each carries its number in a comment (keyedReadRef), so that a binder
+// can tell which rows a bound statement matches to duplicates by key
+// (Report.InstantKeyCollisions).
+var keyedReads []keyedRead
+
+// keyedRead is where a raw read reads: its PREWHERE and time placeholder
+// (its WHERE narrows further).
+type keyedRead struct{ prewhere, window string }
+
+var keyedReadRef = regexp.MustCompile(`/\*keyed read ([0-9]+)\*/`)
 
 // The keys a raw read matches events to their recorded duplicates by.
 const (
