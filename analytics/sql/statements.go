@@ -37,28 +37,41 @@ const (
 // distinctEvents reads columns from the events that pass prewhere and
 // where, one row per identity. Only an event recorded in duplicate_events
 // can have a second copy in events, and duplicate_events holds each such
-// event once, whole. So the events whose key ({duplicate_key}) no
-// duplicate of the window holds are read from events as they are, and the
-// others from duplicate_events: no second read of events, and nothing
-// hashed but the key. The key is the identity, or, where the binder knows
-// that no other event shares a duplicate's instant and fingerprint, those
-// two numbers, which cost far less to read than the audit ID (a raw read
-// reads its columns for the whole day: events is sorted by object). window
-// is the read's time placeholder; it bounds the duplicates too (their
-// event_time and event_time_us are their events'). Without the correction
-// the read is the first part alone, unfiltered.
+// event once, whole. So the events whose key no duplicate of the window
+// holds are read from events as they are, and the others from
+// duplicate_events: no second read of events, and nothing hashed but the
+// key. The key is the identity ({duplicate_key}, see keyedDistinctEvents)
+// for a read of every event, or the identity itself for a read that
+// PREWHERE narrows to a few events. window is the read's time
+// placeholder; it bounds the duplicates too (their event_time and
+// event_time_us are their events'). Without the correction the read is
+// the first part alone, unfiltered.
 func distinctEvents(columns, prewhere, where, window string) string {
+	return distinctBy(identityKey, "", columns, prewhere, where, window)
+}
+
+// keyedDistinctEvents is distinctEvents matching by {duplicate_key}: the
+// identity, or, where the binder has checked that no other event shares a
+// duplicate's instant and fingerprint (Report.InstantKeyCollisions), those
+// two numbers, which cost far less to read than the audit ID (a raw read
+// reads its columns for whole day partitions: events is sorted by object).
+// The read's SQL carries its number in keyedReads for that check.
+func keyedDistinctEvents(columns, prewhere, where, window string) string {
 	keyedReads = append(keyedReads, keyedRead{prewhere: prewhere, window: window})
+	return distinctBy("{duplicate_key}", "/*keyed read "+strconv.Itoa(len(keyedReads)-1)+"*/", columns, prewhere, where, window)
+}
+
+func distinctBy(key, mark, columns, prewhere, where, window string) string {
 	return `(
 	SELECT ` + columns + ` FROM {db}.events
 	PREWHERE ` + prewhere + `
-	WHERE ` + where + `{duplicated}/*keyed read ` + strconv.Itoa(len(keyedReads)-1) + `*/ AND ({duplicate_key}) NOT IN (SELECT {duplicate_key} FROM {duplicates} WHERE ` + window + `)
+	WHERE ` + where + `{duplicated}` + mark + ` AND (` + key + `) NOT IN (SELECT ` + key + ` FROM {duplicates} WHERE ` + window + `)
 	UNION ALL
 	SELECT ` + columns + ` FROM {duplicates}
 	WHERE ` + window + ` AND ` + prewhere + ` AND ` + where + `{end_duplicated})`
 }
 
-// keyedReads are the raw reads of distinctEvents, by number: the SQL of
+// keyedReads are the raw reads of keyedDistinctEvents, by number: the SQL of
 // each carries its number in a comment (keyedReadRef), so that a binder
 // can tell which rows a bound statement matches to duplicates by key
 // (Report.InstantKeyCollisions).
@@ -110,7 +123,7 @@ var counted = func() string {
 	WHERE {rollup_window}
 	UNION ALL
 	SELECT api_group, resource, namespace, name, writer, ` + strings.Join(raw, ", ") + `
-	FROM ` + distinctEvents(columns+`, {raw_sign} AS edge_sign`, `{raw_window}`, Request+` AND cluster = @cluster AND {filters}`, `{raw_window}`) + `
+	FROM ` + keyedDistinctEvents(columns+`, {raw_sign} AS edge_sign`, `{raw_window}`, Request+` AND cluster = @cluster AND {filters}`, `{raw_window}`) + `
 )`
 }()
 
@@ -119,7 +132,7 @@ var counted = func() string {
 // columns the rollup lacks.
 //
 // It keeps one row per identity, as the report's raw reads do.
-var classified = distinctEvents(
+var classified = keyedDistinctEvents(
 	`event_time, user_agent, resource, verb, code, stamp, latency_us, `+ConflictClass+` AS class, `+IsWrite+` AS is_write`,
 	`{events_window}`, Request+` AND cluster = @cluster AND {filters}`, `{events_window}`)
 
