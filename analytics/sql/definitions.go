@@ -9,11 +9,14 @@
 //
 // A statement is SQL text with placeholders for what a binder places: the
 // database ({db}), the filters ({filters}), time ({window},
-// {events_window}, {raw_window}, {rollup_window}, {bucket}, {end_us}) and
-// the retry-loop rows ({loop_conflicts}, {loop_successes}); everything
-// else is plain SQL, so a change of meaning is an edit of that text, and
-// both binders carry it. Validate checks that a statement declares what
-// its text uses.
+// {events_window}, {raw_window} with its edges' {raw_sign},
+// {rollup_window}, {bucket}, {end_us}), the retry-loop rows
+// ({loop_conflicts}, {loop_conflicts_uncorrected}, {loop_successes}) and
+// the correction for events stored more than once ({duplicates},
+// {duplicate_key}, the region {duplicated} … {end_duplicated});
+// everything else is plain SQL, so a change of meaning is an edit of that
+// text, and both binders carry it. Validate checks that a statement
+// declares what its text uses.
 //
 // Every statement runs on ClickHouse 18.16 and on current releases: no
 // window functions, no JSONExtract, no toStartOfInterval.

@@ -40,12 +40,12 @@ const (
 // event once, whole. So the events whose key no duplicate of the window
 // holds are read from events as they are, and the others from
 // duplicate_events: no second read of events, and nothing hashed but the
-// key. The key is the identity ({duplicate_key}, see keyedDistinctEvents)
-// for a read of every event, or the identity itself for a read that
-// PREWHERE narrows to a few events. window is the read's time
-// placeholder; it bounds the duplicates too (their event_time and
-// event_time_us are their events'). Without the correction the read is
-// the first part alone, unfiltered.
+// key. distinctEvents matches by the identity, for reads that PREWHERE
+// narrows to a few events; keyedDistinctEvents, for reads of every event,
+// by a cheaper key where it may. window is the read's time placeholder;
+// it bounds the duplicates too (their event_time and event_time_us are
+// their events'). Without the correction the read is the first part
+// alone, unfiltered.
 func distinctEvents(columns, prewhere, where, window string) string {
 	return distinctBy(identityKey, "", columns, prewhere, where, window)
 }
@@ -61,6 +61,8 @@ func keyedDistinctEvents(columns, prewhere, where, window string) string {
 	return distinctBy("{duplicate_key}", "/*keyed read "+strconv.Itoa(len(keyedReads)-1)+"*/", columns, prewhere, where, window)
 }
 
+// distinctBy is distinctEvents matching by key, with mark (a comment)
+// beside the match.
 func distinctBy(key, mark, columns, prewhere, where, window string) string {
 	return `(
 	SELECT ` + columns + ` FROM {db}.events
