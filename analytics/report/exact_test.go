@@ -25,15 +25,7 @@ func TestReportCountsDuplicatesOnce(t *testing.T) {
 	rows := append(buildScenario().rows, randomRows(11, 6000)...)
 	rand.New(rand.NewPCG(12, 13)).Shuffle(len(rows), func(i, j int) { rows[i], rows[j] = rows[j], rows[i] })
 	open := func() (*analytics.Store, string) {
-		db := srv.NewDatabase(t)
-		st, err := analytics.OpenStore(ctx, analytics.StoreOptions{DSN: srv.DSN(), Database: db})
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { st.Close() })
-		if _, err := st.Migrate(ctx); err != nil {
-			t.Fatal(err)
-		}
+		st, db := migratedOn(t, srv)
 		for i := 0; i < len(rows); i += 700 {
 			if _, err := st.Insert(ctx, rows[i:min(i+700, len(rows))], nil); err != nil {
 				t.Fatal(err)
@@ -151,15 +143,7 @@ func TestReportCountsInstantTwinsOnce(t *testing.T) {
 		doubled = append(doubled, rows[i].AuditID)
 	}
 	store := func() (*analytics.Store, string) {
-		db := srv.NewDatabase(t)
-		st, err := analytics.OpenStore(ctx, analytics.StoreOptions{DSN: srv.DSN(), Database: db})
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { st.Close() })
-		if _, err := st.Migrate(ctx); err != nil {
-			t.Fatal(err)
-		}
+		st, db := migratedOn(t, srv)
 		if _, err := st.Insert(ctx, rows, nil); err != nil {
 			t.Fatal(err)
 		}
@@ -184,10 +168,7 @@ func TestReportCountsInstantTwinsOnce(t *testing.T) {
 		}
 		o.keyedByInstant = instantKey
 		var tt Totals
-		if err := o.querier(ctx, conn).each(QueryTotals, func(rows driverRows) error {
-			return rows.Scan(&tt.Requests, &tt.WriteAttempts, &tt.VersionConflicts, &tt.FieldConflicts, &tt.AlreadyExists,
-				&tt.DeletePreconditionConflicts, &tt.StamplessUpdates, &tt.OtherConflicts, &tt.Gone, &tt.ConflictRate)
-		}); err != nil {
+		if err := o.querier(ctx, conn).each(QueryTotals, tt.scan); err != nil {
 			t.Fatal(err)
 		}
 		return tt

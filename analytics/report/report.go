@@ -119,10 +119,7 @@ func Build(ctx context.Context, conn driver.Conn, o Options) (*Report, error) {
 	r.ConflictsByUser, r.ConflictsByResource, r.HotObjects = []UserConflicts{}, []ResourceConflicts{}, []HotObject{}
 	r.RetryLoops, r.StamplessUpdates, r.LeaseHolderChanges, r.PolicyDecisions = []RetryLoop{}, []StamplessUpdates{}, []LeaseChanges{}, []PolicyDecisions{}
 	err := q.parallel(o.parallel,
-		run{QueryTotals, func(rows driver.Rows) error {
-			return rows.Scan(&t.Requests, &t.WriteAttempts, &t.VersionConflicts, &t.FieldConflicts, &t.AlreadyExists,
-				&t.DeletePreconditionConflicts, &t.StamplessUpdates, &t.OtherConflicts, &t.Gone, &t.ConflictRate)
-		}},
+		run{QueryTotals, t.scan},
 		// The rate columns are for the dashboards; the report's JSON
 		// keeps its contract.
 		run{QueryConflictsByUser, collect(&r.ConflictsByUser, func(u *UserConflicts) []any {
@@ -336,6 +333,12 @@ type querier struct {
 func (o *Options) querier(ctx context.Context, conn driver.Conn) querier {
 	return querier{ctx: ctx, conn: conn, args: o.args(),
 		binder: asql.Report{Database: o.Database, RawLoops: o.rawLoops, NoDuplicates: o.noDuplicates, KeyedByInstant: o.keyedByInstant}}
+}
+
+// scan reads a row of QueryTotals into t.
+func (t *Totals) scan(rows driver.Rows) error {
+	return rows.Scan(&t.Requests, &t.WriteAttempts, &t.VersionConflicts, &t.FieldConflicts, &t.AlreadyExists,
+		&t.DeletePreconditionConflicts, &t.StamplessUpdates, &t.OtherConflicts, &t.Gone, &t.ConflictRate)
 }
 
 // collect scans each row into a new T, through the column targets that

@@ -144,7 +144,11 @@ func assertSameReports(t *testing.T, ctx context.Context, conn driver.Conn, o Op
 }
 
 func migrated(t *testing.T) (*analytics.Store, string) {
-	srv := chtest.Start(t)
+	return migratedOn(t, chtest.Start(t))
+}
+
+// migratedOn is migrated in a new database of srv.
+func migratedOn(t *testing.T, srv *chtest.Server) (*analytics.Store, string) {
 	db := srv.NewDatabase(t)
 	store, err := analytics.OpenStore(t.Context(), analytics.StoreOptions{DSN: srv.DSN(), Database: db})
 	if err != nil {
