@@ -393,11 +393,18 @@ func (s *Store) checkRecentParts(ctx context.Context, keys *ext.Table, where str
 	if err := s.queryKeys(ctx, keys, q, append(args, clickhouse.GroupSet{Value: parts}), cluster, found); err != nil {
 		return false, err
 	}
-	still, err := s.activeParts(ctx, "name IN ?", clickhouse.GroupSet{Value: parts})
+	// A second earlier than the first listing, so that its parts are all
+	// listed again while still active.
+	still, err := s.recentParts(ctx, secondsBack(kq.since, recentMargin)+1)
 	if err != nil {
 		return false, err
 	}
-	return len(still) == len(parts), nil
+	for name := range recent {
+		if _, ok := still[name]; !ok {
+			return false, nil
+		}
+	}
+	return true, nil
 }
 
 // newRows sums the rows of the parts in now that were not in before.
@@ -429,24 +436,6 @@ func (s *Store) recentParts(ctx context.Context, back int64) (map[string]uint64,
 		parts[name] = n
 	}
 	return parts, rows.Err()
-}
-
-// activeParts lists the active parts of stored_keys matching cond.
-func (s *Store) activeParts(ctx context.Context, cond string, arg any) ([]any, error) {
-	rows, err := s.conn.Query(ctx, "SELECT name FROM system.parts WHERE database = ? AND table = 'stored_keys' AND active AND "+cond, s.db, arg)
-	if err != nil {
-		return nil, fmt.Errorf("list the parts of stored_keys: %w", lookupError{err})
-	}
-	defer rows.Close()
-	var names []any
-	for rows.Next() {
-		var n string
-		if err := rows.Scan(&n); err != nil {
-			return nil, err
-		}
-		names = append(names, n)
-	}
-	return names, rows.Err()
 }
 
 // batchKeys returns the rows' audit IDs as the external table batch_keys,
