@@ -117,15 +117,10 @@ func (r Report) bind(s Statement) string {
 // make none.
 func (r Report) InstantKeyCollisions(statements ...Statement) string {
 	r.NoDuplicates, r.KeyedByInstant = false, false
-	seen := map[int]bool{}
 	var reads, windows []string
 	for _, s := range statements {
 		for _, m := range keyedReadRef.FindAllStringSubmatch(r.bind(s), -1) {
 			n, _ := strconv.Atoi(m[1])
-			if seen[n] {
-				continue
-			}
-			seen[n] = true
 			kr := keyedReads[n]
 			reads = append(reads, r.Bind(Statement{SQL: "(" + kr.prewhere + " AND " + kr.window + ")"}))
 			windows = append(windows, r.Bind(Statement{SQL: kr.window}))
