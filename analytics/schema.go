@@ -359,6 +359,11 @@ func (s *Store) Migrate(ctx context.Context) ([]int, error) {
 		}
 		applied = append(applied, m.Version)
 	}
+	if s.ddl == nil {
+		if err := s.listLegacyDays(ctx); err != nil {
+			return applied, fmt.Errorf("migrate: %w", err)
+		}
+	}
 	return applied, nil
 }
 

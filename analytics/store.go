@@ -9,6 +9,7 @@ import (
 	"net/url"
 	"os"
 	"slices"
+	"sync/atomic"
 	"time"
 
 	"github.com/ClickHouse/clickhouse-go/v2"
@@ -45,6 +46,11 @@ type Store struct {
 	ddl *clusterDDL
 	// pending holds the days a check read without a node that was down.
 	pending pendingScan
+	// legacyDays are the days event_keys holds parts of, listed by
+	// Migrate (one node): migration 4 stopped filling event_keys, so the
+	// lookup of a batch on any other day reads stored_keys alone. Nil
+	// until Migrate ran: the lookup reads event_keys on every day.
+	legacyDays atomic.Pointer[map[string]struct{}]
 }
 
 // OpenStore connects to ClickHouse. It does not create the schema; call
@@ -318,17 +324,20 @@ func (s *Store) lookup(ctx context.Context, cluster string, rows []rowRef, kq ke
 	if err != nil {
 		return err
 	}
-	where := " WHERE event_date IN ? AND cluster = ? AND audit_id IN (SELECT audit_id FROM batch_keys)"
 	args := []any{clickhouse.GroupSet{Value: dayList}, cluster}
 	if kq.doubled && !kq.since.IsZero() {
-		ok, err := s.checkRecentParts(ctx, keys, where, args, kq, len(rows), cluster, found)
+		ok, err := s.checkRecentParts(ctx, " WHERE event_date IN ? AND cluster = ?", args, kq, len(rows), cluster, found)
 		if ok || err != nil {
 			return err
 		}
 	}
+	where := " WHERE event_date IN ? AND cluster = ? AND audit_id IN (SELECT audit_id FROM batch_keys)"
 	q := "SELECT audit_id, toString(stage), fingerprint, toUInt32(count()) AS copies FROM " + s.db + ".stored_keys" + where +
-		" GROUP BY audit_id, stage, fingerprint HAVING copies > 1"
-	if !kq.doubled {
+		" GROUP BY audit_id, stage, fingerprint"
+	switch {
+	case kq.doubled:
+		q += " HAVING copies > 1"
+	case s.legacyOn(dayList):
 		q = "SELECT audit_id, toString(stage), fingerprint, toUInt32(sum(copy)) FROM (" +
 			"SELECT audit_id, stage, fingerprint, toUInt8(0) AS copy FROM " + s.db + ".event_keys" + where +
 			" UNION ALL SELECT audit_id, stage, fingerprint, toUInt8(1) AS copy FROM " + s.db + ".stored_keys" + where +
@@ -338,10 +347,50 @@ func (s *Store) lookup(ctx context.Context, cluster string, rows []rowRef, kq ke
 	return s.queryKeys(ctx, keys, q, args, cluster, found)
 }
 
+// legacyOn reports whether event_keys may hold keys of the days (dates
+// as text): Migrate has not listed its days yet, or one of them is listed.
+func (s *Store) legacyOn(days []any) bool {
+	legacy := s.legacyDays.Load()
+	if legacy == nil {
+		return true
+	}
+	return slices.ContainsFunc(days, func(d any) bool {
+		_, ok := (*legacy)[d.(string)]
+		return ok
+	})
+}
+
+// listLegacyDays lists the days event_keys holds parts of, once migration
+// 4 has stopped its view: from then on no day is added.
+func (s *Store) listLegacyDays(ctx context.Context) error {
+	rows, err := s.conn.Query(ctx, "SELECT DISTINCT toString(arrayJoin([min_date, max_date])) FROM system.parts WHERE database = ? AND table = 'event_keys' AND active", s.db)
+	if err != nil {
+		return fmt.Errorf("list the days of event_keys: %w", err)
+	}
+	defer rows.Close()
+	days := map[string]struct{}{}
+	for rows.Next() {
+		var day string
+		if err := rows.Scan(&day); err != nil {
+			return fmt.Errorf("list the days of event_keys: %w", err)
+		}
+		days[day] = struct{}{}
+	}
+	if err := rows.Err(); err != nil {
+		return fmt.Errorf("list the days of event_keys: %w", err)
+	}
+	s.legacyDays.Store(&days)
+	return nil
+}
+
 // queryKeys runs a key lookup q (columns audit_id, stage, fingerprint,
-// copies) with the batch's keys and calls found for each row.
+// copies), with the batch's keys as batch_keys unless keys is nil, and
+// calls found for each row.
 func (s *Store) queryKeys(ctx context.Context, keys *ext.Table, q string, args []any, cluster string, found func(eventKey, uint32)) error {
-	res, err := s.conn.Query(clickhouse.Context(ctx, clickhouse.WithExternalTable(keys)), q, args...)
+	if keys != nil {
+		ctx = clickhouse.Context(ctx, clickhouse.WithExternalTable(keys))
+	}
+	res, err := s.conn.Query(ctx, q, args...)
 	if err != nil {
 		return fmt.Errorf("look up stored event keys: %w", lookupError{err})
 	}
@@ -368,9 +417,17 @@ func (s *Store) queryKeys(ctx context.Context, keys *ext.Table, q string, args [
 // When the parts new in kq.recent since kq.known hold just the batch's
 // rows (inserted), nothing else was stored since the lookup, and the check
 // is done without reading: a racing writer's copy is a part of its own,
-// or, merged, makes a part holding more rows. Any other part makes the
-// check read.
-func (s *Store) checkRecentParts(ctx context.Context, keys *ext.Table, where string, args []any, kq keyQuery, inserted int, cluster string, found func(eventKey, uint32)) (ok bool, err error) {
+// or, merged, makes a part holding more rows. Otherwise the check reads
+// the new parts only (all recent ones when kq.known is not set): a copy
+// the lookup did not see is in a part written after kq.known was listed.
+//
+// The read needs no batch keys: it hashes each row's audit ID and
+// fingerprint and counts the hashes seen more than once in those parts (a
+// UInt64 aggregation, no set of the batch's IDs). Only if there are any
+// does a second read group their rows by the key. It returns every key
+// stored more than once in those parts, of this batch or not; the caller
+// keeps the batch's own.
+func (s *Store) checkRecentParts(ctx context.Context, where string, args []any, kq keyQuery, inserted int, cluster string, found func(eventKey, uint32)) (ok bool, err error) {
 	recent := kq.recent
 	if recent == nil {
 		var err error
@@ -378,20 +435,30 @@ func (s *Store) checkRecentParts(ctx context.Context, keys *ext.Table, where str
 			return false, err
 		}
 	}
-	if len(recent) == 0 {
+	parts := make([]any, 0, len(recent))
+	for name := range recent {
+		if _, seen := kq.known[name]; !seen {
+			parts = append(parts, name)
+		}
+	}
+	if len(parts) == 0 {
 		return false, nil
 	}
 	if kq.known != nil && kq.recent != nil && newRows(kq.known, recent) == uint64(inserted) {
 		return true, nil
 	}
-	parts := make([]any, 0, len(recent))
-	for name := range recent {
-		parts = append(parts, name)
+	inParts := clickhouse.GroupSet{Value: parts}
+	repeated := "SELECT cityHash64(audit_id, fingerprint) AS h FROM " + s.db + ".stored_keys WHERE event_date IN ? AND _part IN ? GROUP BY h HAVING count() > 1"
+	var hashes uint64
+	if err := s.conn.QueryRow(ctx, "SELECT count() FROM ("+repeated+")", args[0], inParts).Scan(&hashes); err != nil {
+		return false, fmt.Errorf("look up stored event keys: %w", lookupError{err})
 	}
-	q := "SELECT audit_id, toString(stage), fingerprint, toUInt32(count()) AS copies FROM " + s.db + ".stored_keys" + where +
-		" AND _part IN ? GROUP BY audit_id, stage, fingerprint HAVING copies > 1"
-	if err := s.queryKeys(ctx, keys, q, append(args, clickhouse.GroupSet{Value: parts}), cluster, found); err != nil {
-		return false, err
+	if hashes > 0 {
+		q := "SELECT audit_id, toString(stage), fingerprint, toUInt32(count()) AS copies FROM " + s.db + ".stored_keys" + where +
+			" AND _part IN ? AND cityHash64(audit_id, fingerprint) IN (" + repeated + ") GROUP BY audit_id, stage, fingerprint HAVING copies > 1"
+		if err := s.queryKeys(ctx, nil, q, append(args, inParts, args[0], inParts), cluster, found); err != nil {
+			return false, err
+		}
 	}
 	// A second earlier than the first listing, so that its parts are all
 	// listed again while still active.
@@ -399,8 +466,8 @@ func (s *Store) checkRecentParts(ctx context.Context, keys *ext.Table, where str
 	if err != nil {
 		return false, err
 	}
-	for name := range recent {
-		if _, ok := still[name]; !ok {
+	for _, name := range parts {
+		if _, ok := still[name.(string)]; !ok {
 			return false, nil
 		}
 	}

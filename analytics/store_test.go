@@ -11,6 +11,7 @@ import (
 	"fmt"
 	"math/big"
 	"os"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -342,5 +343,75 @@ func TestDuplicateEventsHoldWholeEvents(t *testing.T) {
 	want := append(append([]string(nil), events...), "copies UInt32")
 	if strings.Join(dups, ", ") != strings.Join(want, ", ") {
 		t.Errorf("duplicate_events columns\n%v\nwant events' columns and copies\n%v", dups, want)
+	}
+}
+
+// TestEventsStoredBeforeMigration4StayStored: a database written at
+// migration 3 knows its events in event_keys only. After the upgrade the
+// lookup still finds them on their days (a redelivery stores nothing),
+// and reads stored_keys alone on days event_keys holds nothing of.
+func TestEventsStoredBeforeMigration4StayStored(t *testing.T) {
+	testenv.SkipIfShort(t, "starts clickhouse-server")
+	srv := sharedServer(t)
+	ctx := t.Context()
+	st, err := OpenStore(ctx, StoreOptions{DSN: srv.DSN(), Database: srv.NewDatabase(t)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { st.Close() })
+	steps := MigrateSetupSQL(st.db)
+	for _, m := range Migrations[:3] {
+		steps = append(steps, m.SQL(st.db)...)
+	}
+	for _, q := range steps {
+		if err := st.conn.Exec(ctx, q); err != nil {
+			t.Fatalf("migrate to 3: %v\n%s", err, q)
+		}
+	}
+	if v, err := st.SchemaVersion(ctx); err != nil || v != 3 {
+		t.Fatalf("schema version %d (%v), want 3", v, err)
+	}
+	old := decodeAll(t, "prod", realEvents(t))
+	set, err := recordSetOf(old, nil, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	refs, _ := dedup(set.rows, nil)
+	if err := st.insertEvents(ctx, refs); err != nil { // as the writer at migration 3 did
+		t.Fatal(err)
+	}
+	if applied, err := st.Migrate(ctx); err != nil || !slices.Contains(applied, 4) {
+		t.Fatalf("upgrade applied %v (%v), want 4 among them", applied, err)
+	}
+	day := time.UnixMicro(refs[0].micros).UTC().Format(time.DateOnly)
+	if !st.legacyOn([]any{day}) {
+		t.Errorf("after the upgrade the lookup skips event_keys on %s, the day it holds", day)
+	}
+
+	res, err := st.Insert(ctx, old, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.Stored != 0 || res.Duplicates != len(old) {
+		t.Errorf("redelivery after the upgrade: %+v, want all %d dropped", res, len(old))
+	}
+	later := decodeAll(t, "prod", realEvents(t))
+	for i := range later {
+		later[i].StageMicros += 3 * 86_400_000_000
+		later[i].RequestReceivedMicros += 3 * 86_400_000_000
+		later[i].Fingerprint = audit.Fingerprint(&later[i])
+	}
+	laterDay := time.UnixMicro(later[0].StageMicros).UTC().Format(time.DateOnly)
+	if st.legacyOn([]any{laterDay}) {
+		t.Errorf("the lookup reads event_keys on %s, a day it holds nothing of", laterDay)
+	}
+	for round, want := range []int{len(later), 0} {
+		res, err := st.Insert(ctx, later, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if res.Stored != want || res.Duplicates != len(later)-want {
+			t.Errorf("round %d on %s: %+v, want %d stored", round, laterDay, res, want)
+		}
 	}
 }
