@@ -89,7 +89,11 @@ func startSinkProcess(b *testing.B, bin string, ch *chtest.Server, parallel int)
 		profiles++
 		cmd.Args = append(cmd.Args, "--cpu-profile", filepath.Join(d, fmt.Sprintf("sink-%d.pprof", profiles)))
 	}
-	cmd.Env = append(os.Environ(), "AUDITSINK_CLICKHOUSE_DSN="+ch.DSN())
+	dsn := ch.DSN()
+	if queryCPU() {
+		dsn += "&log_queries=1"
+	}
+	cmd.Env = append(os.Environ(), "AUDITSINK_CLICKHOUSE_DSN="+dsn)
 	cmd.Stderr = os.Stderr
 	if err := cmd.Start(); err != nil {
 		b.Fatal(err)
@@ -179,6 +183,7 @@ func benchEndToEnd(b *testing.B, parallel int) {
 	var sinkSecs, ceilSecs, acceptSecs float64
 	var rss int64
 	var sinkCPU, chCPU float64
+	queriesCPU := map[string]float64{}
 	bin := buildSink(b)
 	run := 0
 	b.ReportAllocs()
@@ -219,6 +224,11 @@ func benchEndToEnd(b *testing.B, parallel int) {
 		chCPU += cpuSeconds(ch.PID()) - chCPU0
 		b.StopTimer()
 		rss = max(rss, stopSink())
+		if queryCPU() {
+			for kind, secs := range sinkQueryCPU(b, ch, env.db) {
+				queriesCPU[kind] += secs
+			}
+		}
 		ceilSecs += ceiling(b, ch, bodies)
 		b.StartTimer()
 	}
@@ -231,6 +241,55 @@ func benchEndToEnd(b *testing.B, parallel int) {
 	b.ReportMetric(float64(rss)/(1<<20), "sink-peak-RSS-MiB")
 	b.ReportMetric(sinkCPU*1e6/events, "sink-cpu-µs/event")
 	b.ReportMetric(chCPU*1e6/events, "clickhouse-cpu-µs/event")
+	for kind, secs := range queriesCPU {
+		b.ReportMetric(secs*1e6/events, kind+"-cpu-µs/event")
+	}
+}
+
+// queryCPU: AUDITSINK_BENCH_QUERY_CPU=1 has the sink log its queries, and
+// BenchmarkEndToEnd reports the ClickHouse CPU of each kind of the
+// writer's statements per event (sinkQueryCPU): steadier than the
+// throughput on a noisy machine, and it says where a change of the
+// writer's path costs.
+func queryCPU() bool { return os.Getenv("AUDITSINK_BENCH_QUERY_CPU") == "1" }
+
+// sinkQueryCPU sums the CPU (user and system) that ClickHouse's query log
+// records for the writer's statements on database db, by kind: the
+// events insert (with its views), the key lookup before it, and the check
+// for racing copies after it (its part listings included).
+func sinkQueryCPU(b *testing.B, ch *chtest.Server, db string) map[string]float64 {
+	conn := ch.Conn(b, "default")
+	if err := conn.Exec(context.Background(), "SYSTEM FLUSH LOGS"); err != nil {
+		b.Fatal(err)
+	}
+	rows, err := conn.Query(context.Background(), `SELECT
+			multiIf(startsWith(query, concat('INSERT INTO ', ?, '.events ')), 'insert',
+				position(query, 'system.parts') > 0 OR position(query, '_part IN') > 0, 'check',
+				position(query, 'batch_keys') > 0, 'lookup', '') AS kind,
+			sum(ProfileEvents.Values[indexOf(ProfileEvents.Names, 'UserTimeMicroseconds')] +
+				ProfileEvents.Values[indexOf(ProfileEvents.Names, 'SystemTimeMicroseconds')]) / 1e6
+		FROM system.query_log WHERE type = 2 AND position(query, ?) > 0 AND position(query, 'query_log') = 0
+		GROUP BY kind HAVING kind != ''`, db, db)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer rows.Close()
+	out := map[string]float64{}
+	for rows.Next() {
+		var kind string
+		var secs float64
+		if err := rows.Scan(&kind, &secs); err != nil {
+			b.Fatal(err)
+		}
+		out[kind] = secs
+	}
+	if err := rows.Err(); err != nil {
+		b.Fatal(err)
+	}
+	if len(out) == 0 {
+		b.Fatal("the query log holds none of the sink's statements")
+	}
+	return out
 }
 
 // ceiling times clickhouse-client inserting the bodies' flattened rows as
