@@ -285,7 +285,8 @@ func secondsBack(since time.Time, margin time.Duration) int64 {
 const recentMargin = 2 * time.Second
 
 // lookupKeys calls found for each stored key that shares an audit ID with
-// rows (callers match the keys against rows), with its copies in
+// rows (callers match the keys against rows; the check for copies may
+// also report another batch's doubled keys), with its copies in
 // stored_keys (0 for an event stored before migration 4, which only
 // event_keys knows).
 func (s *Store) lookupKeys(ctx context.Context, rows []rowRef, q keyQuery, found func(eventKey, uint32)) error {
@@ -324,13 +325,14 @@ func (s *Store) lookup(ctx context.Context, cluster string, rows []rowRef, kq ke
 	if err != nil {
 		return err
 	}
-	args := []any{clickhouse.GroupSet{Value: dayList}, cluster}
+	days := clickhouse.GroupSet{Value: dayList}
 	if kq.doubled && !kq.since.IsZero() {
-		ok, err := s.checkRecentParts(ctx, " WHERE event_date IN ? AND cluster = ?", args, kq, len(rows), cluster, found)
+		ok, err := s.checkRecentParts(ctx, days, kq, len(rows), cluster, found)
 		if ok || err != nil {
 			return err
 		}
 	}
+	args := []any{days, cluster}
 	where := " WHERE event_date IN ? AND cluster = ? AND audit_id IN (SELECT audit_id FROM batch_keys)"
 	q := "SELECT audit_id, toString(stage), fingerprint, toUInt32(count()) AS copies FROM " + s.db + ".stored_keys" + where +
 		" GROUP BY audit_id, stage, fingerprint"
@@ -427,7 +429,7 @@ func (s *Store) queryKeys(ctx context.Context, keys *ext.Table, q string, args [
 // does a second read group their rows by the key. It returns every key
 // stored more than once in those parts, of this batch or not; the caller
 // keeps the batch's own.
-func (s *Store) checkRecentParts(ctx context.Context, where string, args []any, kq keyQuery, inserted int, cluster string, found func(eventKey, uint32)) (ok bool, err error) {
+func (s *Store) checkRecentParts(ctx context.Context, days clickhouse.GroupSet, kq keyQuery, inserted int, cluster string, found func(eventKey, uint32)) (ok bool, err error) {
 	recent := kq.recent
 	if recent == nil {
 		var err error
@@ -450,13 +452,14 @@ func (s *Store) checkRecentParts(ctx context.Context, where string, args []any, 
 	inParts := clickhouse.GroupSet{Value: parts}
 	repeated := "SELECT cityHash64(audit_id, fingerprint) AS h FROM " + s.db + ".stored_keys WHERE event_date IN ? AND _part IN ? GROUP BY h HAVING count() > 1"
 	var hashes uint64
-	if err := s.conn.QueryRow(ctx, "SELECT count() FROM ("+repeated+")", args[0], inParts).Scan(&hashes); err != nil {
+	if err := s.conn.QueryRow(ctx, "SELECT count() FROM ("+repeated+")", days, inParts).Scan(&hashes); err != nil {
 		return false, fmt.Errorf("look up stored event keys: %w", lookupError{err})
 	}
 	if hashes > 0 {
-		q := "SELECT audit_id, toString(stage), fingerprint, toUInt32(count()) AS copies FROM " + s.db + ".stored_keys" + where +
-			" AND _part IN ? AND cityHash64(audit_id, fingerprint) IN (" + repeated + ") GROUP BY audit_id, stage, fingerprint HAVING copies > 1"
-		if err := s.queryKeys(ctx, nil, q, append(args, inParts, args[0], inParts), cluster, found); err != nil {
+		q := "SELECT audit_id, toString(stage), fingerprint, toUInt32(count()) AS copies FROM " + s.db + ".stored_keys" +
+			" WHERE event_date IN ? AND cluster = ? AND _part IN ? AND cityHash64(audit_id, fingerprint) IN (" + repeated + ")" +
+			" GROUP BY audit_id, stage, fingerprint HAVING copies > 1"
+		if err := s.queryKeys(ctx, nil, q, []any{days, cluster, inParts, days, inParts}, cluster, found); err != nil {
 			return false, err
 		}
 	}
