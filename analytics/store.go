@@ -416,8 +416,9 @@ func (s *Store) queryKeys(ctx context.Context, keys *ext.Table, q string, args [
 // parts must still be active after the read; if one is not, ok is false
 // and the caller runs the whole check.
 //
-// When the parts new in kq.recent since kq.known hold just the batch's
-// rows (inserted), nothing else was stored since the lookup, and the check
+// When the parts new since kq.known (in kq.recent, or as listed here,
+// which is after the insert too) hold just the batch's rows (inserted),
+// nothing else was stored since the lookup, and the check
 // is done without reading: a racing writer's copy is a part of its own,
 // or, merged, makes a part holding more rows. Otherwise the check reads
 // the new parts only (all recent ones when kq.known is not set): a copy
@@ -438,15 +439,16 @@ func (s *Store) checkRecentParts(ctx context.Context, days clickhouse.GroupSet, 
 		}
 	}
 	parts := make([]any, 0, len(recent))
-	for name := range recent {
+	var added uint64 // the rows of the new parts
+	for name, rows := range recent {
 		if _, seen := kq.known[name]; !seen {
-			parts = append(parts, name)
+			parts, added = append(parts, name), added+rows
 		}
 	}
 	if len(parts) == 0 {
 		return false, nil
 	}
-	if kq.known != nil && kq.recent != nil && newRows(kq.known, recent) == uint64(inserted) {
+	if kq.known != nil && added == uint64(inserted) {
 		return true, nil
 	}
 	inParts := clickhouse.GroupSet{Value: parts}
@@ -475,17 +477,6 @@ func (s *Store) checkRecentParts(ctx context.Context, days clickhouse.GroupSet, 
 		}
 	}
 	return true, nil
-}
-
-// newRows sums the rows of the parts in now that were not in before.
-func newRows(before, now map[string]uint64) uint64 {
-	var n uint64
-	for name, rows := range now {
-		if _, ok := before[name]; !ok {
-			n += rows
-		}
-	}
-	return n
 }
 
 // recentParts lists the active parts of stored_keys written from back
