@@ -264,7 +264,7 @@ func sinkQueryCPU(b *testing.B, ch *chtest.Server, db string) map[string]float64
 	}
 	rows, err := conn.Query(context.Background(), `SELECT
 			multiIf(startsWith(query, concat('INSERT INTO ', ?, '.events ')), 'insert',
-				position(query, 'system.parts') > 0 OR position(query, '_part IN') > 0, 'check',
+				position(query, 'system.parts') > 0 AND position(query, 'stored_keys') > 0 OR position(query, '_part IN') > 0, 'check',
 				position(query, 'batch_keys') > 0, 'lookup', '') AS kind,
 			sum(ProfileEvents.Values[indexOf(ProfileEvents.Names, 'UserTimeMicroseconds')] +
 				ProfileEvents.Values[indexOf(ProfileEvents.Names, 'SystemTimeMicroseconds')]) / 1e6
