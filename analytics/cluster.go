@@ -30,8 +30,6 @@ import (
 type clusterDDL struct {
 	// cluster is the remote_servers name.
 	cluster string
-	// nodeCache lists the cluster's nodes (replicas.go).
-	nodeCache clusterNodes
 }
 
 // Tables that hold the same rows on every node: one replica set spanning
@@ -226,18 +224,3 @@ func (s *Store) localTable(table string) string {
 	return table + LocalSuffix
 }
 
-// partsSource is where DropPartitionsBefore lists partitions:
-// system.parts of this node, or of every node of the cluster (a shard may
-// hold a day that the node asked does not).
-func (s *Store) partsSource(ctx context.Context) (string, error) {
-	if s.ddl == nil {
-		return "system.parts", nil
-	}
-	nodes, err := s.ddl.nodes(ctx, s.conn)
-	if err != nil {
-		return "", err
-	}
-	return "remote('" + strings.Join(nodes, ",") + "', system, parts)", nil
-}
-
-var safeHost = regexp.MustCompile(`^[0-9A-Za-z.:\-]+$`)

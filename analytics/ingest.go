@@ -44,13 +44,13 @@ type IngestResult struct {
 	Files      int
 	Accepted   int // events decoded and kept
 	Stored     int // rows inserted
-	Duplicates int // rows already stored (a repeated ingest stores none)
+	Duplicates int // rows repeated within a batch, sent once
 	Rejected   int // dead letters
 	Skipped    int // events of stages not stored
 	Elapsed    time.Duration
-	// Unscanned: a check missed a ClickHouse node that was down, and the
-	// duplicate scan that makes the counts exact again failed.
-	Unscanned error
+	// Uncompacted: the hour caches of the stored hours were not rebuilt
+	// (the figures are the same, read from events).
+	Uncompacted error
 }
 
 // String is the summary line.
@@ -59,19 +59,17 @@ func (r IngestResult) String() string {
 	if r.Elapsed > 0 {
 		rate = float64(r.Accepted+r.Skipped+r.Rejected) / r.Elapsed.Seconds()
 	}
-	line := fmt.Sprintf("%d files: %d events stored, %d already stored, %d dead-lettered, %d skipped (stage) in %s (%.0f events/s)",
+	line := fmt.Sprintf("%d files: %d events stored (an event stored before counts once), %d repeated in a batch, %d dead-lettered, %d skipped (stage) in %s (%.0f events/s)",
 		r.Files, r.Stored, r.Duplicates, r.Rejected, r.Skipped, r.Elapsed.Round(time.Millisecond), rate)
-	if r.Unscanned != nil {
-		line += fmt.Sprintf("\nA ClickHouse node was down while events were checked for copies a concurrent writer stored, and the scan for them failed (%v): "+
-			"once every node is up, run `auditsink migrate --scan-days N` to cover these days (serve does it by itself).", r.Unscanned)
+	if r.Uncompacted != nil {
+		line += fmt.Sprintf("\nThe hour caches were not rebuilt (%v): the figures are the same, read from events; serve, tail or `auditsink migrate` rebuild them.", r.Uncompacted)
 	}
 	return line
 }
 
-// PendingScanner is an Inserter whose checks can leave a duplicate scan
-// pending (a Store in cluster mode while a node is down).
-type PendingScanner interface {
-	ScanPending(ctx context.Context) (bool, error)
+// Compactor builds the hour caches (a Store).
+type Compactor interface {
+	Compact(ctx context.Context, since time.Time, after time.Duration) (CompactResult, error)
 }
 
 // File records are the Accepter's (5,000 rows); an insert gathers up to
@@ -158,8 +156,12 @@ func IngestFiles(ctx context.Context, st Inserter, paths []string, o IngestOptio
 		Files: files, Accepted: int(n.accepted.Load()), Rejected: int(n.rejected.Load()), Skipped: int(n.skipped.Load()),
 		Stored: int(n.stored.Load()), Duplicates: int(n.duplicates.Load()), Elapsed: time.Since(start),
 	}
-	if ps, ok := st.(PendingScanner); ok && err == nil {
-		_, res.Unscanned = ps.ScanPending(ctx)
+	if c, ok := st.(Compactor); ok && err == nil {
+		// The hours this ingest closed: a report right after it reads them
+		// from their caches. All days, for a backfill.
+		if _, cerr := c.Compact(ctx, time.Unix(0, 0), DefaultCompactAfter); cerr != nil {
+			res.Uncompacted = cerr
+		}
 	}
 	return res, err
 }
@@ -313,8 +315,8 @@ func Tail(ctx context.Context, st Inserter, path string, o TailOptions) error {
 		Metrics: o.Metrics, Logger: o.Logger})
 	drained := make(chan error, 1)
 	go func() { drained <- d.Run(ctx) }()
-	if ps, ok := st.(PendingScanner); ok {
-		go ScanWhilePending(ctx, ps, time.Minute, o.Metrics, o.Logger)
+	if c, ok := st.(Compactor); ok {
+		go CompactEvery(ctx, c, DefaultCompactEvery, o.Metrics, o.Logger)
 	}
 	stop := func(err error) error {
 		cancel() // unconfirmed lines are read again after a restart
@@ -411,23 +413,29 @@ func (s *sliceItems) Next() (audit.Item, error) {
 	return s.items[s.i-1], nil
 }
 
-// ScanWhilePending runs, every interval until ctx is done, the duplicate
-// scan that a check left pending while a ClickHouse node was down. While
-// the node is down the scan fails at once; once it is back the scan runs
-// whole, and its end is logged at the level of the warning that
-// announced the gap.
-func ScanWhilePending(ctx context.Context, ps PendingScanner, every time.Duration, m *Metrics, log *slog.Logger) {
+// DefaultCompactEvery is how often serve and tail look for hours to
+// compact.
+const DefaultCompactEvery = time.Minute
+
+// CompactDays is how far back the periodic compaction looks: a backfill
+// of older hours is compacted by the ingest that stored it (or by
+// `auditsink migrate`), and read from events until then.
+const CompactDays = 7
+
+// CompactEvery compacts the hours of the last CompactDays days that need
+// it now and then every interval, until ctx is done. A failure is logged
+// and retried at the next interval: the caches are an optimisation, and
+// an hour without one is read from events.
+func CompactEvery(ctx context.Context, c Compactor, every time.Duration, m *Metrics, log *slog.Logger) {
 	for {
+		if _, err := c.Compact(ctx, time.Now().AddDate(0, 0, -CompactDays), DefaultCompactAfter); err != nil && ctx.Err() == nil {
+			m.CountCHError(OpCompact, err)
+			log.Warn("compaction of the hour caches failed; those hours are read from events meanwhile", "err", err, "retryIn", every.String())
+		}
 		select {
 		case <-ctx.Done():
 			return
 		case <-time.After(every):
-		}
-		if ran, err := ps.ScanPending(ctx); err != nil && ctx.Err() == nil {
-			m.CountCHError(OpScan, err)
-			log.Warn("duplicate scan after a check that missed a ClickHouse node failed; retrying", "err", err, "in", every)
-		} else if ran {
-			log.Warn("duplicate scan after a check that missed a ClickHouse node done")
 		}
 	}
 }

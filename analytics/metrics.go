@@ -1,7 +1,6 @@
 package analytics
 
 import (
-	"errors"
 
 	"github.com/prometheus/client_golang/prometheus"
 )
@@ -18,11 +17,11 @@ type Metrics struct {
 	DeadLettered   *prometheus.CounterVec // inputs rejected, by source, of answered batches
 	BatchesRefused *prometheus.CounterVec // webhook batches answered non-2xx, by reason
 	Stored         prometheus.Counter     // rows inserted into ClickHouse
-	Deduplicated   prometheus.Counter     // rows dropped as already stored
+	Deduplicated   prometheus.Counter     // rows dropped as repeated within a batch
 	SpoolBytes     prometheus.Gauge       // spool bytes on disk
 	FlushSeconds   prometheus.Histogram   // time of one ClickHouse insert
-	// CHErrors counts failed ClickHouse attempts by op: insert, lookup,
-	// migrate, retention, duplicate_scan.
+	// CHErrors counts failed ClickHouse attempts by op: insert, migrate,
+	// retention, compaction.
 	CHErrors *prometheus.CounterVec
 	// TailLostBytes counts bytes a copytruncate rotation destroyed before
 	// tail read them.
@@ -32,10 +31,9 @@ type Metrics struct {
 // ClickHouse operations, the op label of auditsink_clickhouse_errors_total.
 const (
 	OpInsert    = "insert"
-	OpLookup    = "lookup"
 	OpMigrate   = "migrate"
 	OpRetention = "retention"
-	OpScan      = "duplicate_scan"
+	OpCompact   = "compaction"
 )
 
 // Reasons a webhook batch is refused, the reason label of
@@ -69,23 +67,23 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Name: "auditsink_events_stored_total", Help: "Rows inserted into the events table.",
 		}),
 		Deduplicated: prometheus.NewCounter(prometheus.CounterOpts{
-			Name: "auditsink_events_deduplicated_total", Help: "Events dropped because they were stored before (retries, replays, repeated ingests).",
+			Name: "auditsink_events_deduplicated_total", Help: "Events dropped because they were repeated within one insert (a copy stored earlier is dropped by the reads, not here).",
 		}),
 		SpoolBytes: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "auditsink_spool_bytes", Help: "Bytes of spool segments on disk (set on every append and confirm).",
 		}),
 		FlushSeconds: prometheus.NewHistogram(prometheus.HistogramOpts{
-			Name: "auditsink_flush_duration_seconds", Help: "Time of one ClickHouse insert (dedup lookup included).",
+			Name: "auditsink_flush_duration_seconds", Help: "Time of one ClickHouse insert.",
 			Buckets: prometheus.ExponentialBuckets(0.005, 2, 12),
 		}),
 		CHErrors: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "auditsink_clickhouse_errors_total", Help: "Failed ClickHouse attempts (each is retried), by op: insert, lookup, migrate, retention.",
+			Name: "auditsink_clickhouse_errors_total", Help: "Failed ClickHouse attempts (each is retried), by op: insert, migrate, retention, compaction.",
 		}, []string{"op"}),
 		TailLostBytes: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "auditsink_tail_lost_bytes_total", Help: "Bytes of a followed log destroyed by a copytruncate rotation before tail read them.",
 		}),
 	}
-	for _, op := range []string{OpInsert, OpLookup, OpMigrate, OpRetention} {
+	for _, op := range []string{OpInsert, OpMigrate, OpRetention, OpCompact} {
 		m.CHErrors.WithLabelValues(op) // export zeros, so that rate() sees the first error
 	}
 	if reg != nil {
@@ -106,19 +104,10 @@ func (m *Metrics) CountAccepted(source string, res AcceptResult) {
 	m.DeadLettered.WithLabelValues(source).Add(float64(res.Rejected))
 }
 
-// CountCHError records a failed ClickHouse attempt of op; an insert that
-// failed in its dedup lookup counts as a lookup.
-func (m *Metrics) CountCHError(op string, err error) {
+// CountCHError records a failed ClickHouse attempt of op.
+func (m *Metrics) CountCHError(op string, _ error) {
 	if m == nil {
 		return
 	}
-	if op == OpInsert && errors.As(err, new(lookupError)) {
-		op = OpLookup
-	}
 	m.CHErrors.WithLabelValues(op).Inc()
 }
-
-// lookupError marks a failed event_keys lookup inside an insert.
-type lookupError struct{ error }
-
-func (e lookupError) Unwrap() error { return e.error }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"regexp"
+	"slices"
 	"strings"
 	"time"
 )
@@ -297,6 +298,112 @@ var Migrations = []Migration{
 			ORDER BY (cluster, audit_id, stage, fingerprint)`,
 		},
 	},
+	{
+		Version: 5,
+		Name:    "hour caches: exact by construction",
+		Statements: []string{
+			// The views of migrations 2-4 counted every inserted copy of
+			// an event, so that exactness needed a protocol between the
+			// writers (a lookup, a check, recorded duplicates and a read-time
+			// correction). From here on an insert writes events and one
+			// mark per hour it touched, nothing else; every figure is read
+			// from events deduplicated by identity, or from an hour's cache
+			// built from them (docs/auditsink.md, "Exactly once"). The old
+			// tables stay, unfed, for sinks of older versions still running
+			// during an upgrade; nothing reads them.
+			`DROP TABLE IF EXISTS {db}.request_rollup_mv`,
+			`DROP TABLE IF EXISTS {db}.loop_conflicts_mv`,
+			`DROP TABLE IF EXISTS {db}.loop_successes_mv`,
+			`DROP TABLE IF EXISTS {db}.stored_keys_mv`,
+			// One row per inserted block and hour it touched: the view
+			// writes it after the block's events part, in the same INSERT,
+			// so a mark is never visible before its events are. The mark
+			// is a hash of the block's identities in that hour: the same
+			// events inserted again (a redelivery) add the same mark.
+			`CREATE TABLE IF NOT EXISTS {db}.hour_marks (
+				event_date Date,
+				hour       DateTime,
+				mark       UInt64
+			) ENGINE = MergeTree()
+			PARTITION BY event_date
+			ORDER BY (hour, mark)`,
+			`CREATE MATERIALIZED VIEW IF NOT EXISTS {db}.hour_marks_mv TO {db}.hour_marks AS
+			SELECT event_date, toDateTime(intDiv(event_time_us, 3600000000) * 3600) AS hour,
+				cityHash64(sum(cityHash64(cluster, audit_id, stage, fingerprint)), count()) AS mark
+			FROM {db}.events
+			GROUP BY event_date, hour`,
+			// The hours stored before this migration get one mark each, so
+			// that the compactor builds their caches too.
+			`INSERT INTO {db}.hour_marks (event_date, hour, mark)
+			SELECT event_date, toDateTime(intDiv(event_time_us, 3600000000) * 3600) AS hour, cityHash64('stored before migration 5', toUInt32(hour)) AS mark
+			FROM {db}.events
+			GROUP BY event_date, hour`,
+			// One row per finished compaction of an hour: the hour's caches
+			// with this version hold every event of the marks counted.
+			// An hour is clean while its distinct marks number marks.
+			`CREATE TABLE IF NOT EXISTS {db}.hour_compactions (
+				event_date   Date,
+				hour         DateTime,
+				version      UInt64,
+				marks        UInt64,
+				compacted_at DateTime
+			) ENGINE = MergeTree()
+			PARTITION BY event_date
+			ORDER BY (hour, version)`,
+			// The caches, one set of rows per (hour, version): the request
+			// counters per object and writer, and the rows retry loops are
+			// made of. Rows of a version without a compaction row (a
+			// compactor that died) are never read.
+			`CREATE TABLE IF NOT EXISTS {db}.hour_requests (
+				event_date                    Date,
+				hour                          DateTime,
+				version                       UInt64,
+				cluster                       LowCardinality(String),
+				api_group                     LowCardinality(String),
+				resource                      LowCardinality(String),
+				namespace                     LowCardinality(String),
+				name                          String,
+				writer                        LowCardinality(String),
+				requests                      UInt64,
+				write_attempts                UInt64,
+				version_conflicts             UInt64,
+				write_version_conflicts       UInt64,
+				field_conflicts               UInt64,
+				already_exists                UInt64,
+				delete_precondition_conflicts UInt64,
+				stampless_updates             UInt64,
+				other_conflicts               UInt64,
+				gone                          UInt64
+			) ENGINE = MergeTree()
+			PARTITION BY event_date
+			ORDER BY (cluster, hour, version, api_group, resource, namespace, name, writer)`,
+			`CREATE TABLE IF NOT EXISTS {db}.hour_loop_conflicts (
+				event_date    Date,
+				hour          DateTime,
+				version       UInt64,
+				cluster       LowCardinality(String),
+				writer        LowCardinality(String),
+				api_group     LowCardinality(String),
+				resource      LowCardinality(String),
+				namespace     LowCardinality(String),
+				name          String,
+				event_time_us UInt64
+			) ENGINE = MergeTree()
+			PARTITION BY event_date
+			ORDER BY (cluster, hour, version, writer, api_group, resource, namespace, name, event_time_us)`,
+			`CREATE TABLE IF NOT EXISTS {db}.hour_loop_successes (
+				event_date    Date,
+				hour          DateTime,
+				version       UInt64,
+				cluster       LowCardinality(String),
+				pair          UInt64,
+				event_time_us UInt64
+			) ENGINE = MergeTree()
+			PARTITION BY event_date
+			ORDER BY (cluster, hour, version, pair, event_time_us)
+			SETTINGS index_granularity = 1024`,
+		},
+	},
 }
 
 // epoch records from which hour a table fed by a view holds every event:
@@ -314,18 +421,9 @@ func epoch(table string) []string {
 }
 
 // Tables whose day partitions retention drops.
-var retentionTables = []string{"events", "event_keys", "stored_keys", "duplicate_events", "dead_letters", "request_rollup", "loop_conflicts", "loop_successes"}
-
-var dbName = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]*$`)
-
-// ValidDatabase reports whether name can be used as a database name without
-// quoting.
-func ValidDatabase(name string) error {
-	if !dbName.MatchString(name) {
-		return fmt.Errorf("database name %q: want letters, digits and underscores", name)
-	}
-	return nil
-}
+var retentionTables = []string{"events", "hour_marks", "hour_compactions", "hour_requests", "hour_loop_conflicts", "hour_loop_successes", "dead_letters",
+	// unfed since migration 5
+	"event_keys", "stored_keys", "duplicate_events", "request_rollup", "loop_conflicts", "loop_successes"}
 
 // Migrate creates the database and applies the migrations not yet recorded
 // in schema_migrations. It returns the versions it applied.
@@ -358,11 +456,6 @@ func (s *Store) Migrate(ctx context.Context) ([]int, error) {
 			}
 		}
 		applied = append(applied, m.Version)
-	}
-	if s.ddl == nil {
-		if err := s.listLegacyDays(ctx); err != nil {
-			return applied, fmt.Errorf("migrate: %w", err)
-		}
 	}
 	return applied, nil
 }
@@ -411,50 +504,52 @@ func (s *Store) SchemaVersion(ctx context.Context) (int, error) {
 	return int(v), nil
 }
 
-// system.parts shows a Date partition as 2026-11-29 (18.16) or '2026-11-29'.
-var partitionDate = regexp.MustCompile(`^'?(\d{4}-\d{2}-\d{2})'?$`)
-
 // DropPartitionsBefore drops the day partitions older than cutoff's day
 // from every table (retention without TTL, which 18.16 lacks). It returns
-// the days it dropped.
+// the days it dropped from events. The days come from the tables' own
+// date columns, read through the Distributed tables in cluster mode (a
+// shard may hold a day that another does not); dropping a partition a
+// node lacks is a no-op.
 func (s *Store) DropPartitionsBefore(ctx context.Context, cutoff time.Time) ([]string, error) {
 	limit := cutoff.UTC().Format(time.DateOnly)
 	var dropped []string
-	parts, err := s.partsSource(ctx)
-	if err != nil {
-		return nil, err
-	}
 	for _, table := range retentionTables {
-		rows, err := s.conn.Query(ctx, `SELECT DISTINCT partition FROM `+parts+`
-			WHERE database = ? AND table = ? AND active`, s.db, s.localTable(table))
-		if err != nil {
-			return dropped, fmt.Errorf("list partitions of %s: %w", table, err)
+		col := "event_date"
+		if table == "dead_letters" {
+			col = "received_date"
 		}
-		var parts []string
+		rows, err := s.conn.Query(ctx, "SELECT DISTINCT toString("+col+") FROM "+s.db+"."+table+" WHERE "+col+" < toDate(?)", limit)
+		if err != nil {
+			return dropped, fmt.Errorf("list days of %s: %w", table, err)
+		}
+		var days []string
 		for rows.Next() {
-			var p string
-			if err := rows.Scan(&p); err != nil {
+			var d string
+			if err := rows.Scan(&d); err != nil {
 				rows.Close()
 				return dropped, err
 			}
-			parts = append(parts, p)
+			days = append(days, d)
 		}
 		rows.Close()
 		if err := rows.Err(); err != nil {
 			return dropped, err
 		}
-		for _, p := range parts {
-			m := partitionDate.FindStringSubmatch(p)
-			if m == nil || m[1] >= limit {
+		slices.Sort(days)
+		for _, d := range days {
+			if !partitionDate.MatchString(d) {
 				continue
 			}
-			if err := s.execDDL(ctx, fmt.Sprintf("ALTER TABLE {db}.%s DROP PARTITION '%s'", table, m[1])); err != nil {
-				return dropped, fmt.Errorf("drop partition %s of %s: %w", p, table, err)
+			if err := s.execDDL(ctx, fmt.Sprintf("ALTER TABLE {db}.%s DROP PARTITION '%s'", table, d)); err != nil {
+				return dropped, fmt.Errorf("drop partition %s of %s: %w", d, table, err)
 			}
 			if table == "events" {
-				dropped = append(dropped, m[1])
+				dropped = append(dropped, d)
 			}
 		}
 	}
 	return dropped, nil
 }
+
+// partitionDate is a day as toString(Date) writes it.
+var partitionDate = regexp.MustCompile(`^\d{4}-\d{2}-\d{2}$`)

@@ -286,12 +286,6 @@ func (w *Drainer) insert(ctx context.Context, set *RecordSet) error {
 		if w.o.Observe != nil {
 			w.o.Observe(res)
 		}
-		if res.Partial {
-			w.o.Logger.Warn("a ClickHouse node did not answer the check for copies a concurrent writer stored; a duplicate scan of these days runs once it is back")
-		}
-		if res.Doubled > 0 {
-			w.o.Logger.Info("events stored by a concurrent writer too; recorded for the report to count once", "events", res.Doubled)
-		}
 		return nil
 	})
 }

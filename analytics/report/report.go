@@ -4,13 +4,14 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strconv"
+	"strings"
 	"sync"
 	"time"
 
 	"github.com/ClickHouse/clickhouse-go/v2"
 	"github.com/ClickHouse/clickhouse-go/v2/lib/driver"
 
-	"github.com/stampguard/stampguard/analytics"
 	asql "github.com/stampguard/stampguard/analytics/sql"
 )
 
@@ -30,25 +31,17 @@ type Options struct {
 	LoopGap time.Duration
 	// LoopThreshold is the fewest conflicts that make a retry loop. Defaults to 5.
 	LoopThreshold int
-	// NoRollup computes every count from the raw events table, for
-	// verification and benchmarks. By default the whole hours of the
-	// window come from request_rollup and only the partial hours at its
-	// edges from events; both give the same numbers.
+	// NoRollup computes every figure from the raw events table, for
+	// verification and benchmarks. By default the clean whole hours of
+	// the window come from the hour caches and the rest from events; both
+	// give the same numbers.
 	NoRollup bool
 
-	// plan is where the counts come from: request_rollup's hours and the
-	// raw edges around them.
-	plan readPlan
+	// plan is where the figures come from: the clean hours' caches and
+	// the raw rest.
+	plan asql.Plan
 	// parallel is how many queries run at once (reportParallelism).
 	parallel int
-	// rawLoops computes retry loops from events instead of the loop tables.
-	rawLoops bool
-	// noDuplicates says that no event of the window is recorded as stored
-	// more than once, so the queries skip the correction.
-	noDuplicates bool
-	// keyedByInstant says that the correction may match events to their
-	// duplicates by instant and fingerprint (asql.Report.KeyedByInstant).
-	keyedByInstant bool
 }
 
 func (o *Options) setDefaults() {
@@ -80,40 +73,14 @@ func Build(ctx context.Context, conn driver.Conn, o Options) (*Report, error) {
 	if !o.Since.Before(o.Until) {
 		return nil, fmt.Errorf("empty window: since %s is not before until %s", o.Since.Format(time.RFC3339), o.Until.Format(time.RFC3339))
 	}
-	if err := analytics.ValidDatabase(o.Database); err != nil {
+	if err := asql.ValidDatabase(o.Database); err != nil {
 		return nil, err
 	}
 	r := &Report{Window: Window{Since: o.Since.UTC().Format(TimeFormat), Until: o.Until.UTC().Format(TimeFormat)}}
 	if err := o.split(ctx, conn); err != nil {
 		return nil, err
 	}
-	// Where no event the report reads (the window, and any hour read
-	// whole around it) is recorded as stored more than once, the
-	// correction changes no figure: skip it (the common case).
-	var doubled uint64
-	from, until := o.plan.covered(o.Since, o.Until)
-	if err := conn.QueryRow(ctx, "SELECT count() FROM "+o.Database+".duplicate_events WHERE cluster = ? AND "+
-		"event_date >= toDate(toDateTime(intDiv(?, 1000000))) AND event_date <= toDate(toDateTime(intDiv(?, 1000000))) AND "+
-		"event_time_us >= ? AND event_time_us < ?", o.Cluster, uint64(from.UnixMicro()), uint64(until.UnixMicro()),
-		uint64(from.UnixMicro()), uint64(until.UnixMicro())).Scan(&doubled); err != nil {
-		return nil, fmt.Errorf("read duplicates: %w", err)
-	}
-	o.noDuplicates = doubled == 0
 	q := o.querier(ctx, conn)
-	if !o.noDuplicates {
-		// The correction may match events to their duplicates by instant
-		// and fingerprint, cheaper to read than the identity, unless an
-		// event the report reads so shares those with a duplicate it is
-		// not.
-		if check := q.binder.InstantKeyCollisions(All...); check != "" {
-			var collisions uint64
-			if err := conn.QueryRow(ctx, check, q.args...).Scan(&collisions); err != nil {
-				return nil, fmt.Errorf("read duplicates: %w", err)
-			}
-			o.keyedByInstant = collisions == 0
-			q = o.querier(ctx, conn)
-		}
-	}
 
 	t := &r.Totals
 	r.ConflictsByUser, r.ConflictsByResource, r.HotObjects = []UserConflicts{}, []ResourceConflicts{}, []HotObject{}
@@ -161,90 +128,38 @@ func Build(ctx context.Context, conn driver.Conn, o Options) (*Report, error) {
 	return r, nil
 }
 
-// split decides where the window is read from: request_rollup's whole
-// hours from its epoch on, and the loop tables when the window begins at
-// or after theirs (both unless NoRollup).
+// split decides where the window is read from: the whole hours of the
+// window that are clean from their caches, the rest from events (all of
+// it with NoRollup).
 func (o *Options) split(ctx context.Context, conn driver.Conn) error {
-	o.rawLoops = o.NoRollup
 	if o.NoRollup {
-		o.plan = rawPlan(o.Since, o.Until)
+		o.plan = asql.PlanReport(o.Since, o.Until, nil)
 		return nil
 	}
-	var rollupComplete, loopsComplete time.Time
-	// A scalar subquery is Nullable on current releases (26.7), plain on
-	// 18.16; ifNull makes it DateTime on both, for the same Scan.
-	epoch := func(table string) string {
-		return "ifNull((SELECT max(complete_from) FROM " + o.Database + "." + table + "), toDateTime(0))"
-	}
-	if err := conn.QueryRow(ctx, "SELECT "+epoch("request_rollup_epoch")+", "+epoch("loop_epoch")).
-		Scan(&rollupComplete, &loopsComplete); err != nil {
-		return fmt.Errorf("read rollup epochs: %w", err)
-	}
-	o.plan = planRead(o.Since, o.Until, rollupComplete, time.Now().Add(-openHourMargin))
-	o.rawLoops = o.Since.Before(loopsComplete)
-	return nil
-}
-
-// openHourMargin is how long after its end an hour counts as closed: the
-// report reads an hour that cuts the window whole from request_rollup,
-// minus its events outside the window, only once the hour is closed, so
-// that an event stored while the query runs cannot land in one of the two
-// reads and not the other. Later events (a backfill, a spool draining
-// after an outage) are counted as of when each table is read.
-const openHourMargin = 10 * time.Minute
-
-// readPlan is where the counts of a window [since, until) come from:
-// request_rollup's hours [from, to) (none when both are zero) and two raw
-// edges of events around them. An edge either adds the part of the window
-// outside the hours (sign +1) or, where an hour that cuts the window is
-// read whole, subtracts that hour's part outside the window (sign -1). The
-// edges never overlap, and edge1 lies before edge2.
-type readPlan struct {
-	from, to     time.Time
-	edge1, edge2 edge
-}
-
-// planRead plans the read of [since, until): request_rollup's whole hours
-// from complete on (when it holds every event), and for each hour that
-// cuts the window, whichever raw read is the shorter: the window's part of
-// the hour, or the rest of the hour subtracted from the whole hour (only
-// for hours from complete on that ended before closed). At most half an
-// hour of raw events on each side is read, where reading only the window's
-// part could take an hour's worth.
-func planRead(since, until, complete, closed time.Time) readPlan {
-	since, until = since.UTC(), until.UTC()
-	c := ceilHour(complete)
-	usable := func(h time.Time) bool { return !h.Before(c) && !h.Add(time.Hour).After(closed) }
-	h1, h2 := since.Truncate(time.Hour), until.Truncate(time.Hour)
-	if h1.Equal(h2) { // the window lies inside one hour
-		if 2*until.Sub(since) > time.Hour && usable(h1) {
-			return readPlan{from: h1, to: h1.Add(time.Hour), edge1: span(h1, since, -1), edge2: span(until, h1.Add(time.Hour), -1)}
-		}
-		return rawPlan(since, until)
-	}
-	from, to := ceilHour(since), h2
-	if from.Before(c) {
-		from = c
-	}
-	if to.Before(from) { // no hour of the window is complete in the rollup
-		return rawPlan(since, until)
-	}
-	p := readPlan{edge1: span(since, from, 1), edge2: span(to, until, 1)}
-	if since.After(h1) && from.Equal(h1.Add(time.Hour)) && usable(h1) && since.Sub(h1) < from.Sub(since) {
-		from, p.edge1 = h1, span(h1, since, -1)
-	}
-	if until.After(h2) && usable(h2) && h2.Add(time.Hour).Sub(until) < until.Sub(h2) {
-		to, p.edge2 = h2.Add(time.Hour), span(until, h2.Add(time.Hour), -1)
-	}
+	from, to := ceilHour(o.Since), o.Until.UTC().Truncate(time.Hour)
+	var clean []asql.CleanHour
 	if from.Before(to) {
-		p.from, p.to = from, to
+		q := "SELECT toUInt32(hour), version FROM " + strings.ReplaceAll(asql.CleanHours(strconv.FormatInt(from.Unix(), 10), strconv.FormatInt(to.Unix(), 10)), "{db}", o.Database)
+		rows, err := conn.Query(ctx, q)
+		if err != nil {
+			return fmt.Errorf("read the clean hours: %w", err)
+		}
+		defer rows.Close()
+		for rows.Next() {
+			var h uint32
+			var c asql.CleanHour
+			if err := rows.Scan(&h, &c.Version); err != nil {
+				return fmt.Errorf("read the clean hours: %w", err)
+			}
+			c.Hour = time.Unix(int64(h), 0).UTC()
+			clean = append(clean, c)
+		}
+		if err := rows.Err(); err != nil {
+			return fmt.Errorf("read the clean hours: %w", err)
+		}
 	}
-	return p
-}
-
-// rawPlan reads all of [since, until) from events.
-func rawPlan(since, until time.Time) readPlan {
-	return readPlan{edge1: span(since, until, 1), edge2: noEdge}
+	o.plan = asql.PlanReport(o.Since, o.Until, clean)
+	return nil
 }
 
 // ceilHour is t rounded up to a whole UTC hour.
@@ -256,53 +171,9 @@ func ceilHour(t time.Time) time.Time {
 	return h
 }
 
-// span is the edge [from, to) as a closed range, with its sign.
-func span(from, to time.Time, sign int64) edge {
-	if !from.Before(to) {
-		return noEdge
-	}
-	return edge{uint64(from.UnixMicro()), uint64(to.UnixMicro()) - 1, sign}
-}
-
-// edge is a closed range of microseconds [from, last] (from > last when
-// empty) and whether its events add to the counts (+1) or subtract (-1).
-type edge struct {
-	from, last uint64
-	sign       int64
-}
-
-// noEdge is empty, and its day range (1970-01-03 to 1970-01-01) is empty
-// too, so that ClickHouse prunes every partition.
-var noEdge = edge{from: 2 * 86_400_000_000, last: 0, sign: 1}
-
-// covered is the span the plan reads: the window and any hour read whole
-// around it.
-func (p readPlan) covered(since, until time.Time) (time.Time, time.Time) {
-	if !p.from.IsZero() && p.from.Before(since) {
-		since = p.from
-	}
-	if p.to.After(until) {
-		until = p.to
-	}
-	return since, until
-}
-
-// micros is t in Unix microseconds, 0 for the zero time.
-func micros(t time.Time) uint64 {
-	if t.IsZero() {
-		return 0
-	}
-	return uint64(t.UnixMicro())
-}
-
 // args binds the options to the queries' parameters.
 func (o *Options) args() []any {
-	e1, e2 := o.plan.edge1, o.plan.edge2
 	return []any{
-		clickhouse.Named(asql.ReportRollupFromUs, micros(o.plan.from)),
-		clickhouse.Named(asql.ReportRollupToUs, micros(o.plan.to)),
-		clickhouse.Named(asql.ReportEdge1FromUs, e1.from), clickhouse.Named(asql.ReportEdge1LastUs, e1.last), clickhouse.Named(asql.ReportEdge1Sign, e1.sign),
-		clickhouse.Named(asql.ReportEdge2FromUs, e2.from), clickhouse.Named(asql.ReportEdge2LastUs, e2.last), clickhouse.Named(asql.ReportEdge2Sign, e2.sign),
 		clickhouse.Named(asql.ReportSinceUs, uint64(o.Since.UnixMicro())),
 		clickhouse.Named(asql.ReportUntilUs, uint64(o.Until.UnixMicro())),
 		clickhouse.Named(asql.Cluster.Name, o.Cluster),
@@ -332,7 +203,7 @@ type querier struct {
 
 func (o *Options) querier(ctx context.Context, conn driver.Conn) querier {
 	return querier{ctx: ctx, conn: conn, args: o.args(),
-		binder: asql.Report{Database: o.Database, RawLoops: o.rawLoops, NoDuplicates: o.noDuplicates, KeyedByInstant: o.keyedByInstant}}
+		binder: asql.Report{Database: o.Database, Plan: o.plan}}
 }
 
 // scan reads a row of QueryTotals into t.

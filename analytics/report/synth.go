@@ -3,12 +3,12 @@ package report
 import (
 	"context"
 	"fmt"
-	"github.com/ClickHouse/clickhouse-go/v2"
 	"time"
 
+	"github.com/ClickHouse/clickhouse-go/v2"
 	"github.com/ClickHouse/clickhouse-go/v2/lib/driver"
 
-	"github.com/stampguard/stampguard/analytics"
+	asql "github.com/stampguard/stampguard/analytics/sql"
 )
 
 // Synthesize inserts n realistic audit rows for cluster into db.events,
@@ -26,7 +26,7 @@ import (
 // writes renew leases whose holders change now and then; 0.1 % carry a
 // stampguard annotation; a few lists expire (410).
 func Synthesize(ctx context.Context, conn driver.Conn, db, cluster string, n uint64, seed uint64, start time.Time, span time.Duration) error {
-	if err := analytics.ValidDatabase(db); err != nil {
+	if err := asql.ValidDatabase(db); err != nil {
 		return err
 	}
 	startUS, spanUS := uint64(start.UnixMicro()), uint64(span.Microseconds())
@@ -36,7 +36,7 @@ INSERT INTO %[1]s.events (event_date, event_time, event_time_us, request_receive
 	fingerprint, level, verb, request_uri, dry_run, user, user_groups, impersonated_user, writer, user_agent, source_ip,
 	api_group, api_version, resource, subresource, namespace, name, object_uid, stamp, field_manager, code, reason, message,
 	cause_reasons, cause_fields, authz_decision, annotation_keys, annotation_values, lease_holder, raw)
-SELECT toDate(toDateTime(intDiv(ts, 1000000))), toDateTime(intDiv(ts, 1000000)), ts, ts - lat, lat, @cluster,
+SELECT toDate(toDateTime(intDiv(ts, 1000000)), 'UTC'), toDateTime(intDiv(ts, 1000000)), ts, ts - lat, lat, @cluster,
 	concat('synth-', toString(@seed), '-', toString(number)), 'ResponseComplete', h1, 'Request', verb,
 	concat('/apis/', grp, '/v1/namespaces/', ns, '/', res, '/', nm), toUInt8(h4 %% 1000 = 0),
 	usr, ['system:authenticated'], '', usr, concat(usr, '/v1.37'), '10.0.0.1',

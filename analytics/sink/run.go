@@ -171,8 +171,8 @@ func Run(ctx context.Context, o Options) error {
 
 	bg, stopBG := context.WithCancel(context.WithoutCancel(ctx))
 	defer stopBG()
-	// The writer's inserts in flight at shutdown finish, with their checks
-	// for concurrent copies, until the shutdown deadline.
+	// The writer's inserts in flight at shutdown finish until the shutdown
+	// deadline.
 	finish, stopFinish := context.WithCancel(context.WithoutCancel(ctx))
 	defer stopFinish()
 	var wg sync.WaitGroup
@@ -181,8 +181,7 @@ func Run(ctx context.Context, o Options) error {
 		if err := migrateUntilDone(bg, store, metrics, log); err != nil {
 			return
 		}
-		wg.Go(func() { scanDuplicates(bg, store, metrics, log) })
-		wg.Go(func() { analytics.ScanWhilePending(bg, store, pendingScanEvery, metrics, log) })
+		wg.Go(func() { analytics.CompactEvery(bg, store, analytics.DefaultCompactEvery, metrics, log) })
 		w := analytics.NewDrainer(sp, store, analytics.DrainerOptions{Metrics: metrics, Parallel: o.InsertParallel, Finish: finish,
 			Logger: log.With("component", "writer")})
 		if err := w.Run(bg); err != nil {
@@ -299,32 +298,6 @@ func migrateUntilDone(ctx context.Context, store *analytics.Store, m *analytics.
 		}
 		return err
 	})
-}
-
-// DuplicateScanDays is how far back serve's hourly scan for events stored
-// more than once looks (Store.ScanDuplicates): the copies a writer killed
-// between its insert and its check left unrecorded.
-const DuplicateScanDays = 2
-
-// pendingScanEvery is how often serve looks for a scan that a check left
-// pending while a ClickHouse node was down (Store.ScanPending). While the
-// node is down the scan fails at once; it runs whole once, after the node
-// is back.
-const pendingScanEvery = 15 * time.Second
-
-// scanDuplicates runs the duplicate scan now and then every hour.
-func scanDuplicates(ctx context.Context, store *analytics.Store, m *analytics.Metrics, log *slog.Logger) {
-	for {
-		if err := store.ScanDuplicates(ctx, time.Now().AddDate(0, 0, -DuplicateScanDays)); err != nil && ctx.Err() == nil {
-			m.CountCHError(analytics.OpScan, err)
-			log.Warn("duplicate scan failed", "err", err)
-		}
-		select {
-		case <-ctx.Done():
-			return
-		case <-time.After(time.Hour):
-		}
-	}
 }
 
 // retain drops expired day partitions now and then every hour.

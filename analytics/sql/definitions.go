@@ -1,31 +1,32 @@
 // Package sql holds stampguard's analytics SQL: the definitions the report
-// counts by and the statements built on them, in a typed form that two
-// binders render. The report binder (Report) keeps the window as bound
-// @name parameters and splits it between request_rollup and the raw
-// events; the Grafana binder (Grafana) writes the ClickHouse plugin's time
-// macros and Grafana's template variables in their place. The package
-// imports neither the ClickHouse driver nor the sink, so the dashboards
-// generator can import it.
+// counts by, the statements built on them in a typed form that two binders
+// render, and the compaction that builds the hour caches from the same
+// definitions (hours.go). The report binder (Report) keeps the window as
+// bound @name parameters and splits it between the hour caches and the
+// raw events; the Grafana binder (Grafana) writes the ClickHouse plugin's
+// time macros and Grafana's template variables in their place. The
+// package imports neither the ClickHouse driver nor the sink, so the
+// dashboards generator can import it.
+//
+// Every read takes an event once by its identity (DistinctEvents), or
+// from a cache built that way: exactness is a property of the SQL, not a
+// correction applied to it.
 //
 // A statement is SQL text with placeholders for what a binder places: the
 // database ({db}), the filters ({filters}), time ({window},
-// {events_window}, {raw_window} with its edges' {raw_sign},
-// {rollup_window}, {bucket}, {end_us}), the retry-loop rows
-// ({loop_conflicts}, {loop_conflicts_uncorrected}, {loop_successes}) and
-// the correction for events stored more than once ({duplicates},
-// {duplicate_key}, the region {duplicated} … {end_duplicated});
-// everything else is plain SQL, so a change of meaning is an edit of that
-// text, and both binders carry it. Validate checks that a statement
-// declares what its text uses.
+// {events_window}, {raw_window}, {rollup_window}, {bucket}, {end_us}) and
+// the retry-loop rows ({loop_conflicts}, {loop_successes}); everything
+// else is plain SQL, so a change of meaning is an edit of that text, and
+// both binders carry it. Validate checks that a statement declares what
+// its text uses.
 //
 // Every statement runs on ClickHouse 18.16 and on current releases: no
 // window functions, no JSONExtract, no toStartOfInterval.
 package sql
 
-// The definitions the report counts by, as SQL over the events columns. The
-// views of the migrations (analytics/schema.go) spell out the same text as
-// it stood when they were released; a test proves they still agree
-// (TestRollupEqualsRaw in analytics/report).
+// The definitions the report counts by, as SQL over the events columns.
+// The compaction (hours.go) builds the hour caches from the same text, so
+// a cache and a raw read cannot disagree.
 const (
 	// Request selects each request once: its ResponseComplete event, or
 	// its Panic event; dryRun requests are excluded everywhere.
@@ -54,18 +55,18 @@ const (
 	// cheap filter where only version conflicts matter.
 	VersionConflict = `code = 409 AND reason = 'Conflict' AND NOT has(cause_reasons, 'FieldManagerConflict') AND position(message, '` + optimisticLock + `') > 0`
 
-	// LoopPair identifies a (writer, object) pair in loop_successes.
+	// LoopPair identifies a (writer, object) pair in the success rows.
 	LoopPair = `cityHash64(writer, api_group, resource, namespace, name)`
 
 	// ObjectHash identifies an object in GROUP BY and IN.
 	ObjectHash = `cityHash64(api_group, resource, namespace, name)`
 )
 
-// Counter is one of request_rollup's counters and what it counts per
+// Counter is one of hour_requests' counters and what it counts per
 // request, over the aliases class (ConflictClass) and is_write (IsWrite).
 type Counter struct{ Name, Cond string }
 
-// Counters are request_rollup's counters, in column order.
+// Counters are hour_requests' counters, in column order.
 var Counters = []Counter{
 	{"requests", "1"},
 	{"write_attempts", "is_write"},

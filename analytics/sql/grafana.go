@@ -12,12 +12,10 @@ import (
 // window is [from, to + 1s) in microseconds), and parameters become
 // Grafana template variables or literal values.
 //
-// Counting statements read request_rollup's whole hours inside the window
-// from request_rollup_epoch on and the raw events for the rest; the
-// retry-loop rows come from the tables of migration 3 from loop_epoch on
-// and from events before it. Both splits are exact, as in the report, and
-// so is the correction for events stored more than once (always applied:
-// a panel cannot first ask whether the window holds a duplicate).
+// Counting statements and the retry-loop rows read the window's clean
+// whole hours from the hour caches and the rest from events, one row per
+// identity, as the report does; a panel finds the clean hours in the same
+// query (CleanHours).
 type Grafana struct {
 	// Database holds the tables.
 	Database string
@@ -44,60 +42,33 @@ type Variable struct {
 // it into the SQL as it is, and the filters read it as "any".
 const AllValue = `'__all__'`
 
-// The window and the rollup's hours, from the plugin's macros. $__toTime
+// The window and its whole hours, from the plugin's macros. $__toTime
 // is inclusive, so the window ends a second after it.
 const (
 	fromUs = `toUInt64(toUInt32($__fromTime)) * 1000000`
 	endUs  = `(toUInt64(toUInt32($__toTime)) + 1) * 1000000`
-	// days prunes day partitions with the days toDate gives event_date
-	// (the server's time zone).
-	days = `event_date >= toDate($__fromTime) AND event_date <= toDate($__toTime)`
+	// days prunes day partitions: event_date is the UTC day, whatever
+	// the server's time zone.
+	days = `event_date >= toDate($__fromTime, 'UTC') AND event_date <= toDate($__toTime, 'UTC')`
 	// grafanaWindow is the window on event_time_us (events and the
-	// retry-loop tables); grafanaEventsWindow on events' event_time.
+	// retry-loop rows); grafanaEventsWindow on events' event_time.
 	grafanaWindow       = days + ` AND event_time_us >= ` + fromUs + ` AND event_time_us < ` + endUs
 	grafanaEventsWindow = days + ` AND $__timeFilter(event_time)`
-	// hoursFrom and hoursTo are the rollup's whole hours in seconds: from
-	// the first whole hour in the window that request_rollup_epoch says is
-	// complete, to the last whole hour that ends inside the window.
-	hoursFrom     = `greatest(intDiv(toUInt32($__fromTime) + 3599, 3600) * 3600, (SELECT intDiv(toUInt32(max(complete_from)) + 3599, 3600) * 3600 FROM {db}.request_rollup_epoch))`
-	hoursTo       = `intDiv(toUInt32($__toTime) + 1, 3600) * 3600`
-	grafanaRollup = `hour >= toDateTime(` + hoursFrom + `) AND hour < toDateTime(` + hoursTo + `)`
-	// grafanaRaw is the window minus the rollup's hours, as two edges on
-	// event_time like the report's: [from, min(hoursFrom, to + 1s)) and
-	// [max(hoursFrom, hoursTo), to]. Each prunes the day partitions it
-	// does not span, and an empty one (a constant false first) reads none.
-	edge1End   = `least(` + hoursFrom + `, toUInt32($__toTime) + 1)`
-	edge2Start = `greatest(` + hoursFrom + `, ` + hoursTo + `)`
-	grafanaRaw = `((` + edge1End + ` > toUInt32($__fromTime) AND event_date >= toDate($__fromTime) AND event_date <= toDate(toDateTime(` + edge1End + ` - 1))
-			AND event_time >= $__fromTime AND event_time < toDateTime(` + edge1End + `))
-		OR (` + edge2Start + ` <= toUInt32($__toTime) AND event_date >= toDate(toDateTime(` + edge2Start + `)) AND event_date <= toDate($__toTime)
-			AND event_time >= toDateTime(` + edge2Start + `) AND event_time <= $__toTime))`
-	// loopEpochUs is when the retry-loop tables hold every event;
-	// beforeLoopEpoch keeps the raw forms to the events before it, with
-	// their days (none when the tables hold everything).
-	loopEpochUs     = `(SELECT toUInt64(toUInt32(max(complete_from))) * 1000000 FROM {db}.loop_epoch)`
-	beforeLoopEpoch = `event_date <= toDate(toDateTime(intDiv(` + loopEpochUs + `, 1000000))) AND event_time_us < ` + loopEpochUs
+	// hoursFrom and hoursTo bound the window's whole hours, in seconds.
+	hoursFrom = `(intDiv(toUInt32($__fromTime) + 3599, 3600) * 3600)`
+	hoursTo   = `(intDiv(toUInt32($__toTime) + 1, 3600) * 3600)`
 )
 
-// The retry-loop rows: the tables (as the report reads them) from
-// loop_epoch on, their raw forms before it.
+// grafanaClean is the window's clean whole hours, with their versions.
+var grafanaClean = CleanHours(hoursFrom, hoursTo)
+
+// grafanaRollup is the window's clean whole hours in the caches;
+// grafanaRaw the rest of the window in events.
 var (
-	grafanaLoopConflicts = `(SELECT event_date, event_time_us, cluster, writer, api_group, resource, namespace, name FROM ` + loopConflictsTable + ` WHERE event_time_us >= ` + loopEpochUs + `
-		UNION ALL
-		SELECT event_date, event_time_us, cluster, writer, api_group, resource, namespace, name FROM ` + beforeEpoch(loopConflictsRaw) + `)`
-	grafanaLoopConflictsUncorrected = `(SELECT event_date, event_time_us, cluster, writer, api_group, resource, namespace, name FROM ` + loopConflictsPlain + ` WHERE event_time_us >= ` + loopEpochUs + `
-		UNION ALL
-		SELECT event_date, event_time_us, cluster, writer, api_group, resource, namespace, name FROM ` + beforeEpoch(loopConflictsRawUncorrected) + `)`
-	grafanaLoopSuccesses = `(SELECT event_date, event_time_us, cluster, pair FROM ` + loopSuccessesTable + ` WHERE event_time_us >= ` + loopEpochUs + `
-		UNION ALL
-		SELECT event_date, event_time_us, cluster, pair FROM ` + beforeEpoch(loopSuccessesRaw) + `)`
+	grafanaRollup = days + ` AND hour >= toDateTime(` + hoursFrom + `) AND hour < toDateTime(` + hoursTo + `) AND (hour, version) IN ` + grafanaClean
+	grafanaRaw    = grafanaWindow + ` AND NOT (event_time_us >= ` + hoursFrom + ` * 1000000 AND event_time_us < ` + hoursTo + ` * 1000000
+		AND toDateTime(intDiv(event_time_us, 3600000000) * 3600) IN (SELECT hour FROM ` + grafanaClean + `))`
 )
-
-// beforeEpoch narrows a raw loop form's window to before loop_epoch, inside
-// its PREWHERE or WHERE, where ClickHouse prunes by it.
-func beforeEpoch(raw string) string {
-	return strings.ReplaceAll(raw, EventsWhole.Placeholder, EventsWhole.Placeholder+" AND "+beforeLoopEpoch)
-}
 
 // Bind renders s for a Grafana panel or alert query. It fails when a
 // parameter has neither a variable nor a value.
@@ -132,15 +103,13 @@ func (g Grafana) Bind(s Statement) (string, error) {
 		}
 	}
 	sql := replace(s.SQL,
-		"{loop_conflicts}", grafanaLoopConflicts, "{loop_conflicts_uncorrected}", grafanaLoopConflictsUncorrected,
-		"{loop_successes}", grafanaLoopSuccesses,
-		"{duplicates}", corrected, "{duplicate_key}", identityKey,
+		"{loop_conflicts}", loopConflicts, "{loop_successes}", loopSuccesses,
 		"{filters}", "("+strings.Join(filters, " AND ")+")",
-		"{raw_window}", grafanaRaw, "{raw_sign}", "1", "{rollup_window}", grafanaRollup, "{window}", grafanaWindow, "{events_window}", grafanaEventsWindow,
+		"{raw_window}", grafanaRaw, "{rollup_window}", grafanaRollup, "{window}", grafanaWindow, "{events_window}", grafanaEventsWindow,
 		"{bucket}", "toDateTime(intDiv(toUInt32(event_time), @interval_s) * @interval_s)",
 		"{end_us}", endUs,
 		"{db}", g.Database)
-	return bindNames(keyedReadRef.ReplaceAllString(correction(sql, true), ""), params), nil
+	return bindNames(sql, params), nil
 }
 
 // bindNames replaces each @name with its text, matching whole names only.

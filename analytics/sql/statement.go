@@ -53,10 +53,10 @@ type Source string
 
 // The sources.
 const (
-	// Raw is the events table, or a table fed one row per event (the
-	// retry-loop tables).
+	// Raw is the events table, one row per identity.
 	Raw Source = "raw"
-	// Rollup is request_rollup's hourly counters.
+	// Rollup is the hour caches (hour_requests, hour_loop_conflicts,
+	// hour_loop_successes), one version per clean hour.
 	Rollup Source = "rollup"
 )
 
@@ -72,16 +72,19 @@ type Window struct {
 // The windows.
 var (
 	// Whole is the whole window on event_time_us, on events or on the
-	// retry-loop tables (each has event_date and event_time_us).
+	// retry-loop rows (each has event_date and event_time_us).
 	Whole = Window{"{window}", "event_time_us", Raw, "the whole window"}
 	// EventsWhole is the whole window on events' event_time, for
 	// statements that read only events.
 	EventsWhole = Window{"{events_window}", "event_time", Raw, "the whole window, on events"}
-	// RawEdges is the part of the window that request_rollup does not
-	// answer, on events.
-	RawEdges = Window{"{raw_window}", "event_time_us", Raw, "the window minus request_rollup's whole hours"}
-	// RollupHours is request_rollup's whole hours inside the window.
-	RollupHours = Window{"{rollup_window}", "hour", Rollup, "the whole hours request_rollup answers"}
+	// RawEdges is the part of the window that the hour caches do not
+	// answer, on events: the parts of hours the window cuts, and the
+	// whole hours that are not clean (open, or written since their last
+	// compaction).
+	RawEdges = Window{"{raw_window}", "event_time_us", Raw, "the window minus the clean whole hours"}
+	// RollupHours is the clean whole hours inside the window, each with
+	// the version of its caches to read.
+	RollupHours = Window{"{rollup_window}", "hour", Rollup, "the clean whole hours, from the hour caches"}
 	// Bucket is the start of a series' time bucket, as a DateTime.
 	Bucket = Window{"{bucket}", "event_time", Raw, "the time bucket of a series"}
 	// End is the window's end (exclusive) in microseconds.
@@ -117,11 +120,8 @@ type Statement struct {
 	// Columns are the result's column names, in order.
 	Columns []string
 	// SQL is the text with placeholders: {db}, {filters}, the windows,
-	// {loop_conflicts} and {loop_successes} (the retry-loop rows;
-	// {loop_conflicts_uncorrected} is a superset of the first, without
-	// the correction for duplicates), and
-	// {duplicates} and the region {duplicated} … {end_duplicated} (the
-	// correction for events stored more than once).
+	// and {loop_conflicts} and {loop_successes} (the retry-loop rows,
+	// which place time with {rollup_window} and {raw_window}).
 	SQL string
 }
 
@@ -155,8 +155,9 @@ func (s Statement) Validate() error {
 	var places, windows []string
 	for _, p := range placeholderRef.FindAllString(s.SQL, -1) {
 		switch p {
-		case "{db}", "{filters}", "{loop_conflicts}", "{loop_conflicts_uncorrected}", "{loop_successes}",
-			"{duplicates}", "{duplicate_key}", "{duplicated}", "{end_duplicated}", "{raw_sign}":
+		case "{db}", "{filters}":
+		case "{loop_conflicts}", "{loop_successes}":
+			places = append(places, RollupHours.Placeholder, RawEdges.Placeholder)
 		default:
 			places = append(places, p)
 		}
@@ -166,12 +167,6 @@ func (s Statement) Validate() error {
 	}
 	if a, b := set(places), set(windows); !slices.Equal(a, b) {
 		return fmt.Errorf("statement %s: places time with %v, declares %v", s.Name, a, b)
-	}
-	if a, b := strings.Count(s.SQL, "{duplicated}"), strings.Count(s.SQL, "{end_duplicated}"); a != b || len(duplicatedRegion.FindAllString(s.SQL, -1)) != a {
-		return fmt.Errorf("statement %s: %d {duplicated} regions open, %d close", s.Name, a, b)
-	}
-	if strings.Contains(s.SQL, "{raw_sign}") && !slices.Contains(s.Time, RawEdges) {
-		return fmt.Errorf("statement %s: uses {raw_sign} without %s", s.Name, RawEdges.Placeholder)
 	}
 	if len(s.Columns) == 0 {
 		return fmt.Errorf("statement %s: no columns", s.Name)
@@ -186,19 +181,6 @@ func set(xs []string) []string {
 	xs = slices.Clone(xs)
 	slices.Sort(xs)
 	return slices.Compact(xs)
-}
-
-// duplicatedRegion is a {duplicated} … {end_duplicated} region.
-var duplicatedRegion = regexp.MustCompile(`(?s)\{duplicated\}.*?\{end_duplicated\}`)
-
-// correction renders the regions that apply the correction for events
-// stored more than once: their text stays when apply is set (the window
-// holds a recorded duplicate), else they are cut out.
-func correction(sql string, apply bool) string {
-	if !apply {
-		return duplicatedRegion.ReplaceAllString(sql, "")
-	}
-	return replace(sql, "{duplicated}", "", "{end_duplicated}", "")
 }
 
 // replace fills placeholders in order: a later pair may fill what an

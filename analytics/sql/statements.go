@@ -1,8 +1,6 @@
 package sql
 
 import (
-	"regexp"
-	"strconv"
 	"strings"
 )
 
@@ -16,180 +14,113 @@ const (
 	rateOfAttempts = `if(attempts > 0, conflicts / attempts, 0) AS conflict_rate`
 )
 
-// identity is the dedup identity of an event. events is a
-// ReplacingMergeTree on it, so a copy stored twice by racing writers is
-// collapsed only once the parts merge; a raw read keeps one row per
-// identity itself (distinctEvents).
-const identity = `cluster, audit_id, stage, fingerprint`
+// Identity is the identity of an event: every read takes one row per
+// identity (DistinctEvents), however many copies events holds.
+const Identity = `cluster, audit_id, stage, fingerprint`
 
-// The correction for events stored more than once (migration 4): the
-// source of {duplicates}, and the region {duplicated} … {end_duplicated}
-// that a binder keeps (the correction applies) or cuts out (the window
-// holds no recorded duplicate).
-const (
-	// corrected is duplicate_events, one row per event with the highest
-	// count of copies seen.
-	corrected = `{db}.duplicate_events FINAL`
-	// noDuplicates reads nothing: for windows without a recorded duplicate.
-	noDuplicates = `(SELECT * FROM {db}.duplicate_events LIMIT 0)`
-)
-
-// distinctEvents reads columns from the events that pass prewhere and
-// where, one row per identity. Only an event recorded in duplicate_events
-// can have a second copy in events, and duplicate_events holds each such
-// event once, whole. So the events whose key no duplicate of the window
-// holds are read from events as they are, and the others from
-// duplicate_events: no second read of events, and nothing hashed but the
-// key. distinctEvents matches by the identity, for reads that PREWHERE
-// narrows to a few events; keyedDistinctEvents, for reads of every event,
-// by a cheaper key where it may. window is the read's time placeholder;
-// it bounds the duplicates too (their event_time and event_time_us are
-// their events'). Without the correction the read is the first part
-// alone, unfiltered.
-func distinctEvents(columns, prewhere, where, window string) string {
-	return distinctBy(identityKey, "", columns, prewhere, where, window)
-}
-
-// keyedDistinctEvents is distinctEvents matching by {duplicate_key}: the
-// identity, or, where the binder has checked that no other event shares a
-// duplicate's instant and fingerprint (Report.InstantKeyCollisions), those
-// two numbers, which cost far less to read than the audit ID (a raw read
-// reads its columns for whole day partitions: events is sorted by object).
-// The read's SQL carries its number in keyedReads for that check.
-func keyedDistinctEvents(columns, prewhere, where, window string) string {
-	keyedReads = append(keyedReads, keyedRead{prewhere: prewhere, window: window})
-	return distinctBy("{duplicate_key}", "/*keyed read "+strconv.Itoa(len(keyedReads)-1)+"*/", columns, prewhere, where, window)
-}
-
-// distinctBy is distinctEvents matching by key, with mark (a comment)
-// beside the match.
-func distinctBy(key, mark, columns, prewhere, where, window string) string {
+// DistinctEvents reads columns from the events that pass prewhere and
+// where, one row per identity. events is a ReplacingMergeTree on the
+// identity, so copies of an event (a redelivery, racing writers, an insert
+// retried after it was applied in part) collapse when parts merge; until
+// then LIMIT 1 BY keeps one. Every copy has the same columns: they are one
+// event, decoded by one code.
+func DistinctEvents(columns, prewhere, where string) string {
 	return `(
 	SELECT ` + columns + ` FROM {db}.events
 	PREWHERE ` + prewhere + `
-	WHERE ` + where + `{duplicated}` + mark + ` AND (` + key + `) NOT IN (SELECT ` + key + ` FROM {duplicates} WHERE ` + window + `)
-	UNION ALL
-	SELECT ` + columns + ` FROM {duplicates}
-	WHERE ` + window + ` AND ` + prewhere + ` AND ` + where + `{end_duplicated})`
+	WHERE ` + where + `
+	LIMIT 1 BY ` + Identity + `)`
 }
 
-// keyedReads are the raw reads of keyedDistinctEvents, by number: the SQL of
-// each carries its number in a comment (keyedReadRef), so that a binder
-// can tell which rows a bound statement matches to duplicates by key
-// (Report.InstantKeyCollisions).
-var keyedReads []keyedRead
+// requestColumns are what the counters of a request read, beside its
+// object and writer: the aliases class and is_write of Counters.
+const requestColumns = `cluster, writer, api_group, resource, namespace, name, verb, code, stamp, ` + ConflictClass + ` AS class, ` + IsWrite + ` AS is_write`
 
-// keyedRead is where a raw read reads: its PREWHERE and time placeholder
-// (its WHERE narrows further).
-type keyedRead struct{ prewhere, window string }
-
-var keyedReadRef = regexp.MustCompile(`/\*keyed read ([0-9]+)\*/`)
-
-// The keys a raw read matches events to their recorded duplicates by.
-const (
-	identityKey = identity
-	instantKey  = `event_time_us, fingerprint`
-)
-
-// counted is the window's requests as counter rows: request_rollup's
-// hours, corrected for duplicates, UNION ALL one row per raw event of the
-// edges, each times its edge's sign ({raw_sign}): +1 for the parts of the
-// window outside the hours, -1 for the parts of the hours outside the
-// window (where a binder reads an hour that cuts the window whole). The
-// parts together make the window, so the sums are exact; a single row may
-// be negative, so sum the counters (Int64) before judging them, and
-// convert the sums back with toUInt64.
-//
-// The rollup's views count every stored copy of an event, so for each event
-// stored copies > 1 times in the rollup's hours a third part adds its
-// counters times -(copies - 1), computed from its columns with the same
-// definitions as the views. The raw part reads events, where a copy may not
-// be merged away yet, so it keeps one row per identity.
-var counted = func() string {
-	var names, raw, dup []string
+// counterSums are the Counters as aggregates over requestColumns rows.
+var counterSums = func() string {
+	var cs []string
 	for _, c := range Counters {
-		names = append(names, "toInt64(rr."+c.Name+") AS "+c.Name)
-		raw = append(raw, "toInt64("+c.Cond+") * edge_sign AS "+c.Name)
-		dup = append(dup, "toInt64("+c.Cond+") * (1 - toInt64(copies)) AS "+c.Name)
+		cs = append(cs, "toUInt64(countIf("+c.Cond+")) AS "+c.Name)
 	}
-	columns := `writer, api_group, resource, namespace, name, verb, code, stamp, ` + ConflictClass + ` AS class, ` + IsWrite + ` AS is_write`
-	return `(
-	SELECT api_group, resource, namespace, name, writer, ` + strings.Join(names, ", ") + `
-	FROM {db}.request_rollup AS rr
-	WHERE cluster = @cluster AND {rollup_window} AND {filters}
-	UNION ALL
-	SELECT api_group, resource, namespace, name, writer, ` + strings.Join(dup, ", ") + `
-	FROM (SELECT ` + columns + `, copies, toDateTime(intDiv(event_time_us, 3600000000) * 3600) AS hour
-		FROM {duplicates}
-		WHERE ` + Request + ` AND cluster = @cluster AND {filters})
-	WHERE {rollup_window}
-	UNION ALL
-	SELECT api_group, resource, namespace, name, writer, ` + strings.Join(raw, ", ") + `
-	FROM ` + keyedDistinctEvents(columns+`, {raw_sign} AS edge_sign`, `{raw_window}`, Request+` AND cluster = @cluster AND {filters}`, `{raw_window}`) + `
-)`
+	return strings.Join(cs, ", ")
 }()
 
+// counterValues are the Counters of one requestColumns row.
+var counterValues = func() string {
+	var cs []string
+	for _, c := range Counters {
+		cs = append(cs, "toUInt64("+c.Cond+") AS "+c.Name)
+	}
+	return strings.Join(cs, ", ")
+}()
+
+// counterNames are the Counters' column names.
+var counterNames = func() string {
+	var cs []string
+	for _, c := range Counters {
+		cs = append(cs, c.Name)
+	}
+	return strings.Join(cs, ", ")
+}()
+
+// counted is the window's requests as counter rows: the clean hours of
+// the window from their caches (hour_requests, one version per hour), and
+// one row per request, read from events, for the rest ({raw_window}).
+// Together they are the window, each request once.
+var counted = `(
+	SELECT api_group, resource, namespace, name, writer, ` + counterNames + `
+	FROM {db}.hour_requests
+	WHERE cluster = @cluster AND {rollup_window} AND {filters}
+	UNION ALL
+	SELECT api_group, resource, namespace, name, writer, ` + counterValues + `
+	FROM ` + DistinctEvents(requestColumns, `{raw_window}`, Request+` AND cluster = @cluster AND {filters}`) + `
+)`
+
 // classified is the window's requests in events with their class and
-// is_write, for series (buckets narrower than the rollup's hours) and
-// columns the rollup lacks.
-//
-// It keeps one row per identity, as the report's raw reads do.
-var classified = keyedDistinctEvents(
+// is_write, for series (buckets narrower than an hour) and columns the
+// caches lack.
+var classified = DistinctEvents(
 	`event_time, user_agent, resource, verb, code, stamp, latency_us, `+ConflictClass+` AS class, `+IsWrite+` AS is_write`,
-	`{events_window}`, Request+` AND cluster = @cluster AND {filters}`, `{events_window}`)
-
+	`{events_window}`, Request+` AND cluster = @cluster AND {filters}`)
 // The retry-loop rows: version conflicts and successful writes, one row per
-// request, each with its writer and object. The tables hold them as
-// migration 3's views write them; the raw forms derive the same rows from
-// events, for windows that begin before loop_epoch and to prove the tables
-// right.
-//
-// The views add a row per stored copy. A doubled version conflict would
-// lengthen its loop and raise its object in the hot-objects ranking, so
-// loopConflictsTable corrects the table's multiset: the window's rows are
-// counted per (writer, object, instant), minus copies-1 for each duplicate
-// there, and expanded back to that many rows. One GROUP BY over the
-// window's conflicts (a small table: version conflicts only) costs less on
-// 18.16 than reading the duplicates three times to group only the
-// duplicated instants. A doubled success is harmless: a second
-// success at the same instant splits no run and moves no last success, so
-// loop_successes is read as it is.
+// request, each with its writer and object. LoopConflictRows and
+// LoopSuccessRows derive them from events (one row per identity); the
+// hour caches hold the same rows for their clean hours. {loop_conflicts}
+// and {loop_successes} are both together: the caches for {rollup_window},
+// events for {raw_window}.
 const (
-	loopConflictsTable = `(
-	SELECT ` + loopConflictColumns + ` FROM (
-		SELECT ` + loopConflictColumns + `, sum(k) AS n FROM (
-			SELECT ` + loopConflictColumns + `, toInt64(1) AS k FROM {db}.loop_conflicts
-			WHERE cluster = @cluster AND {window}
-			UNION ALL
-			SELECT ` + loopConflictColumns + `, 1 - toInt64(copies) AS k FROM ` + duplicateConflicts + `)
-		GROUP BY ` + loopConflictColumns + `
-		HAVING n > 0)
-	ARRAY JOIN range(toUInt64(n)) AS copy)`
-	loopSuccessesTable = `{db}.loop_successes`
-	// loopConflictsPlain is the table as it is: the same rows as
-	// loopConflictsTable where the window holds no duplicate.
-	loopConflictsPlain = `{db}.loop_conflicts`
-
-	loopSuccessesRaw = `(SELECT event_date, event_time_us, cluster, ` + LoopPair + ` AS pair FROM {db}.events
-		PREWHERE {events_window}
-		WHERE ` + Request + ` AND ` + IsWrite + ` AND ` + IsSuccess + `)`
-
-	// loopConflictColumns are the columns of loop_conflicts.
+	// loopConflictColumns are the columns of a conflict row.
 	loopConflictColumns = `event_date, cluster, writer, api_group, resource, namespace, name, event_time_us`
-
-	// duplicateConflicts are the duplicated version conflicts of the window.
-	duplicateConflicts = `(SELECT ` + loopConflictColumns + `, copies FROM {duplicates}
-		WHERE cluster = @cluster AND {window} AND ` + Request + ` AND ` + IsWrite + ` AND ` + VersionConflict + `)`
+	// loopSuccessColumns are the columns of a success row: successes are
+	// most writes, so they keep only a hash of (writer, object), and a
+	// lookup of a few hundred pairs compares integers.
+	loopSuccessColumns = `event_date, cluster, pair, event_time_us`
 )
 
-// loopConflictsRaw derives loop_conflicts' rows from events, one per
-// request.
-var loopConflictsRaw = distinctEvents(loopConflictColumns, `code = 409`,
-	`{events_window} AND `+Request+` AND `+IsWrite+` AND `+VersionConflict, `{events_window}`)
+// LoopConflictRows are the version conflicts of events in window (a
+// condition on events' columns), one row per request.
+func LoopConflictRows(window string) string {
+	return DistinctEvents(loopConflictColumns, `code = 409 AND `+window,
+		Request+` AND `+IsWrite+` AND `+VersionConflict)
+}
 
-// loopConflictsRawUncorrected is loopConflictsRaw without the correction
-// for duplicates: every stored copy.
-var loopConflictsRawUncorrected = correction(loopConflictsRaw, false)
+// LoopSuccessRows are the successful writes of events in window, one row
+// per request.
+func LoopSuccessRows(window string) string {
+	return DistinctEvents(`event_date, cluster, `+LoopPair+` AS pair, event_time_us`, window,
+		Request+` AND `+IsWrite+` AND `+IsSuccess)
+}
+
+var (
+	loopConflicts = `(
+	SELECT ` + loopConflictColumns + ` FROM {db}.hour_loop_conflicts WHERE {rollup_window}
+	UNION ALL
+	SELECT ` + loopConflictColumns + ` FROM ` + LoopConflictRows(`{raw_window}`) + `)`
+	loopSuccesses = `(
+	SELECT ` + loopSuccessColumns + ` FROM {db}.hour_loop_successes WHERE {rollup_window}
+	UNION ALL
+	SELECT ` + loopSuccessColumns + ` FROM ` + LoopSuccessRows(`{raw_window}`) + `)`
+)
 
 // loopCandidates are the (writer, object) pairs with at least @threshold
 // version conflicts in the window, each with its conflicts in time order.
@@ -202,13 +133,6 @@ const loopCandidates = `
 	GROUP BY writer, api_group, resource, namespace, name
 	HAVING length(conflicts_us) >= @threshold`
 
-// uncorrectedLoopCandidates are loopCandidates counted without the
-// correction for duplicates ({loop_conflicts_uncorrected}): a superset of
-// them, as a copy only adds conflicts. It narrows the successes a loop
-// candidate may join, where a superset is as good and much cheaper on
-// 18.16, which runs an IN subquery's query more than once.
-var uncorrectedLoopCandidates = strings.ReplaceAll(loopCandidates, "{loop_conflicts}", "{loop_conflicts_uncorrected}")
-
 // conflictedObjects is one row: objs, the (object hash, version conflicts)
 // of every object with a version conflict in the window.
 const conflictedObjects = `(
@@ -216,9 +140,8 @@ const conflictedObjects = `(
 	FROM (SELECT ` + ObjectHash + ` AS h, count() AS c FROM {loop_conflicts} WHERE cluster = @cluster AND {window} AND {filters} GROUP BY h))`
 
 // fewConflictedObjects says that fewer than @top objects have a version
-// conflict in the window. A copy adds rows only to an object that has a
-// conflict, so the uncorrected rows name the same objects, cheaper.
-const fewConflictedObjects = `(SELECT uniqExact(` + ObjectHash + `) < @top FROM {loop_conflicts_uncorrected} WHERE cluster = @cluster AND {window} AND {filters})`
+// conflict in the window.
+const fewConflictedObjects = `(SELECT uniqExact(` + ObjectHash + `) < @top FROM {loop_conflicts} WHERE cluster = @cluster AND {window} AND {filters})`
 
 // Parameter and window lists the statements share.
 var (
@@ -314,7 +237,7 @@ LIMIT @top`}
 	// releases refuse a joined subquery without an alias (Code 206), and
 	// 18.16 has no setting that relaxes it, so both sides are named.
 	RetryLoops = Statement{Name: "retry_loops", Title: "Retry loops", Shape: Rows,
-		Params: with(filtered, Top, GapUs, Threshold), Time: []Window{Whole},
+		Params: with(filtered, Top, GapUs, Threshold), Time: []Window{RollupHours, RawEdges, Whole},
 		Columns: []string{"user", "api_group", "resource", "namespace", "name", "conflicts", "first_us", "last_us", "resolved"},
 		SQL:     retryLoops}
 
@@ -375,7 +298,7 @@ var decisions = `(
 		SELECT event_time, arrayJoin(arrayFilter(x -> like(tupleElement(x, 1), '%.stampguard.dev/%'), arrayMap((k, v) -> (k, v), annotation_keys, annotation_values))) AS kv,
 			splitByChar('/', tupleElement(kv, 1))[2] AS kind,
 			arrayJoin(extractAll(tupleElement(kv, 2), '\\{[^{}]*\\}')) AS entry
-		FROM ` + distinctEvents(`event_time, annotation_keys, annotation_values`, `notEmpty(annotation_keys)`, requests, `{events_window}`) + `
+		FROM ` + DistinctEvents(`event_time, annotation_keys, annotation_values`, `notEmpty(annotation_keys)`, requests) + `
 	)
 )`
 
@@ -398,7 +321,7 @@ FROM (
 		ANY LEFT JOIN (
 			SELECT pair, groupArray(event_time_us) AS successes_us
 			FROM {loop_successes}
-			WHERE cluster = @cluster AND pair IN (SELECT pair FROM (` + uncorrectedLoopCandidates + `)) AND {window}
+			WHERE cluster = @cluster AND pair IN (SELECT pair FROM (` + loopCandidates + `)) AND {window}
 			GROUP BY pair
 		) AS successes USING pair
 	)

@@ -27,6 +27,7 @@ import (
 	"time"
 
 	"github.com/stampguard/stampguard/analytics"
+	asql "github.com/stampguard/stampguard/analytics/sql"
 	"github.com/stampguard/stampguard/internal/chdbtest"
 	"github.com/stampguard/stampguard/internal/chtest"
 )
@@ -86,7 +87,7 @@ func loggedStore(t *testing.T, ch *chtest.Server, db string) *analytics.Store {
 // there with Migrate26.
 func Attach(t *testing.T, ch *chtest.Server, e *chdbtest.Engine, db string) *Pair {
 	t.Helper()
-	if err := analytics.ValidDatabase(db); err != nil {
+	if err := asql.ValidDatabase(db); err != nil {
 		t.Fatal(err)
 	}
 	en := &Pair{CH: ch, E: e, DB: db, Store: loggedStore(t, ch, db), seen: map[string]bool{}}

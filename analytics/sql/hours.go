@@ -1,0 +1,73 @@
+package sql
+
+import (
+	"strings"
+)
+
+// The hour caches (migration 5). An insert writes events and, through a
+// view in the same INSERT, one mark per block and hour the block touched,
+// after the block's events part: a visible mark means its events are
+// visible. A compaction of an hour counts the hour's distinct marks first,
+// then aggregates the hour's events (one row per identity) into the caches
+// under a fresh version, then records (hour, version, marks). An hour is
+// clean while its distinct marks still number what its newest such record
+// counted: marks only grow, so an equal count is the same set, and every
+// event of that set is in the caches. A later insert into the hour adds a
+// mark, and the hour is read from events until it is compacted again.
+// Readers never see a half-written version: a version is read only once
+// its record exists, and the record is written after the caches.
+
+// CleanHours is a subquery of (hour, version): each hour in [from, to)
+// whose caches hold every event of its marks, with the newest version that
+// does. from and to are SQL expressions of Unix seconds, whole hours.
+func CleanHours(from, to string) string {
+	within := `event_date >= toDate(toDateTime(` + from + `), 'UTC') AND event_date <= toDate(toDateTime(` + to + `), 'UTC')
+		AND hour >= toDateTime(` + from + `) AND hour < toDateTime(` + to + `)`
+	return `(SELECT hour, max(version) AS version FROM {db}.hour_compactions
+	WHERE ` + within + ` AND (hour, marks) IN (
+		SELECT hour, uniqExact(mark) FROM {db}.hour_marks WHERE ` + within + ` GROUP BY hour)
+	GROUP BY hour)`
+}
+
+// hourRows are the events of the hour @hour_s (Unix seconds) of a
+// compaction.
+const hourRows = `event_date = toDate(toDateTime(@hour_s), 'UTC') AND event_time_us >= @hour_s * 1000000 AND event_time_us < (@hour_s + 3600) * 1000000`
+
+// The statements of a compaction, in order, each with {db} to fill and the
+// parameters @hour_s, @version and (the last) @marks.
+var (
+	// CompactionMarks counts the hour's distinct marks: the first read of
+	// a compaction.
+	CompactionMarks = `SELECT uniqExact(mark) FROM {db}.hour_marks WHERE event_date = toDate(toDateTime(@hour_s), 'UTC') AND hour = toDateTime(@hour_s)`
+
+	// CompactionInserts build the hour's caches under @version.
+	CompactionInserts = []string{
+		`INSERT INTO {db}.hour_requests (event_date, hour, version, cluster, api_group, resource, namespace, name, writer, ` + counterNames + `)
+	SELECT toDate(toDateTime(@hour_s), 'UTC'), toDateTime(@hour_s), toUInt64(@version), cluster, api_group, resource, namespace, name, writer, ` + counterSums + `
+	FROM ` + DistinctEvents(requestColumns, hourRows, Request) + `
+	GROUP BY cluster, api_group, resource, namespace, name, writer`,
+		`INSERT INTO {db}.hour_loop_conflicts (event_date, hour, version, ` + loopConflictColumnsNoDate + `)
+	SELECT event_date, toDateTime(@hour_s), toUInt64(@version), ` + loopConflictColumnsNoDate + `
+	FROM ` + LoopConflictRows(hourRows),
+		`INSERT INTO {db}.hour_loop_successes (event_date, hour, version, cluster, pair, event_time_us)
+	SELECT event_date, toDateTime(@hour_s), toUInt64(@version), cluster, pair, event_time_us
+	FROM ` + LoopSuccessRows(hourRows),
+	}
+
+	// CompactionRecord makes @version of the hour readable, for as long as
+	// the hour has @marks distinct marks.
+	CompactionRecord = `INSERT INTO {db}.hour_compactions (event_date, hour, version, marks, compacted_at)
+	SELECT toDate(toDateTime(@hour_s), 'UTC'), toDateTime(@hour_s), toUInt64(@version), toUInt64(@marks), now()`
+
+	// StaleHours lists the hours from the day of @since_s on that end
+	// before @closed_s and are not clean: (Unix seconds of the hour).
+	StaleHours = `SELECT toUInt32(hour) AS h FROM (
+		SELECT hour, uniqExact(mark) AS marks FROM {db}.hour_marks
+		WHERE event_date >= toDate(toDateTime(@since_s), 'UTC') AND hour < toDateTime(@closed_s - 3600)
+		GROUP BY hour)
+	WHERE (hour, marks) NOT IN (SELECT hour, marks FROM {db}.hour_compactions WHERE event_date >= toDate(toDateTime(@since_s), 'UTC'))
+	ORDER BY h`
+)
+
+// loopConflictColumnsNoDate are loopConflictColumns without event_date.
+var loopConflictColumnsNoDate = strings.TrimPrefix(loopConflictColumns, "event_date, ")
