@@ -223,4 +223,3 @@ func (s *Store) localTable(table string) string {
 	}
 	return table + LocalSuffix
 }
-

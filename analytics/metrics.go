@@ -1,7 +1,6 @@
 package analytics
 
 import (
-
 	"github.com/prometheus/client_golang/prometheus"
 )
 

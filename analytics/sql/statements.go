@@ -82,6 +82,7 @@ var counted = `(
 var classified = DistinctEvents(
 	`event_time, user_agent, resource, verb, code, stamp, latency_us, `+ConflictClass+` AS class, `+IsWrite+` AS is_write`,
 	`{events_window}`, Request+` AND cluster = @cluster AND {filters}`)
+
 // The retry-loop rows: version conflicts and successful writes, one row per
 // request, each with its writer and object. LoopConflictRows and
 // LoopSuccessRows derive them from events (one row per identity); the
