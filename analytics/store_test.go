@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/stampguard/stampguard/analytics/audit"
+	asql "github.com/stampguard/stampguard/analytics/sql"
 	"github.com/stampguard/stampguard/internal/chtest"
 
 	"github.com/stampguard/stampguard/internal/testenv"
@@ -52,6 +53,10 @@ func sharedServer(t *testing.T) *chtest.Server {
 	}
 	return shared.srv
 }
+
+// distinctEventsSQL counts the events of {db}.events once each.
+// A WHERE may follow.
+const distinctEventsSQL = "SELECT count() FROM (SELECT cluster FROM {db}.events LIMIT 1 BY " + asql.Identity + ")"
 
 func count(t *testing.T, st *Store, query string, args ...any) uint64 {
 	t.Helper()
@@ -93,7 +98,7 @@ func TestMigrateIsIdempotent(t *testing.T) {
 	}
 }
 
-func TestInsertStoresEachEventOnce(t *testing.T) {
+func TestInsertSendsEachEventOfABatchOnce(t *testing.T) {
 	st, _ := newStore(t, true)
 	rows := decodeAll(t, "prod", realEvents(t))
 	ctx := t.Context()
@@ -110,18 +115,19 @@ func TestInsertStoresEachEventOnce(t *testing.T) {
 		rows        []audit.Row
 		wantStored  int
 		wantDropped int
+		newEvents   int
 	}{
-		{"a redelivered batch stores nothing", rows, 0, len(rows)},
-		{"a batch repeating an event within itself stores it once", append(decodeAll(t, "staging", realEvents(t)[:2]), decodeAll(t, "staging", realEvents(t)[:2])...), 2, 2},
-		{"the same events from another cluster are new", decodeAll(t, "dev", realEvents(t)[:3]), 3, 0},
-		{"a reused audit ID of a different request is a new row", func() []audit.Row {
+		{"a redelivered batch is stored again, as copies", rows, len(rows), 0, 0},
+		{"a batch repeating an event within itself sends it once", append(decodeAll(t, "staging", realEvents(t)[:2]), decodeAll(t, "staging", realEvents(t)[:2])...), 2, 2, 2},
+		{"the same events from another cluster are new", decodeAll(t, "dev", realEvents(t)[:3]), 3, 0, 3},
+		{"a reused audit ID of a different request is a new event", func() []audit.Row {
 			r := decodeAll(t, "prod", realEvents(t)[:1])
 			r[0].StageMicros++
 			r[0].Fingerprint = audit.Fingerprint(&r[0])
 			return r
-		}(), 1, 0},
+		}(), 1, 0, 1},
 	}
-	total := len(rows)
+	events := len(rows)
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			res, err := st.Insert(ctx, tt.rows, nil)
@@ -131,14 +137,11 @@ func TestInsertStoresEachEventOnce(t *testing.T) {
 			if res.Stored != tt.wantStored || res.Duplicates != tt.wantDropped {
 				t.Errorf("%+v, want %d stored and %d dropped", res, tt.wantStored, tt.wantDropped)
 			}
-			total += tt.wantStored
-			if n := count(t, st, "SELECT count() FROM {db}.events"); n != uint64(total) {
-				t.Errorf("events has %d rows, want %d", n, total)
+			events += tt.newEvents
+			if n := count(t, st, distinctEventsSQL); n != uint64(events) {
+				t.Errorf("events holds %d distinct events, want %d", n, events)
 			}
 		})
-	}
-	if n := count(t, st, "SELECT count() FROM {db}.stored_keys"); n != uint64(total) {
-		t.Errorf("stored_keys has %d rows, want %d", n, total)
 	}
 }
 
@@ -222,11 +225,8 @@ func TestRetentionDropsWholeDays(t *testing.T) {
 	if n := count(t, st, "SELECT count() FROM {db}.events"); n != 3 {
 		t.Errorf("%d events left, want 3", n)
 	}
-	if n := count(t, st, "SELECT count() FROM {db}.stored_keys"); n != 3 {
-		t.Errorf("%d keys left, want 3", n)
-	}
-	if n := count(t, st, "SELECT toUInt64(sum(requests)) FROM {db}.request_rollup"); n != 3 {
-		t.Errorf("the report rollup counts %d requests after retention, want 3", n)
+	if n := count(t, st, "SELECT count() FROM {db}.hour_marks"); n != 3 {
+		t.Errorf("%d hour marks left, want 3", n)
 	}
 }
 
@@ -317,40 +317,12 @@ func testCA(t *testing.T) []byte {
 	return pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der})
 }
 
-// TestDuplicateEventsHoldWholeEvents: migration 4 writes duplicate_events'
-// columns out as fixed text (a released migration must not follow later
-// edits), so this test keeps them equal to events' columns, in order, plus
-// copies; the report computes a duplicate's counters from them.
-func TestDuplicateEventsHoldWholeEvents(t *testing.T) {
-	st, _ := newStore(t, false)
-	columns := func(table string) []string {
-		rows, err := st.conn.Query(t.Context(), "SELECT name, type FROM system.columns WHERE database = ? AND table = ?", st.db, table) // in definition order (18.16 has no position column)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer rows.Close()
-		var out []string
-		for rows.Next() {
-			var name, typ string
-			if err := rows.Scan(&name, &typ); err != nil {
-				t.Fatal(err)
-			}
-			out = append(out, name+" "+typ)
-		}
-		return out
-	}
-	events, dups := columns("events"), columns("duplicate_events")
-	want := append(append([]string(nil), events...), "copies UInt32")
-	if strings.Join(dups, ", ") != strings.Join(want, ", ") {
-		t.Errorf("duplicate_events columns\n%v\nwant events' columns and copies\n%v", dups, want)
-	}
-}
-
-// TestEventsStoredBeforeMigration4StayStored: a database written at
-// migration 3 knows its events in event_keys only. After the upgrade the
-// lookup still finds them on their days (a redelivery stores nothing),
-// and reads stored_keys alone on days event_keys holds nothing of.
-func TestEventsStoredBeforeMigration4StayStored(t *testing.T) {
+// TestMigration5CountsEventsStoredBefore: a database written at migration
+// 4, with copies of events stored by racing writers back then (and so
+// counted twice by its old views), is upgraded. Every event it held counts
+// once, from events and from the caches built after the upgrade, and a
+// redelivery after the upgrade changes no figure.
+func TestMigration5CountsEventsStoredBefore(t *testing.T) {
 	testenv.SkipIfShort(t, "starts clickhouse-server")
 	srv := sharedServer(t)
 	ctx := t.Context()
@@ -360,58 +332,43 @@ func TestEventsStoredBeforeMigration4StayStored(t *testing.T) {
 	}
 	t.Cleanup(func() { st.Close() })
 	steps := MigrateSetupSQL(st.db)
-	for _, m := range Migrations[:3] {
+	for _, m := range Migrations[:4] {
 		steps = append(steps, m.SQL(st.db)...)
 	}
 	for _, q := range steps {
 		if err := st.conn.Exec(ctx, q); err != nil {
-			t.Fatalf("migrate to 3: %v\n%s", err, q)
+			t.Fatalf("migrate to 4: %v\n%s", err, q)
 		}
 	}
-	if v, err := st.SchemaVersion(ctx); err != nil || v != 3 {
-		t.Fatalf("schema version %d (%v), want 3", v, err)
-	}
-	old := decodeAll(t, "prod", realEvents(t))
+	old := exactRows(t, "old")
+	want := truth(t, old)
+	since, until := window(old)
 	set, err := recordSetOf(old, nil, false)
 	if err != nil {
 		t.Fatal(err)
 	}
 	refs, _ := dedup(set.rows, nil)
-	if err := st.insertEvents(ctx, refs); err != nil { // as the writer at migration 3 did
-		t.Fatal(err)
-	}
-	if applied, err := st.Migrate(ctx); err != nil || !slices.Contains(applied, 4) {
-		t.Fatalf("upgrade applied %v (%v), want 4 among them", applied, err)
-	}
-	day := time.UnixMicro(refs[0].micros).UTC().Format(time.DateOnly)
-	if !st.legacyOn([]any{day}) {
-		t.Errorf("after the upgrade the lookup skips event_keys on %s, the day it holds", day)
-	}
-
-	res, err := st.Insert(ctx, old, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if res.Stored != 0 || res.Duplicates != len(old) {
-		t.Errorf("redelivery after the upgrade: %+v, want all %d dropped", res, len(old))
-	}
-	later := decodeAll(t, "prod", realEvents(t))
-	for i := range later {
-		later[i].StageMicros += 3 * 86_400_000_000
-		later[i].RequestReceivedMicros += 3 * 86_400_000_000
-		later[i].Fingerprint = audit.Fingerprint(&later[i])
-	}
-	laterDay := time.UnixMicro(later[0].StageMicros).UTC().Format(time.DateOnly)
-	if st.legacyOn([]any{laterDay}) {
-		t.Errorf("the lookup reads event_keys on %s, a day it holds nothing of", laterDay)
-	}
-	for round, want := range []int{len(later), 0} {
-		res, err := st.Insert(ctx, later, nil)
-		if err != nil {
+	for range 2 { // two racing writers of migration 4, neither saw the other
+		if err := st.insertEvents(ctx, refs); err != nil {
 			t.Fatal(err)
 		}
-		if res.Stored != want || res.Duplicates != len(later)-want {
-			t.Errorf("round %d on %s: %+v, want %d stored", round, laterDay, res, want)
-		}
 	}
+	if n := count(t, st, "SELECT toUInt64(sum(requests)) FROM {db}.request_rollup"); n <= uint64(len(old)/2) {
+		t.Fatalf("the old rollup counted %d requests: the copies did not reach it", n)
+	}
+	if applied, err := st.Migrate(ctx); err != nil || !slices.Equal(applied, []int{5}) {
+		t.Fatalf("upgrade applied %v (%v), want [5]", applied, err)
+	}
+	requireTruth(t, st, want, since, until, "after the upgrade")
+	if _, err := st.Compact(ctx, since, 0); err != nil {
+		t.Fatal(err)
+	}
+	if n := cleanHours(t, st, since, until); n == 0 {
+		t.Fatal("no hour stored before the upgrade was compacted")
+	}
+	requireTruth(t, st, want, since, until, "after compaction")
+	if _, err := st.Insert(ctx, old, nil); err != nil {
+		t.Fatal(err)
+	}
+	requireTruth(t, st, want, since, until, "after a redelivery")
 }
