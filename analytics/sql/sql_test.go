@@ -2,6 +2,7 @@ package sql
 
 import (
 	"regexp"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -117,23 +118,45 @@ func TestBothBindersPlaceEveryWindow(t *testing.T) {
 	}
 }
 
-// TestInstantKeyCollisionsReadWhereTheStatementsDo: the check reads where
-// the report's keyed reads do (the raw edges of the counting statements),
-// not the reads that match by identity anyway (policy decisions, the raw
-// retry-loop rows).
-func TestInstantKeyCollisionsReadWhereTheStatementsDo(t *testing.T) {
-	for _, raw := range []bool{false, true} {
-		q := Report{Database: "db", RawLoops: raw, NoDuplicates: true}.InstantKeyCollisions(ReportStatements...)
-		if !strings.Contains(q, "PREWHERE (("+reportRawWindow+" AND "+reportRawWindow+")) AND") {
-			t.Errorf("raw loops %v: the check does not read the raw edges alone:\n%s", raw, q)
-		}
-		for _, not := range []string{"annotation_keys", "code = 409"} {
-			if strings.Contains(q, not) {
-				t.Errorf("raw loops %v: the check reads %s:\n%s", raw, not, q)
-			}
-		}
+func TestPlanReportSplitsTheWindow(t *testing.T) {
+	h := func(n int) time.Time { return time.Date(2026, 12, 1, n, 0, 0, 0, time.UTC) }
+	us := func(t time.Time) int64 { return t.UnixMicro() }
+	min := func(n, m int) time.Time { return h(n).Add(time.Duration(m) * time.Minute) }
+	cases := []struct {
+		name         string
+		since, until time.Time
+		clean        []CleanHour
+		wantClean    int
+		wantRaw      [][2]int64
+	}{
+		{"without clean hours the whole window is raw", min(1, 20), min(5, 10), nil, 0,
+			[][2]int64{{us(min(1, 20)), us(min(5, 10))}}},
+		{"clean whole hours are cut out, the edges stay raw", min(1, 20), min(5, 10),
+			[]CleanHour{{h(2), 7}, {h(3), 8}, {h(4), 9}}, 3,
+			[][2]int64{{us(min(1, 20)), us(h(2))}, {us(h(5)), us(min(5, 10))}}},
+		{"a dirty hour between clean ones is read raw", h(1), h(5),
+			[]CleanHour{{h(3), 2}, {h(1), 1}, {h(4), 3}}, 3,
+			[][2]int64{{us(h(2)), us(h(3))}}},
+		{"an hour the window cuts is never read from its cache", min(1, 30), min(2, 30),
+			[]CleanHour{{h(1), 1}, {h(2), 2}}, 0,
+			[][2]int64{{us(min(1, 30)), us(min(2, 30))}}},
+		{"a window of clean hours reads nothing raw", h(1), h(3),
+			[]CleanHour{{h(1), 1}, {h(2), 2}}, 2, nil},
 	}
-	if q := (Report{Database: "db"}).InstantKeyCollisions(LeaseHolderChanges, PolicyDecisions); q != "" {
-		t.Errorf("statements without keyed reads need no check, got %s", q)
+	for _, c := range cases {
+		p := PlanReport(c.since, c.until, c.clean)
+		if len(p.Clean) != c.wantClean || !slices.Equal(p.Raw, c.wantRaw) {
+			t.Errorf("%s: %d clean hours and raw %v, want %d and %v", c.name, len(p.Clean), p.Raw, c.wantClean, c.wantRaw)
+		}
+		// The parts cover the window once: the clean hours and the raw
+		// ranges add up to it.
+		var covered int64
+		for _, r := range p.Raw {
+			covered += r[1] - r[0]
+		}
+		covered += int64(len(p.Clean)) * time.Hour.Microseconds()
+		if covered != us(c.until)-us(c.since) {
+			t.Errorf("%s: the plan covers %d µs of a %d µs window", c.name, covered, us(c.until)-us(c.since))
+		}
 	}
 }
