@@ -99,11 +99,11 @@ func (g *generator) clickHouseBoard(uid, title, description string, tags ...stri
 		Label("ClickHouse").
 		Type(PluginID))
 	db := g.o.Database
-	// The lists come from request_rollup (small), over the last week.
+	// The lists come from the hour caches (small), over the last week.
 	bd.queryVariable("cluster", "Cluster", false,
-		`SELECT DISTINCT cluster FROM `+db+`.request_rollup WHERE event_date >= today() - 7 ORDER BY cluster`)
+		`SELECT DISTINCT cluster FROM `+db+`.hour_requests WHERE event_date >= today() - 7 ORDER BY cluster`)
 	in := func(col string) string {
-		return `SELECT DISTINCT ` + col + ` FROM ` + db + `.request_rollup WHERE event_date >= today() - 7 AND cluster = ${cluster:singlequote} AND ` + col + ` != '' ORDER BY ` + col
+		return `SELECT DISTINCT ` + col + ` FROM ` + db + `.hour_requests WHERE event_date >= today() - 7 AND cluster = ${cluster:singlequote} AND ` + col + ` != '' ORDER BY ` + col
 	}
 	bd.queryVariable("namespace", "Namespace", true, in("namespace"))
 	bd.queryVariable("resource", "Resource", true, in("resource"))

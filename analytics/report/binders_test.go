@@ -49,9 +49,9 @@ func rowsOf(t *testing.T, ctx context.Context, conn driver.Conn, sql string, arg
 // binders and requires the same rows: the report's split window and bound
 // parameters against the plugin's macros (expanded as the plugin does) and
 // template variables, over windows with whole-second edges that cut hours,
-// with the rollup and loop epochs at zero and in the middle of the data
-// (so the Grafana forms read both the rollup and raw events, and both the
-// loop tables and their raw forms).
+// with no hour compacted, the first two, and all of them (so the Grafana
+// forms read both the hour caches and raw events, and find the clean hours
+// themselves).
 func TestGrafanaBinderEqualsReportBinder(t *testing.T) {
 	store, db := migrated(t)
 	ctx := t.Context()
@@ -62,7 +62,7 @@ func TestGrafanaBinderEqualsReportBinder(t *testing.T) {
 	// The writer and object name of the most conflicted pair, for the
 	// single-value filters.
 	var hotWriter, hotName string
-	if err := conn.QueryRow(ctx, "SELECT writer, name FROM "+db+".loop_conflicts GROUP BY writer, name ORDER BY count() DESC, writer, name LIMIT 1").Scan(&hotWriter, &hotName); err != nil {
+	if err := conn.QueryRow(ctx, "SELECT writer, name FROM "+db+".events WHERE "+asql.VersionConflict+" GROUP BY writer, name ORDER BY count() DESC, writer, name LIMIT 1").Scan(&hotWriter, &hotName); err != nil {
 		t.Fatal(err)
 	}
 	values := map[string]string{"top": "1000", "gap_us": "300000000", "threshold": "5", "min_writes": "10", "stale_us": "600000000"}
@@ -86,13 +86,16 @@ func TestGrafanaBinderEqualsReportBinder(t *testing.T) {
 		{61 * time.Minute, 119 * time.Minute},
 	}
 	checked := 0
-	for pass, epoch := range []time.Duration{0, 2 * time.Hour} {
-		if pass > 0 {
-			for _, table := range []string{"request_rollup_epoch", "loop_epoch"} {
-				if err := conn.Exec(ctx, fmt.Sprintf("INSERT INTO %s.%s (complete_from) SELECT toDateTime(%d)", db, table, t0.Add(epoch).Unix())); err != nil {
+	for _, epoch := range []string{"no hour compacted", "two hours compacted", "every hour compacted"} {
+		switch epoch {
+		case "two hours compacted":
+			for _, h := range []time.Time{t0, t0.Add(time.Hour)} {
+				if err := store.CompactHour(ctx, h); err != nil {
 					t.Fatal(err)
 				}
 			}
+		case "every hour compacted":
+			compact(t, store)
 		}
 		for _, w := range windows {
 			for _, f := range filters {
@@ -125,7 +128,7 @@ func TestGrafanaBinderEqualsReportBinder(t *testing.T) {
 						t.Errorf("%s: columns %v, declared %v", s.Name, cols, s.Columns)
 					}
 					if !slices.Equal(got, want) {
-						t.Errorf("epoch +%s window %v filters %v: %s differs\nreport  %d rows %.300v\ngrafana %d rows %.300v", epoch, w, f.names, s.Name, len(want), want, len(got), got)
+						t.Errorf("%s, window %v filters %v: %s differs\nreport  %d rows %.300v\ngrafana %d rows %.300v", epoch, w, f.names, s.Name, len(want), want, len(got), got)
 					}
 					if len(want) > 0 {
 						checked++
@@ -134,7 +137,7 @@ func TestGrafanaBinderEqualsReportBinder(t *testing.T) {
 			}
 		}
 	}
-	if checked < len(asql.All)*9 {
+	if checked < len(asql.All)*13 {
 		t.Errorf("only %d comparisons had rows", checked)
 	}
 }

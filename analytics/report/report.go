@@ -139,7 +139,7 @@ func (o *Options) split(ctx context.Context, conn driver.Conn) error {
 	from, to := ceilHour(o.Since), o.Until.UTC().Truncate(time.Hour)
 	var clean []asql.CleanHour
 	if from.Before(to) {
-		q := "SELECT toUInt32(hour), version FROM " + strings.ReplaceAll(asql.CleanHours(strconv.FormatInt(from.Unix(), 10), strconv.FormatInt(to.Unix(), 10)), "{db}", o.Database)
+		q := "SELECT toUInt32(hour), version FROM " + strings.ReplaceAll(asql.CleanHours(strconv.FormatInt(from.Unix(), 10), strconv.FormatInt(to.Unix(), 10)), "{db}", o.Database) + " ORDER BY hour"
 		rows, err := conn.Query(ctx, q)
 		if err != nil {
 			return fmt.Errorf("read the clean hours: %w", err)

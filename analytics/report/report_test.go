@@ -215,33 +215,35 @@ func TestBuild(t *testing.T) {
 			t.Fatalf("got %+v", only)
 		}
 	})
-	// Last: it empties the loop tables. Events stored before migration 3
-	// are not in them; loop_epoch sends windows that begin earlier to events.
-	t.Run("windows before the loop epoch read events", func(t *testing.T) {
-		for _, q := range []string{
-			"ALTER TABLE " + db + ".loop_conflicts DROP PARTITION '2026-11-29'",
-			"ALTER TABLE " + db + ".loop_successes DROP PARTITION '2026-11-29'",
-			"INSERT INTO " + db + ".loop_epoch (complete_from) SELECT toDateTime('2026-11-29 08:00:01')",
-		} {
-			if err := store.Conn().Exec(ctx, q); err != nil {
-				t.Fatal(err)
-			}
-		}
-		before, err := Build(ctx, store.Conn(), opts) // since 08:00:00
+	// Last: it drops the events. A clean hour is read from its caches:
+	// the report over whole hours still finds the loops without events,
+	// and the raw path, which reads events alone, finds none.
+	t.Run("clean hours are read from their caches", func(t *testing.T) {
+		compact(t, store)
+		o := opts
+		o.Since = o.Since.Truncate(time.Hour)
+		o.Until = o.Since.Add(4 * time.Hour)
+		cached, err := Build(ctx, store.Conn(), o)
 		if err != nil {
 			t.Fatal(err)
 		}
-		if fmt.Sprint(before.RetryLoops) != fmt.Sprint(wantLoops) {
-			t.Errorf("before the epoch\n got %+v\nwant %+v", before.RetryLoops, wantLoops)
+		if len(cached.RetryLoops) == 0 {
+			t.Fatal("no retry loop over the scenario's hours")
 		}
-		a := opts
-		a.Since = t0.Add(time.Second)
-		after, err := Build(ctx, store.Conn(), a)
+		if err := store.Conn().Exec(ctx, "ALTER TABLE "+db+".events DROP PARTITION '2026-11-29'"); err != nil {
+			t.Fatal(err)
+		}
+		again, err := Build(ctx, store.Conn(), o)
 		if err != nil {
 			t.Fatal(err)
 		}
-		if len(after.RetryLoops) != 0 {
-			t.Errorf("from the epoch on the (emptied) loop tables answer, got %+v", after.RetryLoops)
+		if fmt.Sprint(again) != fmt.Sprint(cached) {
+			t.Errorf("without events the cached hours say\n%+v\nwith them\n%+v", again, cached)
+		}
+		o.NoRollup = true
+		raw, err := Build(ctx, store.Conn(), o)
+		if !errors.Is(err, ErrNoEvents) || len(raw.RetryLoops) != 0 {
+			t.Errorf("the raw path without events: %v, %d loops", err, len(raw.RetryLoops))
 		}
 	})
 }

@@ -15,49 +15,6 @@ import (
 	"github.com/stampguard/stampguard/internal/chtest"
 )
 
-// TestPlanRead checks where the report reads a window from: the
-// rollup's hours, an hour that cuts the window read whole where its part
-// outside the window is the shorter raw read (closed hours from the
-// rollup's epoch on only), and the raw edges with their signs.
-func TestPlanRead(t *testing.T) {
-	h := func(m int) time.Time { return t0.Add(time.Duration(m) * time.Minute) }
-	open := time.Date(9999, 1, 1, 0, 0, 0, 0, time.UTC)
-	add := func(from, to time.Time) edge { return span(from, to, 1) }
-	sub := func(from, to time.Time) edge { return span(from, to, -1) }
-	cases := []struct {
-		name                   string
-		since, until, complete time.Time
-		closed                 time.Time
-		from, to               time.Time
-		edge1, edge2           edge
-	}{
-		{"whole hours", h(0), h(60), time.Time{}, open, h(0), h(60), noEdge, noEdge},
-		{"both hours whole, minus a minute each", h(1), h(179), time.Time{}, open, h(0), h(180), sub(h(0), h(1)), sub(h(179), h(180))},
-		{"the last hour is still open", h(1), h(179), time.Time{}, h(170), h(0), h(120), sub(h(0), h(1)), add(h(120), h(179))},
-		{"the hour ended less than the margin ago is open", h(1), h(179), time.Time{}, h(179), h(0), h(120), sub(h(0), h(1)), add(h(120), h(179))},
-		{"only the end hour is the shorter whole", h(40), h(100), time.Time{}, open, h(60), h(120), add(h(40), h(60)), sub(h(100), h(120))},
-		{"two short edges, no hour", h(50), h(70), time.Time{}, open, time.Time{}, time.Time{}, add(h(50), h(60)), add(h(60), h(70))},
-		{"two long edges, two whole hours", h(10), h(110), time.Time{}, open, h(0), h(120), sub(h(0), h(10)), sub(h(110), h(120))},
-		{"inside one hour, most of it", h(5), h(50), time.Time{}, open, h(0), h(60), sub(h(0), h(5)), sub(h(50), h(60))},
-		{"inside one hour, from its start", h(0), h(45), time.Time{}, open, h(0), h(60), noEdge, sub(h(45), h(60))},
-		{"inside one hour, a little of it", h(5), h(20), time.Time{}, open, time.Time{}, time.Time{}, add(h(5), h(20)), noEdge},
-		{"inside one hour before the epoch", h(5), h(50), h(30), open, time.Time{}, time.Time{}, add(h(5), h(50)), noEdge},
-		{"the epoch cuts the window", h(0).Add(time.Microsecond), h(240), h(90), open, h(120), h(240), add(h(0).Add(time.Microsecond), h(120)), noEdge},
-		{"the epoch is the window's end", h(0), h(240), h(240), open, time.Time{}, time.Time{}, add(h(0), h(240)), noEdge},
-		{"the epoch is after the window", h(1), h(179), h(300), open, time.Time{}, time.Time{}, add(h(1), h(179)), noEdge},
-	}
-	for _, c := range cases {
-		p := planRead(c.since, c.until, c.complete, c.closed)
-		want := readPlan{from: c.from, to: c.to, edge1: c.edge1, edge2: c.edge2}
-		if !p.from.Equal(want.from) || !p.to.Equal(want.to) || p.edge1 != want.edge1 || p.edge2 != want.edge2 {
-			t.Errorf("%s: planRead(%s, %s) = %+v, want %+v", c.name, c.since.Format(time.TimeOnly), c.until.Format(time.TimeOnly), p, want)
-		}
-		if p.edge1.from <= p.edge1.last && p.edge2.from <= p.edge2.last && p.edge1.last >= p.edge2.from {
-			t.Errorf("%s: edge1 %+v does not lie before edge2 %+v", c.name, p.edge1, p.edge2)
-		}
-	}
-}
-
 // randomRows are skewed audit rows over [t0-1h, t0+5h): a few writers and
 // objects take most writes, with every kind of 409, stampless updates,
 // expired lists, leases, dry runs, other stages and another cluster.
@@ -121,9 +78,26 @@ func randomRows(seed uint64, n int) []audit.Row {
 	return s.rows
 }
 
-// rollupUsed says whether the report over o reads whole hours from the rollup.
-func rollupUsed(o Options) bool {
-	return !planRead(o.Since, o.Until, time.Time{}, time.Now()).from.IsZero()
+// rollupUsed says whether the report over o reads whole hours from the
+// hour caches.
+func rollupUsed(t *testing.T, conn driver.Conn, o Options) bool {
+	t.Helper()
+	if err := o.split(t.Context(), conn); err != nil {
+		t.Fatal(err)
+	}
+	return len(o.plan.Clean) > 0
+}
+
+// compact builds the caches of every hour the test stored.
+func compact(t *testing.T, store *analytics.Store) {
+	t.Helper()
+	res, err := store.Compact(t.Context(), time.Unix(0, 0), 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(res.Hours) == 0 {
+		t.Fatal("nothing to compact")
+	}
 }
 
 func assertSameReports(t *testing.T, ctx context.Context, conn driver.Conn, o Options) {
@@ -161,45 +135,26 @@ func migratedOn(t *testing.T, srv *chtest.Server) (*analytics.Store, string) {
 	return store, db
 }
 
-// TestRollupEqualsRaw proves that the rollup-backed report equals the
-// raw-only computation: on the scenario of TestBuild and on random skewed
-// rows, every batch delivered twice through Store.Insert, over windows that
-// cut hours in the middle at microsecond precision, with and without
-// filters. The rollup and the loop tables are filled by the migrations'
-// views, whose SQL is fixed text; the raw computation uses analytics/sql's
-// definitions: so this is also the proof that the released views still
-// agree with the definitions (every conflict class, stampless updates,
-// 410s, dry runs, other stages and clusters occur in the rows).
+// TestRollupEqualsRaw proves that the report read from the hour caches
+// equals the raw-only computation: on the scenario of TestBuild and on
+// random skewed rows, every batch delivered twice through Store.Insert,
+// over windows that cut hours in the middle at microsecond precision, with
+// and without filters (every conflict class, stampless updates, 410s, dry
+// runs, other stages and clusters occur in the rows).
 func TestRollupEqualsRaw(t *testing.T) {
 	store, db := migrated(t)
 	ctx := t.Context()
 	rows := append(buildScenario().rows, randomRows(3, 6000)...)
 	rand.New(rand.NewPCG(4, 5)).Shuffle(len(rows), func(i, j int) { rows[i], rows[j] = rows[j], rows[i] })
-	dups := 0
 	for i := 0; i < len(rows); i += 700 {
 		batch := rows[i:min(i+700, len(rows))]
 		for range 2 {
-			res, err := store.Insert(ctx, batch, nil)
-			if err != nil {
+			if _, err := store.Insert(ctx, batch, nil); err != nil {
 				t.Fatal(err)
 			}
-			dups += res.Duplicates
 		}
 	}
-	if dups != len(rows) {
-		t.Fatalf("the second deliveries dropped %d duplicates, want %d", dups, len(rows))
-	}
-	var rolled uint64
-	if err := store.Conn().QueryRow(ctx, "SELECT sum(requests) FROM "+db+".request_rollup").Scan(&rolled); err != nil {
-		t.Fatal(err)
-	}
-	var requests uint64
-	if err := store.Conn().QueryRow(ctx, "SELECT count() FROM "+db+".events WHERE stage IN ('ResponseComplete', 'Panic') AND dry_run = 0").Scan(&requests); err != nil {
-		t.Fatal(err)
-	}
-	if rolled != requests || requests == 0 {
-		t.Fatalf("the rollup counts %d requests, events hold %d", rolled, requests)
-	}
+	compact(t, store)
 
 	base := Options{Database: db, Cluster: "c1", Top: 1000}
 	windows := [][2]time.Time{
@@ -219,7 +174,7 @@ func TestRollupEqualsRaw(t *testing.T) {
 	for _, w := range windows {
 		o := base
 		o.Since, o.Until = w[0], w[1]
-		if rollupUsed(o) {
+		if rollupUsed(t, store.Conn(), o) {
 			split++
 		}
 		assertSameReports(t, ctx, store.Conn(), o)
@@ -255,6 +210,7 @@ func TestRollupEqualsRawOnSynthetic(t *testing.T) {
 	if err := Synthesize(ctx, store.Conn(), db, "bench", 200_000, 42, t0, 6*time.Hour); err != nil {
 		t.Fatal(err)
 	}
+	compact(t, store)
 	base := Options{Database: db, Cluster: "bench", Top: 50}
 	for _, w := range [][2]time.Duration{
 		{0, 6 * time.Hour},
@@ -290,7 +246,7 @@ func TestHotObjectsMatchPlainRanking(t *testing.T) {
 	ORDER BY conflicts DESC, writers DESC, attempts DESC, api_group, resource, namespace, name
 	LIMIT ?`
 	var n int64
-	if err := store.Conn().QueryRow(ctx, "SELECT toInt64(uniqExact(api_group, resource, namespace, name)) FROM "+db+".loop_conflicts").Scan(&n); err != nil {
+	if err := store.Conn().QueryRow(ctx, "SELECT toInt64(uniqExact(api_group, resource, namespace, name)) FROM "+db+".events WHERE code = 409 AND position(message, 'the object has been modified') > 0").Scan(&n); err != nil {
 		t.Fatal(err)
 	}
 	conflicted := int(n)
