@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"regexp"
 	"strings"
+	"time"
 
 	"github.com/ClickHouse/clickhouse-go/v2"
 )
@@ -147,17 +148,20 @@ func newClusterDDL(name string) (*clusterDDL, error) {
 // applySettings sets what cluster mode needs on every query:
 //   - insert_distributed_sync: an insert into a Distributed table returns
 //     only once every shard stored its rows, so an acknowledged batch is
-//     stored, and the stored-keys lookup of the next insert sees it;
+//     stored;
 //   - prefer_localhost_replica 0: every node routes reads and writes to
 //     the same replica of a shard (the first healthy one, with the
 //     profile's load_balancing in_order), whichever node a sink is
-//     connected to, so that a writer's check reads the replica that took
-//     the copies;
+//     connected to, so that reads see what the writes wrote;
 //   - insert_deduplicate 0: a Replicated table drops a block identical to
-//     a recent one, and a view's derived block can be identical while the
-//     source block is not; stored_keys must hold every copy that events
-//     and the views hold, so ClickHouse's block deduplication is off and
-//     stampguard's own (the lookup, the check, the scan) decides.
+//     a recent one, and an insert retried after it was applied in part
+//     must still write its block's hour marks through the view.
+//   - max_replica_delay_for_distributed_queries (ReplicaDelay) with
+//     fallback_to_stale_replicas_for_distributed_queries 0: a read
+//     through a Distributed table skips a replica that lags further
+//     behind, and fails rather than read one, so a compaction, which
+//     waits longer than that after an hour's last insert, sees every
+//     part of the hour.
 func (c *clusterDDL) applySettings(opts *clickhouse.Options) {
 	if opts.Settings == nil {
 		opts.Settings = clickhouse.Settings{}
@@ -165,7 +169,13 @@ func (c *clusterDDL) applySettings(opts *clickhouse.Options) {
 	opts.Settings["insert_distributed_sync"] = 1
 	opts.Settings["prefer_localhost_replica"] = 0
 	opts.Settings["insert_deduplicate"] = 0
+	opts.Settings["max_replica_delay_for_distributed_queries"] = int(ReplicaDelay / time.Second)
+	opts.Settings["fallback_to_stale_replicas_for_distributed_queries"] = 0
 }
+
+// ReplicaDelay is the most a replica may lag behind and still be read in
+// cluster mode.
+const ReplicaDelay = time.Minute
 
 // profileSettings are settings cluster mode needs that are strings, which
 // the native protocol of 18.16 cannot carry from a client (it sends

@@ -33,12 +33,15 @@ type CompactResult struct {
 }
 
 // Compact builds the caches of every hour that starts on since's day or
-// later, ends at least after before now, and is not clean.
+// later, is not clean, and ended and was last written to at least after
+// ago (by ClickHouse's clocks). The wait is for a cluster: a compaction
+// reads one replica of each shard, and reads only replicas less than
+// ReplicaDelay behind (cluster.go), so every part older than that is
+// there; after must exceed it.
 func (s *Store) Compact(ctx context.Context, since time.Time, after time.Duration) (CompactResult, error) {
 	var res CompactResult
-	closed := time.Now().Add(-after)
 	rows, err := s.conn.Query(ctx, s.sql(asql.StaleHours),
-		clickhouse.Named("since_s", uint32(since.Unix())), clickhouse.Named("closed_s", uint32(closed.Unix())))
+		clickhouse.Named("since_s", uint32(since.Unix())), clickhouse.Named("after_s", uint32(after/time.Second)))
 	if err != nil {
 		return res, fmt.Errorf("list the hours to compact: %w", err)
 	}

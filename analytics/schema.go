@@ -320,22 +320,25 @@ var Migrations = []Migration{
 			// so a mark is never visible before its events are. The mark
 			// is a hash of the block's identities in that hour: the same
 			// events inserted again (a redelivery) add the same mark.
+			// marked_at is the inserting server's clock: a compaction
+			// waits until an hour's marks have settled (Store.Compact).
 			`CREATE TABLE IF NOT EXISTS {db}.hour_marks (
 				event_date Date,
 				hour       DateTime,
-				mark       UInt64
+				mark       UInt64,
+				marked_at  DateTime
 			) ENGINE = MergeTree()
 			PARTITION BY event_date
 			ORDER BY (hour, mark)`,
 			`CREATE MATERIALIZED VIEW IF NOT EXISTS {db}.hour_marks_mv TO {db}.hour_marks AS
 			SELECT event_date, toDateTime(intDiv(event_time_us, 3600000000) * 3600) AS hour,
-				cityHash64(sum(cityHash64(cluster, audit_id, stage, fingerprint)), count()) AS mark
+				cityHash64(sum(cityHash64(cluster, audit_id, stage, fingerprint)), count()) AS mark, now() AS marked_at
 			FROM {db}.events
 			GROUP BY event_date, hour`,
 			// The hours stored before this migration get one mark each, so
 			// that the compactor builds their caches too.
-			`INSERT INTO {db}.hour_marks (event_date, hour, mark)
-			SELECT event_date, toDateTime(intDiv(event_time_us, 3600000000) * 3600) AS hour, cityHash64('stored before migration 5', toUInt32(hour)) AS mark
+			`INSERT INTO {db}.hour_marks (event_date, hour, mark, marked_at)
+			SELECT event_date, toDateTime(intDiv(event_time_us, 3600000000) * 3600) AS hour, cityHash64('stored before migration 5', toUInt32(hour)) AS mark, now() AS marked_at
 			FROM {db}.events
 			GROUP BY event_date, hour`,
 			// One row per finished compaction of an hour: the hour's caches

@@ -230,4 +230,3 @@ func TestSynthesizeAgrees(t *testing.T) {
 		t.Errorf("the tables held %d rows, fewer than the 20,000 generated", n)
 	}
 }
-

@@ -143,4 +143,3 @@ func compare(t *testing.T, once *analytics.Store, onceDB string, twice *analytic
 		}
 	}
 }
-

@@ -59,12 +59,14 @@ var (
 	CompactionRecord = `INSERT INTO {db}.hour_compactions (event_date, hour, version, marks, compacted_at)
 	SELECT toDate(toDateTime(@hour_s), 'UTC'), toDateTime(@hour_s), toUInt64(@version), toUInt64(@marks), now()`
 
-	// StaleHours lists the hours from the day of @since_s on that end
-	// before @closed_s and are not clean: (Unix seconds of the hour).
+	// StaleHours lists the hours from the day of @since_s on that are not
+	// clean, ended @after_s seconds ago or more, and were last marked as
+	// long ago (by the servers' clocks): (Unix seconds of the hour).
 	StaleHours = `SELECT toUInt32(hour) AS h FROM (
-		SELECT hour, uniqExact(mark) AS marks FROM {db}.hour_marks
-		WHERE event_date >= toDate(toDateTime(@since_s), 'UTC') AND hour < toDateTime(@closed_s - 3600)
-		GROUP BY hour)
+		SELECT hour, uniqExact(mark) AS marks, max(marked_at) AS last FROM {db}.hour_marks
+		WHERE event_date >= toDate(toDateTime(@since_s), 'UTC') AND hour <= now() - 3600 - @after_s
+		GROUP BY hour
+		HAVING last <= now() - @after_s)
 	WHERE (hour, marks) NOT IN (SELECT hour, marks FROM {db}.hour_compactions WHERE event_date >= toDate(toDateTime(@since_s), 'UTC'))
 	ORDER BY h`
 )
