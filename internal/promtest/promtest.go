@@ -39,7 +39,7 @@ func Binary(name string) (string, error) {
 // file (`groups:` at the top), as the Prometheus operator hands them to
 // Prometheus.
 func ChartRules(helmBin, chartDir string, sets ...string) ([]byte, error) {
-	args := []string{"template", "stampguard", chartDir, "--namespace", "stampguard-system", "--set", "prometheusRule.enabled=true"}
+	args := []string{"template", "stampguard", chartDir, "--namespace", "stampguard-system", "--set", "prometheusRule.enabled=true", "--set", "auditSink.clickhouse.dsn=clickhouse://clickhouse:9000"}
 	for _, s := range sets {
 		args = append(args, "--set", s)
 	}

@@ -14,11 +14,12 @@ import (
 	"github.com/stampguard/stampguard/internal/promtest"
 )
 
-// chartRules is the chart's PrometheusRule, rendered with its defaults, as
+// chartRules is the chart's PrometheusRule, rendered with its defaults
+// (ci/defaults-values.yaml: a DSN, which the chart requires), as
 // a Prometheus rule file.
 func chartRules(t *testing.T) []byte {
 	t.Helper()
-	rules, err := promtest.RulesOf([]byte(render(t, "", "prometheusRule.enabled=true")))
+	rules, err := promtest.RulesOf([]byte(render(t, "defaults", "prometheusRule.enabled=true")))
 	if err != nil {
 		t.Fatal(err)
 	}
