@@ -179,4 +179,7 @@ func TestAlertsAndPanelsNameRegisteredMetrics(t *testing.T) {
 		t.Fatalf("only %d metric names found in the alerts and panels: the extraction is broken", checked)
 	}
 	t.Logf("%d metric references checked against %d exposed names", checked, len(exposed))
+	if code := wh.stop(); code != 0 {
+		t.Errorf("webhook: exit %d after SIGTERM", code)
+	}
 }
