@@ -41,6 +41,11 @@ func classifyRows(t *testing.T) []audit.Row {
 		{Verb: "delete", Code: 409, Reason: "Conflict", Message: `Precondition failed: UID in the precondition (a) does not match UID in record (b)`},
 		{Verb: "deletecollection", Code: 409, Reason: "Conflict", Message: `the ResourceVersion in the precondition (1) does not match the ResourceVersion in record (2)`},
 		{Verb: "update", Code: 409, Reason: "Conflict", Message: `UID in the precondition (a) does not match`},
+		{Verb: "delete", Code: 409, Reason: "Conflict", Message: "UID in the precondition (a)\ndoes not match"},
+		{Verb: "delete", Code: 409, Reason: "Conflict", Message: "UID in the precondition (a)\n and then does not match"},
+		{Verb: "delete", Code: 409, Reason: "Conflict", Message: "ResourceVersion in the precondition does not match"},
+		{Verb: "delete", Code: 409, Reason: "Conflict", Message: "ResourceVersion in the precondition  does not match"},
+		{Verb: "delete", Code: 409, Reason: "Conflict", Message: "x\nUID in the precondition (b) does not match"},
 		{Verb: "update", Code: 409, Reason: "Conflict", Message: "the object has been modified"},
 		{Verb: "update", Code: 409, Reason: "", Message: lock},
 		{Verb: "update", Code: 200, Reason: "Conflict", Message: lock},
@@ -279,5 +284,28 @@ func TestHotObjectsKeepTheHeavyHitter(t *testing.T) {
 	}
 	if len(got) != 1 || !strings.HasPrefix(got[0], "catalog controller-a ") {
 		t.Errorf("hot objects %q, want catalog (controller-a) alone", got)
+	}
+}
+
+// BenchmarkTallyAdd is the per-event cost the live signals add to the
+// sink's decode loop, over a batch of the real events' shapes.
+func BenchmarkTallyAdd(b *testing.B) {
+	var rows []audit.Row
+	var d audit.Decoder
+	for _, line := range realEvents(b) {
+		var r audit.Row
+		if err := d.Decode(line, &r); err != nil {
+			b.Fatal(err)
+		}
+		rows = append(rows, r)
+	}
+	tl := NewTally()
+	b.ReportAllocs()
+	n := 0
+	for b.Loop() {
+		tl.Add(&rows[n%len(rows)])
+		if n++; n%400 == 0 {
+			tl.Reset()
+		}
 	}
 }

@@ -1,7 +1,6 @@
 package audit
 
 import (
-	"regexp"
 	"slices"
 	"strings"
 )
@@ -23,10 +22,20 @@ var ConflictClasses = []string{ClassField, ClassAlreadyExists, ClassVersion, Cla
 // resourceVersion (analytics/sql's optimisticLock).
 const OptimisticLockMessage = "the object has been modified; please apply your changes to the latest version and try again"
 
-// deletePrecondition is analytics/sql's match() pattern for a failed
-// delete precondition; RE2 in both, so the same text matches the same
-// messages.
-var deletePrecondition = regexp.MustCompile(`(UID|ResourceVersion) in the precondition .* does not match`)
+// isDeletePrecondition is analytics/sql's
+// match(message, '(UID|ResourceVersion) in the precondition .* does not match')
+// without a regexp (the sink runs it per event): ClickHouse's `.` matches
+// newlines too, so the pattern holds when " does not match" follows
+// anywhere after the earliest "... in the precondition ".
+func isDeletePrecondition(m string) bool {
+	end := -1
+	for _, p := range []string{"UID in the precondition ", "ResourceVersion in the precondition "} {
+		if i := strings.Index(m, p); i >= 0 && (end < 0 || i+len(p) < end) {
+			end = i + len(p)
+		}
+	}
+	return end >= 0 && strings.Contains(m[end:], " does not match")
+}
 
 // ConflictClass is analytics/sql.ConflictClass for one row: the sink's
 // live counters classify as the report does. TestConflictClassAgreesWithSQL
@@ -42,7 +51,7 @@ func ConflictClass(r *Row) string {
 		return ClassAlreadyExists
 	case r.Reason == "Conflict" && strings.Contains(r.Message, OptimisticLockMessage):
 		return ClassVersion
-	case r.Reason == "Conflict" && (r.Verb == "delete" || r.Verb == "deletecollection") && deletePrecondition.MatchString(r.Message):
+	case r.Reason == "Conflict" && (r.Verb == "delete" || r.Verb == "deletecollection") && isDeletePrecondition(r.Message):
 		return ClassDeletePrecondition
 	default:
 		return ClassOther
