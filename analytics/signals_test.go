@@ -13,6 +13,7 @@ import (
 	"github.com/stampguard/stampguard/analytics/audit"
 	"github.com/stampguard/stampguard/analytics/sql"
 	"github.com/stampguard/stampguard/internal/chdbtest"
+	"github.com/stampguard/stampguard/internal/testenv"
 )
 
 // sqlString quotes s for ClickHouse (both engines honour backslash
@@ -61,6 +62,7 @@ func classifyRows(t *testing.T) []audit.Row {
 // report's SQL does: audit.ConflictClass against sql.ConflictClass, and
 // audit.IsWrite against sql.IsWrite, on ClickHouse 18.16 and 26.7.
 func TestConflictClassAgreesWithSQL(t *testing.T) {
+	testenv.SkipIfShort(t, "loads ClickHouse 26.7 (chDB) and starts clickhouse-server")
 	rows := classifyRows(t)
 	query := func(r audit.Row) string {
 		causes := make([]string, len(r.CauseReasons))
@@ -99,9 +101,6 @@ func TestConflictClassAgreesWithSQL(t *testing.T) {
 		}
 	})
 	t.Run("ClickHouse 18.16", func(t *testing.T) {
-		if testing.Short() {
-			t.Skip("starts clickhouse-server")
-		}
 		ch := chtestStart(t)
 		for i, r := range rows {
 			got, err := ch.QueryText(t, "", query(r), "TabSeparated")
