@@ -22,18 +22,25 @@ func sqlString(s string) string {
 	return "'" + strings.NewReplacer(`\`, `\\`, `'`, `\'`).Replace(s) + "'"
 }
 
-// classifyRows are the rows both classifications see: the real events of
-// testdata and edge cases around each class's condition.
-func classifyRows(t *testing.T) []audit.Row {
+// realRows are the real events of testdata, decoded.
+func realRows(tb testing.TB) []audit.Row {
+	tb.Helper()
 	var rows []audit.Row
 	var d audit.Decoder
-	for _, line := range realEvents(t) {
+	for _, line := range realEvents(tb) {
 		var r audit.Row
 		if err := d.Decode(line, &r); err != nil {
-			t.Fatal(err)
+			tb.Fatal(err)
 		}
 		rows = append(rows, r)
 	}
+	return rows
+}
+
+// classifyRows are the rows both classifications see: the real events of
+// testdata and edge cases around each class's condition.
+func classifyRows(t *testing.T) []audit.Row {
+	rows := realRows(t)
 	lock := audit.OptimisticLockMessage
 	for _, r := range []audit.Row{
 		{Verb: "update", Code: 409, Reason: "Conflict", Message: `Operation cannot be fulfilled on configmaps "x": ` + lock},
@@ -138,15 +145,7 @@ func write(ns, name, writer string) audit.Row {
 // its class, by resource (kubectl's spelling) and namespace.
 func TestSignalsCountAsTheReport(t *testing.T) {
 	s := NewSignals(nil, SignalOptions{})
-	var rows []audit.Row
-	var d audit.Decoder
-	for _, line := range realEvents(t) {
-		var r audit.Row
-		if err := d.Decode(line, &r); err != nil {
-			t.Fatal(err)
-		}
-		rows = append(rows, r)
-	}
+	rows := realRows(t)
 	dry := versionConflict("team-a", "settings", "dry")
 	dry.DryRun = true
 	s.Commit("prod", tallyOf(t, append(rows, dry)...))
@@ -289,15 +288,7 @@ func TestHotObjectsKeepTheHeavyHitter(t *testing.T) {
 // BenchmarkTallyAdd is the per-event cost the live signals add to the
 // sink's decode loop, over a batch of the real events' shapes.
 func BenchmarkTallyAdd(b *testing.B) {
-	var rows []audit.Row
-	var d audit.Decoder
-	for _, line := range realEvents(b) {
-		var r audit.Row
-		if err := d.Decode(line, &r); err != nil {
-			b.Fatal(err)
-		}
-		rows = append(rows, r)
-	}
+	rows := realRows(b)
 	tl := NewTally()
 	b.ReportAllocs()
 	n := 0
