@@ -32,8 +32,8 @@ type demo struct {
 	// stops undo the started services, last first.
 	stops []func()
 
-	ch      *chtest.Server
-	sink    *sink
+	ch       *chtest.Server
+	sink     *sink
 	env      *kubetest.Env
 	webhook  *proc
 	probes   string // the webhook's /metrics address
