@@ -42,7 +42,7 @@ func realRows(tb testing.TB) []audit.Row {
 func classifyRows(t *testing.T) []audit.Row {
 	rows := realRows(t)
 	lock := audit.OptimisticLockMessage
-	for _, r := range []audit.Row{
+	return append(rows, []audit.Row{
 		{Verb: "update", Code: 409, Reason: "Conflict", Message: `Operation cannot be fulfilled on configmaps "x": ` + lock},
 		{Verb: "patch", Code: 409, Reason: "Conflict", Message: lock, CauseReasons: []string{"FieldManagerConflict"}},
 		{Verb: "create", Code: 409, Reason: "AlreadyExists", Message: lock},
@@ -59,10 +59,7 @@ func classifyRows(t *testing.T) []audit.Row {
 		{Verb: "update", Code: 200, Reason: "Conflict", Message: lock},
 		{Verb: "get", Code: 409, Reason: "Conflict", Message: lock, APIGroup: "authorization.k8s.io"},
 		{Verb: "create", Code: 201, APIGroup: "authentication.k8s.io"},
-	} {
-		rows = append(rows, r)
-	}
-	return rows
+	}...)
 }
 
 // The sink's live counters classify a 409 and a write exactly as the

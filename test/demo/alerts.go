@@ -89,7 +89,7 @@ receivers: [{name: demo}]
 	}
 	d.onStop("Alertmanager", am.stop)
 	if err := am.waitReady(ctx, "http://"+a.alertmanager+"/-/ready", time.Minute, httpOK(http.DefaultClient, "http://"+a.alertmanager+"/-/ready")); err != nil {
-		return fmt.Errorf("Alertmanager would not start: %w", err)
+		return fmt.Errorf("the alertmanager would not start: %w", err)
 	}
 	d.note("Alertmanager http://%s (Debian's prometheus-alertmanager)", a.alertmanager)
 
@@ -116,7 +116,7 @@ scrape_configs:
 	}
 	d.onStop("Prometheus", prom.stop)
 	if err := prom.waitReady(ctx, "http://"+a.prometheus+"/-/ready", time.Minute, httpOK(http.DefaultClient, "http://"+a.prometheus+"/-/ready")); err != nil {
-		return fmt.Errorf("Prometheus would not start: %w", err)
+		return fmt.Errorf("the prometheus server would not start: %w", err)
 	}
 	d.note("Prometheus http://%s scraping the webhook and the sink every 2s, with the chart's rules (%s)", a.prometheus, d.rel(rulesFile))
 	d.note("rendered by helm template --set %s", strings.Join(append([]string{"prometheusRule.enabled=true"}, demoRuleValues...), ","))
