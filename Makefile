@@ -56,6 +56,11 @@ zookeeper: ## install Debian's zookeeper (for the ClickHouse cluster tests) when
 	@ls /usr/share/java/zookeeper-3*.jar >/dev/null 2>&1 && command -v java >/dev/null || { \
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq zookeeper >/dev/null; }
 
+.PHONY: prometheus
+prometheus: ## install Debian's prometheus (with promtool) and prometheus-alertmanager when they are missing (the alert tests and the demo run them)
+	@command -v prometheus >/dev/null && command -v promtool >/dev/null && command -v prometheus-alertmanager >/dev/null || { \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq prometheus prometheus-alertmanager >/dev/null; }
+
 $(BIN)/controller-gen:
 	GOBIN=$(BIN) $(GO) install sigs.k8s.io/controller-tools/cmd/controller-gen@$(CTRLGEN_VER)
 
@@ -94,7 +99,7 @@ lint: $(BIN)/golangci-lint ## go vet, gofmt and golangci-lint
 
 .PHONY: demo
 DEMO_FLAGS ?=
-demo: ## the whole story on loopback: apiserver + webhook + audit sink + ClickHouse, a minute of contending writers, the report (Ctrl-C ends it; DEMO_FLAGS="--exit --duration 20s")
+demo: helm prometheus ## the whole story on loopback: apiserver + webhook + audit sink + ClickHouse, a minute of contending writers, the report (Ctrl-C ends it; DEMO_FLAGS="--exit --duration 20s")
 	@echo "==> compiling the demo program into .demo/bin (the first time takes a few minutes; Go caches it)"
 	@$(GO) build -o .demo/bin/demo ./test/demo
 	@.demo/bin/demo $(DEMO_FLAGS)
@@ -102,12 +107,12 @@ demo: ## the whole story on loopback: apiserver + webhook + audit sink + ClickHo
 ## --- tests ----------------------------------------------------------------
 
 .PHONY: test
-test: controlplane clickhouse zookeeper chdb helm verify-generate ## unit and end-to-end tests against a real apiserver, ClickHouse 18.16 and 26.7 (the CI command)
+test: controlplane clickhouse zookeeper chdb helm prometheus verify-generate ## unit and end-to-end tests against a real apiserver, ClickHouse 18.16 and 26.7 (the CI command)
 	$(GO) vet ./...
 	$(GO) test -race -count=1 -timeout 45m ./...
 
 .PHONY: test-unit
-test-unit: helm ## tests that need neither an apiserver nor ClickHouse
+test-unit: helm prometheus ## tests that need neither an apiserver nor ClickHouse
 	$(GO) test -race -count=1 -short ./...
 
 .PHONY: bench

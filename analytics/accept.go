@@ -39,6 +39,13 @@ type AcceptResult struct {
 // in dead letters and metrics. A read error of the stream is returned as
 // is; records already emitted stay emitted (redelivery deduplicates them).
 func (a *Accepter) Accept(cluster, source string, items audit.ItemReader, emit func(rec []byte) error) (AcceptResult, error) {
+	return a.AcceptTally(cluster, source, items, nil, emit)
+}
+
+// AcceptTally is Accept that also counts each row it stores into tally
+// (when not nil), as the row is decoded: the sink's live conflict
+// signals, which its caller commits once the batch is acknowledged.
+func (a *Accepter) AcceptTally(cluster, source string, items audit.ItemReader, tally *Tally, emit func(rec []byte) error) (AcceptResult, error) {
 	var res AcceptResult
 	maxRows, maxBytes := a.RecordRows, a.RecordBytes
 	if maxRows <= 0 {
@@ -84,6 +91,9 @@ func (a *Accepter) Accept(cluster, source string, items audit.ItemReader, emit f
 					continue
 				}
 				row.Cluster = cluster
+				if tally != nil {
+					tally.Add(&row)
+				}
 				rec = AppendRow(rec, &row)
 				res.Accepted++
 				if n++; n >= maxRows || len(rec) >= maxBytes {

@@ -25,6 +25,9 @@ type Metrics struct {
 	// TailLostBytes counts bytes a copytruncate rotation destroyed before
 	// tail read them.
 	TailLostBytes prometheus.Counter
+	// Signals are the live conflict counters of accepted webhook batches
+	// (the storm alerts' input), with the default bounds.
+	Signals *Signals
 }
 
 // ClickHouse operations, the op label of auditsink_clickhouse_errors_total.
@@ -82,6 +85,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Name: "auditsink_tail_lost_bytes_total", Help: "Bytes of a followed log destroyed by a copytruncate rotation before tail read them.",
 		}),
 	}
+	m.Signals = NewSignals(reg, SignalOptions{})
 	for _, op := range []string{OpInsert, OpMigrate, OpRetention, OpCompact} {
 		m.CHErrors.WithLabelValues(op) // export zeros, so that rate() sees the first error
 	}
@@ -101,6 +105,14 @@ func (m *Metrics) CountAccepted(source string, res AcceptResult) {
 	m.Accepted.WithLabelValues(source).Add(float64(res.Accepted))
 	m.Skipped.Add(float64(res.Skipped))
 	m.DeadLettered.WithLabelValues(source).Add(float64(res.Rejected))
+}
+
+// CountSignals commits one accepted webhook batch's tally of cluster.
+func (m *Metrics) CountSignals(cluster string, t *Tally) {
+	if m == nil {
+		return
+	}
+	m.Signals.Commit(cluster, t)
 }
 
 // CountCHError records a failed ClickHouse attempt of op.

@@ -35,7 +35,6 @@ const (
 	UIDClimbingConflicts = "stampguard-climbing-conflicts"
 	UIDStaleRetryLoop    = "stampguard-stale-retry-loop"
 	UIDAuditedStampless  = "stampguard-audited-stampless-writes"
-	UIDSinkInsertLag     = "stampguard-sink-insert-lag"
 	UIDSinkSpoolGrowth   = "stampguard-sink-spool-growth"
 )
 
@@ -157,13 +156,9 @@ func (g *generator) alertRules() (RuleGroup, error) {
 			0, "C",
 			g.chQuery(UIDAuditedStampless, "A", asql.AuditedStamplessWrites, a.AuditWindow+lag, lag), reduce("B", "A"), above("C", "B", 0)),
 
-		g.rule(UIDSinkInsertLag, "Audit sink insert lag", "critical", "runbook-audit-sink-insert-lag-or-spool-growth",
-			"The audit sink's oldest unconfirmed spool record is {{ humanizeDuration $values.B.Value }} old",
-			fmt.Sprintf("auditsink_spool_oldest_unconfirmed_seconds is above %s: events are not reaching ClickHouse.", duration(a.InsertLag)),
-			5*time.Minute, "C",
-			g.promQuery("A", `max(auditsink_spool_oldest_unconfirmed_seconds)`, 10*time.Minute), reduce("B", "A"), above("C", "B", a.InsertLag.Seconds())).
-			// No series means no sink reports: say so rather than stay quiet.
-			NoDataState(alerting.RuleNoDataStateNoData),
+		// The sink's insert lag pages from the chart's PrometheusRule
+		// (AuditsinkInsertLag, at Alerts.InsertLag's 2m for 5m), not here
+		// as well: one lag, one page.
 
 		g.rule(UIDSinkSpoolGrowth, "Audit sink spool growing", "warning", "runbook-audit-sink-insert-lag-or-spool-growth",
 			"The audit sink's spool grew by {{ humanize1024 $values.B.Value }}B in 15 minutes",

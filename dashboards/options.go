@@ -74,9 +74,11 @@ type AlertOptions struct {
 	// it fires on any such write in it. Defaults to 15m.
 	AuditWindow time.Duration
 
-	// InsertLag is the sink's alert on the age of its oldest unconfirmed
-	// spool record (auditsink_spool_oldest_unconfirmed_seconds). Defaults
-	// to 2m.
+	// InsertLag is the health dashboard's threshold on the age of the
+	// sink's oldest unconfirmed spool record
+	// (auditsink_spool_oldest_unconfirmed_seconds): the chart's
+	// AuditsinkInsertLag alert's default (prometheusRule.insertLagSeconds),
+	// which pages on it; no Grafana rule does. Defaults to 2m.
 	InsertLag time.Duration
 	// SpoolGrowth is the spool growth over 15 minutes, in bytes, that
 	// alerts (ClickHouse is not keeping up). Defaults to 256 MiB.

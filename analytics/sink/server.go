@@ -415,7 +415,12 @@ func (h *Handler) events(w http.ResponseWriter, r *http.Request) {
 	var spoolErr error
 	items := audit.NewListReader(src, h.o.MaxEventBytes)
 	defer items.Release()
-	res, err := h.o.Accepter.Accept(cluster, "webhook", items, func(rec []byte) error {
+	// The batch's conflict signals are counted as each event is decoded
+	// and committed only with the 200, so a refused batch that the
+	// apiserver sends again counts once.
+	tally := tallies.Get().(*analytics.Tally)
+	defer func() { tally.Reset(); tallies.Put(tally) }()
+	res, err := h.o.Accepter.AcceptTally(cluster, "webhook", items, tally, func(rec []byte) error {
 		_, spoolErr = h.o.Spool.Append([][]byte{rec})
 		return spoolErr
 	})
@@ -441,12 +446,15 @@ func (h *Handler) events(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	h.o.Metrics.CountAccepted("webhook", res)
+	h.o.Metrics.CountSignals(cluster, tally)
 	if res.Rejected > 0 {
 		log.Warn("audit batch had invalid events; dead-lettered", "rejected", res.Rejected, "accepted", res.Accepted)
 	}
 	w.Header().Set("Content-Type", "application/json")
 	_ = json.NewEncoder(w).Encode(Answer{Accepted: res.Accepted, Rejected: res.Rejected, Skipped: res.Skipped})
 }
+
+var tallies = sync.Pool{New: func() any { return analytics.NewTally() }}
 
 func (h *Handler) refuse(reason string) {
 	if h.o.Metrics != nil {

@@ -214,6 +214,7 @@ func TestMetricsCountAcceptedEventsOnceAndRefusalsByReason(t *testing.T) {
 	for post(t, h, "/clusters/prod/events", body, bearer).status == 200 {
 	}
 	accepted := testutil.ToFloat64(m.Accepted.WithLabelValues("webhook"))
+	conflicts := seriesValue(t, reg, "auditsink_conflicts_total", "version", "prod", "configmaps", "team-a")
 	for range 2 {
 		if c := post(t, h, "/clusters/prod/events", body, bearer); c.status != 503 {
 			t.Fatalf("the full spool answered %d", c.status)
@@ -237,6 +238,10 @@ func TestMetricsCountAcceptedEventsOnceAndRefusalsByReason(t *testing.T) {
 	}
 	if got := testutil.ToFloat64(m.BatchesRefused.WithLabelValues(analytics.RefusedSpoolFull)); got != 3 {
 		t.Errorf("batches refused as spool_full: %v, want 3", got)
+	}
+	// The batch holds one version conflict: counted with its 200 only.
+	if got := seriesValue(t, reg, "auditsink_conflicts_total", "version", "prod", "configmaps", "team-a") - conflicts; got != 1 {
+		t.Errorf("version conflicts grew by %v for one stored batch with one conflict after 3 refusals, want 1", got)
 	}
 	post(t, h, "/clusters/prod/events", body, nil)
 	post(t, h, "/clusters/prod/events", events[0], bearer)
@@ -517,4 +522,33 @@ func TestAShutdownThatHitsItsDeadlineIsLogged(t *testing.T) {
 	if out := logs.String(); !strings.Contains(out, "shutdown hit its deadline") {
 		t.Errorf("no log of the shutdown deadline:\n%s", out)
 	}
+}
+
+// seriesValue is the value of the series of name whose label values
+// include all of values (0 if there is none).
+func seriesValue(t *testing.T, reg *prometheus.Registry, name string, values ...string) float64 {
+	t.Helper()
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() != name {
+			continue
+		}
+	series:
+		for _, m := range mf.GetMetric() {
+			have := map[string]bool{}
+			for _, l := range m.GetLabel() {
+				have[l.GetValue()] = true
+			}
+			for _, v := range values {
+				if !have[v] {
+					continue series
+				}
+			}
+			return m.GetCounter().GetValue() + m.GetGauge().GetValue()
+		}
+	}
+	return 0
 }

@@ -32,10 +32,12 @@ type demo struct {
 	// stops undo the started services, last first.
 	stops []func()
 
-	ch      *chtest.Server
-	sink    *sink
-	env     *kubetest.Env
-	webhook *proc
+	ch       *chtest.Server
+	sink     *sink
+	env      *kubetest.Env
+	webhook  *proc
+	probes   string // the webhook's /metrics address
+	alerting *alerting
 }
 
 func newDemo(o options) (*demo, error) {
@@ -214,6 +216,11 @@ func (d *demo) start(ctx context.Context) error {
 	if err := d.startWebhook(ctx, kubeconfig); err != nil {
 		return err
 	}
+
+	d.step("starting Prometheus and Alertmanager (Debian's) with the chart's alert rules")
+	if err := d.startAlerting(ctx, d.probes); err != nil {
+		return err
+	}
 	if err := d.recordPorts(); err != nil {
 		return err
 	}
@@ -239,6 +246,9 @@ func (d *demo) play(ctx context.Context) (*wl.Result, error) {
 		d.note("- %s", l)
 	}
 	fmt.Fprintln(d.out)
+	watchCtx, stopWatch := context.WithCancel(ctx)
+	defer stopWatch()
+	go d.alerting.watch(watchCtx)
 	last := time.Time{}
 	res, err := contention.Run(ctx, d.env.Config, contention.Options{
 		Duration: d.o.duration, AuditLogPath: d.env.AuditLogPath,
@@ -263,6 +273,17 @@ func (d *demo) play(ctx context.Context) (*wl.Result, error) {
 	if err := writeJSON(filepath.Join(d.state, "requests.json"), recorded{Since: res.Since, Until: res.Until, Requests: res.Requests}); err != nil {
 		return nil, err
 	}
+
+	d.step("the conflict storm, as Alertmanager received it from Prometheus")
+	al := d.alerting.awaitStorm(ctx, time.Minute)
+	if al == nil {
+		if ctx.Err() != nil {
+			return nil, context.Cause(ctx)
+		}
+		return nil, fmt.Errorf("no %s alert reached Alertmanager (http://%s) within a minute of the workload; Prometheus: http://%s/alerts, logs in %s",
+			stormAlert, d.alerting.alertmanager, d.alerting.prometheus, d.rel(d.logs))
+	}
+	d.printAlert(al)
 	return res, nil
 }
 

@@ -74,6 +74,14 @@ func TestDemo(t *testing.T) {
 		if !strings.Contains(out, line) {
 			t.Errorf("the printed report lacks %q:\n%s", line, out)
 		}
+		// The storm alert, as Alertmanager received it from Prometheus.
+		for _, s := range []string{"StampguardConflictStorm (active since", "labels       cluster=demo namespace=" + contention.Shop + " severity=critical",
+			"summary      ", "dashboard    http://127.0.0.1:3000/d/stampguard-hot-objects?var-cluster=demo&var-namespace=" + contention.Shop,
+			"The object at the centre: "} {
+			if !strings.Contains(out, s) {
+				t.Errorf("the printed alert lacks %q:\n%s", s, out)
+			}
+		}
 		storyHappened(t, want)
 		nothingLeft(t, state)
 		return out

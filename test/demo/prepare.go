@@ -7,6 +7,8 @@ import (
 	"os/exec"
 	"path/filepath"
 	"time"
+
+	"github.com/stampguard/stampguard/internal/promtest"
 )
 
 // prepare makes sure the control plane, ClickHouse and the two binaries
@@ -33,6 +35,22 @@ func (d *demo) prepare(ctx context.Context) error {
 	}
 	if _, err := os.Stat("/etc/clickhouse-server/config.xml"); err != nil {
 		return fmt.Errorf("clickhouse-server is installed but /etc/clickhouse-server/config.xml is missing (%w): reinstall Debian's clickhouse-server", err)
+	}
+
+	for _, b := range []string{promtest.Prometheus, promtest.Promtool, promtest.Alertmanager} {
+		if _, err := exec.LookPath(b); err != nil {
+			d.step("installing Debian's prometheus and prometheus-alertmanager (make prometheus: apt-get, needs root)")
+			if err := d.long(ctx, "make prometheus", d.make(ctx, "prometheus")); err != nil {
+				return fmt.Errorf("install prometheus and prometheus-alertmanager: %w", err)
+			}
+			break
+		}
+	}
+	if _, err := os.Stat(filepath.Join(d.root, "bin", "helm")); err != nil {
+		d.step("installing helm into bin/ (make helm: go install), to render the chart's alert rules")
+		if err := d.long(ctx, "make helm", d.make(ctx, "helm")); err != nil {
+			return fmt.Errorf("install helm: %w", err)
+		}
 	}
 
 	d.step("building the webhook and the audit sink into %s", d.rel(d.bin))

@@ -120,6 +120,8 @@ func (d *demo) grafana() {
 	d.note("Try it yourself while the demo runs:")
 	d.note("  AUDITSINK_CLICKHOUSE_DSN=%s %s report --cluster %s --since 1h", d.dsn(), d.rel(filepath.Join(d.bin, "auditsink")), cluster)
 	d.note("  KUBECONFIG=%s kubectl get concurrencypolicies", d.rel(filepath.Join(d.state, "kubeconfig")))
+	d.note("  Prometheus's alerts: http://%s/alerts; Alertmanager's: http://%s/api/v2/alerts (or amtool --alertmanager.url http://%s alert)",
+		d.alerting.prometheus, d.alerting.alertmanager, d.alerting.alertmanager)
 	d.note("Logs: %s", d.rel(d.logs))
 }
 

@@ -97,7 +97,7 @@ func (d *demo) startWebhook(ctx context.Context, kubeconfig string) error {
 	if err != nil {
 		return err
 	}
-	d.webhook = p
+	d.webhook, d.probes = p, probe
 	d.onStop("the webhook", p.stop)
 	if err := p.waitReady(ctx, "http://"+probe+"/readyz", time.Minute, httpOK(http.DefaultClient, "http://"+probe+"/readyz")); err != nil {
 		return fmt.Errorf("the webhook would not start: %w", err)
