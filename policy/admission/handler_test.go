@@ -2,7 +2,9 @@ package admission
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -12,7 +14,9 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
+	"golang.org/x/sync/semaphore"
 	admissionv1 "k8s.io/api/admission/v1"
 
 	"github.com/stampguard/stampguard/policy"
@@ -108,6 +112,7 @@ func TestStampAnswer(t *testing.T) {
 
 func TestBadReviews(t *testing.T) {
 	_, fields := testHandlers(t, tenRules(t))
+	const denied = 200
 	cases := []struct {
 		name string
 		body string
@@ -117,16 +122,27 @@ func TestBadReviews(t *testing.T) {
 		{"an empty body", ``, 400, "expected an object"},
 		{"not JSON", `<xml/>`, 400, "expected an object"},
 		{"the wrong kind", `{"apiVersion":"v1","kind":"Pod","request":{}}`, 400, `got kind "Pod"`},
-		{"an old review version", `{"apiVersion":"admission.k8s.io/v1beta1","kind":"AdmissionReview","request":{"uid":"x"}}`, 400, "want AdmissionReview admission.k8s.io/v1"},
+		{"an old review version", `{"apiVersion":"admission.k8s.io/v1beta1","kind":"AdmissionReview","request":{"uid":"x"}}`, denied, "want AdmissionReview admission.k8s.io/v1"},
 		{"no request", `{"apiVersion":"admission.k8s.io/v1","kind":"AdmissionReview"}`, 400, "no request"},
 		{"no uid", `{"apiVersion":"admission.k8s.io/v1","kind":"AdmissionReview","request":{"operation":"UPDATE"}}`, 400, "uid is empty"},
-		{"groups of the wrong type", `{"apiVersion":"admission.k8s.io/v1","kind":"AdmissionReview","request":{"uid":"x","userInfo":{"groups":"admins"}}}`, 400, "userInfo"},
-		{"a truncated object", `{"apiVersion":"admission.k8s.io/v1","kind":"AdmissionReview","request":{"uid":"x","object":{"spec":`, 400, "malformed JSON"},
+		{"groups of the wrong type", `{"apiVersion":"admission.k8s.io/v1","kind":"AdmissionReview","request":{"uid":"x","userInfo":{"groups":"admins"}}}`, denied, "userInfo"},
+		{"a truncated object", `{"apiVersion":"admission.k8s.io/v1","kind":"AdmissionReview","request":{"uid":"x","object":{"spec":`, denied, "malformed JSON"},
+		{"nesting deeper than the apiserver's 10000 levels", `{"apiVersion":"admission.k8s.io/v1","kind":"AdmissionReview","request":{"uid":"x","object":{"a":` + strings.Repeat("[", 10001) + strings.Repeat("]", 10001) + `}}}`, denied, "nesting too deep"},
 		{"a body over the limit", `{"pad":"` + strings.Repeat("x", 1<<20) + `"}`, 413, "larger than"},
+		{"a body over the limit that names its request", `{"request":{"uid":"big","pad":"` + strings.Repeat("x", 1<<20) + `"}}`, denied, "larger than"},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
 			rec := post(fields, []byte(c.body))
+			if c.code == denied {
+				// A review that names its request is answered with a
+				// denial: an HTTP error would be left to failurePolicy.
+				resp := decodeAnswer(t, rec)
+				if resp.Allowed || resp.Result == nil || !strings.Contains(resp.Result.Message, c.want) || resp.UID == "" {
+					t.Fatalf("got %+v, want a denial saying %q", resp, c.want)
+				}
+				return
+			}
 			if rec.Code != c.code || !strings.Contains(rec.Body.String(), c.want) {
 				t.Fatalf("HTTP %d %q, want %d containing %q", rec.Code, rec.Body, c.code, c.want)
 			}
@@ -169,21 +185,20 @@ func TestBadReviews(t *testing.T) {
 func TestReadReviewGrowsNoFurtherThanTheLimit(t *testing.T) {
 	const limit = 1 << 20
 	cases := []struct {
-		name     string
-		size     int
-		declared int64
-		maxCap   int
+		name   string
+		size   int
+		maxCap int
 	}{
-		{"a declared body is read into one buffer of about its size", 300 << 10, 300 << 10, 320 << 10},
-		{"a chunked body grows by doubling", 300 << 10, -1, 512 << 10},
-		{"a chunked body over the limit stops at limit+1 bytes", 3 << 20, -1, limit + 1},
-		{"a body longer than it declared stops at limit+1 bytes", 3 << 20, 10, limit + 1},
-		{"an empty body", 0, 0, 4 << 10},
+		{"a body grows by doubling as it arrives, whatever it declared", 300 << 10, 512 << 10},
+		{"a body over the limit stops at limit+1 bytes", 3 << 20, limit + 1},
+		{"an empty body", 0, 4 << 10},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
 			var buf bytes.Buffer
-			n, err := readReview(&buf, bytes.NewReader(bytes.Repeat([]byte("x"), c.size)), c.declared, limit)
+			budget := semaphore.NewWeighted(2 * (limit + 1))
+			charged := &chargedBuffer{buf: &buf, budget: budget}
+			n, err := readReview(t.Context(), charged, bytes.NewReader(bytes.Repeat([]byte("x"), c.size)), limit)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -192,6 +207,51 @@ func TestReadReviewGrowsNoFurtherThanTheLimit(t *testing.T) {
 			}
 			if buf.Cap() > c.maxCap {
 				t.Errorf("the buffer grew to %d bytes, want at most %d", buf.Cap(), c.maxCap)
+			}
+			if charged.charged != int64(buf.Cap()) {
+				t.Errorf("the budget is charged %d bytes for a buffer of %d", charged.charged, buf.Cap())
+			}
+			charged.release()
+			if !budget.TryAcquire(2 * (limit + 1)) {
+				t.Error("the budget was not whole again after the release")
+			}
+		})
+	}
+}
+
+// A review that cannot get buffer room before its deadline fails with
+// errBudget rather than waiting for ever or growing past the budget.
+func TestReadReviewWaitsForTheBudgetUntilItsDeadline(t *testing.T) {
+	budget := semaphore.NewWeighted(16 << 10)
+	if !budget.TryAcquire(12 << 10) { // held by other reviews
+		t.Fatal("could not take the budget")
+	}
+	ctx, cancel := context.WithTimeout(t.Context(), 100*time.Millisecond)
+	defer cancel()
+	var buf bytes.Buffer
+	charged := &chargedBuffer{buf: &buf, budget: budget}
+	_, err := readReview(ctx, charged, bytes.NewReader(bytes.Repeat([]byte("x"), 64<<10)), 1<<20)
+	if !errors.Is(err, errBudget) {
+		t.Fatalf("err %v, want errBudget", err)
+	}
+	if buf.Cap() > 4<<10 {
+		t.Fatalf("the buffer grew to %d bytes with 4 KiB of budget left", buf.Cap())
+	}
+	charged.release()
+}
+
+func TestReviewUIDFromDamagedReviews(t *testing.T) {
+	for _, c := range []struct{ name, body, uid string }{
+		{"a truncated review", `{"kind":"AdmissionReview","apiVersion":"admission.k8s.io/v1","request":{"uid":"u-1","object":{"a":[`, "u-1"},
+		{"a review malformed after the uid", `{"request":{"uid":"u-2","object":{]}}`, "u-2"},
+		{"an escaped uid", `{"request":{"uid":"u\u002d3"}}`, "u-3"},
+		{"no request", `{"kind":"AdmissionReview"}`, ""},
+		{"damage before the uid", `{"request":{"name":tru,"uid":"u"}}`, ""},
+		{"not JSON", `<xml/>`, ""},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			if got := reviewUID([]byte(c.body)); got != c.uid {
+				t.Fatalf("uid %q, want %q", got, c.uid)
 			}
 		})
 	}

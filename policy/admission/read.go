@@ -1,0 +1,156 @@
+package admission
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"time"
+
+	"golang.org/x/sync/semaphore"
+
+	"github.com/stampguard/stampguard/policy/internal/rawjson"
+)
+
+// DefaultMaxReviewBytesInFlight bounds the review bytes buffered at once
+// across all connections: four reviews at the DefaultMaxReviewBytes limit,
+// or thousands of real ones (a review is a few kilobytes). With it the
+// webhook's memory stays below its baseline plus this budget plus a few
+// kilobytes per open connection, whatever clients announce or send.
+const DefaultMaxReviewBytesInFlight = 4 * DefaultMaxReviewBytes
+
+// DefaultReviewReadTimeout bounds the time from a review's headers to the
+// end of its body. The apiserver gives up on a webhook call after the
+// configuration's timeoutSeconds (10 s by default, 30 s at most), so a
+// body still arriving after that is not worth waiting for.
+const DefaultReviewReadTimeout = 10 * time.Second
+
+// reviewLimits bound what one review may take from the process.
+type reviewLimits struct {
+	maxBytes    int64               // one review
+	budget      *semaphore.Weighted // review buffer bytes of all requests together
+	readTimeout time.Duration       // headers read to body read
+}
+
+func newReviewLimits(maxBytes, inFlight int64, readTimeout time.Duration) (reviewLimits, error) {
+	if maxBytes <= 0 {
+		maxBytes = DefaultMaxReviewBytes
+	}
+	if inFlight <= 0 {
+		inFlight = max(DefaultMaxReviewBytesInFlight, 2*(maxBytes+1))
+	}
+	if readTimeout <= 0 {
+		readTimeout = DefaultReviewReadTimeout
+	}
+	// A buffer doubling to limit+1 bytes holds its predecessor while it
+	// copies: one review may briefly charge 1.5 x (limit+1).
+	if inFlight < 2*(maxBytes+1) {
+		return reviewLimits{}, fmt.Errorf("review bytes in flight (%d) must be at least twice the largest review (%d)", inFlight, maxBytes)
+	}
+	return reviewLimits{maxBytes: maxBytes, budget: semaphore.NewWeighted(inFlight), readTimeout: readTimeout}, nil
+}
+
+// errBudget marks a review that could not get buffer space before its read
+// deadline: other reviews held the whole budget.
+var errBudget = errors.New("the webhook's budget of review bytes in flight stayed exhausted until the read deadline")
+
+// chargedBuffer is a review buffer whose capacity is charged to the
+// budget: before it grows, the new capacity is acquired (waiting at most
+// until ctx ends), so the bytes buffered across all requests never exceed
+// the budget, whatever the clients announce in Content-Length.
+type chargedBuffer struct {
+	buf     *bytes.Buffer
+	budget  *semaphore.Weighted
+	charged int64
+}
+
+// grow makes room for at least one more read, never past limit+1 bytes of
+// capacity: bytes.Buffer's own growth would double a refused body's memory
+// at the last step.
+func (c *chargedBuffer) grow(ctx context.Context, limit int64) error {
+	if c.charged == 0 && c.buf.Cap() > 0 { // a pooled buffer
+		if err := c.budget.Acquire(ctx, int64(c.buf.Cap())); err != nil {
+			return errBudget
+		}
+		c.charged = int64(c.buf.Cap())
+	}
+	if c.buf.Available() > 0 {
+		return nil
+	}
+	next := min(max(2*int64(c.buf.Cap()), 4<<10), limit+1)
+	if err := c.budget.Acquire(ctx, next); err != nil {
+		return errBudget
+	}
+	grown := bytes.NewBuffer(make([]byte, 0, next))
+	grown.Write(c.buf.Bytes())
+	*c.buf = *grown
+	c.budget.Release(c.charged)
+	c.charged = next
+	return nil
+}
+
+// release returns the charge; the buffer must not be used afterwards
+// unless charged again.
+func (c *chargedBuffer) release() {
+	c.budget.Release(c.charged)
+	c.charged = 0
+}
+
+// readReview reads body into c, at most limit+1 bytes, so that a larger
+// body shows as n > limit. The buffer grows as bytes arrive (doubling from
+// 4 KiB), never from the length a client declares: a client that
+// announces 8 MiB and stalls holds only what it sent.
+func readReview(ctx context.Context, c *chargedBuffer, body io.Reader, limit int64) (n int64, err error) {
+	lr := io.LimitReader(body, limit+1)
+	for {
+		if int64(c.buf.Len()) > limit {
+			return int64(c.buf.Len()), nil
+		}
+		if err := c.grow(ctx, limit); err != nil {
+			return int64(c.buf.Len()), err
+		}
+		free := c.buf.AvailableBuffer()
+		m, err := lr.Read(free[:cap(free)])
+		c.buf.Write(free[:m]) // in place: free is buf's own spare capacity
+		if err == io.EOF {
+			return int64(c.buf.Len()), nil
+		}
+		if err != nil {
+			return int64(c.buf.Len()), err
+		}
+	}
+}
+
+// uidPrefixBytes is how much of a review declared too large is read to
+// find its uid: the apiserver writes request.uid before everything else of
+// the request (the order of AdmissionRequest's fields).
+const uidPrefixBytes = 4 << 10
+
+// errStop ends a scan once the uid is found.
+var errStop = errors.New("stop")
+
+// reviewUID finds request.uid in a review that cannot be decoded whole (it
+// is truncated, too large, too deep or malformed past the uid), so that
+// the refusal can still be an answer the apiserver matches to its request.
+// It returns "" when the bytes hold no readable uid before the damage.
+func reviewUID(data []byte) string {
+	var uid string
+	_, _ = rawjson.ObjectScan(data, func(k, data []byte, start int) (int, error) {
+		if !rawjson.KeyIs(k, "request") {
+			return rawjson.Skip(data, start)
+		}
+		_, _ = rawjson.ObjectScan(data[start:], func(k, data []byte, start int) (int, error) {
+			if !rawjson.KeyIs(k, "uid") {
+				return rawjson.Skip(data, start)
+			}
+			end, err := rawjson.SkipString(data, start)
+			if err == nil {
+				uid, _ = rawjson.String(data[start:end])
+			}
+			return 0, errStop
+		})
+		return 0, errStop
+	})
+	return uid
+}
