@@ -402,6 +402,27 @@ func quoteString(s string) string {
 	return "'" + strings.NewReplacer(`\`, `\\`, `'`, `\'`).Replace(s) + "'"
 }
 
+// SchemaCurrent reports, without DDL, whether the schema is at this
+// binary's latest migration or newer; when it is, it prepares the store
+// as Migrate does, so that a writer without DDL rights (serve
+// --no-migrate) can skip Migrate. A database or schema_migrations table
+// that does not exist is an error.
+func (s *Store) SchemaCurrent(ctx context.Context) (bool, error) {
+	if err := s.checkProfile(ctx); err != nil {
+		return false, err
+	}
+	v, err := s.SchemaVersion(ctx)
+	if err != nil || v < Migrations[len(Migrations)-1].Version {
+		return false, err
+	}
+	if s.ddl == nil {
+		if err := s.listLegacyDays(ctx); err != nil {
+			return false, err
+		}
+	}
+	return true, nil
+}
+
 // SchemaVersion is the highest applied migration (0 for none).
 func (s *Store) SchemaVersion(ctx context.Context) (int, error) {
 	var v uint32
