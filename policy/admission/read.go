@@ -17,7 +17,8 @@ import (
 // across all connections: four reviews at the DefaultMaxReviewBytes limit,
 // or thousands of real ones (a review is a few kilobytes). With it the
 // webhook's memory stays below its baseline plus this budget plus a few
-// kilobytes per open connection, whatever clients announce or send.
+// kilobytes per open connection (unchargedBytes of its review, the
+// server's buffers), whatever clients announce or send.
 const DefaultMaxReviewBytesInFlight = 4 * DefaultMaxReviewBytes
 
 // DefaultReviewReadTimeout bounds the time from a review's headers to the
@@ -38,14 +39,14 @@ func newReviewLimits(maxBytes, inFlight int64, readTimeout time.Duration) (revie
 		maxBytes = DefaultMaxReviewBytes
 	}
 	if inFlight <= 0 {
-		inFlight = max(DefaultMaxReviewBytesInFlight, 2*(maxBytes+1))
+		inFlight = max(DefaultMaxReviewBytesInFlight, 2*maxBytes)
 	}
 	if readTimeout <= 0 {
 		readTimeout = DefaultReviewReadTimeout
 	}
 	// A buffer doubling to limit+1 bytes holds its predecessor while it
 	// copies: one review may briefly charge 1.5 x (limit+1).
-	if inFlight < 2*(maxBytes+1) {
+	if inFlight < 2*maxBytes {
 		return reviewLimits{}, fmt.Errorf("review bytes in flight (%d) must be at least twice the largest review (%d)", inFlight, maxBytes)
 	}
 	return reviewLimits{maxBytes: maxBytes, budget: semaphore.NewWeighted(inFlight), readTimeout: readTimeout}, nil
@@ -55,43 +56,60 @@ func newReviewLimits(maxBytes, inFlight int64, readTimeout time.Duration) (revie
 // deadline: other reviews held the whole budget.
 var errBudget = errors.New("the webhook's budget of review bytes in flight stayed exhausted until the read deadline")
 
+// unchargedBytes of each review buffer are not charged to the budget, so
+// that every review's first bytes, which name it (request.uid), can be
+// read and the review denied by name even while the budget is spent. It
+// costs no more per connection than the server's own 4 KiB read buffer.
+const unchargedBytes = 4 << 10
+
+// charge is what a buffer of capacity bytes costs the budget.
+func charge(capacity int64) int64 { return max(0, capacity-unchargedBytes) }
+
 // chargedBuffer is a review buffer whose capacity is charged to the
 // budget: before it grows, the new capacity is acquired (waiting at most
 // until ctx ends), so the bytes buffered across all requests never exceed
-// the budget, whatever the clients announce in Content-Length.
+// the budget plus unchargedBytes per review, whatever the clients announce
+// in Content-Length.
 type chargedBuffer struct {
 	buf     *bytes.Buffer
 	budget  *semaphore.Weighted
 	charged int64
+	started bool
 }
 
 // grow makes room for at least one more read, never past limit+1 bytes of
 // capacity: bytes.Buffer's own growth would double a refused body's memory
 // at the last step.
 func (c *chargedBuffer) grow(ctx context.Context, limit int64) error {
-	if c.charged == 0 && c.buf.Cap() > 0 { // a pooled buffer
-		if err := c.budget.Acquire(ctx, int64(c.buf.Cap())); err != nil {
-			return errBudget
+	if !c.started {
+		c.started = true
+		if need := charge(int64(c.buf.Cap())); need > 0 { // a pooled buffer
+			if !c.budget.TryAcquire(need) {
+				*c.buf = *bytes.NewBuffer(make([]byte, 0, unchargedBytes))
+			} else {
+				c.charged = need
+			}
 		}
-		c.charged = int64(c.buf.Cap())
 	}
 	if c.buf.Available() > 0 {
 		return nil
 	}
-	next := min(max(2*int64(c.buf.Cap()), 4<<10), limit+1)
-	if err := c.budget.Acquire(ctx, next); err != nil {
-		return errBudget
+	next := min(max(2*int64(c.buf.Cap()), unchargedBytes), limit+1)
+	need := charge(next)
+	if need > 0 {
+		if err := c.budget.Acquire(ctx, need); err != nil {
+			return errBudget
+		}
 	}
 	grown := bytes.NewBuffer(make([]byte, 0, next))
 	grown.Write(c.buf.Bytes())
 	*c.buf = *grown
 	c.budget.Release(c.charged)
-	c.charged = next
+	c.charged = need
 	return nil
 }
 
-// release returns the charge; the buffer must not be used afterwards
-// unless charged again.
+// release returns the charge; the buffer must not grow afterwards.
 func (c *chargedBuffer) release() {
 	c.budget.Release(c.charged)
 	c.charged = 0
