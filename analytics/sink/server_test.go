@@ -343,7 +343,7 @@ func TestServeOverTLSWithClientCertificatesStoresInClickHouse(t *testing.T) {
 	spoolDir := t.TempDir()
 	opts := Options{TLSCertFile: pki.ServerCert, TLSKeyFile: pki.ServerKey, ClientCAFile: pki.CAFile, Token: "tok",
 		ClientNames: map[string][]string{"kube-apiserver": nil},
-		Store: analytics.StoreOptions{DSN: ch.DSN(), Database: db}, SpoolDir: spoolDir}
+		Store:       analytics.StoreOptions{DSN: ch.DSN(), Database: db}, SpoolDir: spoolDir}
 	url, stop := startSink(t, opts)
 
 	events := realEvents(t)
