@@ -344,3 +344,137 @@ func TestWebhookAgainstHostileClients(t *testing.T) {
 		}
 	})
 }
+
+// sinkToken is at least sink.MinTokenLength characters.
+const sinkToken = "hostile-token-0123456789abcdef0123456789"
+
+// TestAuditsinkAgainstHostileClients runs the built sink with client
+// certificates and a token, each bound to a cluster, and a ClickHouse it
+// never reaches (the spool takes the batches): foreign names and other
+// clusters are refused, the serving certificate and the client CA are
+// renewed on disk and used within seconds, and the TLS floor holds.
+func TestAuditsinkAgainstHostileClients(t *testing.T) {
+	bin := bintest.Build(t, "./cmd/auditsink")
+	dir := t.TempDir()
+	serverCA, clientCA := newTestCA(t, "sink-ca"), newTestCA(t, "apiserver-client-ca")
+	certPEM, keyPEM, _, firstSerial := serverCA.issue(t, "auditsink", x509.ExtKeyUsageServerAuth)
+	certFile, keyFile, caFile := filepath.Join(dir, "tls.crt"), filepath.Join(dir, "tls.key"), filepath.Join(dir, "client-ca.crt")
+	for path, b := range map[string][]byte{certFile: certPEM, keyFile: keyPEM, caFile: clientCA.pem} {
+		if err := os.WriteFile(path, b, 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	addr := freeAddr(t)
+	// The token comes from the environment with a trailing newline, as
+	// `kubectl create secret --from-file` and editors leave it.
+	env := append(os.Environ(), "AUDITSINK_TOKEN="+sinkToken+"\n", "AUDITSINK_CLICKHOUSE_DSN=clickhouse://127.0.0.1:1?dial_timeout=200ms")
+	p := startProcess(t, env, bin, "serve", "--listen", addr, "--tls-cert", certFile, "--tls-key", keyFile,
+		"--client-ca", caFile, "--client-names", "apiserver-prod=prod,apiserver-shared", "--token-clusters", "dev",
+		"--spool-dir", filepath.Join(dir, "spool"), "--metrics-listen", "127.0.0.1:0")
+	p.waitFor("the sink serving TLS", func() error { _, err := servedSerial(addr, serverCA.pool()); return err })
+
+	_, _, prod, _ := clientCA.issue(t, "apiserver-prod", x509.ExtKeyUsageClientAuth)
+	_, _, shared, _ := clientCA.issue(t, "apiserver-shared", x509.ExtKeyUsageClientAuth)
+	_, _, node, _ := clientCA.issue(t, "system:node:evil", x509.ExtKeyUsageClientAuth)
+	post := func(cert *tls.Certificate, token, cluster string) (int, string) {
+		t.Helper()
+		cfg := &tls.Config{RootCAs: serverCA.pool()}
+		if cert != nil {
+			cfg.Certificates = []tls.Certificate{*cert}
+		}
+		c := &http.Client{Timeout: 30 * time.Second, Transport: &http.Transport{TLSClientConfig: cfg}}
+		req, _ := http.NewRequest(http.MethodPost, "https://"+addr+"/clusters/"+cluster+"/events",
+			strings.NewReader(`{"kind":"EventList","apiVersion":"audit.k8s.io/v1","items":[]}`))
+		if token != "" {
+			req.Header.Set("Authorization", "Bearer "+token)
+		}
+		resp, err := c.Do(req)
+		if err != nil {
+			t.Fatalf("POST to cluster %s: %v", cluster, err)
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, string(b)
+	}
+	for _, c := range []struct {
+		what    string
+		cert    *tls.Certificate
+		token   string
+		cluster string
+		code    int
+	}{
+		{"a certificate bound to prod writes prod", &prod, "", "prod", 200},
+		{"a certificate bound to prod may not write dev", &prod, "", "dev", 403},
+		{"an unbound name writes any cluster", &shared, "", "dev", 200},
+		{"a certificate of the client CA with a foreign name (a kubelet's) is refused", &node, "", "prod", 403},
+		{"the token (from the environment, trimmed) writes its cluster dev", nil, sinkToken, "dev", 200},
+		{"the token may not write prod", nil, sinkToken, "prod", 403},
+		{"a foreign name with the token writes the token's cluster", &node, sinkToken, "dev", 200},
+		{"no credential", nil, "", "dev", 401},
+	} {
+		if code, body := post(c.cert, c.token, c.cluster); code != c.code {
+			t.Errorf("%s: HTTP %d %s, want %d", c.what, code, body, c.code)
+		}
+	}
+	if out := p.out.String(); !strings.Contains(out, `is not on the allow-list of names`) || !strings.Contains(out, `may not write cluster \"dev\"`) {
+		t.Errorf("the log does not say why batches were refused:\n%s", out)
+	}
+
+	t.Run("TLS 1.1 and CBC suites are refused, h2 is not negotiated", func(t *testing.T) {
+		checkTLSFloor(t, addr, serverCA.pool())
+	})
+	t.Run("a certificate renewed on disk is served within seconds", func(t *testing.T) {
+		certPEM, keyPEM, _, serial := serverCA.issue(t, "auditsink", x509.ExtKeyUsageServerAuth)
+		if s, err := servedSerial(addr, serverCA.pool()); err != nil || s != firstSerial {
+			t.Fatalf("serial %d (%v) before the renewal, want %d", s, err, firstSerial)
+		}
+		renewed := time.Now()
+		writeAtomic(t, keyFile, keyPEM)
+		writeAtomic(t, certFile, certPEM)
+		p.waitFor("the renewed certificate served", func() error {
+			if s, err := servedSerial(addr, serverCA.pool()); err != nil || s != serial {
+				return fmt.Errorf("serial %d (%v), want %d", s, err, serial)
+			}
+			return nil
+		})
+		t.Logf("the renewed certificate was served %s after it was written", time.Since(renewed).Round(100*time.Millisecond))
+	})
+	t.Run("a client CA renewed on disk verifies its certificates within seconds", func(t *testing.T) {
+		next := newTestCA(t, "apiserver-client-ca-2")
+		_, _, renewedProd, _ := next.issue(t, "apiserver-prod", x509.ExtKeyUsageClientAuth)
+		if code, _ := post(&renewedProd, "", "prod"); code != 401 {
+			t.Fatalf("a certificate of the next CA before the renewal: %d, want 401", code)
+		}
+		writeAtomic(t, caFile, append(append([]byte{}, clientCA.pem...), next.pem...)) // a rotation: both CAs
+		p.waitFor("the next CA's certificate accepted", func() error {
+			if code, body := post(&renewedProd, "", "prod"); code != 200 {
+				return fmt.Errorf("HTTP %d %s", code, body)
+			}
+			return nil
+		})
+		if code, _ := post(&node, "", "prod"); code != 403 {
+			t.Errorf("after the renewal, the foreign name: %d, want 403", code)
+		}
+	})
+	if code := p.stop(); code != 0 {
+		t.Fatalf("exit code %d after SIGTERM; output:\n%s", code, p.out.String())
+	}
+
+	t.Run("weak or contradictory credentials are usage errors that name the flag", func(t *testing.T) {
+		base := []string{"serve", "--clickhouse", "clickhouse://127.0.0.1:1", "--plaintext", "--spool-dir", filepath.Join(dir, "spool2")}
+		for _, c := range []struct {
+			env  []string
+			args []string
+			flag string
+		}{
+			{[]string{"AUDITSINK_TOKEN=short"}, nil, "$AUDITSINK_TOKEN"},
+			{[]string{"AUDITSINK_TOKEN=" + sinkToken}, []string{"--allow-unauthenticated"}, "--allow-unauthenticated"},
+			{[]string{"AUDITSINK_TOKEN=" + sinkToken}, []string{"--no-migrate", "--retention", "30d"}, "--retention"},
+		} {
+			_, stderr, code := runBinary(t, append(os.Environ(), c.env...), bin, append(base, c.args...)...)
+			if code != 2 || !strings.Contains(stderr, c.flag+": ") {
+				t.Errorf("%v %v: exit %d, stderr %q; want 2 naming %s", c.env, c.args, code, stderr, c.flag)
+			}
+		}
+	})
+}
