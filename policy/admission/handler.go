@@ -89,6 +89,9 @@ func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	buf := bufPool.Get().(*bytes.Buffer)
 	buf.Reset()
 	charged := &chargedBuffer{buf: buf, budget: h.limits.budget}
+	if r.ContentLength >= 0 {
+		charged.reserve = r.ContentLength + 1
+	}
 	defer func() {
 		charged.release()
 		putBuffer(buf)

@@ -219,18 +219,16 @@ func TestReadReviewGrowsNoFurtherThanTheLimit(t *testing.T) {
 	}
 }
 
-// A review that cannot get buffer room before its deadline fails with
-// errBudget rather than waiting for ever or growing past the budget.
-func TestReadReviewWaitsForTheBudgetUntilItsDeadline(t *testing.T) {
+// A review without a declared length fails at once when the budget is
+// spent: it would wait while holding a charge.
+func TestReadReviewOfUnknownLengthFailsWhenTheBudgetIsSpent(t *testing.T) {
 	budget := semaphore.NewWeighted(16 << 10)
 	if !budget.TryAcquire(12 << 10) { // held by other reviews
 		t.Fatal("could not take the budget")
 	}
-	ctx, cancel := context.WithTimeout(t.Context(), 100*time.Millisecond)
-	defer cancel()
 	var buf bytes.Buffer
 	charged := &chargedBuffer{buf: &buf, budget: budget}
-	_, err := readReview(ctx, charged, bytes.NewReader(bytes.Repeat([]byte("x"), 64<<10)), 1<<20)
+	_, err := readReview(t.Context(), charged, bytes.NewReader(bytes.Repeat([]byte("x"), 64<<10)), 1<<20)
 	if !errors.Is(err, errBudget) {
 		t.Fatalf("err %v, want errBudget", err)
 	}
@@ -238,6 +236,67 @@ func TestReadReviewWaitsForTheBudgetUntilItsDeadline(t *testing.T) {
 		t.Fatalf("the buffer grew to %d bytes with 4 KiB of budget left", buf.Cap())
 	}
 	charged.release()
+}
+
+// Reviews that declare their length reserve it whole while holding no
+// charge: two that do not fit the budget together take turns instead of
+// deadlocking, and one that does not get its turn before its deadline
+// fails with errBudget.
+func TestDeclaredReviewsTakeTurnsForTheBudget(t *testing.T) {
+	const size = 600 << 10
+	budget := semaphore.NewWeighted(1 << 20) // less than two reviews
+	read := func(ctx context.Context, body io.Reader) (int64, *chargedBuffer, error) {
+		var buf bytes.Buffer
+		c := &chargedBuffer{buf: &buf, budget: budget, reserve: size + 1}
+		n, err := readReview(ctx, c, body, 1<<20)
+		return n, c, err
+	}
+	// The first review has its reservation and waits for the rest of its body.
+	pr, pw := io.Pipe()
+	first := make(chan error, 1)
+	var firstCharge *chargedBuffer
+	go func() {
+		n, c, err := read(t.Context(), pr)
+		firstCharge = c
+		if err == nil && n != size {
+			err = fmt.Errorf("read %d bytes, want %d", n, size)
+		}
+		first <- err
+	}()
+	if _, err := pw.Write(bytes.Repeat([]byte("x"), 8<<10)); err != nil {
+		t.Fatal(err)
+	}
+	// The second cannot get its reservation while the first holds its own.
+	ctx, cancel := context.WithTimeout(t.Context(), 100*time.Millisecond)
+	defer cancel()
+	if _, c, err := read(ctx, bytes.NewReader(bytes.Repeat([]byte("y"), size))); !errors.Is(err, errBudget) {
+		t.Fatalf("the second review while the first holds the budget: %v, want errBudget", err)
+	} else {
+		c.release()
+	}
+	// It waits its turn: once the first is read and released, it gets it.
+	second := make(chan error, 1)
+	go func() {
+		n, c, err := read(t.Context(), bytes.NewReader(bytes.Repeat([]byte("y"), size)))
+		if err == nil && n != size {
+			err = fmt.Errorf("read %d bytes, want %d", n, size)
+		}
+		if c != nil {
+			c.release()
+		}
+		second <- err
+	}()
+	if _, err := pw.Write(bytes.Repeat([]byte("x"), size-8<<10)); err != nil {
+		t.Fatal(err)
+	}
+	pw.Close()
+	if err := <-first; err != nil {
+		t.Fatal(err)
+	}
+	firstCharge.release()
+	if err := <-second; err != nil {
+		t.Fatalf("the second review after the first released the budget: %v", err)
+	}
 }
 
 func TestReviewUIDFromDamagedReviews(t *testing.T) {
@@ -284,7 +343,9 @@ func TestOversizedReviewsLeaveNoBuffersBehind(t *testing.T) {
 			req.ContentLength = -1 // chunked: the handler must buffer to find the size
 			rec := httptest.NewRecorder()
 			stamp.ServeHTTP(rec, req)
-			if rec.Code != http.StatusRequestEntityTooLarge && rec.Code != http.StatusBadRequest {
+			// 503: no room in the budget for a body of unknown length
+			// while the others hold it.
+			if rec.Code != http.StatusRequestEntityTooLarge && rec.Code != http.StatusBadRequest && rec.Code != http.StatusServiceUnavailable {
 				t.Errorf("HTTP %d for a %s body", rec.Code, map[bool]string{true: "large", false: "oversized"}[i%2 == 0])
 			}
 		})

@@ -44,8 +44,7 @@ func newReviewLimits(maxBytes, inFlight int64, readTimeout time.Duration) (revie
 	if readTimeout <= 0 {
 		readTimeout = DefaultReviewReadTimeout
 	}
-	// A buffer doubling to limit+1 bytes holds its predecessor while it
-	// copies: one review may briefly charge 1.5 x (limit+1).
+	// Room for a review at the limit while another holds as much.
 	if inFlight < 2*maxBytes {
 		return reviewLimits{}, fmt.Errorf("review bytes in flight (%d) must be at least twice the largest review (%d)", inFlight, maxBytes)
 	}
@@ -54,7 +53,7 @@ func newReviewLimits(maxBytes, inFlight int64, readTimeout time.Duration) (revie
 
 // errBudget marks a review that could not get buffer space before its read
 // deadline: other reviews held the whole budget.
-var errBudget = errors.New("the webhook's budget of review bytes in flight stayed exhausted until the read deadline")
+var errBudget = errors.New("the webhook's budget of review bytes in flight is spent (other reviews hold it)")
 
 // unchargedBytes of each review buffer are not charged to the budget, so
 // that every review's first bytes, which name it (request.uid), can be
@@ -65,21 +64,29 @@ const unchargedBytes = 4 << 10
 // charge is what a buffer of capacity bytes costs the budget.
 func charge(capacity int64) int64 { return max(0, capacity-unchargedBytes) }
 
-// chargedBuffer is a review buffer whose capacity is charged to the
-// budget: before it grows, the new capacity is acquired (waiting at most
-// until ctx ends), so the bytes buffered across all requests never exceed
-// the budget plus unchargedBytes per review, whatever the clients announce
-// in Content-Length.
+// chargedBuffer is a review buffer charged to the budget, so that the
+// review buffers of all requests together never exceed the budget plus
+// unchargedBytes per review, whatever clients announce or send.
+//
+// A review that declares its length (the apiserver always does) reserves
+// it at once, waiting at most until ctx ends, once its body outgrows
+// unchargedBytes: it waits holding no charge, so reviews waiting for each
+// other cannot deadlock, and concurrent large reviews take turns. Its
+// buffer still grows only as bytes arrive: a client that announces 8 MiB
+// and stalls holds budget until its read deadline, never memory. A review
+// without a declared length charges each growth as it comes and fails at
+// once when the budget is spent, since it would wait holding a charge.
 type chargedBuffer struct {
 	buf     *bytes.Buffer
 	budget  *semaphore.Weighted
+	reserve int64 // declared length + 1 (room to read the EOF); 0: unknown
 	charged int64
 	started bool
 }
 
 // grow makes room for at least one more read, never past limit+1 bytes of
-// capacity: bytes.Buffer's own growth would double a refused body's memory
-// at the last step.
+// capacity (nor past the declared length + 1): bytes.Buffer's own growth
+// would double a refused body's memory at the last step.
 func (c *chargedBuffer) grow(ctx context.Context, limit int64) error {
 	if !c.started {
 		c.started = true
@@ -95,17 +102,36 @@ func (c *chargedBuffer) grow(ctx context.Context, limit int64) error {
 		return nil
 	}
 	next := min(max(2*int64(c.buf.Cap()), unchargedBytes), limit+1)
-	need := charge(next)
-	if need > 0 {
-		if err := c.budget.Acquire(ctx, need); err != nil {
-			return errBudget
+	if c.reserve > 0 {
+		next = min(next, max(c.reserve, unchargedBytes))
+	}
+	if need := charge(next); need > c.charged {
+		switch {
+		case c.reserve > 0 && c.charged == 0:
+			// Holding no charge, the review may wait for its whole
+			// declared length.
+			all := charge(min(c.reserve, limit+1))
+			if err := c.budget.Acquire(ctx, all); err != nil {
+				return errBudget
+			}
+			c.charged = all
+		case c.reserve > 0:
+			// Within its reservation (a pooled buffer's charge held
+			// first): take the rest without waiting.
+			if !c.budget.TryAcquire(need - c.charged) {
+				return errBudget
+			}
+			c.charged = need
+		default:
+			if !c.budget.TryAcquire(need - c.charged) {
+				return errBudget
+			}
+			c.charged = need
 		}
 	}
 	grown := bytes.NewBuffer(make([]byte, 0, next))
 	grown.Write(c.buf.Bytes())
 	*c.buf = *grown
-	c.budget.Release(c.charged)
-	c.charged = need
 	return nil
 }
 
@@ -117,8 +143,7 @@ func (c *chargedBuffer) release() {
 
 // readReview reads body into c, at most limit+1 bytes, so that a larger
 // body shows as n > limit. The buffer grows as bytes arrive (doubling from
-// 4 KiB), never from the length a client declares: a client that
-// announces 8 MiB and stalls holds only what it sent.
+// 4 KiB), never to the length a client declares before it sent it.
 func readReview(ctx context.Context, c *chargedBuffer, body io.Reader, limit int64) (n int64, err error) {
 	lr := io.LimitReader(body, limit+1)
 	for {
