@@ -301,7 +301,11 @@ func serverTLS(o Options) (*tlsserve.Server, error) {
 // DDL rights suffices); otherwise the migrations are applied, unless
 // noMigrate, which waits for `auditsink migrate` instead.
 func schemaUntilReady(ctx context.Context, store *analytics.Store, noMigrate bool, m *analytics.Metrics, log *slog.Logger) error {
-	return analytics.Retry(ctx, analytics.Backoff{}, log, "schema migration", func(err error) {
+	what := "schema migration"
+	if noMigrate {
+		what = "schema check (--no-migrate)"
+	}
+	return analytics.Retry(ctx, analytics.Backoff{}, log, what, func(err error) {
 		m.CountCHError(analytics.OpMigrate, err)
 	}, func() error {
 		current, err := store.SchemaCurrent(ctx)
@@ -309,9 +313,9 @@ func schemaUntilReady(ctx context.Context, store *analytics.Store, noMigrate boo
 		case current:
 			return nil
 		case noMigrate && err != nil:
-			return fmt.Errorf("--no-migrate: %w", err)
+			return fmt.Errorf("cannot read the schema version of database %s (run auditsink migrate): %w", store.Database(), err)
 		case noMigrate:
-			return fmt.Errorf("--no-migrate: database %s is not at this binary's schema version yet: run auditsink migrate", store.Database())
+			return fmt.Errorf("database %s is not at this binary's schema version yet: run auditsink migrate", store.Database())
 		}
 		applied, err := store.Migrate(ctx)
 		if err == nil && len(applied) > 0 {

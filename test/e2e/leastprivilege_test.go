@@ -3,6 +3,7 @@ package e2e
 import (
 	"bytes"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"net/http"
 	"os"
@@ -35,11 +36,10 @@ func TestServeWithoutDDLRights(t *testing.T) {
 		_, stderr, code := runBinary(t, append(os.Environ(), "AUDITSINK_CLICKHOUSE_DSN="+dsn), bin, args...)
 		return stderr, code
 	}
-	if stderr, code := runAs(admin, "migrate"); code != 0 {
-		t.Fatalf("auditsink migrate as the administrator: exit %d: %s", code, stderr)
-	}
-	if stderr, code := runAs(sinkDSN, "migrate"); code != 1 || !strings.Contains(stderr, "DDL queries are prohibited") {
-		t.Fatalf("auditsink migrate as stampguard_sink: exit %d: %s; want a refusal of the DDL (the user has no DDL rights)", code, stderr)
+	migrate := func(t *testing.T) {
+		if stderr, code := runAs(admin, "migrate"); code != 0 {
+			t.Fatalf("auditsink migrate as the administrator: exit %d: %s", code, stderr)
+		}
 	}
 
 	batches := auditBatches(t, filepath.Join(root, "analytics", "testdata", "events.jsonl"), 5)
@@ -51,7 +51,9 @@ func TestServeWithoutDDLRights(t *testing.T) {
 		}
 		return n
 	}
-	serve := func(t *testing.T, cluster string, extra ...string) {
+	// serve starts serve as stampguard_sink, posts the batches, runs
+	// meanwhile (the spool holds them), and waits until ClickHouse has them.
+	serve := func(t *testing.T, cluster string, meanwhile func(*process), extra ...string) {
 		t.Helper()
 		addr := freeAddr(t)
 		env := append(os.Environ(), "AUDITSINK_CLICKHOUSE_DSN="+sinkDSN, "AUDITSINK_TOKEN="+sinkToken)
@@ -74,6 +76,7 @@ func TestServeWithoutDDLRights(t *testing.T) {
 			}
 			want += answer.Accepted
 		}
+		meanwhile(p)
 		p.waitFor(fmt.Sprintf("%d events of cluster %s stored", want, cluster), func() error {
 			if n := stored(t, cluster); n != want {
 				return fmt.Errorf("%d stored", n)
@@ -87,8 +90,23 @@ func TestServeWithoutDDLRights(t *testing.T) {
 			t.Errorf("serve %v ran DDL:\n%s", extra, out)
 		}
 	}
-	t.Run("serve --no-migrate stores events as a user without DDL rights", func(t *testing.T) { serve(t, "nodll", "--no-migrate") })
-	t.Run("serve without --no-migrate runs no DDL on a current schema", func(t *testing.T) { serve(t, "current") })
+	t.Run("serve --no-migrate waits for the migration, then stores events as a user without DDL rights", func(t *testing.T) {
+		serve(t, "nodll", func(p *process) {
+			p.waitFor("serve saying it waits for the migration", func() error {
+				if !strings.Contains(p.out.String(), "run auditsink migrate") {
+					return errors.New("not yet")
+				}
+				return nil
+			})
+			migrate(t)
+		}, "--no-migrate")
+	})
+	t.Run("stampguard_sink has no DDL rights", func(t *testing.T) {
+		if stderr, code := runAs(sinkDSN, "migrate"); code != 1 || !strings.Contains(stderr, "DDL queries are prohibited") {
+			t.Fatalf("auditsink migrate as stampguard_sink: exit %d: %s; want a refusal of the DDL", code, stderr)
+		}
+	})
+	t.Run("serve without --no-migrate runs no DDL on a current schema", func(t *testing.T) { serve(t, "current", func(*process) {}) })
 
 	t.Run("the Grafana user reads the events and nothing else", func(t *testing.T) {
 		if err := ch.Conn(t, "default").Exec(t.Context(), "CREATE TABLE IF NOT EXISTS default.private (x UInt8) ENGINE = Memory"); err != nil {
