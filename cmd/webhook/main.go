@@ -75,6 +75,10 @@ func run() int {
 		fmt.Fprintln(os.Stderr, "webhook:", err)
 		return 2
 	}
+	if err := admission.CheckReviewLimits(o.MaxReviewBytes, o.MaxReviewBytesInFlight); err != nil {
+		fmt.Fprintln(os.Stderr, "webhook: --max-review-bytes-in-flight:", err)
+		return 2
+	}
 	o.Logger = log
 	ctrllog.SetLogger(logr.FromSlogHandler(log.Handler()))
 	if o.PolicyFile == "" {

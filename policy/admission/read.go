@@ -44,11 +44,20 @@ func newReviewLimits(maxBytes, inFlight int64, readTimeout time.Duration) (revie
 	if readTimeout <= 0 {
 		readTimeout = DefaultReviewReadTimeout
 	}
-	// Room for a review at the limit while another holds as much.
-	if inFlight < 2*maxBytes {
-		return reviewLimits{}, fmt.Errorf("review bytes in flight (%d) must be at least twice the largest review (%d)", inFlight, maxBytes)
+	if err := CheckReviewLimits(maxBytes, inFlight); err != nil {
+		return reviewLimits{}, err
 	}
 	return reviewLimits{maxBytes: maxBytes, budget: semaphore.NewWeighted(inFlight), readTimeout: readTimeout}, nil
+}
+
+// CheckReviewLimits refuses a budget of review bytes in flight below twice
+// the largest review: room for a review at the limit while another holds
+// as much.
+func CheckReviewLimits(maxBytes, inFlight int64) error {
+	if inFlight < 2*maxBytes {
+		return fmt.Errorf("review bytes in flight (%d) must be at least twice the largest review (%d)", inFlight, maxBytes)
+	}
+	return nil
 }
 
 // errBudget marks a review that could not get buffer space before its read
