@@ -214,6 +214,9 @@ func TestWebhookAgainstHostileClients(t *testing.T) {
 	p, addr, _ := start("--review-read-timeout", "3s", "--max-review-bytes", strconv.Itoa(4<<20), "--max-review-bytes-in-flight", strconv.Itoa(8<<20))
 	client := &http.Client{Timeout: time.Minute, Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: ca.pool()}}}
 	fields := "https://" + addr + admission.FieldsPath
+	if _, stderr, code := runBinary(t, nil, webhook, "--policy-file", filepath.Join(root, "examples", "policies.yaml"), "--max-review-bytes-in-flight", "1000"); code != 2 || !strings.Contains(stderr, "--max-review-bytes-in-flight") {
+		t.Errorf("a budget below two reviews: exit %d, stderr %q; want 2 naming the flag", code, stderr)
+	}
 
 	t.Run("a flood of stalled bodies is cut at the read deadline, denied, closed, and the RSS stays bounded", func(t *testing.T) {
 		before := rssBytes(t, p.cmd.Process.Pid)
