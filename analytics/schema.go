@@ -498,6 +498,21 @@ func quoteString(s string) string {
 	return "'" + strings.NewReplacer(`\`, `\\`, `'`, `\'`).Replace(s) + "'"
 }
 
+// SchemaCurrent reports, without DDL, whether the schema is at this
+// binary's latest migration or newer, so that a writer without DDL rights
+// (serve --no-migrate) can skip Migrate. A database or schema_migrations
+// table that does not exist is an error.
+func (s *Store) SchemaCurrent(ctx context.Context) (bool, error) {
+	if err := s.checkProfile(ctx); err != nil {
+		return false, err
+	}
+	v, err := s.SchemaVersion(ctx)
+	if err != nil {
+		return false, err
+	}
+	return v >= Migrations[len(Migrations)-1].Version, nil
+}
+
 // SchemaVersion is the highest applied migration (0 for none).
 func (s *Store) SchemaVersion(ctx context.Context) (int, error) {
 	var v uint32

@@ -75,7 +75,7 @@ var profiles int
 func startSinkProcess(b *testing.B, bin string, ch *chtest.Server, parallel int) (benchEnv, func() int64) {
 	db := ch.NewDatabase(b)
 	dir := b.TempDir()
-	if err := os.WriteFile(filepath.Join(dir, "token"), []byte("bench"), 0o600); err != nil {
+	if err := os.WriteFile(filepath.Join(dir, "token"), []byte("bench-0123456789abcdef0123456789abcdef"), 0o600); err != nil {
 		b.Fatal(err)
 	}
 	l, _ := net.Listen("tcp", "127.0.0.1:0")
@@ -119,7 +119,7 @@ func startSinkProcess(b *testing.B, bin string, ch *chtest.Server, parallel int)
 
 func post400(c *http.Client, url string, body []byte) (int, error) {
 	req, _ := http.NewRequest(http.MethodPost, url+"/clusters/bench/events", bytes.NewReader(body))
-	req.Header.Set("Authorization", "Bearer bench")
+	req.Header.Set("Authorization", "Bearer bench-0123456789abcdef0123456789abcdef")
 	resp, err := c.Do(req)
 	if err != nil {
 		return 0, err

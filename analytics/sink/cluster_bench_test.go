@@ -80,7 +80,7 @@ func BenchmarkClusterEndToEnd(b *testing.B) {
 
 func startClusterSink(b *testing.B, bin, dsn, cluster, db string) (string, func()) {
 	dir := b.TempDir()
-	if err := os.WriteFile(filepath.Join(dir, "token"), []byte("bench"), 0o600); err != nil {
+	if err := os.WriteFile(filepath.Join(dir, "token"), []byte("bench-0123456789abcdef0123456789abcdef"), 0o600); err != nil {
 		b.Fatal(err)
 	}
 	l, _ := net.Listen("tcp", "127.0.0.1:0")

@@ -2,6 +2,7 @@ package sink
 
 import (
 	"context"
+	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -174,6 +175,16 @@ type ServeConfig struct {
 	Options Options
 	// TokenFile is --token-file; empty: the token is $AUDITSINK_TOKEN.
 	TokenFile string
+	// TokenClusters is --token-clusters, the clusters the token may
+	// write (comma-separated); empty: any.
+	TokenClusters string
+	// ClientNames is --client-names, the allow-list of client
+	// certificate names: name or name=cluster entries, comma-separated
+	// (ParseClientNames); required with --client-ca.
+	ClientNames string
+	// NoMigrate is --no-migrate: never run DDL; wait for a schema that
+	// `auditsink migrate` brought to this binary's version.
+	NoMigrate bool
 	// SpoolMax is --spool-max (a size, ParseBytes); defaulted to "1GiB".
 	SpoolMax string
 	// MaxBody is --max-body (a size); defaulted to "1GiB".
@@ -190,8 +201,11 @@ func (s *ServeConfig) Register(fs *flag.FlagSet) {
 	fs.StringVar(&o.TLSCertFile, "tls-cert", "", "TLS certificate (PEM)")
 	fs.StringVar(&o.TLSKeyFile, "tls-key", "", "TLS private key (PEM)")
 	fs.BoolVar(&o.Plaintext, "plaintext", false, "serve plain HTTP without TLS (tests and trusted sidecars only)")
-	fs.StringVar(&o.ClientCAFile, "client-ca", "", "CA bundle that verifies the apiserver's client certificate")
-	fs.StringVar(&s.TokenFile, "token-file", "", "file holding the bearer token the apiserver sends (or $"+TokenEnv+")")
+	fs.StringVar(&o.ClientCAFile, "client-ca", "", "CA bundle that verifies the apiserver's client certificate (reloaded on change; needs --client-names)")
+	fs.StringVar(&s.ClientNames, "client-names", "", "allow-list of client certificate names (Common Name or DNS name), comma-separated; name=cluster binds a name to the clusters it may write (repeat the name for more), a bare name may write any")
+	fs.StringVar(&s.TokenFile, "token-file", "", "file holding the bearer token the apiserver sends (or $"+TokenEnv+"), at least "+strconv.Itoa(MinTokenLength)+" characters")
+	fs.StringVar(&s.TokenClusters, "token-clusters", "", "clusters the token may write, comma-separated (empty: any)")
+	fs.BoolVar(&s.NoMigrate, "no-migrate", false, "run no DDL: wait until `auditsink migrate` has brought the schema to this version (for a ClickHouse user without DDL rights); retention then belongs to `migrate --retention` too")
 	fs.BoolVar(&o.AllowUnauthenticated, "allow-unauthenticated", false, "accept batches without credentials")
 	fs.StringVar(&o.MetricsListen, "metrics-listen", ":9090", "address of the plain-HTTP /metrics endpoint (empty: off)")
 	fs.StringVar(&o.SpoolDir, "spool-dir", "/var/lib/auditsink/spool", "durable spool directory")
@@ -224,6 +238,17 @@ func (s *ServeConfig) Resolve(log *slog.Logger) (Options, error) {
 	if o.Token, err = readToken(s.TokenFile); err != nil {
 		return Options{}, err
 	}
+	if err := s.checkAuth(o); err != nil {
+		return Options{}, err
+	}
+	o.TokenClusters = SplitList(s.TokenClusters)
+	if o.ClientNames, err = ParseClientNames(s.ClientNames); err != nil {
+		return Options{}, &FlagError{Flag: "--client-names", Err: err}
+	}
+	if s.NoMigrate && o.Retention > 0 {
+		return Options{}, &FlagError{Flag: "--retention", Err: errors.New("drops partitions, which is DDL: with --no-migrate run `auditsink migrate --retention` as a job instead")}
+	}
+	o.NoMigrate = s.NoMigrate
 	o.Cluster = s.SourceCluster()
 	o.Stages = SplitList(s.Stages)
 	o.RedactResources = SplitList(s.RedactResources)
@@ -231,11 +256,78 @@ func (s *ServeConfig) Resolve(log *slog.Logger) (Options, error) {
 	return o, nil
 }
 
+// MinTokenLength is the shortest bearer token serve accepts: a token
+// guards every write to the sink, and the chart generates 48 characters.
+const MinTokenLength = 32
+
+// FlagError is a usage error: a flag's value, or a combination of flags,
+// that cannot work. The command exits 2 with it.
+type FlagError struct {
+	Flag string // as the user gives it: --name, or $NAME for the environment
+	Err  error
+}
+
+func (e *FlagError) Error() string { return e.Flag + ": " + e.Err.Error() }
+func (e *FlagError) Unwrap() error { return e.Err }
+
+// checkAuth refuses credentials that contradict each other or are too
+// weak, naming the flag.
+func (s *ServeConfig) checkAuth(o Options) error {
+	tokenFlag := "--token-file"
+	if s.TokenFile == "" {
+		tokenFlag = "$" + TokenEnv
+	}
+	switch {
+	case o.AllowUnauthenticated && (o.Token != "" || o.ClientCAFile != ""):
+		return &FlagError{Flag: "--allow-unauthenticated", Err: errors.New("contradicts the token or --client-ca, which would be ignored: drop one")}
+	case o.Token != "" && len(o.Token) < MinTokenLength:
+		return &FlagError{Flag: tokenFlag, Err: fmt.Errorf("the token has %d characters, want at least %d (e.g. openssl rand -hex 24)", len(o.Token), MinTokenLength)}
+	case o.Token == "" && s.TokenClusters != "":
+		return &FlagError{Flag: "--token-clusters", Err: errors.New("needs a token (--token-file or $" + TokenEnv + ")")}
+	case o.ClientCAFile != "" && s.ClientNames == "":
+		return &FlagError{Flag: "--client-ca", Err: errors.New("needs --client-names: a CA such as the cluster CA also signs kubelet and user certificates")}
+	case o.ClientCAFile == "" && s.ClientNames != "":
+		return &FlagError{Flag: "--client-names", Err: errors.New("needs --client-ca")}
+	}
+	return nil
+}
+
+// ParseClientNames reads --client-names: comma-separated entries, each a
+// certificate name (Common Name or DNS name), which may then write any
+// cluster, or name=cluster, which binds the name to that cluster (an entry
+// per cluster). A name may not be both bound and unbound.
+func ParseClientNames(s string) (map[string][]string, error) {
+	out := map[string][]string{}
+	for _, e := range SplitList(s) {
+		name, cluster, bound := strings.Cut(e, "=")
+		name, cluster = strings.TrimSpace(name), strings.TrimSpace(cluster)
+		if name == "" {
+			return nil, fmt.Errorf("entry %q has no name", e)
+		}
+		clusters, seen := out[name]
+		switch {
+		case !bound && seen && len(clusters) > 0, bound && seen && len(clusters) == 0:
+			return nil, fmt.Errorf("%q is both bound to clusters and allowed every cluster", name)
+		case bound && !clusterName.MatchString(cluster):
+			return nil, fmt.Errorf("entry %q: invalid cluster name %q", e, cluster)
+		case bound:
+			out[name] = append(clusters, cluster)
+		default:
+			out[name] = nil
+		}
+	}
+	if len(out) == 0 {
+		return nil, nil
+	}
+	return out, nil
+}
+
 // readToken reads the bearer token from file, or from $AUDITSINK_TOKEN
-// when file is empty.
+// when file is empty; surrounding white space (a trailing newline) is
+// dropped from both.
 func readToken(file string) (string, error) {
 	if file == "" {
-		return os.Getenv(TokenEnv), nil
+		return strings.TrimSpace(os.Getenv(TokenEnv)), nil
 	}
 	b, err := os.ReadFile(file)
 	if err != nil {

@@ -116,14 +116,15 @@ func TestStoreOptionsCarryTheSharedFlags(t *testing.T) {
 
 func TestTokenPrecedence(t *testing.T) {
 	t.Setenv(DSNEnv, "clickhouse://h:9000")
-	t.Setenv(TokenEnv, "from-env")
-	o, err := parseConfig(t, "--token-file", writeFile(t, "from-file\n")).Resolve(discard())
-	if err != nil || o.Token != "from-file" {
+	const fromFile, fromEnv = "from-file-0123456789abcdef0123456789", "from-env-0123456789abcdef0123456789"
+	t.Setenv(TokenEnv, fromEnv+"\n") // trimmed as the file is
+	o, err := parseConfig(t, "--token-file", writeFile(t, fromFile+"\n")).Resolve(discard())
+	if err != nil || o.Token != fromFile {
 		t.Errorf("token file and env: %q (%v), want the file's", o.Token, err)
 	}
 	o, err = parseConfig(t).Resolve(discard())
-	if err != nil || o.Token != "from-env" {
-		t.Errorf("env only: %q (%v), want the env's", o.Token, err)
+	if err != nil || o.Token != fromEnv {
+		t.Errorf("env only: %q (%v), want the env's, trimmed", o.Token, err)
 	}
 	missing := filepath.Join(t.TempDir(), "absent")
 	_, err = parseConfig(t, "--token-file", missing).Resolve(discard())
@@ -213,5 +214,46 @@ func TestParseFlagValues(t *testing.T) {
 		if _, err := ParseRetention(bad); err == nil {
 			t.Errorf("retention %q accepted", bad)
 		}
+	}
+}
+
+func TestServeRefusesWeakOrContradictoryCredentials(t *testing.T) {
+	t.Setenv(DSNEnv, "clickhouse://h:9000")
+	long := strings.Repeat("x", MinTokenLength)
+	for _, c := range []struct {
+		name, env string
+		args      []string
+		flag      string
+	}{
+		{"a short token from the environment", "short", nil, "$" + TokenEnv},
+		{"a short token file", "", []string{"--token-file", writeFile(t, "short\n")}, "--token-file"},
+		{"a token with --allow-unauthenticated", long, []string{"--allow-unauthenticated"}, "--allow-unauthenticated"},
+		{"a client CA with --allow-unauthenticated", "", []string{"--client-ca", "ca.pem", "--client-names", "a", "--allow-unauthenticated"}, "--allow-unauthenticated"},
+		{"a client CA without names", long, []string{"--client-ca", "ca.pem"}, "--client-ca"},
+		{"names without a client CA", long, []string{"--client-names", "kube-apiserver"}, "--client-names"},
+		{"token clusters without a token", "", []string{"--token-clusters", "prod", "--allow-unauthenticated"}, "--token-clusters"},
+		{"a name both bound and unbound", long, []string{"--client-ca", "ca.pem", "--client-names", "a,a=prod"}, "--client-names"},
+		{"a bad cluster name", long, []string{"--client-ca", "ca.pem", "--client-names", "a=../x"}, "--client-names"},
+		{"retention with --no-migrate", long, []string{"--no-migrate", "--retention", "30d"}, "--retention"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			t.Setenv(TokenEnv, c.env)
+			_, err := parseConfig(t, c.args...).Resolve(discard())
+			var fe *FlagError
+			if !errors.As(err, &fe) || fe.Flag != c.flag {
+				t.Fatalf("err %v, want a usage error naming %s", err, c.flag)
+			}
+		})
+	}
+}
+
+func TestParseClientNames(t *testing.T) {
+	got, err := ParseClientNames(" kube-apiserver , apiserver-prod=prod, apiserver-prod=staging ")
+	want := map[string][]string{"kube-apiserver": nil, "apiserver-prod": {"prod", "staging"}}
+	if err != nil || !reflect.DeepEqual(got, want) {
+		t.Fatalf("got %v (%v), want %v", got, err, want)
+	}
+	if got, err := ParseClientNames(""); got != nil || err != nil {
+		t.Fatalf("empty: %v %v", got, err)
 	}
 }

@@ -9,7 +9,6 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
-	"os"
 	"sync"
 	"time"
 
@@ -19,6 +18,7 @@ import (
 
 	"github.com/stampguard/stampguard/analytics"
 	"github.com/stampguard/stampguard/analytics/spool"
+	"github.com/stampguard/stampguard/internal/tlsserve"
 )
 
 // Options configure `auditsink serve`. Defaults are stated per field and
@@ -26,17 +26,31 @@ import (
 type Options struct {
 	// Listen is the HTTPS (or plaintext) address; defaulted to ":8443".
 	Listen string
-	// TLSCertFile and TLSKeyFile serve TLS. Required unless Plaintext.
+	// TLSCertFile and TLSKeyFile serve TLS (>= 1.2, AEAD suites, HTTP/1.1;
+	// internal/tlsserve), reloaded when they change. Required unless
+	// Plaintext.
 	TLSCertFile, TLSKeyFile string
 	// Plaintext serves HTTP without TLS. Off by default.
 	Plaintext bool
 	// ClientCAFile, when set, verifies client certificates against this CA
-	// bundle and accepts requests that present a valid one. The handshake
-	// does not require one: a request with a valid token passes with any
+	// bundle (reloaded when the file changes) and accepts requests that
+	// present a valid one whose name is in ClientNames. The handshake does
+	// not require one: a request with a valid token passes with any
 	// certificate or none.
 	ClientCAFile string
+	// ClientNames is the allow-list of client certificate names (Common
+	// Name or DNS name), each with the clusters it may write (none: any);
+	// required with ClientCAFile. See HandlerOptions.ClientNames.
+	ClientNames map[string][]string
 	// Token accepts "Authorization: Bearer <Token>".
 	Token string
+	// TokenClusters are the clusters the token may write; empty: any.
+	TokenClusters []string
+	// NoMigrate runs no DDL: the writer waits until the schema is at this
+	// binary's version (migrated by `auditsink migrate`), so that serve
+	// can run as a ClickHouse user without DDL rights. Off, serve still
+	// skips the DDL when the schema is current, and migrates otherwise.
+	NoMigrate bool
 	// AllowUnauthenticated accepts requests without credentials.
 	AllowUnauthenticated bool
 	// Cluster is the cluster of POST /events; defaulted to DefaultCluster
@@ -116,7 +130,7 @@ func Run(ctx context.Context, o Options) error {
 		o.Registry = prometheus.NewRegistry()
 		o.Registry.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	}
-	tlsConfig, clientCAs, err := serverTLS(o)
+	certs, err := serverTLS(o)
 	if err != nil {
 		return err
 	}
@@ -144,9 +158,14 @@ func Run(ctx context.Context, o Options) error {
 	}
 	defer store.Close()
 
+	var verifyClient func([]*x509.Certificate) error
+	if certs != nil && certs.HasClientCA() {
+		verifyClient = certs.VerifyClient
+	}
 	h, err := NewHandler(HandlerOptions{
-		Accepter: newAccepter(o.Stages, o.RedactResources, o.Store.KeepRaw),
-		Spool:    sp, Token: o.Token, ClientCAs: clientCAs,
+		VerifyClient: verifyClient,
+		Accepter:     newAccepter(o.Stages, o.RedactResources, o.Store.KeepRaw),
+		Spool:        sp, Token: o.Token, TokenClusters: o.TokenClusters, ClientNames: o.ClientNames,
 		AllowUnauthenticated: o.AllowUnauthenticated, DefaultCluster: o.Cluster,
 		MaxBodyBytes: o.MaxBodyBytes, MaxEventBytes: o.MaxEventBytes,
 		BodyGrace: o.BodyGrace, BodyMinRate: o.BodyMinRate,
@@ -160,8 +179,16 @@ func Run(ctx context.Context, o Options) error {
 	if err != nil {
 		return fmt.Errorf("listen %s: %w", o.Listen, err)
 	}
-	if tlsConfig != nil {
-		ln = tls.NewListener(ln, tlsConfig)
+	bg, stopBG := context.WithCancel(context.WithoutCancel(ctx))
+	defer stopBG()
+	var wg sync.WaitGroup
+	if certs != nil {
+		ln = tls.NewListener(ln, certs.TLSConfig())
+		wg.Go(func() {
+			if err := certs.Start(bg); err != nil {
+				log.Error("the certificate watcher stopped; the serving certificate is no longer reloaded", "err", err)
+			}
+		})
 	}
 	// No ReadTimeout: the handler bounds each body by its size (see
 	// HandlerOptions.BodyMinRate), so a 1 GiB body is not cut while a
@@ -169,16 +196,13 @@ func Run(ctx context.Context, o Options) error {
 	srv := &http.Server{Handler: h, ReadHeaderTimeout: 10 * time.Second, IdleTimeout: o.IdleTimeout,
 		ErrorLog: slog.NewLogLogger(log.Handler(), slog.LevelWarn)}
 
-	bg, stopBG := context.WithCancel(context.WithoutCancel(ctx))
-	defer stopBG()
 	// The writer's inserts in flight at shutdown finish until the shutdown
 	// deadline.
 	finish, stopFinish := context.WithCancel(context.WithoutCancel(ctx))
 	defer stopFinish()
-	var wg sync.WaitGroup
 	writerErr := make(chan error, 1)
 	wg.Go(func() {
-		if err := migrateUntilDone(bg, store, metrics, log); err != nil {
+		if err := schemaUntilReady(bg, store, o.NoMigrate, metrics, log); err != nil {
 			return
 		}
 		wg.Go(func() { analytics.CompactEvery(bg, store, analytics.DefaultCompactEvery, metrics, log) })
@@ -200,7 +224,7 @@ func Run(ctx context.Context, o Options) error {
 
 	serveErr := make(chan error, 1)
 	go func() { serveErr <- srv.Serve(ln) }()
-	log.Info("audit sink serving", "addr", ln.Addr().String(), "tls", tlsConfig != nil, "database", store.Database())
+	log.Info("audit sink serving", "addr", ln.Addr().String(), "tls", certs != nil, "database", store.Database())
 	if o.Ready != nil {
 		o.Ready(ln.Addr())
 	}
@@ -236,11 +260,6 @@ func Run(ctx context.Context, o Options) error {
 	return nil
 }
 
-// serverTLS builds the listener's TLS config and the client CA pool the
-// handler verifies certificates with. The handshake only requests a client
-// certificate and names no acceptable CAs, so that a client sends its
-// certificate whatever its CA, and a certificate the handler cannot verify
-// still leaves the token to decide.
 // ServeMetrics serves reg on addr (GET /metrics, plain HTTP) in the
 // background until the returned stop is called; a listener that fails is
 // logged. For serve, and for tail's --metrics-listen.
@@ -256,42 +275,47 @@ func ServeMetrics(addr string, reg *prometheus.Registry, log *slog.Logger) (stop
 	return func(ctx context.Context) { _ = srv.Shutdown(ctx) }
 }
 
-func serverTLS(o Options) (*tls.Config, *x509.CertPool, error) {
+// serverTLS loads the serving certificate and the client CA, which the
+// listener and the handler then follow on disk (internal/tlsserve, as the
+// webhook does). The handshake only requests a client certificate and
+// names no acceptable CAs, so that a client sends its certificate
+// whatever its CA, and a certificate the handler cannot verify still
+// leaves the token to decide. Nil for plaintext.
+func serverTLS(o Options) (*tlsserve.Server, error) {
 	if o.Plaintext {
 		if o.ClientCAFile != "" {
-			return nil, nil, errors.New("serve: client certificate authentication needs TLS")
+			return nil, errors.New("serve: client certificate authentication needs TLS")
 		}
-		return nil, nil, nil
+		return nil, nil
 	}
 	if o.TLSCertFile == "" || o.TLSKeyFile == "" {
-		return nil, nil, errors.New("serve: TLS needs a certificate and key (or pass the plaintext flag explicitly)")
+		return nil, errors.New("serve: TLS needs a certificate and key (or pass the plaintext flag explicitly)")
 	}
-	cert, err := tls.LoadX509KeyPair(o.TLSCertFile, o.TLSKeyFile)
-	if err != nil {
-		return nil, nil, fmt.Errorf("load TLS certificate: %w", err)
-	}
-	cfg := &tls.Config{Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS12}
-	if o.ClientCAFile == "" {
-		return cfg, nil, nil
-	}
-	pem, err := os.ReadFile(o.ClientCAFile)
-	if err != nil {
-		return nil, nil, fmt.Errorf("read client CA: %w", err)
-	}
-	pool := x509.NewCertPool()
-	if !pool.AppendCertsFromPEM(pem) {
-		return nil, nil, fmt.Errorf("client CA %s holds no PEM certificates", o.ClientCAFile)
-	}
-	cfg.ClientAuth = tls.RequestClientCert
-	return cfg, pool, nil
+	return tlsserve.New(tlsserve.Options{CertFile: o.TLSCertFile, KeyFile: o.TLSKeyFile, ClientCAFile: o.ClientCAFile})
 }
 
-// migrateUntilDone applies the migrations, retrying while ClickHouse is
-// away; the spool keeps accepting meanwhile.
-func migrateUntilDone(ctx context.Context, store *analytics.Store, m *analytics.Metrics, log *slog.Logger) error {
-	return analytics.Retry(ctx, analytics.Backoff{}, log, "schema migration", func(err error) {
+// schemaUntilReady waits until the schema is at this binary's version,
+// retrying while ClickHouse is away; the spool keeps accepting meanwhile.
+// A current schema is used as it is, without DDL (a ClickHouse user without
+// DDL rights suffices); otherwise the migrations are applied, unless
+// noMigrate, which waits for `auditsink migrate` instead.
+func schemaUntilReady(ctx context.Context, store *analytics.Store, noMigrate bool, m *analytics.Metrics, log *slog.Logger) error {
+	what := "schema migration"
+	if noMigrate {
+		what = "schema check (--no-migrate)"
+	}
+	return analytics.Retry(ctx, analytics.Backoff{}, log, what, func(err error) {
 		m.CountCHError(analytics.OpMigrate, err)
 	}, func() error {
+		current, err := store.SchemaCurrent(ctx)
+		switch {
+		case current:
+			return nil
+		case noMigrate && err != nil:
+			return fmt.Errorf("cannot read the schema version of database %s (run auditsink migrate): %w", store.Database(), err)
+		case noMigrate:
+			return fmt.Errorf("database %s is not at this binary's schema version yet: run auditsink migrate", store.Database())
+		}
 		applied, err := store.Migrate(ctx)
 		if err == nil && len(applied) > 0 {
 			log.Info("schema migrated", "versions", applied)

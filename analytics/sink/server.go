@@ -18,6 +18,7 @@ import (
 	"net/http"
 	"os"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -56,13 +57,21 @@ type HandlerOptions struct {
 	// Token, when not empty, is accepted as "Authorization: Bearer <Token>"
 	// (compared in constant time).
 	Token string
-	// ClientCAs, when set, accepts requests whose client certificate
-	// chains to one of these CAs for client authentication. The TLS
+	// TokenClusters are the clusters the token may write; empty: any.
+	TokenClusters []string
+	// VerifyClient, when set, checks a client certificate chain (for
+	// client authentication against the client CA in force). The TLS
 	// handshake only requests a certificate (tls.RequestClientCert) and
 	// the handler verifies it, so a certificate from an unknown CA (during
 	// a CA rotation) does not fail the handshake, and a valid token still
 	// suffices.
-	ClientCAs *x509.CertPool
+	VerifyClient func([]*x509.Certificate) error
+	// ClientNames is the allow-list of client certificates: a verified
+	// certificate is accepted only when its Common Name or one of its DNS
+	// names is a key here, and then for the clusters of that key (none:
+	// any cluster). Required with VerifyClient: a CA such as the cluster
+	// CA also signs kubelet and user certificates.
+	ClientNames map[string][]string
 	// AllowUnauthenticated accepts every request. Only for plaintext tests
 	// and trusted sidecars; New refuses a handler with no authentication
 	// unless it is set.
@@ -113,8 +122,23 @@ func NewHandler(o HandlerOptions) (*Handler, error) {
 	if o.Spool == nil || o.Accepter == nil {
 		return nil, errors.New("sink: a spool and an accepter are required")
 	}
-	if o.Token == "" && o.ClientCAs == nil && !o.AllowUnauthenticated {
+	if o.Token == "" && o.VerifyClient == nil && !o.AllowUnauthenticated {
 		return nil, errors.New("sink: no authentication configured: give a bearer token, a client CA, or allow unauthenticated requests explicitly")
+	}
+	if o.VerifyClient != nil && len(o.ClientNames) == 0 {
+		return nil, errors.New("sink: client certificates need an allow-list of their names (ClientNames)")
+	}
+	for name, clusters := range o.ClientNames {
+		for _, c := range clusters {
+			if !clusterName.MatchString(c) {
+				return nil, fmt.Errorf("sink: client name %q: invalid cluster name %q", name, c)
+			}
+		}
+	}
+	for _, c := range o.TokenClusters {
+		if !clusterName.MatchString(c) {
+			return nil, fmt.Errorf("sink: token: invalid cluster name %q", c)
+		}
 	}
 	if o.DefaultCluster == "" {
 		o.DefaultCluster = DefaultCluster
@@ -216,32 +240,55 @@ type Answer struct {
 	Skipped  int `json:"skipped"`
 }
 
-func (h *Handler) authorized(r *http.Request) bool {
+// authorize decides whether r may write to cluster, before its body is
+// read: 0 when it may, else 401 (no valid credential) or 403 (a valid
+// credential not allowed here: a certificate whose name is not on the
+// allow-list, or an identity bound to other clusters). why says what was
+// refused, for the log.
+func (h *Handler) authorize(r *http.Request, cluster string) (code int, why string) {
 	if h.o.AllowUnauthenticated {
-		return true
+		return 0, ""
 	}
-	if h.o.ClientCAs != nil && r.TLS != nil && len(r.TLS.PeerCertificates) > 0 && h.verifyClient(r.TLS.PeerCertificates) == nil {
-		return true
+	code, why = http.StatusUnauthorized, "no valid credential"
+	if h.o.VerifyClient != nil && r.TLS != nil && len(r.TLS.PeerCertificates) > 0 && h.o.VerifyClient(r.TLS.PeerCertificates) == nil {
+		cert := r.TLS.PeerCertificates[0]
+		name, clusters, ok := h.clientName(cert)
+		switch {
+		case !ok:
+			code, why = http.StatusForbidden, fmt.Sprintf("client certificate %q is not on the allow-list of names", cert.Subject.CommonName)
+		case mayWrite(clusters, cluster):
+			return 0, ""
+		default:
+			code, why = http.StatusForbidden, fmt.Sprintf("client certificate %q may not write cluster %q", name, cluster)
+		}
 	}
 	if h.o.Token != "" {
 		got, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
 		if ok && subtle.ConstantTimeCompare([]byte(got), []byte(h.o.Token)) == 1 {
-			return true
+			if mayWrite(h.o.TokenClusters, cluster) {
+				return 0, ""
+			}
+			code, why = http.StatusForbidden, fmt.Sprintf("the token may not write cluster %q", cluster)
 		}
 	}
-	return false
+	return code, why
 }
 
-// verifyClient checks a client certificate chain against ClientCAs, as
-// tls.VerifyClientCertIfGiven would in the handshake.
-func (h *Handler) verifyClient(certs []*x509.Certificate) error {
-	inter := x509.NewCertPool()
-	for _, c := range certs[1:] {
-		inter.AddCert(c)
+// clientName finds cert's Common Name or one of its DNS names in the
+// allow-list.
+func (h *Handler) clientName(cert *x509.Certificate) (name string, clusters []string, ok bool) {
+	for _, n := range append([]string{cert.Subject.CommonName}, cert.DNSNames...) {
+		if clusters, ok := h.o.ClientNames[n]; ok && n != "" {
+			return n, clusters, true
+		}
 	}
-	_, err := certs[0].Verify(x509.VerifyOptions{Roots: h.o.ClientCAs, Intermediates: inter,
-		KeyUsages: []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth}})
-	return err
+	return "", nil, false
+}
+
+// mayWrite reports whether an identity bound to clusters (none: any) may
+// write cluster.
+func mayWrite(clusters []string, cluster string) bool {
+	return len(clusters) == 0 || slices.Contains(clusters, cluster)
 }
 
 // Errors of a body cut by its read deadline.
@@ -370,15 +417,15 @@ func (h *Handler) events(w http.ResponseWriter, r *http.Request) {
 		cluster = h.o.DefaultCluster
 	}
 	log := h.o.Logger.With("cluster", cluster, "remote", r.RemoteAddr)
-	if !h.authorized(r) {
-		log.Warn("unauthenticated audit batch refused")
-		h.refuse(analytics.RefusedUnauthorized)
-		http.Error(w, "unauthorized", http.StatusUnauthorized)
-		return
-	}
 	if !clusterName.MatchString(cluster) {
 		h.refuse(analytics.RefusedBadRequest)
 		http.Error(w, "invalid cluster name", http.StatusBadRequest)
+		return
+	}
+	if code, why := h.authorize(r, cluster); code != 0 {
+		log.Warn("audit batch refused", "status", code, "why", why)
+		h.refuse(analytics.RefusedUnauthorized)
+		http.Error(w, http.StatusText(code)+": "+why, code)
 		return
 	}
 	if h.draining.Load() {

@@ -5,6 +5,7 @@ import (
 	"compress/gzip"
 	"context"
 	"crypto/tls"
+	"crypto/x509"
 	"encoding/json"
 	"io"
 	"log/slog"
@@ -347,7 +348,8 @@ func TestServeOverTLSWithClientCertificatesStoresInClickHouse(t *testing.T) {
 	pki, otherCA := newPKI(t), newPKI(t)
 	spoolDir := t.TempDir()
 	opts := Options{TLSCertFile: pki.ServerCert, TLSKeyFile: pki.ServerKey, ClientCAFile: pki.CAFile, Token: "tok",
-		Store: analytics.StoreOptions{DSN: ch.DSN(), Database: db}, SpoolDir: spoolDir}
+		ClientNames: map[string][]string{"kube-apiserver": nil},
+		Store:       analytics.StoreOptions{DSN: ch.DSN(), Database: db}, SpoolDir: spoolDir}
 	url, stop := startSink(t, opts)
 
 	events := realEvents(t)
@@ -551,4 +553,39 @@ func seriesValue(t *testing.T, reg *prometheus.Registry, name string, values ...
 		}
 	}
 	return 0
+}
+
+// A token bound to clusters writes those and gets 403 elsewhere, before
+// anything is spooled; /events is the default cluster's path.
+func TestATokenBoundToClusters(t *testing.T) {
+	events := realEvents(t)
+	h, sp := newSpoolHandler(t, HandlerOptions{Token: "s3cret", TokenClusters: []string{"dev"}, DefaultCluster: "prod"}, 0)
+	bearer := map[string]string{"Authorization": "Bearer s3cret"}
+	for path, want := range map[string]int{"/clusters/dev/events": 200, "/clusters/prod/events": 403, "/events": 403} {
+		if c := post(t, h, path, eventList(events[:1]...), bearer); c.status != want {
+			t.Errorf("%s: %d %s, want %d", path, c.status, c.body, want)
+		}
+	}
+	if n := sp.Stats().RecordsPending; n != 1 {
+		t.Errorf("%d records spooled, want the one of dev", n)
+	}
+}
+
+func TestClientCertificatesNeedAnAllowList(t *testing.T) {
+	sp, err := spool.Open(t.TempDir(), spool.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sp.Close()
+	verify := func([]*x509.Certificate) error { return nil }
+	for what, o := range map[string]HandlerOptions{
+		"no names":            {VerifyClient: verify},
+		"a bad cluster":       {VerifyClient: verify, ClientNames: map[string][]string{"a": {"../x"}}},
+		"a bad token cluster": {Token: "t", TokenClusters: []string{""}},
+	} {
+		o.Spool, o.Accepter = sp, &analytics.Accepter{}
+		if _, err := NewHandler(o); err == nil {
+			t.Errorf("%s: NewHandler accepted %+v", what, o)
+		}
+	}
 }

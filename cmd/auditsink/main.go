@@ -23,8 +23,10 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/go-logr/logr"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
+	ctrllog "sigs.k8s.io/controller-runtime/pkg/log"
 
 	"github.com/stampguard/stampguard/analytics"
 	"github.com/stampguard/stampguard/analytics/sink"
@@ -69,6 +71,10 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		if errors.Is(err, errUsage) {
 			return 2
 		}
+		if fe := (*sink.FlagError)(nil); errors.As(err, &fe) {
+			fmt.Fprintf(stderr, "auditsink %s: %v\n", args[0], err)
+			return 2
+		}
 		fmt.Fprintf(stderr, "auditsink %s: %v\n", args[0], err)
 		return 1
 	}
@@ -106,6 +112,9 @@ func serve(ctx context.Context, args []string, _, stderr io.Writer) error {
 	if err != nil {
 		return err
 	}
+	// The certificate watcher (controller-runtime's) logs through its
+	// global logger.
+	ctrllog.SetLogger(logr.FromSlogHandler(log.Handler()))
 	if err := setMemoryLimit(*memLimit); err != nil {
 		return err
 	}

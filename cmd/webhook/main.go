@@ -50,14 +50,17 @@ func run() int {
 	}
 	var o admission.Options
 	var kubeconfig, logLevel, logFormat, configurations, syncResources, syncSelector string
-	flag.StringVar(&o.Host, "host", "", "address the admission server listens on (default all)")
+	flag.StringVar(&o.Host, "host", "", "address the admission server listens on (default all: the apiserver reaches a pod through its pod IP; the chart passes it)")
 	flag.IntVar(&o.Port, "port", 9443, "admission server port (TLS)")
 	flag.StringVar(&o.CertDir, "cert-dir", "/etc/stampguard/tls", "directory with tls.crt and tls.key; reloaded on change")
+	flag.StringVar(&o.ClientCAFile, "client-ca", "", "PEM CA bundle: require the apiserver's client certificate, signed by one of these CAs, on the admission port (reloaded on change; default no client certificate)")
 	flag.StringVar(&o.ProbeAddr, "probe-addr", ":8081", "address for /healthz, /readyz and /metrics (\"0\" disables)")
 	flag.StringVar(&o.PolicyFile, "policy-file", "", "read policies from this multi-document YAML file instead of the cluster")
 	flag.StringVar(&o.Namespace, "namespace", os.Getenv("POD_NAMESPACE"), "the webhook's own namespace, never guarded unless a policy names it")
 	flag.StringVar(&o.BreakGlassGroup, "break-glass-group", admission.DefaultBreakGlassGroup, "members bypass every policy (\"-\" disables)")
 	flag.Int64Var(&o.MaxReviewBytes, "max-review-bytes", admission.DefaultMaxReviewBytes, "largest AdmissionReview body accepted; the apiserver refuses request bodies over 3 MiB and a review carries object and oldObject, so 8 MiB is above any real review")
+	flag.Int64Var(&o.MaxReviewBytesInFlight, "max-review-bytes-in-flight", admission.DefaultMaxReviewBytesInFlight, "review bytes buffered at once across all connections (at least twice --max-review-bytes); a review that cannot get room before its read deadline is denied")
+	flag.DurationVar(&o.ReviewReadTimeout, "review-read-timeout", admission.DefaultReviewReadTimeout, "how long a review's body may take to arrive; a slower one is denied and its connection closed")
 	flag.DurationVar(&o.ShutdownTimeout, "shutdown-timeout", 25*time.Second, "how long SIGTERM waits for reviews in flight; keep it under the pod's terminationGracePeriodSeconds (30s by default)")
 	flag.StringVar(&configurations, "sync-configurations", "", "cluster mode: keep the Mutating- and ValidatingWebhookConfiguration of this name in step with the policies (pre-filter); empty leaves them alone")
 	flag.StringVar(&syncResources, "sync-resources", "", "with --sync-configurations: the --resources the configurations were made with (default the same default)")
@@ -70,6 +73,10 @@ func run() int {
 	log, err := newLogger(logLevel, logFormat)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "webhook:", err)
+		return 2
+	}
+	if err := admission.CheckReviewLimits(o.MaxReviewBytes, o.MaxReviewBytesInFlight); err != nil {
+		fmt.Fprintln(os.Stderr, "webhook: --max-review-bytes-in-flight:", err)
 		return 2
 	}
 	o.Logger = log

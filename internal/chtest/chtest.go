@@ -60,6 +60,13 @@ type Server struct {
 // it skips the test (testenv.SkipIfShort), as kubetest.Start does.
 func Start(tb testing.TB) *Server {
 	tb.Helper()
+	return StartWithUsers(tb, "")
+}
+
+// StartWithUsers is Start with users (a users.xml file) in place of
+// Debian's: for tests of ClickHouse users and their rights.
+func StartWithUsers(tb testing.TB, users string) *Server {
+	tb.Helper()
 	testenv.SkipIfShort(tb, "starts a real clickhouse-server")
 	bin, err := exec.LookPath(Binary)
 	if err != nil {
@@ -69,7 +76,7 @@ func Start(tb testing.TB) *Server {
 	if err != nil {
 		tb.Fatalf("read %s (%v): run `make clickhouse` to install Debian's clickhouse-server", systemConfig, err)
 	}
-	s := newServer(tb, bin, string(tmpl), tb.TempDir(), freePorts(tb, 3), "", "")
+	s := newServer(tb, bin, string(tmpl), tb.TempDir(), freePorts(tb, 3), users, "")
 	tb.Cleanup(s.Stop)
 	s.Start()
 	return s

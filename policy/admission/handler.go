@@ -9,9 +9,12 @@ import (
 	"io"
 	"log/slog"
 	"net/http"
+	"os"
 	"runtime/debug"
 	"sync"
 	"time"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/stampguard/stampguard/policy"
 )
@@ -47,12 +50,12 @@ type PolicySource interface {
 
 // handler serves one admission endpoint.
 type handler struct {
-	phase    phase
-	source   PolicySource
-	env      *policy.Environment
-	metrics  *Metrics
-	log      *slog.Logger
-	maxBytes int64
+	phase   phase
+	source  PolicySource
+	env     *policy.Environment
+	metrics *Metrics
+	log     *slog.Logger
+	limits  reviewLimits
 }
 
 var bufPool = sync.Pool{New: func() any { return new(bytes.Buffer) }}
@@ -73,22 +76,51 @@ func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 
-	// The apiserver sends a Content-Length: a body declared too large is
-	// refused before a byte of it is buffered.
-	if r.ContentLength > h.maxBytes {
-		h.fail(w, endpoint, "too_large", http.StatusRequestEntityTooLarge, fmt.Errorf("admission review of %d bytes is larger than %d bytes", r.ContentLength, h.maxBytes))
+	// The body must arrive within the read timeout, and its buffer is
+	// charged to the budget shared by all requests: slow or oversized
+	// bodies cannot add up to more memory than the budget.
+	deadline := start.Add(h.limits.readTimeout)
+	if err := http.NewResponseController(w).SetReadDeadline(deadline); err != nil && !errors.Is(err, http.ErrNotSupported) {
+		h.fail(w, endpoint, "read", http.StatusInternalServerError, fmt.Errorf("set the read deadline: %w", err))
 		return
 	}
+	ctx, cancel := context.WithDeadline(r.Context(), deadline)
+	defer cancel()
 	buf := bufPool.Get().(*bytes.Buffer)
 	buf.Reset()
-	defer putBuffer(buf)
-	n, err := readReview(buf, r.Body, r.ContentLength, h.maxBytes)
-	if err != nil {
-		h.fail(w, endpoint, "read", http.StatusBadRequest, fmt.Errorf("read admission review: %w", err))
+	charged := &chargedBuffer{buf: buf, budget: h.limits.budget}
+	if r.ContentLength >= 0 {
+		charged.reserve = r.ContentLength + 1
+	}
+	defer func() {
+		charged.release()
+		putBuffer(buf)
+	}()
+	if r.ContentLength > h.limits.maxBytes {
+		// Refused before its body is buffered; its first bytes may still
+		// name the request, so that the refusal is an answer.
+		_, _ = readReview(ctx, charged, io.LimitReader(r.Body, uidPrefixBytes), uidPrefixBytes)
+		h.refuse(w, endpoint, "too_large", reviewUID(buf.Bytes()), http.StatusRequestEntityTooLarge,
+			fmt.Errorf("admission review of %d bytes is larger than %d bytes", r.ContentLength, h.limits.maxBytes))
 		return
 	}
-	if n > h.maxBytes {
-		h.fail(w, endpoint, "too_large", http.StatusRequestEntityTooLarge, fmt.Errorf("admission review larger than %d bytes", h.maxBytes))
+	n, err := readReview(ctx, charged, r.Body, h.limits.maxBytes)
+	if err != nil {
+		reason, code := "read", http.StatusBadRequest
+		switch {
+		case errors.Is(err, errBudget):
+			reason, code = "budget", http.StatusServiceUnavailable
+		case errors.Is(err, os.ErrDeadlineExceeded):
+			reason, code = "read_timeout", http.StatusRequestTimeout
+			err = fmt.Errorf("the body did not arrive within %s: %w", h.limits.readTimeout, err)
+		}
+		w.Header().Set("Connection", "close")
+		h.refuse(w, endpoint, reason, reviewUID(buf.Bytes()), code, fmt.Errorf("read admission review: %w", err))
+		return
+	}
+	if n > h.limits.maxBytes {
+		h.refuse(w, endpoint, "too_large", reviewUID(buf.Bytes()), http.StatusRequestEntityTooLarge,
+			fmt.Errorf("admission review larger than %d bytes", h.limits.maxBytes))
 		return
 	}
 
@@ -101,7 +133,7 @@ func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	rv, err := decodeReview(buf.Bytes(), set)
 	if err != nil {
-		h.fail(w, endpoint, "decode", http.StatusBadRequest, err)
+		h.refuse(w, endpoint, "decode", reviewUID(buf.Bytes()), http.StatusBadRequest, err)
 		return
 	}
 	var d policy.Decision
@@ -116,10 +148,7 @@ func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		// refuse it with the reason rather than guess.
 		h.metrics.errors.WithLabelValues(endpoint, "evaluate").Inc()
 		h.log.Warn("cannot evaluate admission request", h.requestAttrs(&rv, endpoint, "err", err)...)
-		out = responseOut{UID: rv.uid, Status: &statusOut{
-			Status: "Failure", Code: http.StatusBadRequest, Reason: "BadRequest",
-			Message: "stampguard cannot evaluate this request: " + err.Error(),
-		}}
+		out = cannotEvaluate(rv.uid, http.StatusBadRequest, err)
 	} else {
 		out = answer(rv.uid, h.phase, d)
 		h.record(r.Context(), &rv, endpoint, d, out.Allowed)
@@ -134,37 +163,6 @@ func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	w.Header().Set("Content-Type", "application/json")
 	_, _ = w.Write(buf.Bytes())
 	h.metrics.evaluation.WithLabelValues(endpoint).Observe(time.Since(start).Seconds())
-}
-
-// readReview reads body into buf, at most limit+1 bytes, so that a larger
-// body shows as n > limit. The buffer is sized to a declared length at once;
-// without one it doubles, but never past limit+1: bytes.Buffer's own growth
-// would double a refused body's memory at the last step.
-func readReview(buf *bytes.Buffer, body io.Reader, declared, limit int64) (n int64, err error) {
-	if declared > 0 {
-		buf.Grow(int(min(declared, limit)) + 1) // room to read the EOF
-	}
-	lr := io.LimitReader(body, limit+1)
-	for {
-		if int64(buf.Len()) > limit {
-			return int64(buf.Len()), nil
-		}
-		if buf.Available() == 0 {
-			next := int(min(max(2*int64(buf.Cap()), 4<<10), limit+1))
-			grown := bytes.NewBuffer(make([]byte, 0, next))
-			grown.Write(buf.Bytes())
-			*buf = *grown
-		}
-		free := buf.AvailableBuffer()
-		m, err := lr.Read(free[:cap(free)])
-		buf.Write(free[:m]) // in place: free is buf's own spare capacity
-		if err == io.EOF {
-			return int64(buf.Len()), nil
-		}
-		if err != nil {
-			return int64(buf.Len()), err
-		}
-	}
 }
 
 func putBuffer(buf *bytes.Buffer) {
@@ -216,6 +214,46 @@ func resourceWithSub(r *policy.Request) string {
 		s += "/" + r.SubResource
 	}
 	return s
+}
+
+// cannotEvaluate is the denial of a review the webhook cannot evaluate.
+// An HTTP error would leave the request to failurePolicy, and Ignore would
+// let it through: an answer denies it, naming the reason.
+func cannotEvaluate(uid string, code int, err error) responseOut {
+	reason := metav1.StatusReasonBadRequest
+	switch code {
+	case http.StatusRequestEntityTooLarge:
+		reason = metav1.StatusReasonRequestEntityTooLarge
+	case http.StatusRequestTimeout:
+		reason = metav1.StatusReasonTimeout
+	case http.StatusServiceUnavailable:
+		reason = metav1.StatusReasonServiceUnavailable
+	}
+	return responseOut{UID: uid, Status: &statusOut{
+		Status: "Failure", Code: int32(code), Reason: reason,
+		Message: "stampguard cannot evaluate this request: " + err.Error(),
+	}}
+}
+
+// refuse answers a review that could not be read or decoded: with a
+// denial when its uid is known (the apiserver matches answers by uid),
+// else with the HTTP error code, which the apiserver treats as a call
+// failure (failurePolicy). The apiserver itself never sends a review
+// without a readable uid.
+func (h *handler) refuse(w http.ResponseWriter, endpoint, reason, uid string, code int, err error) {
+	if uid == "" {
+		h.fail(w, endpoint, reason, code, err)
+		return
+	}
+	h.metrics.errors.WithLabelValues(endpoint, reason).Inc()
+	h.log.Warn("admission review denied: it cannot be evaluated", "endpoint", endpoint, "uid", uid, "reason", reason, "err", err)
+	body, mErr := json.Marshal(reviewOut{APIVersion: reviewAPIVersion, Kind: "AdmissionReview", Response: cannotEvaluate(uid, code, err)})
+	if mErr != nil {
+		h.fail(w, endpoint, "encode", http.StatusInternalServerError, fmt.Errorf("encode admission response: %w", mErr))
+		return
+	}
+	w.Header().Set("Content-Type", "application/json")
+	_, _ = w.Write(body)
 }
 
 func (h *handler) fail(w http.ResponseWriter, endpoint, reason string, code int, err error) {

@@ -2,7 +2,9 @@ package admission
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -12,7 +14,9 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
+	"golang.org/x/sync/semaphore"
 	admissionv1 "k8s.io/api/admission/v1"
 
 	"github.com/stampguard/stampguard/policy"
@@ -108,6 +112,7 @@ func TestStampAnswer(t *testing.T) {
 
 func TestBadReviews(t *testing.T) {
 	_, fields := testHandlers(t, tenRules(t))
+	const denied = 200
 	cases := []struct {
 		name string
 		body string
@@ -117,16 +122,27 @@ func TestBadReviews(t *testing.T) {
 		{"an empty body", ``, 400, "expected an object"},
 		{"not JSON", `<xml/>`, 400, "expected an object"},
 		{"the wrong kind", `{"apiVersion":"v1","kind":"Pod","request":{}}`, 400, `got kind "Pod"`},
-		{"an old review version", `{"apiVersion":"admission.k8s.io/v1beta1","kind":"AdmissionReview","request":{"uid":"x"}}`, 400, "want AdmissionReview admission.k8s.io/v1"},
+		{"an old review version", `{"apiVersion":"admission.k8s.io/v1beta1","kind":"AdmissionReview","request":{"uid":"x"}}`, denied, "want AdmissionReview admission.k8s.io/v1"},
 		{"no request", `{"apiVersion":"admission.k8s.io/v1","kind":"AdmissionReview"}`, 400, "no request"},
 		{"no uid", `{"apiVersion":"admission.k8s.io/v1","kind":"AdmissionReview","request":{"operation":"UPDATE"}}`, 400, "uid is empty"},
-		{"groups of the wrong type", `{"apiVersion":"admission.k8s.io/v1","kind":"AdmissionReview","request":{"uid":"x","userInfo":{"groups":"admins"}}}`, 400, "userInfo"},
-		{"a truncated object", `{"apiVersion":"admission.k8s.io/v1","kind":"AdmissionReview","request":{"uid":"x","object":{"spec":`, 400, "malformed JSON"},
+		{"groups of the wrong type", `{"apiVersion":"admission.k8s.io/v1","kind":"AdmissionReview","request":{"uid":"x","userInfo":{"groups":"admins"}}}`, denied, "userInfo"},
+		{"a truncated object", `{"apiVersion":"admission.k8s.io/v1","kind":"AdmissionReview","request":{"uid":"x","object":{"spec":`, denied, "malformed JSON"},
+		{"nesting deeper than the apiserver's 10000 levels", `{"apiVersion":"admission.k8s.io/v1","kind":"AdmissionReview","request":{"uid":"x","object":{"a":` + strings.Repeat("[", 10001) + strings.Repeat("]", 10001) + `}}}`, denied, "nesting too deep"},
 		{"a body over the limit", `{"pad":"` + strings.Repeat("x", 1<<20) + `"}`, 413, "larger than"},
+		{"a body over the limit that names its request", `{"request":{"uid":"big","pad":"` + strings.Repeat("x", 1<<20) + `"}}`, denied, "larger than"},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
 			rec := post(fields, []byte(c.body))
+			if c.code == denied {
+				// A review that names its request is answered with a
+				// denial: an HTTP error would be left to failurePolicy.
+				resp := decodeAnswer(t, rec)
+				if resp.Allowed || resp.Result == nil || !strings.Contains(resp.Result.Message, c.want) || resp.UID == "" {
+					t.Fatalf("got %+v, want a denial saying %q", resp, c.want)
+				}
+				return
+			}
 			if rec.Code != c.code || !strings.Contains(rec.Body.String(), c.want) {
 				t.Fatalf("HTTP %d %q, want %d containing %q", rec.Code, rec.Body, c.code, c.want)
 			}
@@ -169,21 +185,20 @@ func TestBadReviews(t *testing.T) {
 func TestReadReviewGrowsNoFurtherThanTheLimit(t *testing.T) {
 	const limit = 1 << 20
 	cases := []struct {
-		name     string
-		size     int
-		declared int64
-		maxCap   int
+		name   string
+		size   int
+		maxCap int
 	}{
-		{"a declared body is read into one buffer of about its size", 300 << 10, 300 << 10, 320 << 10},
-		{"a chunked body grows by doubling", 300 << 10, -1, 512 << 10},
-		{"a chunked body over the limit stops at limit+1 bytes", 3 << 20, -1, limit + 1},
-		{"a body longer than it declared stops at limit+1 bytes", 3 << 20, 10, limit + 1},
-		{"an empty body", 0, 0, 4 << 10},
+		{"a body grows by doubling as it arrives, whatever it declared", 300 << 10, 512 << 10},
+		{"a body over the limit stops at limit+1 bytes", 3 << 20, limit + 1},
+		{"an empty body", 0, 4 << 10},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
 			var buf bytes.Buffer
-			n, err := readReview(&buf, bytes.NewReader(bytes.Repeat([]byte("x"), c.size)), c.declared, limit)
+			budget := semaphore.NewWeighted(2 * (limit + 1))
+			charged := &chargedBuffer{buf: &buf, budget: budget}
+			n, err := readReview(t.Context(), charged, bytes.NewReader(bytes.Repeat([]byte("x"), c.size)), limit)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -192,6 +207,110 @@ func TestReadReviewGrowsNoFurtherThanTheLimit(t *testing.T) {
 			}
 			if buf.Cap() > c.maxCap {
 				t.Errorf("the buffer grew to %d bytes, want at most %d", buf.Cap(), c.maxCap)
+			}
+			if charged.charged != charge(int64(buf.Cap())) {
+				t.Errorf("the budget is charged %d bytes for a buffer of %d", charged.charged, buf.Cap())
+			}
+			charged.release()
+			if !budget.TryAcquire(2 * (limit + 1)) {
+				t.Error("the budget was not whole again after the release")
+			}
+		})
+	}
+}
+
+// A review without a declared length fails at once when the budget is
+// spent: it would wait while holding a charge.
+func TestReadReviewOfUnknownLengthFailsWhenTheBudgetIsSpent(t *testing.T) {
+	budget := semaphore.NewWeighted(16 << 10)
+	if !budget.TryAcquire(12 << 10) { // held by other reviews
+		t.Fatal("could not take the budget")
+	}
+	var buf bytes.Buffer
+	charged := &chargedBuffer{buf: &buf, budget: budget}
+	_, err := readReview(t.Context(), charged, bytes.NewReader(bytes.Repeat([]byte("x"), 64<<10)), 1<<20)
+	if !errors.Is(err, errBudget) {
+		t.Fatalf("err %v, want errBudget", err)
+	}
+	if buf.Cap() > 8<<10 { // 4 KiB free of charge, 4 KiB charged
+		t.Fatalf("the buffer grew to %d bytes with 4 KiB of budget left", buf.Cap())
+	}
+	charged.release()
+}
+
+// Reviews that declare their length reserve it whole while holding no
+// charge: two that do not fit the budget together take turns instead of
+// deadlocking, and one that does not get its turn before its deadline
+// fails with errBudget.
+func TestDeclaredReviewsTakeTurnsForTheBudget(t *testing.T) {
+	const size = 600 << 10
+	budget := semaphore.NewWeighted(1 << 20) // less than two reviews
+	read := func(ctx context.Context, body io.Reader) (int64, *chargedBuffer, error) {
+		var buf bytes.Buffer
+		c := &chargedBuffer{buf: &buf, budget: budget, reserve: size + 1}
+		n, err := readReview(ctx, c, body, 1<<20)
+		return n, c, err
+	}
+	// The first review has its reservation and waits for the rest of its body.
+	pr, pw := io.Pipe()
+	first := make(chan error, 1)
+	var firstCharge *chargedBuffer
+	go func() {
+		n, c, err := read(t.Context(), pr)
+		firstCharge = c
+		if err == nil && n != size {
+			err = fmt.Errorf("read %d bytes, want %d", n, size)
+		}
+		first <- err
+	}()
+	if _, err := pw.Write(bytes.Repeat([]byte("x"), 8<<10)); err != nil {
+		t.Fatal(err)
+	}
+	// The second cannot get its reservation while the first holds its own.
+	ctx, cancel := context.WithTimeout(t.Context(), 100*time.Millisecond)
+	defer cancel()
+	if _, c, err := read(ctx, bytes.NewReader(bytes.Repeat([]byte("y"), size))); !errors.Is(err, errBudget) {
+		t.Fatalf("the second review while the first holds the budget: %v, want errBudget", err)
+	} else {
+		c.release()
+	}
+	// It waits its turn: once the first is read and released, it gets it.
+	second := make(chan error, 1)
+	go func() {
+		n, c, err := read(t.Context(), bytes.NewReader(bytes.Repeat([]byte("y"), size)))
+		if err == nil && n != size {
+			err = fmt.Errorf("read %d bytes, want %d", n, size)
+		}
+		if c != nil {
+			c.release()
+		}
+		second <- err
+	}()
+	if _, err := pw.Write(bytes.Repeat([]byte("x"), size-8<<10)); err != nil {
+		t.Fatal(err)
+	}
+	pw.Close()
+	if err := <-first; err != nil {
+		t.Fatal(err)
+	}
+	firstCharge.release()
+	if err := <-second; err != nil {
+		t.Fatalf("the second review after the first released the budget: %v", err)
+	}
+}
+
+func TestReviewUIDFromDamagedReviews(t *testing.T) {
+	for _, c := range []struct{ name, body, uid string }{
+		{"a truncated review", `{"kind":"AdmissionReview","apiVersion":"admission.k8s.io/v1","request":{"uid":"u-1","object":{"a":[`, "u-1"},
+		{"a review malformed after the uid", `{"request":{"uid":"u-2","object":{]}}`, "u-2"},
+		{"an escaped uid", `{"request":{"uid":"u\u002d3"}}`, "u-3"},
+		{"no request", `{"kind":"AdmissionReview"}`, ""},
+		{"damage before the uid", `{"request":{"name":tru,"uid":"u"}}`, ""},
+		{"not JSON", `<xml/>`, ""},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			if got := reviewUID([]byte(c.body)); got != c.uid {
+				t.Fatalf("uid %q, want %q", got, c.uid)
 			}
 		})
 	}
@@ -224,7 +343,9 @@ func TestOversizedReviewsLeaveNoBuffersBehind(t *testing.T) {
 			req.ContentLength = -1 // chunked: the handler must buffer to find the size
 			rec := httptest.NewRecorder()
 			stamp.ServeHTTP(rec, req)
-			if rec.Code != http.StatusRequestEntityTooLarge && rec.Code != http.StatusBadRequest {
+			// 503: no room in the budget for a body of unknown length
+			// while the others hold it.
+			if rec.Code != http.StatusRequestEntityTooLarge && rec.Code != http.StatusBadRequest && rec.Code != http.StatusServiceUnavailable {
 				t.Errorf("HTTP %d for a %s body", rec.Code, map[bool]string{true: "large", false: "oversized"}[i%2 == 0])
 			}
 		})

@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"path/filepath"
 	"time"
 
 	"github.com/go-logr/logr"
@@ -24,8 +25,8 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/manager"
 	ctrlmetrics "sigs.k8s.io/controller-runtime/pkg/metrics"
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
-	"sigs.k8s.io/controller-runtime/pkg/webhook"
 
+	"github.com/stampguard/stampguard/internal/tlsserve"
 	"github.com/stampguard/stampguard/policy"
 	"github.com/stampguard/stampguard/policy/api/v1alpha1"
 )
@@ -34,12 +35,19 @@ var namespaceGVK = schema.GroupVersionKind{Version: "v1", Kind: "Namespace"}
 
 // Options configure the webhook process.
 type Options struct {
-	// Host the admission server listens on. Defaults to all addresses.
+	// Host the admission server listens on. Defaults to all addresses:
+	// the apiserver reaches a pod through its pod IP, so loopback would
+	// be unreachable; the chart passes the pod IP.
 	Host string
 	// Port of the admission server (TLS). Defaults to 9443.
 	Port int
 	// CertDir holds tls.crt and tls.key; they are reloaded when they change.
 	CertDir string
+	// ClientCAFile, when set, makes the admission port require a client
+	// certificate signed by a CA of this PEM bundle (the apiserver's
+	// admission kubeconfig presents one); it is reloaded when it changes.
+	// Empty (the default): no client certificate is asked for.
+	ClientCAFile string
 	// ProbeAddr serves /healthz, /readyz and /metrics. Defaults to ":8081";
 	// "0" disables it.
 	ProbeAddr string
@@ -55,6 +63,15 @@ type Options struct {
 	BreakGlassGroup string
 	// MaxReviewBytes bounds a review body. Defaults to DefaultMaxReviewBytes.
 	MaxReviewBytes int64
+	// MaxReviewBytesInFlight bounds the review bytes buffered across all
+	// connections; at least twice MaxReviewBytes. Defaults to
+	// DefaultMaxReviewBytesInFlight. A review that cannot get room before
+	// its read deadline is denied.
+	MaxReviewBytesInFlight int64
+	// ReviewReadTimeout bounds the time a review's body may take to
+	// arrive; a review cut by it is denied and its connection closed.
+	// Defaults to DefaultReviewReadTimeout.
+	ReviewReadTimeout time.Duration
 	// ShutdownTimeout bounds the graceful drain after ctx ends: reviews still
 	// in flight then are abandoned and Run returns an error. Defaults to 25s,
 	// under the kubelet's default grace period of 30s.
@@ -104,13 +121,20 @@ func (o *Options) setDefaults() {
 }
 
 // Handlers builds the two admission endpoints over a policy source, for
-// callers that mount them on a server of their own (and for benchmarks).
+// callers that mount them on a server of their own (and for benchmarks),
+// with reviews of at most maxBytes (0: DefaultMaxReviewBytes), the default
+// budget of bytes in flight and the default read timeout.
 func Handlers(src PolicySource, env *policy.Environment, m *Metrics, log *slog.Logger, maxBytes int64) (stamp, fields http.Handler) {
-	if maxBytes <= 0 {
-		maxBytes = DefaultMaxReviewBytes
+	limits, err := newReviewLimits(maxBytes, 0, 0)
+	if err != nil {
+		panic(err) // unreachable: the default budget fits any maxBytes
 	}
-	return &handler{phase: phaseStamp, source: src, env: env, metrics: m, log: log, maxBytes: maxBytes},
-		&handler{phase: phaseFields, source: src, env: env, metrics: m, log: log, maxBytes: maxBytes}
+	return handlers(src, env, m, log, limits)
+}
+
+func handlers(src PolicySource, env *policy.Environment, m *Metrics, log *slog.Logger, limits reviewLimits) (stamp, fields http.Handler) {
+	return &handler{phase: phaseStamp, source: src, env: env, metrics: m, log: log, limits: limits},
+		&handler{phase: phaseFields, source: src, env: env, metrics: m, log: log, limits: limits}
 }
 
 // Run serves the admission webhook until ctx ends, then drains.
@@ -125,20 +149,35 @@ func Run(ctx context.Context, o Options) error {
 	if o.Namespace != "" {
 		env.ProtectedNamespaces = append(env.ProtectedNamespaces, o.Namespace)
 	}
-	srv := webhook.NewServer(webhook.Options{Host: o.Host, Port: o.Port, CertDir: o.CertDir})
-
 	var src PolicySource
 	var ready func() error
 	var mgr manager.Manager
 	if o.PolicyFile != "" && o.Configurations != nil {
 		return errors.New("keeping the webhook configurations in step needs cluster mode; in file mode print them with the policies instead")
 	}
+	var fileSet *policy.Set
 	if o.PolicyFile != "" {
 		ps, err := policy.LoadFile(o.PolicyFile)
 		if err != nil {
 			return err
 		}
-		set := policy.NewSet(ps...)
+		fileSet = policy.NewSet(ps...)
+	}
+	limits, err := newReviewLimits(o.MaxReviewBytes, o.MaxReviewBytesInFlight, o.ReviewReadTimeout)
+	if err != nil {
+		return err
+	}
+	certs, err := tlsserve.New(tlsserve.Options{
+		CertFile: filepath.Join(o.CertDir, "tls.crt"), KeyFile: filepath.Join(o.CertDir, "tls.key"),
+		ClientCAFile: o.ClientCAFile, RequireClientCert: o.ClientCAFile != "",
+	})
+	if err != nil {
+		return fmt.Errorf("admission server TLS: %w", err)
+	}
+	srv := newReviewServer(o.Host, o.Port, certs, log)
+
+	if fileSet != nil {
+		set := fileSet
 		metrics.SetPolicies(set.Len(), 0)
 		log.Info("policies loaded from file", "file", o.PolicyFile, "policies", set.Names())
 		src = NewStaticSource(set)
@@ -154,7 +193,6 @@ func Run(ctx context.Context, o Options) error {
 		if err := v1alpha1.AddToScheme(scheme); err != nil {
 			return fmt.Errorf("build scheme: %w", err)
 		}
-		var err error
 		mgr, err = ctrl.NewManager(o.RestConfig, manager.Options{
 			Scheme:                 scheme,
 			Logger:                 logr.FromSlogHandler(log.Handler()),
@@ -190,12 +228,12 @@ func Run(ctx context.Context, o Options) error {
 			return fmt.Errorf("create policy controller: %w", err)
 		}
 		// The manager runs the webhook server only once someone asks for it.
-		srv = mgr.GetWebhookServer()
+		_ = mgr.GetWebhookServer()
 		env.Namespaces = namespaceLabels{ctx: ctx, reader: mgr.GetCache()}
 		src, ready = cs, cs.Ready
 	}
 
-	stamp, fields := Handlers(src, env, metrics, log, o.MaxReviewBytes)
+	stamp, fields := handlers(src, env, metrics, log, limits)
 	srv.Register(StampPath, stamp)
 	srv.Register(FieldsPath, fields)
 

@@ -286,14 +286,18 @@ func podFiles(t testing.TB, objs []*unstructured.Unstructured, ns string, spec *
 	return p
 }
 
-// remap replaces mount paths in args with the local directories.
+// podIP is the test's pod IP: the processes listen where the test reaches them.
+const podIP = "127.0.0.1"
+
+// remap replaces mount paths in args with the local directories, and
+// expands $(POD_IP) as the kubelet expands a container's env in its args.
 func (p *pod) remap(args []string) []string {
 	out := make([]string, len(args))
 	for i, a := range args {
 		for mp, dir := range p.mounts {
 			a = strings.ReplaceAll(a, mp, dir)
 		}
-		out[i] = a
+		out[i] = strings.ReplaceAll(a, "$(POD_IP)", podIP)
 	}
 	return out
 }
@@ -309,6 +313,8 @@ func (p *pod) env(t testing.TB, c corev1.Container) []string {
 			out = append(out, e.Name+"="+e.Value)
 		case e.ValueFrom.FieldRef != nil && e.ValueFrom.FieldRef.FieldPath == "metadata.namespace":
 			out = append(out, e.Name+"="+p.ns)
+		case e.ValueFrom.FieldRef != nil && e.ValueFrom.FieldRef.FieldPath == "status.podIP":
+			out = append(out, e.Name+"="+podIP)
 		default:
 			t.Fatalf("env %s: the test cannot resolve %+v", e.Name, e.ValueFrom)
 		}

@@ -71,7 +71,7 @@ func TestAuditSink(t *testing.T) {
 
 	pki := newSinkPKI(t, dir)
 	tokenFile := filepath.Join(dir, "token")
-	if err := os.WriteFile(tokenFile, []byte("e2e-token\n"), 0o600); err != nil {
+	if err := os.WriteFile(tokenFile, []byte("e2e-token-0123456789abcdef0123456789\n"), 0o600); err != nil {
 		t.Fatal(err)
 	}
 	sinkAddr, metricsAddr := freeAddr(t), freeAddr(t)
@@ -94,7 +94,7 @@ func TestAuditSink(t *testing.T) {
 		AuditLog:           true,
 		AuditWebhookURL:    proxy.url + "/clusters/webhook/events",
 		AuditWebhookCAFile: pki.caFile,
-		AuditWebhookToken:  "e2e-token",
+		AuditWebhookToken:  "e2e-token-0123456789abcdef0123456789",
 		Flags:              map[string]string{"audit-log-maxsize": "1", "audit-log-maxbackup": "100"},
 	})
 
@@ -693,7 +693,7 @@ func (p *recordingProxy) bodies() [][]byte {
 }
 
 func (p *recordingProxy) replay(body []byte) (int, []byte) {
-	return p.forward("/clusters/webhook/events", "Bearer e2e-token", body)
+	return p.forward("/clusters/webhook/events", "Bearer e2e-token-0123456789abcdef0123456789", body)
 }
 
 // sinkWritten is stored + deduplicated events from the sink's metrics.

@@ -75,7 +75,7 @@ func TestClusterMode(t *testing.T) {
 
 	pki := newSinkPKI(t, dir)
 	tokenFile := filepath.Join(dir, "token")
-	if err := os.WriteFile(tokenFile, []byte("cluster-token\n"), 0o600); err != nil {
+	if err := os.WriteFile(tokenFile, []byte("cluster-token-0123456789abcdef0123456789\n"), 0o600); err != nil {
 		t.Fatal(err)
 	}
 	var sinks []*sinkProcess
@@ -98,7 +98,7 @@ func TestClusterMode(t *testing.T) {
 		if err != nil {
 			return err
 		}
-		req.Header.Set("Authorization", "Bearer cluster-token")
+		req.Header.Set("Authorization", "Bearer cluster-token-0123456789abcdef0123456789")
 		resp, err := client.Do(req)
 		if err != nil {
 			return err

@@ -29,7 +29,7 @@ func faultSink(t *testing.T, bin, dir string, ch *chtest.Server, extra ...string
 	t.Helper()
 	pki := newSinkPKI(t, dir)
 	tokenFile := filepath.Join(dir, "token")
-	if err := os.WriteFile(tokenFile, []byte("fault-token\n"), 0o600); err != nil {
+	if err := os.WriteFile(tokenFile, []byte("fault-token-0123456789abcdef0123456789\n"), 0o600); err != nil {
 		t.Fatal(err)
 	}
 	addr, metricsAddr := freeAddr(t), freeAddr(t)
@@ -51,7 +51,7 @@ func sinkClient() *http.Client {
 // postBatch posts body with the token; a connection error is status 0.
 func postBatch(c *http.Client, addr, path string, body []byte) (int, http.Header, []byte) {
 	req, _ := http.NewRequest(http.MethodPost, "https://"+addr+path, bytes.NewReader(body))
-	req.Header.Set("Authorization", "Bearer fault-token")
+	req.Header.Set("Authorization", "Bearer fault-token-0123456789abcdef0123456789")
 	resp, err := c.Do(req)
 	if err != nil {
 		return 0, nil, []byte(err.Error())
@@ -153,7 +153,7 @@ func TestAuditSinkSIGTERMWithASlowClient(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer conn.Close()
-	if _, err := io.WriteString(conn, "POST /clusters/slow/events HTTP/1.1\r\nHost: sink\r\nAuthorization: Bearer fault-token\r\nContent-Length: 100000\r\n\r\n{"); err != nil {
+	if _, err := io.WriteString(conn, "POST /clusters/slow/events HTTP/1.1\r\nHost: sink\r\nAuthorization: Bearer fault-token-0123456789abcdef0123456789\r\nContent-Length: 100000\r\n\r\n{"); err != nil {
 		t.Fatal(err)
 	}
 	go func() {

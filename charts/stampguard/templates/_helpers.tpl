@@ -157,6 +157,9 @@ group: cert-manager.io
 {{- define "stampguard.sink.cluster" -}}{{ default .Release.Name .Values.auditSink.cluster }}{{- end -}}
 {{- define "stampguard.sink.dsnSecret" -}}{{ default (printf "%s-clickhouse" (include "stampguard.sink.fullname" .)) .Values.auditSink.clickhouse.existingSecret }}{{- end -}}
 {{- define "stampguard.sink.dsnKey" -}}{{ if .Values.auditSink.clickhouse.existingSecret }}{{ .Values.auditSink.clickhouse.existingSecretKey }}{{ else }}dsn{{ end }}{{- end -}}
+{{- define "stampguard.sink.migrateDsnSecret" -}}{{ default (printf "%s-clickhouse-migrate" (include "stampguard.sink.fullname" .)) .Values.auditSink.migrate.existingSecret }}{{- end -}}
+{{- define "stampguard.sink.migrateDsnKey" -}}{{ if .Values.auditSink.migrate.existingSecret }}{{ .Values.auditSink.migrate.existingSecretKey }}{{ else }}dsn{{ end }}{{- end -}}
+{{- define "stampguard.sink.separateMigrate" -}}{{ if or .Values.auditSink.migrate.dsn .Values.auditSink.migrate.existingSecret }}true{{ end }}{{- end -}}
 {{- define "stampguard.sink.tokenSecret" -}}{{ default (printf "%s-token" (include "stampguard.sink.fullname" .)) .Values.auditSink.auth.token.existingSecret }}{{- end -}}
 {{- define "stampguard.sink.tokenKey" -}}{{ if .Values.auditSink.auth.token.existingSecret }}{{ .Values.auditSink.auth.token.existingSecretKey }}{{ else }}token{{ end }}{{- end -}}
 

@@ -20,9 +20,15 @@ import (
 // ErrSyntax reports malformed JSON.
 var ErrSyntax = errors.New("malformed JSON")
 
-// maxDepth bounds nesting so that hostile input cannot exhaust the stack of
-// the slow paths that recurse.
-const maxDepth = 512
+// maxDepth bounds nesting as the apiserver's own JSON decoding does:
+// sigs.k8s.io/json (internal/golang/encoding/json/scanner.go,
+// maxNestingDepth = 10000), which decodes custom resources, and
+// k8s.io/apimachinery/pkg/util/json (maxDepth = 10000). A shallower bound
+// would refuse objects the apiserver stores, such as a CRD's
+// x-kubernetes-preserve-unknown-fields; deeper ones the apiserver refuses
+// before admission. skipContainer keeps one byte per level, so the bound
+// costs at most 10 KB per scan and nothing recurses on it.
+const maxDepth = 10000
 
 func syntaxErr(data []byte, i int, what string) error {
 	return fmt.Errorf("%w: %s at offset %d of %d", ErrSyntax, what, i, len(data))

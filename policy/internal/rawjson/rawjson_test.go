@@ -3,6 +3,7 @@ package rawjson
 import (
 	"encoding/json"
 	"errors"
+	"strings"
 	"testing"
 	"unicode/utf8"
 )
@@ -23,6 +24,8 @@ func TestSkip(t *testing.T) {
 		{"an unterminated container is an error", `[1,2`, -1},
 		{"a bare word is an error", `nope`, -1},
 		{"empty input is an error", `   `, -1},
+		{"nesting as deep as the apiserver allows is read", strings.Repeat("[", 10000) + strings.Repeat("]", 10000), 20000},
+		{"nesting deeper than the apiserver allows is an error", strings.Repeat("[", 10001) + strings.Repeat("]", 10001), -1},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
