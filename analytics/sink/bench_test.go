@@ -293,8 +293,8 @@ func sinkQueryCPU(b *testing.B, ch *chtest.Server, db string) map[string]float64
 }
 
 // ceiling times clickhouse-client inserting the bodies' flattened rows as
-// TabSeparated into a fresh database with the same schema (materialized
-// view included).
+// TabSeparated into one MergeTree with the events' columns and sorting
+// key and no views.
 func ceiling(b *testing.B, ch *chtest.Server, bodies [][]byte) float64 {
 	db := ch.NewDatabase(b)
 	st, err := analytics.OpenStore(context.Background(), analytics.StoreOptions{DSN: ch.DSN(), Database: db})
