@@ -57,7 +57,7 @@ func BenchmarkIngest(b *testing.B) {
 		size = int64(len(lines))
 		db := ch.NewDatabase(b)
 		env := append(os.Environ(), "AUDITSINK_CLICKHOUSE_DSN="+ch.DSN())
-		mig := exec.Command(bin, "migrate", "--database", db, "--scan-days", "0")
+		mig := exec.Command(bin, "migrate", "--database", db, "--compact=false")
 		mig.Env = env
 		if out, err := mig.CombinedOutput(); err != nil {
 			b.Fatalf("migrate: %v\n%s", err, out)
