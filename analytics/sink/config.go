@@ -167,7 +167,7 @@ func (c *Config) logger(w io.Writer) (*slog.Logger, error) {
 	if err := lvl.UnmarshalText([]byte(c.LogLevel)); err != nil {
 		return nil, cli.Usagef("--log-level %q: want debug, info, warn or error", c.LogLevel)
 	}
-	return slog.New(slog.NewJSONHandler(w, &slog.HandlerOptions{Level: lvl})), nil
+	return slog.New(slog.NewJSONHandler(w, &slog.HandlerOptions{Level: lvl, ReplaceAttr: cli.DurationsAsText})), nil
 }
 
 // String names the server and where its DSN came from, for errors.

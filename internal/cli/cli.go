@@ -23,6 +23,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"log/slog"
 	"strings"
 )
 
@@ -140,4 +141,14 @@ func IsHelp(arg string) bool {
 		return true
 	}
 	return false
+}
+
+// DurationsAsText is a slog.HandlerOptions.ReplaceAttr that logs a
+// time.Duration as text ("1.5s"), where slog's JSON handler would write
+// nanoseconds (1500000000).
+func DurationsAsText(_ []string, a slog.Attr) slog.Attr {
+	if a.Value.Kind() == slog.KindDuration {
+		a.Value = slog.StringValue(a.Value.Duration().String())
+	}
+	return a
 }
