@@ -96,8 +96,8 @@ func (c *Config) Register(fs *flag.FlagSet) {
 	fs.StringVar(&c.DSN, "clickhouse", "", "ClickHouse native `DSN`, e.g. clickhouse://127.0.0.1:9000; beats $"+DSNEnv+". Credentials belong in --clickhouse-dsn-file or $"+DSNEnv+", not in argv")
 	fs.StringVar(&c.DSNFile, "clickhouse-dsn-file", "", "`file` holding the ClickHouse DSN (with user, password, secure=true); beats $"+DSNEnv)
 	fs.StringVar(&c.Database, "database", DefaultDatabase, "ClickHouse `database`")
-	fs.StringVar(&c.ClickHouseCluster, "clickhouse-cluster", os.Getenv(ClickHouseClusterEnv), "ClickHouse `cluster` (from the servers' remote_servers) for sharded, replicated storage; empty: one server (default $"+ClickHouseClusterEnv+")")
-	fs.StringVar(&c.LogLevel, "log-level", DefaultLogLevel, "debug, info, warn or error")
+	fs.StringVar(&c.ClickHouseCluster, "clickhouse-cluster", os.Getenv(ClickHouseClusterEnv), "ClickHouse cluster `name` (from the servers' remote_servers) for sharded, replicated storage; empty: one server (default $"+ClickHouseClusterEnv+")")
+	fs.StringVar(&c.LogLevel, "log-level", DefaultLogLevel, "log `level`: debug, info, warn or error")
 }
 
 // Connection is a validated Config: the store's options, where the DSN
@@ -183,7 +183,7 @@ func (c *Connection) String() string {
 func (c *Connection) Open(ctx context.Context) (*analytics.Store, error) {
 	st, err := analytics.OpenStore(ctx, c.Store)
 	if err != nil {
-		return nil, fmt.Errorf("%s: %w", c, err)
+		return nil, c.Err(err)
 	}
 	return st, nil
 }
@@ -196,9 +196,20 @@ func (c *Connection) OpenMigrated(ctx context.Context) (*analytics.Store, error)
 	}
 	if _, err := st.Migrate(ctx); err != nil {
 		st.Close()
-		return nil, fmt.Errorf("migrate database %s on %s: %w", c.Store.Database, c, err)
+		return nil, c.Err(err)
 	}
 	return st, nil
+}
+
+// Err is err of a query against the store, with the database, the server
+// and where its DSN came from; a server that does not speak ClickHouse's
+// native protocol is told so.
+func (c *Connection) Err(err error) error {
+	hint := ""
+	if strings.Contains(err.Error(), "[handshake]") {
+		hint = " (not ClickHouse's native protocol: is it the native port, 9000 by default, rather than HTTP's 8123?)"
+	}
+	return fmt.Errorf("database %s on %s%s: %w", c.Store.Database, c, hint, err)
 }
 
 // registerCluster binds --cluster, the source cluster, with its default.
@@ -387,7 +398,7 @@ type MigrateConfig struct {
 // Register binds m to the flags of migrate.
 func (m *MigrateConfig) Register(fs *flag.FlagSet) {
 	m.Config.Register(fs)
-	fs.StringVar(&m.Retention, "retention", "", "also drop day partitions older than this, e.g. 30d (empty: drop none)")
+	fs.StringVar(&m.Retention, "retention", "", "also drop day partitions older than this `age`, e.g. 30d (empty: drop none)")
 	fs.IntVar(&m.ScanDays, "scan-days", DefaultScanDays, "record the events stored more than once (by writers killed mid-insert) of the last N `days`; 0: no scan")
 }
 
@@ -427,13 +438,13 @@ type ReportConfig struct {
 func (r *ReportConfig) Register(fs *flag.FlagSet) {
 	r.Config.Register(fs)
 	registerCluster(fs, &r.Cluster, "the source cluster `name` the events were stored under")
-	fs.StringVar(&r.Since, "since", DefaultSince, "start of the window: RFC3339 or a `duration` ago (2h, 7d)")
-	fs.StringVar(&r.Until, "until", "", "end of the window (exclusive): RFC3339 or a `duration` ago (default now)")
+	fs.StringVar(&r.Since, "since", DefaultSince, "start of the `time` window: RFC3339, or a duration ago (2h, 7d)")
+	fs.StringVar(&r.Until, "until", "", "end of the window (exclusive), a `time`: RFC3339, or a duration ago (default now)")
 	fs.IntVar(&r.Top, "top", DefaultTop, "rows per list, 1 or more")
 	fs.StringVar(&r.Namespace, "namespace", "", "only this `namespace`")
 	fs.StringVar(&r.Resource, "resource", "", "only this `resource` (plural, e.g. deployments)")
 	fs.StringVar(&r.User, "user", "", "only this writer (the impersonated `user` when present)")
-	fs.StringVar(&r.Format, "format", "table", "table or json")
+	fs.StringVar(&r.Format, "format", "table", "output `format`: table or json")
 	fs.DurationVar(&r.LoopGap, "loop-gap", DefaultLoopGap, "longest pause inside a retry loop")
 	fs.IntVar(&r.LoopThreshold, "loop-threshold", DefaultLoopThreshold, "fewest consecutive conflicts that make a retry loop, 2 or more")
 }
@@ -524,7 +535,7 @@ func (s *ServeConfig) Register(fs *flag.FlagSet) {
 	fs.StringVar(&s.SpoolMax, "spool-max", DefaultSpoolMax, "spool `size` at which the sink answers 503")
 	fs.StringVar(&s.MaxBody, "max-body", DefaultMaxBody, "largest request body `size` (413 above)")
 	fs.IntVar(&o.MaxEventBytes, "max-event-bytes", audit.DefaultMaxEventBytes, "largest event in `bytes`; larger ones are dead-lettered")
-	fs.StringVar(&s.Retention, "retention", "", "drop day partitions older than this, e.g. 30d (empty: keep all)")
+	fs.StringVar(&s.Retention, "retention", "", "drop day partitions older than this `age`, e.g. 30d (empty: keep all)")
 	fs.IntVar(&o.InsertParallel, "insert-parallel", DefaultInsertParallel, "ClickHouse inserts in flight, 1 or more")
 	fs.DurationVar(&o.ShutdownTimeout, "shutdown-timeout", DefaultShutdownTimeout, "bound of a graceful shutdown (keep it below the pod's terminationGracePeriodSeconds)")
 	fs.StringVar(&s.MemoryLimit, "memory-limit", DefaultServeMemoryLimit, "soft memory `limit` of the Go runtime (GOMEMLIMIT beats it); the GC works harder near it")
@@ -581,7 +592,7 @@ func (s *ServeConfig) Resolve(w io.Writer) (*Serve, error) {
 		return nil, err
 	}
 	if o.Token, err = readToken(s.TokenFile); err != nil {
-		return nil, cli.Usage(err)
+		return nil, cli.Usagef("--token-file: %w", err)
 	}
 	if o.Token == "" && o.ClientCAFile == "" && !o.AllowUnauthenticated {
 		return nil, cli.Usagef("no authentication configured: give --token-file (or $%s), --client-ca, or --allow-unauthenticated", TokenEnv)

@@ -160,7 +160,7 @@ func TestTokenPrecedence(t *testing.T) {
 	}
 	missing := filepath.Join(t.TempDir(), "absent")
 	_, err = resolve(t, "--token-file", missing)
-	if !errors.Is(err, fs.ErrNotExist) || !strings.HasPrefix(err.Error(), "read token file: ") {
+	if !errors.Is(err, fs.ErrNotExist) || !strings.HasPrefix(err.Error(), "--token-file: read token file: ") {
 		t.Errorf("missing token file: %v", err)
 	}
 }

@@ -227,7 +227,7 @@ func migrate(fs *flag.FlagSet, stdout, stderr io.Writer) func([]string) (work, e
 			defer st.Close()
 			applied, err := st.Migrate(ctx)
 			if err != nil {
-				return fmt.Errorf("migrate database %s on %s: %w", st.Database(), m, err)
+				return m.Err(err)
 			}
 			v, err := st.SchemaVersion(ctx)
 			if err != nil {

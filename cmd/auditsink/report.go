@@ -29,7 +29,7 @@ func reportCmd(fs *flag.FlagSet, stdout, stderr io.Writer) func([]string) (work,
 			// A server that does not answer is not a missing schema: ask
 			// it first, so that each failure is told as what it is.
 			if err := st.Conn().Ping(ctx); err != nil {
-				return fmt.Errorf("cannot reach %s: %w", r, err)
+				return r.Err(err)
 			}
 			if _, err := st.SchemaVersion(ctx); err != nil {
 				return fmt.Errorf("database %s on %s holds no stampguard schema; check --database, or run auditsink migrate: %w", r.Options.Database, r, err)

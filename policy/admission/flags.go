@@ -81,8 +81,8 @@ func (f *ServeFlags) Register(fs *flag.FlagSet) {
 	fs.StringVar(&f.SyncResources, "sync-resources", "", "with --sync-configurations: the --resources the configurations were made with, `group/resource,...` (default the same default)")
 	fs.StringVar(&f.SyncNamespaceSelector, "sync-namespace-selector", "", "with --sync-configurations: the --namespace-selector the configurations were made with, `labels` (default all namespaces)")
 	fs.StringVar(&f.Kubeconfig, "kubeconfig", "", "kubeconfig `file` for cluster mode (default $"+KubeconfigEnv+", then the in-cluster config)")
-	fs.StringVar(&f.LogLevel, "log-level", DefaultLogLevel, "debug, info, warn or error")
-	fs.StringVar(&f.LogFormat, "log-format", DefaultLogFormat, "json or text")
+	fs.StringVar(&f.LogLevel, "log-level", DefaultLogLevel, "log `level`: debug, info, warn or error")
+	fs.StringVar(&f.LogFormat, "log-format", DefaultLogFormat, "log `format`: json or text")
 }
 
 // Resolve validates f and returns the Options of Run, with a logger on w.
