@@ -45,16 +45,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	if len(args) > 0 && args[0] == "help" {
 		args = []string{"-h"}
 	}
-	// Our own flag set: controller-runtime's client/config package registers
-	// --kubeconfig on flag.CommandLine in its init, and a second
-	// registration there panics before any flag is parsed.
-	fs := flag.NewFlagSet("webhook", flag.ContinueOnError)
-	fs.Usage = func() {
-		fmt.Fprint(fs.Output(), usage+"\nflags:\n")
-		fs.PrintDefaults()
-	}
-	var f admission.ServeFlags
-	f.Register(fs)
+	fs, f := serveFlags()
 	err := func() error {
 		if _, err := cli.Parse(fs, args, 0, stdout); err != nil {
 			return err
@@ -77,12 +68,33 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	return code
 }
 
-// configurations prints what admission.Configurations builds for the flags.
-func configurations(args []string, stdout, stderr io.Writer) int {
+// serveFlags is the flag set of the serving command.
+func serveFlags() (*flag.FlagSet, *admission.ServeFlags) {
+	// Our own flag set: controller-runtime's client/config package registers
+	// --kubeconfig on flag.CommandLine in its init, and a second
+	// registration there panics before any flag is parsed.
+	fs := flag.NewFlagSet("webhook", flag.ContinueOnError)
+	fs.Usage = func() {
+		fmt.Fprint(fs.Output(), usage+"\nflags:\n")
+		fs.PrintDefaults()
+	}
+	var f admission.ServeFlags
+	f.Register(fs)
+	return fs, &f
+}
+
+// configurationsFlags is the flag set of `webhook configurations`.
+func configurationsFlags() (*flag.FlagSet, *admission.ConfigOptions) {
 	fs := flag.NewFlagSet("webhook configurations", flag.ContinueOnError)
 	cli.SetUsage(fs, "webhook configurations --url URL | --service NAMESPACE/NAME[:PORT] [flags] | kubectl apply -f -")
 	var o admission.ConfigOptions
 	admission.RegisterConfigFlags(fs, &o)
+	return fs, &o
+}
+
+// configurations prints what admission.Configurations builds for the flags.
+func configurations(args []string, stdout, stderr io.Writer) int {
+	fs, o := configurationsFlags()
 	err := func() error {
 		if _, err := cli.Parse(fs, args, 0, stdout); err != nil {
 			return err
@@ -90,7 +102,7 @@ func configurations(args []string, stdout, stderr io.Writer) int {
 		if err := o.Validate(); err != nil {
 			return cli.Usage(err)
 		}
-		return admission.WriteConfigurations(stdout, o)
+		return admission.WriteConfigurations(stdout, *o)
 	}()
 	code := cli.ExitCode(err)
 	if code != cli.ExitOK {

@@ -220,7 +220,7 @@ func Parse(fs *flag.FlagSet, args []string) (operands []string, err error) {
 		}
 		if !hasValue {
 			if i+1 >= len(args) {
-				return nil, fmt.Errorf("flag --%s needs a value", name)
+				return operands, nil // prose naming the flag: `tail --metrics-listen`
 			}
 			i++
 			value = args[i]
@@ -297,3 +297,26 @@ var (
 	// (107,000-152,000), with its unit when it has one.
 	number = regexp.MustCompile(`\d[\d,]*(?:\.\d+)?(?:-\d[\d,]*(?:\.\d+)?)?(?:\s?(?:ms|µs|events/s|MiB|%))?`)
 )
+
+// Check parses inv's arguments (after any subcommand, which the caller
+// has taken off into args) against fs: a synopsis line's flag must be
+// defined; a command line must parse and have at most maxOperands
+// operands (-1: any number).
+func Check(fs *flag.FlagSet, inv Invocation, args []string, maxOperands int) error {
+	if inv.Synopsis {
+		for _, a := range args {
+			if name := strings.TrimLeft(a, "-"); fs.Lookup(name) == nil {
+				return fmt.Errorf("flag --%s is not defined", name)
+			}
+		}
+		return nil
+	}
+	ops, err := Parse(fs, args)
+	if err != nil {
+		return err
+	}
+	if maxOperands >= 0 && len(ops) > maxOperands {
+		return fmt.Errorf("stray argument %q: the command takes at most %d", ops[maxOperands], maxOperands)
+	}
+	return nil
+}

@@ -55,7 +55,8 @@ func TestParseNamesARenamedFlag(t *testing.T) {
 		{[]string{"--top=$TOP"}, "", nil},
 		{[]string{"--rows", "5"}, "flag --rows is not defined", nil},
 		{[]string{"--top", "five"}, `--top "five": `, nil},
-		{[]string{"--top"}, "flag --top needs a value", nil},
+		{[]string{"--top"}, "", nil}, // a flag named in prose
+		{[]string{"--tops"}, "flag --tops is not defined", nil},
 	}
 	for _, tt := range tests {
 		ops, err := Parse(fs, tt.args)
