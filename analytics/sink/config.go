@@ -66,12 +66,6 @@ const (
 	DefaultScanDays = 2
 	// DefaultSince is report's --since default.
 	DefaultSince = "24h"
-	// DefaultTop is report's --top default.
-	DefaultTop = 10
-	// DefaultLoopGap is report's --loop-gap default.
-	DefaultLoopGap = 5 * time.Minute
-	// DefaultLoopThreshold is report's --loop-threshold default.
-	DefaultLoopThreshold = 5
 )
 
 // Config is what every auditsink subcommand reads: where ClickHouse is
@@ -440,13 +434,13 @@ func (r *ReportConfig) Register(fs *flag.FlagSet) {
 	registerCluster(fs, &r.Cluster, "the source cluster `name` the events were stored under")
 	fs.StringVar(&r.Since, "since", DefaultSince, "start of the `time` window: RFC3339, or a duration ago (2h, 7d)")
 	fs.StringVar(&r.Until, "until", "", "end of the window (exclusive), a `time`: RFC3339, or a duration ago (default now)")
-	fs.IntVar(&r.Top, "top", DefaultTop, "rows per list, 1 or more")
+	fs.IntVar(&r.Top, "top", report.DefaultTop, "rows per list, 1 or more")
 	fs.StringVar(&r.Namespace, "namespace", "", "only this `namespace`")
 	fs.StringVar(&r.Resource, "resource", "", "only this `resource` (plural, e.g. deployments)")
 	fs.StringVar(&r.User, "user", "", "only this writer (the impersonated `user` when present)")
 	fs.StringVar(&r.Format, "format", "table", "output `format`: table or json")
-	fs.DurationVar(&r.LoopGap, "loop-gap", DefaultLoopGap, "longest pause inside a retry loop")
-	fs.IntVar(&r.LoopThreshold, "loop-threshold", DefaultLoopThreshold, "fewest consecutive conflicts that make a retry loop, 2 or more")
+	fs.DurationVar(&r.LoopGap, "loop-gap", report.DefaultLoopGap, "longest pause inside a retry loop")
+	fs.IntVar(&r.LoopThreshold, "loop-threshold", report.DefaultLoopThreshold, "fewest consecutive conflicts that make a retry loop, 2 or more")
 }
 
 // Report is a validated ReportConfig.
