@@ -9,6 +9,7 @@ import (
 	"log/slog"
 	"net/url"
 	"os"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"time"
@@ -333,6 +334,18 @@ func checkReadable(path string) error {
 	return nil
 }
 
+// checkDir refuses a directory (of what) that is not there.
+func checkDir(dir, what string) error {
+	fi, err := os.Stat(dir)
+	if err != nil {
+		return cli.Usagef("%s: directory %w", what, err)
+	}
+	if !fi.IsDir() {
+		return cli.Usagef("%s: %s is not a directory", what, dir)
+	}
+	return nil
+}
+
 // TailConfig is what `auditsink tail PATH` reads.
 type TailConfig struct {
 	WriteConfig
@@ -358,23 +371,38 @@ type Tail struct {
 	Options analytics.TailOptions
 }
 
-// Resolve validates t and PATH, which must exist (tail follows it across
-// rotation from there).
+// Resolve validates t and PATH: a readable file, or one that does not
+// exist yet in a directory that does (tail follows it from its first
+// appearance, and says so); the checkpoint's directory must exist.
 func (t *TailConfig) Resolve(operands []string, w io.Writer) (*Tail, error) {
 	if len(operands) != 1 {
 		return nil, cli.Usagef("give one PATH: auditsink tail [flags] PATH")
 	}
 	path := operands[0]
-	if err := checkReadable(path); err != nil {
-		return nil, err
+	_, statErr := os.Stat(path)
+	switch {
+	case errors.Is(statErr, os.ErrNotExist):
+		if err := checkDir(filepath.Dir(path), "PATH"); err != nil {
+			return nil, err
+		}
+	default:
+		if err := checkReadable(path); err != nil {
+			return nil, err
+		}
 	}
 	checkpoint := t.Checkpoint
 	if checkpoint == "" {
 		checkpoint = path + ".auditsink-checkpoint"
 	}
+	if err := checkDir(filepath.Dir(checkpoint), "--checkpoint"); err != nil {
+		return nil, err
+	}
 	conn, err := t.Connect(w)
 	if err != nil {
 		return nil, err
+	}
+	if statErr != nil {
+		conn.Logger.Info("the audit log does not exist yet; following it from its first appearance", "path", path)
 	}
 	return &Tail{Connection: conn, Path: path, MetricsListen: t.MetricsListen,
 		Options: analytics.TailOptions{Cluster: t.Cluster, Accepter: t.Accepter(), CheckpointPath: checkpoint, Logger: conn.Logger}}, nil

@@ -258,6 +258,13 @@ func TestPipelineOptionsShareTheAccepter(t *testing.T) {
 	if to, err := tc2.Resolve([]string{file}, io.Discard); err != nil || to.Options.CheckpointPath != file+".auditsink-checkpoint" {
 		t.Errorf("tail's default checkpoint: %+v (%v)", to, err)
 	}
+	// A log that does not exist yet is followed from its first appearance,
+	// and the command says so.
+	notYet := filepath.Join(t.TempDir(), "audit.log")
+	var logs bytes.Buffer
+	if _, err := tc2.Resolve([]string{notYet}, &logs); err != nil || !strings.Contains(logs.String(), "the audit log does not exist yet") {
+		t.Errorf("tail of a log not there yet: %v, logged %q", err, logs.String())
+	}
 }
 
 func parseInto(t *testing.T, c interface{ Register(*flag.FlagSet) }, args ...string) {
@@ -310,12 +317,18 @@ func TestSubcommandsRefuseBadValues(t *testing.T) {
 			_, err := c.Resolve(nil, io.Discard)
 			return err
 		}, "no FILE given: auditsink ingest [flags] FILE..."},
-		{"tail of a missing file", func() error {
+		{"tail of a file in a missing directory", func() error {
 			var c TailConfig
 			parseInto(t, &c)
+			_, err := c.Resolve([]string{filepath.Join(missing, "audit.log")}, io.Discard)
+			return err
+		}, "PATH: directory stat " + missing + ": no such file or directory"},
+		{"tail with a --checkpoint in a missing directory", func() error {
+			var c TailConfig
+			parseInto(t, &c, "--checkpoint", filepath.Join(missing, "cp"))
 			_, err := c.Resolve([]string{missing}, io.Discard)
 			return err
-		}, "open " + missing + ": no such file or directory"},
+		}, "--checkpoint: directory stat " + missing + ": no such file or directory"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

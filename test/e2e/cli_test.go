@@ -194,7 +194,8 @@ func TestCommandLines(t *testing.T) {
 	// Missing files: 2, naming the file.
 	add(sink("auditsink ingest of a missing file names it", 2, []string{"ingest", events, missing}, missing, "no such file"))
 	add(sink("auditsink ingest of a directory names it", 2, []string{"ingest", dir}, dir+" is a directory"))
-	add(sink("auditsink tail of a missing file names it", 2, []string{"tail", missing}, missing, "no such file"))
+	add(sink("auditsink tail of a file in a missing directory names it", 2, []string{"tail", filepath.Join(missing, "audit.log")}, "PATH: directory stat "+missing, "no such file"))
+	add(sink("auditsink tail with a --checkpoint in a missing directory names it", 2, []string{"tail", "--checkpoint", filepath.Join(missing, "cp"), events}, "--checkpoint: directory stat "+missing))
 	add(sink("auditsink migrate with a missing --clickhouse-dsn-file names it", 2, []string{"migrate", "--clickhouse-dsn-file", missing}, "--clickhouse-dsn-file: ", missing))
 	add(sink("auditsink serve with a missing --tls-cert names it", 2, []string{"serve", "--allow-unauthenticated", "--tls-cert", missing, "--tls-key", missing}, "--tls-cert: ", missing))
 	add(sink("auditsink serve with a missing --token-file names it", 2, []string{"serve", "--plaintext", "--token-file", missing}, "--token-file: ", missing))
