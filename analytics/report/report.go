@@ -23,13 +23,15 @@ type Options struct {
 	Cluster string
 	// Since and Until bound the half-open window [Since, Until).
 	Since, Until time.Time
-	// Top bounds every list. Defaults to 10.
+	// Top bounds every list. Defaults to DefaultTop (10).
 	Top int
 	// Namespace, Resource and User narrow the report; empty means all.
 	Namespace, Resource, User string
-	// LoopGap is the longest pause inside a retry loop. Defaults to 5m.
+	// LoopGap is the longest pause inside a retry loop. Defaults to
+	// DefaultLoopGap (5m).
 	LoopGap time.Duration
-	// LoopThreshold is the fewest conflicts that make a retry loop. Defaults to 5.
+	// LoopThreshold is the fewest conflicts that make a retry loop.
+	// Defaults to DefaultLoopThreshold (5).
 	LoopThreshold int
 	// NoRollup computes every figure from the raw events table, for
 	// verification and benchmarks. By default the clean whole hours of
@@ -44,18 +46,28 @@ type Options struct {
 	parallel int
 }
 
+// The defaults of Options (and of `auditsink report`'s flags).
+const (
+	// DefaultTop is Options.Top's default.
+	DefaultTop = 10
+	// DefaultLoopGap is Options.LoopGap's default.
+	DefaultLoopGap = 5 * time.Minute
+	// DefaultLoopThreshold is Options.LoopThreshold's default.
+	DefaultLoopThreshold = 5
+)
+
 func (o *Options) setDefaults() {
 	if o.parallel <= 0 {
 		o.parallel = reportParallelism
 	}
 	if o.Top <= 0 {
-		o.Top = 10
+		o.Top = DefaultTop
 	}
 	if o.LoopGap <= 0 {
-		o.LoopGap = 5 * time.Minute
+		o.LoopGap = DefaultLoopGap
 	}
 	if o.LoopThreshold <= 0 {
-		o.LoopThreshold = 5
+		o.LoopThreshold = DefaultLoopThreshold
 	}
 }
 

@@ -16,6 +16,7 @@ import (
 
 	"github.com/stampguard/stampguard/analytics"
 	"github.com/stampguard/stampguard/analytics/audit"
+	"github.com/stampguard/stampguard/internal/cli"
 )
 
 // parseConfig binds a ServeConfig to a fresh flag set and parses args, as
@@ -43,41 +44,62 @@ func writeFile(t *testing.T, content string) string {
 
 func discard() *slog.Logger { return slog.New(slog.DiscardHandler) }
 
-func TestDSNPrecedence(t *testing.T) {
+// TestFlagsBeatTheEnvironment is the auditsink flag rule: an explicit
+// flag beats the environment, the environment beats the defaults.
+func TestFlagsBeatTheEnvironment(t *testing.T) {
 	file := writeFile(t, "  clickhouse://from-file:9000\n")
 	tests := []struct {
-		name string
-		env  string
-		args []string
-		want string
+		name     string
+		env      string
+		args     []string
+		want     string
+		wantFrom string
 	}{
-		{"the file beats the environment and the flag", "clickhouse://from-env:9000",
-			[]string{"--clickhouse-dsn-file", file, "--clickhouse", "clickhouse://from-flag:9000"}, "clickhouse://from-file:9000"},
-		{"the environment beats the flag", "clickhouse://from-env:9000",
-			[]string{"--clickhouse", "clickhouse://from-flag:9000"}, "clickhouse://from-env:9000"},
-		{"the flag is the last choice", "", []string{"--clickhouse", "clickhouse://from-flag:9000"}, "clickhouse://from-flag:9000"},
+		{"--clickhouse beats the environment", "clickhouse://from-env:9000",
+			[]string{"--clickhouse", "clickhouse://from-flag:9000"}, "clickhouse://from-flag:9000", "--clickhouse"},
+		{"--clickhouse-dsn-file beats the environment", "clickhouse://from-env:9000",
+			[]string{"--clickhouse-dsn-file", file}, "clickhouse://from-file:9000", "--clickhouse-dsn-file " + file},
+		{"the environment is used without either flag", "clickhouse://from-env:9000", nil, "clickhouse://from-env:9000", "$" + DSNEnv},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			t.Setenv(DSNEnv, tt.env)
-			so, err := parseConfig(t, tt.args...).StoreOptions(discard())
-			if err != nil || so.DSN != tt.want {
-				t.Fatalf("DSN %q (%v), want %q", so.DSN, err, tt.want)
+			conn, err := parseConfig(t, tt.args...).Connect(io.Discard)
+			if err != nil || conn.Store.DSN != tt.want || conn.From != tt.wantFrom {
+				t.Fatalf("DSN %q from %q (%v), want %q from %q", conn.Store.DSN, conn.From, err, tt.want, tt.wantFrom)
 			}
 		})
 	}
+	t.Run("--clickhouse-cluster beats the environment, which is its default", func(t *testing.T) {
+		t.Setenv(DSNEnv, "clickhouse://h:9000")
+		t.Setenv(ClickHouseClusterEnv, "from_env")
+		for args, want := range map[string]string{"": "from_env", "--clickhouse-cluster from_flag": "from_flag", "--clickhouse-cluster=": ""} {
+			conn, err := parseConfig(t, strings.Fields(args)...).Connect(io.Discard)
+			if err != nil || conn.Store.ClickHouseCluster != want {
+				t.Errorf("%q: cluster %q (%v), want %q", args, conn.Store.ClickHouseCluster, err, want)
+			}
+		}
+	})
 }
 
 func TestDSNErrorsNameWhatIsMissing(t *testing.T) {
 	t.Setenv(DSNEnv, "")
-	_, err := parseConfig(t).StoreOptions(discard())
-	if err == nil || err.Error() != "no ClickHouse DSN: give --clickhouse-dsn-file, $AUDITSINK_CLICKHOUSE_DSN or --clickhouse" {
+	_, err := parseConfig(t).Connect(io.Discard)
+	if err == nil || err.Error() != "no ClickHouse DSN: give --clickhouse, --clickhouse-dsn-file or $AUDITSINK_CLICKHOUSE_DSN" || cli.ExitCode(err) != cli.ExitUsage {
 		t.Errorf("no DSN at all: %v", err)
 	}
 	missing := filepath.Join(t.TempDir(), "absent")
-	_, err = parseConfig(t, "--clickhouse-dsn-file", missing).StoreOptions(discard())
-	if !errors.Is(err, fs.ErrNotExist) || !strings.HasPrefix(err.Error(), "read DSN file: ") || !strings.Contains(err.Error(), missing) {
+	_, err = parseConfig(t, "--clickhouse-dsn-file", missing).Connect(io.Discard)
+	if !errors.Is(err, fs.ErrNotExist) || !strings.HasPrefix(err.Error(), "--clickhouse-dsn-file: ") || !strings.Contains(err.Error(), missing) {
 		t.Errorf("missing DSN file: %v", err)
+	}
+	_, err = parseConfig(t, "--clickhouse-dsn-file", writeFile(t, "clickhouse://a:9000"), "--clickhouse", "clickhouse://b:9000").Connect(io.Discard)
+	if err == nil || err.Error() != "give --clickhouse or --clickhouse-dsn-file, not both" {
+		t.Errorf("both DSN flags: %v", err)
+	}
+	_, err = parseConfig(t, "--clickhouse", "clickhouse://b:9000", "--database", "").Connect(io.Discard)
+	if err == nil || !strings.HasPrefix(err.Error(), "--database is empty") {
+		t.Errorf("--database '': %v", err)
 	}
 }
 
@@ -90,7 +112,7 @@ func TestADSNWithAPasswordOnTheCommandLineIsWarnedAbout(t *testing.T) {
 		"clickhouse://user:@127.0.0.1:9000":       true,  // an empty one: still on the command line
 	} {
 		var logs bytes.Buffer
-		if _, err := parseConfig(t, "--clickhouse", dsn).StoreOptions(slog.New(slog.NewTextHandler(&logs, nil))); err != nil {
+		if _, err := parseConfig(t, "--clickhouse", dsn).Connect(&logs); err != nil {
 			t.Fatal(err)
 		}
 		if got := strings.Contains(logs.String(), "holds a password that other users can read"); got != warned {
@@ -101,34 +123,45 @@ func TestADSNWithAPasswordOnTheCommandLineIsWarnedAbout(t *testing.T) {
 
 func TestStoreOptionsCarryTheSharedFlags(t *testing.T) {
 	t.Setenv(DSNEnv, "")
-	t.Setenv(ClickHouseClusterEnv, "from-env")
-	so, err := parseConfig(t, "--clickhouse", "clickhouse://h:9000", "--keep-raw").StoreOptions(discard())
-	want := analytics.StoreOptions{DSN: "clickhouse://h:9000", Database: "stampguard", KeepRaw: true, ClickHouseCluster: "from-env"}
-	if err != nil || so != want {
-		t.Errorf("defaults: %+v (%v), want %+v", so, err, want)
+	t.Setenv(ClickHouseClusterEnv, "from_env")
+	conn, err := parseConfig(t, "--clickhouse", "clickhouse://h:9000", "--keep-raw").Connect(io.Discard)
+	want := analytics.StoreOptions{DSN: "clickhouse://h:9000", Database: "stampguard", KeepRaw: true, ClickHouseCluster: "from_env"}
+	if err != nil || conn.Store != want {
+		t.Errorf("defaults: %+v (%v), want %+v", conn, err, want)
 	}
-	so, err = parseConfig(t, "--clickhouse", "clickhouse://h:9000", "--database", "db", "--clickhouse-cluster", "flag").StoreOptions(discard())
+	conn, err = parseConfig(t, "--clickhouse", "clickhouse://h:9000", "--database", "db", "--clickhouse-cluster", "flag").Connect(io.Discard)
 	want = analytics.StoreOptions{DSN: "clickhouse://h:9000", Database: "db", ClickHouseCluster: "flag"}
-	if err != nil || so != want {
-		t.Errorf("flags: %+v (%v), want %+v", so, err, want)
+	if err != nil || conn.Store != want {
+		t.Errorf("flags: %+v (%v), want %+v", conn, err, want)
 	}
+}
+
+// resolve parses args as `auditsink serve --plaintext` does and
+// resolves them.
+func resolve(t *testing.T, args ...string) (Options, error) {
+	t.Helper()
+	s, err := parseConfig(t, append([]string{"--plaintext"}, args...)...).Resolve(io.Discard)
+	if err != nil {
+		return Options{}, err
+	}
+	return s.Options, nil
 }
 
 func TestTokenPrecedence(t *testing.T) {
 	t.Setenv(DSNEnv, "clickhouse://h:9000")
 	const fromFile, fromEnv = "from-file-0123456789abcdef0123456789", "from-env-0123456789abcdef0123456789"
 	t.Setenv(TokenEnv, fromEnv+"\n") // trimmed as the file is
-	o, err := parseConfig(t, "--token-file", writeFile(t, fromFile+"\n")).Resolve(discard())
+	o, err := resolve(t, "--token-file", writeFile(t, fromFile+"\n"))
 	if err != nil || o.Token != fromFile {
 		t.Errorf("token file and env: %q (%v), want the file's", o.Token, err)
 	}
-	o, err = parseConfig(t).Resolve(discard())
+	o, err = resolve(t)
 	if err != nil || o.Token != fromEnv {
 		t.Errorf("env only: %q (%v), want the env's, trimmed", o.Token, err)
 	}
 	missing := filepath.Join(t.TempDir(), "absent")
-	_, err = parseConfig(t, "--token-file", missing).Resolve(discard())
-	if !errors.Is(err, fs.ErrNotExist) || !strings.HasPrefix(err.Error(), "read token file: ") {
+	_, err = resolve(t, "--token-file", missing)
+	if !errors.Is(err, fs.ErrNotExist) || !strings.HasPrefix(err.Error(), "--token-file: read token file: ") {
 		t.Errorf("missing token file: %v", err)
 	}
 }
@@ -136,7 +169,7 @@ func TestTokenPrecedence(t *testing.T) {
 func TestResolveServeDefaults(t *testing.T) {
 	t.Setenv(DSNEnv, "clickhouse://h:9000")
 	t.Setenv(TokenEnv, "")
-	o, err := parseConfig(t).Resolve(discard())
+	o, err := resolve(t, "--allow-unauthenticated")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -144,11 +177,11 @@ func TestResolveServeDefaults(t *testing.T) {
 		o.SpoolMaxBytes != 1<<30 || o.MaxBodyBytes != 1<<30 || o.MaxEventBytes != audit.DefaultMaxEventBytes ||
 		o.Retention != 0 || o.InsertParallel != 2 || o.ShutdownTimeout != DefaultShutdownTimeout ||
 		o.Cluster != DefaultCluster || !reflect.DeepEqual(o.Stages, audit.DefaultStages) || o.RedactResources != nil ||
-		o.Plaintext || o.AllowUnauthenticated || o.Token != "" || o.Logger == nil {
+		!o.Plaintext || !o.AllowUnauthenticated || o.Token != "" || o.Logger == nil {
 		t.Errorf("defaults resolved to %+v", o)
 	}
-	o, err = parseConfig(t, "--cluster", "prod", "--stages", " ResponseComplete, ,Panic,RequestReceived ",
-		"--redact-resources", "configmaps,", "--spool-max", "512MiB", "--max-body", "4096", "--retention", "30d").Resolve(discard())
+	o, err = resolve(t, "--allow-unauthenticated", "--cluster", "prod", "--stages", " ResponseComplete, ,Panic,RequestReceived ",
+		"--redact-resources", "configmaps,", "--spool-max", "512MiB", "--max-body", "4096", "--retention", "30d")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -161,34 +194,158 @@ func TestResolveServeDefaults(t *testing.T) {
 
 func TestResolveErrorsNameTheFlag(t *testing.T) {
 	t.Setenv(DSNEnv, "clickhouse://h:9000")
+	t.Setenv(TokenEnv, "a-token")
 	for args, want := range map[string]string{
-		"--spool-max 1XB":  `--spool-max: size "1XB": want a positive number with an optional KiB, MiB, GiB or TiB`,
-		"--max-body 0":     `--max-body: size "0": want a positive number with an optional KiB, MiB, GiB or TiB`,
-		"--retention xd":   `--retention "xd": want a number of days such as 30d`,
-		"--retention soon": `--retention "soon": want 30d or a duration`,
+		"--spool-max 1XB":                  `--spool-max: size "1XB": want a positive number with an optional KiB, MiB, GiB or TiB`,
+		"--max-body 0":                     `--max-body: size "0": want a positive number with an optional KiB, MiB, GiB or TiB`,
+		"--retention xd":                   `--retention "xd": want a number of days such as 30d`,
+		"--retention soon":                 `--retention "soon": want 30d or a duration`,
+		"--insert-parallel 0":              `--insert-parallel 0: want 1 or more`,
+		"--shutdown-timeout 0s":            `--shutdown-timeout 0s: want a positive duration`,
+		"--cluster ..bad":                  `--cluster "..bad": want letters, digits, '-', '_' and '.', starting with a letter or digit, at most 63`,
+		"--stages ,":                       `--stages is empty: name the audit stages to store (default ResponseComplete,Panic)`,
+		"--client-ca ca.pem":               `--client-ca needs TLS: drop --plaintext and give --tls-cert and --tls-key`,
+		"--log-level loud":                 `--log-level "loud": want debug, info, warn or error`,
+		"--memory-limit lots":              `--memory-limit: size "lots": want a positive number with an optional KiB, MiB, GiB or TiB`,
+		"--tls-cert c.pem --tls-key k.pem": `give --tls-cert and --tls-key, or --plaintext, not both`,
 	} {
-		_, err := parseConfig(t, strings.Fields(args)...).Resolve(discard())
-		if err == nil || err.Error() != want {
-			t.Errorf("%s: %v, want %q", args, err, want)
+		_, err := resolve(t, strings.Fields(args)...)
+		if err == nil || err.Error() != want || cli.ExitCode(err) != cli.ExitUsage {
+			t.Errorf("%s: %v, want the usage error %q", args, err, want)
 		}
 	}
-	if _, err := parseConfig(t, "--log-level", "loud").Logger(io.Discard); err == nil || !strings.HasPrefix(err.Error(), "--log-level: ") {
-		t.Errorf("--log-level loud: %v", err)
+	t.Setenv(TokenEnv, "")
+	_, err := resolve(t)
+	if want := "no authentication configured: give --token-file (or $AUDITSINK_TOKEN), --client-ca, or --allow-unauthenticated"; err == nil || err.Error() != want {
+		t.Errorf("no credentials: %v, want %q", err, want)
+	}
+	s, err := parseConfig(t, "--allow-unauthenticated").Resolve(io.Discard)
+	if want := "TLS needs --tls-cert and --tls-key (or --plaintext for plain HTTP)"; err == nil || err.Error() != want {
+		t.Errorf("no TLS and no --plaintext: %+v %v, want %q", s, err, want)
+	}
+	missing := filepath.Join(t.TempDir(), "absent.pem")
+	_, err = parseConfig(t, "--allow-unauthenticated", "--tls-cert", missing, "--tls-key", missing).Resolve(io.Discard)
+	if err == nil || !strings.HasPrefix(err.Error(), "--tls-cert: ") || !errors.Is(err, fs.ErrNotExist) {
+		t.Errorf("a missing --tls-cert: %v", err)
 	}
 }
 
 func TestPipelineOptionsShareTheAccepter(t *testing.T) {
-	c := &parseConfig(t, "--stages", "Panic", "--redact-resources", "configmaps", "--keep-raw").Config
+	t.Setenv(DSNEnv, "clickhouse://h:9000")
+	args := []string{"--stages", "Panic", "--redact-resources", "configmaps", "--keep-raw"}
 	want := &analytics.Accepter{Decoder: audit.Decoder{RedactResources: []string{"configmaps"}, KeepRaw: true}, Stages: []string{"Panic"}}
-	log := discard()
-	in := c.IngestOptions(log)
-	if in.Cluster != DefaultCluster || !reflect.DeepEqual(in.Accepter, want) || in.Logger != log {
-		t.Errorf("ingest options %+v", in)
+	file := writeFile(t, "{}\n")
+
+	var ic IngestConfig
+	parseInto(t, &ic, args...)
+	in, err := ic.Resolve([]string{file}, io.Discard)
+	if err != nil {
+		t.Fatal(err)
 	}
-	to := c.TailOptions("cp", nil, log)
-	if to.Cluster != DefaultCluster || !reflect.DeepEqual(to.Accepter, want) || to.CheckpointPath != "cp" || to.Logger != log {
-		t.Errorf("tail options %+v", to)
+	if in.Options.Cluster != DefaultCluster || !reflect.DeepEqual(in.Options.Accepter, want) || in.Options.Logger == nil || !in.Store.KeepRaw {
+		t.Errorf("ingest options %+v", in.Options)
 	}
+	var tc TailConfig
+	parseInto(t, &tc, append(args, "--checkpoint", "cp")...)
+	to, err := tc.Resolve([]string{file}, io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if to.Options.Cluster != DefaultCluster || !reflect.DeepEqual(to.Options.Accepter, want) || to.Options.CheckpointPath != "cp" || to.Options.Logger == nil {
+		t.Errorf("tail options %+v", to.Options)
+	}
+	var tc2 TailConfig
+	parseInto(t, &tc2)
+	if to, err := tc2.Resolve([]string{file}, io.Discard); err != nil || to.Options.CheckpointPath != file+".auditsink-checkpoint" {
+		t.Errorf("tail's default checkpoint: %+v (%v)", to, err)
+	}
+	// A log that does not exist yet is followed from its first appearance,
+	// and the command says so.
+	notYet := filepath.Join(t.TempDir(), "audit.log")
+	var logs bytes.Buffer
+	if _, err := tc2.Resolve([]string{notYet}, &logs); err != nil || !strings.Contains(logs.String(), "the audit log does not exist yet") {
+		t.Errorf("tail of a log not there yet: %v, logged %q", err, logs.String())
+	}
+}
+
+func parseInto(t *testing.T, c interface{ Register(*flag.FlagSet) }, args ...string) {
+	t.Helper()
+	fs := flag.NewFlagSet("test", flag.ContinueOnError)
+	fs.SetOutput(io.Discard)
+	c.Register(fs)
+	if err := fs.Parse(args); err != nil {
+		t.Fatalf("parse %q: %v", args, err)
+	}
+}
+
+// Bad values are refused before anything is touched, naming the flag or
+// the file, rather than replaced by a default.
+func TestSubcommandsRefuseBadValues(t *testing.T) {
+	t.Setenv(DSNEnv, "clickhouse://h:9000")
+	now := time.Date(2026, 12, 1, 12, 0, 0, 0, time.UTC)
+	missing := filepath.Join(t.TempDir(), "absent.log")
+	tests := []struct {
+		name string
+		err  func() error
+		want string
+	}{
+		{"report --top 0", func() error { return reportErr(t, now, "--top", "0") }, "--top 0: want 1 or more rows per list"},
+		{"report --loop-threshold 0", func() error { return reportErr(t, now, "--loop-threshold", "0") }, "--loop-threshold 0: want 2 or more conflicts (one conflict is no loop)"},
+		{"report --loop-gap 0s", func() error { return reportErr(t, now, "--loop-gap", "0s") }, "--loop-gap 0s: want a positive duration"},
+		{"report --format yaml", func() error { return reportErr(t, now, "--format", "yaml") }, `--format "yaml": want table or json`},
+		{"report --since after --until", func() error { return reportErr(t, now, "--since", "1h", "--until", "2h") }, "--since 2026-12-01T11:00:00Z is not before --until 2026-12-01T10:00:00Z: the window is empty"},
+		{"migrate --retention 0d", func() error {
+			var m MigrateConfig
+			parseInto(t, &m, "--retention", "0d")
+			_, err := m.Resolve(io.Discard)
+			return err
+		}, `--retention "0d": want a number of days such as 30d`},
+		{"migrate --scan-days -1", func() error {
+			var m MigrateConfig
+			parseInto(t, &m, "--scan-days", "-1")
+			_, err := m.Resolve(io.Discard)
+			return err
+		}, "--scan-days -1: want 0 (no scan) or more days"},
+		{"ingest of a missing file", func() error {
+			var c IngestConfig
+			parseInto(t, &c)
+			_, err := c.Resolve([]string{missing}, io.Discard)
+			return err
+		}, "open " + missing + ": no such file or directory"},
+		{"ingest of no file", func() error {
+			var c IngestConfig
+			parseInto(t, &c)
+			_, err := c.Resolve(nil, io.Discard)
+			return err
+		}, "no FILE given: auditsink ingest [flags] FILE..."},
+		{"tail of a file in a missing directory", func() error {
+			var c TailConfig
+			parseInto(t, &c)
+			_, err := c.Resolve([]string{filepath.Join(missing, "audit.log")}, io.Discard)
+			return err
+		}, "PATH: directory stat " + missing + ": no such file or directory"},
+		{"tail with a --checkpoint in a missing directory", func() error {
+			var c TailConfig
+			parseInto(t, &c, "--checkpoint", filepath.Join(missing, "cp"))
+			_, err := c.Resolve([]string{missing}, io.Discard)
+			return err
+		}, "--checkpoint: directory stat " + missing + ": no such file or directory"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			err := tt.err()
+			if err == nil || err.Error() != tt.want || cli.ExitCode(err) != cli.ExitUsage {
+				t.Errorf("%v, want the usage error %q", err, tt.want)
+			}
+		})
+	}
+}
+
+func reportErr(t *testing.T, now time.Time, args ...string) error {
+	var r ReportConfig
+	parseInto(t, &r, args...)
+	_, err := r.Resolve(now, io.Discard)
+	return err
 }
 
 func TestParseFlagValues(t *testing.T) {
@@ -238,9 +395,16 @@ func TestServeRefusesWeakOrContradictoryCredentials(t *testing.T) {
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			t.Setenv(TokenEnv, c.env)
-			_, err := parseConfig(t, c.args...).Resolve(discard())
-			var fe *FlagError
-			if !errors.As(err, &fe) || fe.Flag != c.flag {
+			args := []string{"--tls-cert", writeFile(t, "cert"), "--tls-key", writeFile(t, "key")}
+			ca := writeFile(t, "ca")
+			for _, a := range c.args {
+				if a == "ca.pem" {
+					a = ca
+				}
+				args = append(args, a)
+			}
+			_, err := parseConfig(t, args...).Resolve(io.Discard)
+			if cli.ExitCode(err) != cli.ExitUsage || !strings.Contains(err.Error(), c.flag) {
 				t.Fatalf("err %v, want a usage error naming %s", err, c.flag)
 			}
 		})

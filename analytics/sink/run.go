@@ -24,7 +24,7 @@ import (
 // Options configure `auditsink serve`. Defaults are stated per field and
 // applied by Run.
 type Options struct {
-	// Listen is the HTTPS (or plaintext) address; defaulted to ":8443".
+	// Listen is the HTTPS (or plaintext) address; defaulted to DefaultListen (":8443").
 	Listen string
 	// TLSCertFile and TLSKeyFile serve TLS (>= 1.2, AEAD suites, HTTP/1.1;
 	// internal/tlsserve), reloaded when they change. Required unless
@@ -112,7 +112,7 @@ const DefaultShutdownTimeout = 20 * time.Second
 // then closes the listener and stops, within ShutdownTimeout.
 func Run(ctx context.Context, o Options) error {
 	if o.Listen == "" {
-		o.Listen = ":8443"
+		o.Listen = DefaultListen
 	}
 	if o.ShutdownTimeout <= 0 {
 		o.ShutdownTimeout = DefaultShutdownTimeout

@@ -1,18 +1,19 @@
 // Command auditsink stores kube-apiserver audit events in ClickHouse.
 //
-//	auditsink serve   HTTPS endpoint for the apiserver's audit webhook backend
-//	auditsink ingest  store JSON-lines audit log files (plain or .gz)
-//	auditsink tail    follow a live audit log across rotation
-//	auditsink migrate create or upgrade the ClickHouse schema
-//	auditsink report  conflict analytics: retry loops, hot objects, stampless writes, ...
+//	auditsink serve          HTTPS endpoint for the apiserver's audit webhook backend
+//	auditsink ingest FILE... store JSON-lines audit log files (plain or .gz)
+//	auditsink tail PATH      follow a live audit log across rotation
+//	auditsink migrate        create or upgrade the ClickHouse schema
+//	auditsink report         conflict analytics: retry loops, hot objects, stampless writes, ...
 //
-// Each subcommand parses its flags into an options struct and calls the
-// library; see docs/auditsink.md.
+// Each subcommand binds its flags to an options struct of analytics/sink,
+// which validates them before anything is touched (exit 2 when they are
+// wrong), then runs (exit 1 when that fails); see internal/cli and
+// docs/auditsink.md.
 package main
 
 import (
 	"context"
-	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -20,6 +21,7 @@ import (
 	"os/signal"
 	"runtime/debug"
 	"runtime/pprof"
+	"strings"
 	"syscall"
 	"time"
 
@@ -30,6 +32,7 @@ import (
 
 	"github.com/stampguard/stampguard/analytics"
 	"github.com/stampguard/stampguard/analytics/sink"
+	"github.com/stampguard/stampguard/internal/cli"
 )
 
 func main() {
@@ -39,234 +42,218 @@ func main() {
 	os.Exit(code)
 }
 
-const usage = `usage: auditsink <command> [flags]
+// work is what a subcommand does once its command line is validated.
+type work func(ctx context.Context) error
 
-commands:
-  serve    HTTPS endpoint for the kube-apiserver audit webhook backend
-  ingest   store JSON-lines audit log files (plain or .gz): auditsink ingest FILE...
-  tail     follow a live audit log across rotation: auditsink tail PATH
-  migrate  create or upgrade the ClickHouse schema
-  report   conflict analytics over a time window (table or JSON)
+// command is one subcommand: bind registers its flags on fs and returns
+// prepare, which validates the flags and operands, touching nothing, and
+// returns the work.
+type command struct {
+	name, operands, summary string
+	maxOperands             int // -1: any number
+	bind                    func(fs *flag.FlagSet, stdout, stderr io.Writer) (prepare func(operands []string) (work, error))
+}
 
-Run 'auditsink <command> -h' for the flags of a command.
-`
+var commands = []command{
+	{"serve", "", "HTTPS endpoint for the kube-apiserver audit webhook backend", 0, serve},
+	{"ingest", "FILE...", "store JSON-lines audit log files (plain or .gz)", -1, ingest},
+	{"tail", "PATH", "follow a live audit log across rotation", 1, tail},
+	{"migrate", "", "create or upgrade the ClickHouse schema", 0, migrate},
+	{"report", "", "conflict analytics over a time window (table or JSON)", 0, reportCmd},
+}
+
+func usage() string {
+	var b strings.Builder
+	b.WriteString("usage: auditsink <command> [flags]\n\ncommands:\n")
+	for _, c := range commands {
+		fmt.Fprintf(&b, "  %-8s %s", c.name, c.summary)
+		if c.operands != "" {
+			fmt.Fprintf(&b, ": auditsink %s [flags] %s", c.name, c.operands)
+		}
+		b.WriteString("\n")
+	}
+	b.WriteString("\nRun 'auditsink <command> -h' for the flags of a command.\n" +
+		"Exit codes: 0 done, 2 a bad command line (nothing was done), 1 a failure while running.\n")
+	return b.String()
+}
 
 func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	if len(args) == 0 {
-		fmt.Fprint(stderr, usage)
-		return 2
+		fmt.Fprint(stderr, usage())
+		return cli.ExitUsage
 	}
-	cmds := map[string]func(context.Context, []string, io.Writer, io.Writer) error{
-		"serve": serve, "ingest": ingest, "tail": tail, "migrate": migrate, "report": reportCmd,
-	}
-	cmd, ok := cmds[args[0]]
-	if !ok {
-		fmt.Fprintf(stderr, "auditsink: unknown command %q\n\n%s", args[0], usage)
-		return 2
-	}
-	if err := cmd(ctx, args[1:], stdout, stderr); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			return 0
+	if cli.IsHelp(args[0]) {
+		if len(args) > 1 && !cli.IsHelp(args[1]) { // auditsink help report
+			args = []string{args[1], "-h"}
+		} else {
+			fmt.Fprint(stdout, usage())
+			return cli.ExitOK
 		}
-		if errors.Is(err, errUsage) {
-			return 2
-		}
-		if fe := (*sink.FlagError)(nil); errors.As(err, &fe) {
-			fmt.Fprintf(stderr, "auditsink %s: %v\n", args[0], err)
-			return 2
-		}
-		fmt.Fprintf(stderr, "auditsink %s: %v\n", args[0], err)
-		return 1
 	}
-	return 0
-}
-
-var errUsage = errors.New("usage")
-
-func parse(fs *flag.FlagSet, args []string) error {
-	if err := fs.Parse(args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
+	var cmd *command
+	for i := range commands {
+		if commands[i].name == args[0] {
+			cmd = &commands[i]
+		}
+	}
+	if cmd == nil {
+		fmt.Fprintf(stderr, "auditsink: unknown command %q\n\n%s", args[0], usage())
+		return cli.ExitUsage
+	}
+	name := "auditsink " + cmd.name
+	fs := flag.NewFlagSet(name, flag.ContinueOnError)
+	cli.SetUsage(fs, strings.TrimSpace(name+" [flags] "+cmd.operands))
+	prepare := cmd.bind(fs, stdout, stderr)
+	err := func() error {
+		operands, err := cli.Parse(fs, args[1:], cmd.maxOperands, stdout)
+		if err != nil {
 			return err
 		}
-		return errUsage
+		w, err := prepare(operands)
+		if err != nil {
+			return cli.Usage(err) // nothing has been done yet
+		}
+		return w(ctx)
+	}()
+	code := cli.ExitCode(err)
+	if code != cli.ExitOK {
+		fmt.Fprintf(stderr, "%s: %v\n", name, err)
+		if code == cli.ExitUsage {
+			fmt.Fprintf(stderr, "Run '%s -h' for its flags.\n", name)
+		}
 	}
-	return nil
+	return code
 }
 
-func serve(ctx context.Context, args []string, _, stderr io.Writer) error {
-	fs := flag.NewFlagSet("serve", flag.ContinueOnError)
-	fs.SetOutput(stderr)
+func serve(fs *flag.FlagSet, _, stderr io.Writer) func([]string) (work, error) {
 	var c sink.ServeConfig
 	c.Register(fs)
-	memLimit := fs.String("memory-limit", "240MiB", "soft memory limit of the Go runtime (GOMEMLIMIT); the GC works harder near it")
-	gcPercent := fs.Int("gc-percent", 100, "Go GC target percentage (GOGC): higher trades memory, capped by --memory-limit, for less GC CPU")
-	cpuProfile := fs.String("cpu-profile", "", "write a Go CPU profile (pprof) of the whole run to this file (diagnostics)")
-	if err := parse(fs, args); err != nil {
-		return err
-	}
-	log, err := c.Logger(stderr)
-	if err != nil {
-		return err
-	}
-	o, err := c.Resolve(log)
-	if err != nil {
-		return err
-	}
-	// The certificate watcher (controller-runtime's) logs through its
-	// global logger.
-	ctrllog.SetLogger(logr.FromSlogHandler(log.Handler()))
-	if err := setMemoryLimit(*memLimit); err != nil {
-		return err
-	}
-	if os.Getenv("GOGC") == "" {
-		debug.SetGCPercent(*gcPercent)
-	}
-	if *cpuProfile != "" {
-		f, err := os.Create(*cpuProfile)
+	return func([]string) (work, error) {
+		s, err := c.Resolve(stderr)
 		if err != nil {
-			return fmt.Errorf("--cpu-profile: %w", err)
+			return nil, err
 		}
-		if err := pprof.StartCPUProfile(f); err != nil {
-			f.Close()
-			return fmt.Errorf("--cpu-profile: %w", err)
-		}
-		defer func() {
-			pprof.StopCPUProfile()
-			if err := f.Close(); err != nil {
-				log.Error("write CPU profile", "err", err)
+		return func(ctx context.Context) error {
+			if s.MemoryLimit > 0 {
+				debug.SetMemoryLimit(s.MemoryLimit)
 			}
-		}()
+			if os.Getenv("GOGC") == "" {
+				debug.SetGCPercent(s.GCPercent)
+			}
+			if s.CPUProfile != "" {
+				f, err := os.Create(s.CPUProfile)
+				if err != nil {
+					return fmt.Errorf("--cpu-profile: %w", err)
+				}
+				if err := pprof.StartCPUProfile(f); err != nil {
+					f.Close()
+					return fmt.Errorf("--cpu-profile: %w", err)
+				}
+				defer func() {
+					pprof.StopCPUProfile()
+					if err := f.Close(); err != nil {
+						s.Options.Logger.Error("write CPU profile", "err", err)
+					}
+				}()
+			}
+			// The certificate watcher (controller-runtime's) logs through
+			// its global logger.
+			ctrllog.SetLogger(logr.FromSlogHandler(s.Options.Logger.Handler()))
+			return sink.Run(ctx, s.Options)
+		}, nil
 	}
-	return sink.Run(ctx, o)
 }
 
-// setMemoryLimit applies --memory-limit unless GOMEMLIMIT is set.
-func setMemoryLimit(limit string) error {
-	if limit == "" || os.Getenv("GOMEMLIMIT") != "" {
-		return nil
-	}
-	n, err := sink.ParseBytes(limit)
-	if err != nil {
-		return fmt.Errorf("--memory-limit: %w", err)
-	}
-	debug.SetMemoryLimit(n)
-	return nil
-}
-
-func ingest(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	fs := flag.NewFlagSet("ingest", flag.ContinueOnError)
-	fs.SetOutput(stderr)
-	var c sink.Config
+func ingest(fs *flag.FlagSet, stdout, stderr io.Writer) func([]string) (work, error) {
+	var c sink.IngestConfig
 	c.Register(fs)
-	noProgress := fs.Bool("no-progress", false, "no progress bar even on a terminal")
-	memLimit := fs.String("memory-limit", "200MiB", "soft memory limit of the Go runtime (GOMEMLIMIT)")
-	if err := parse(fs, args); err != nil {
-		return err
-	}
-	if err := setMemoryLimit(*memLimit); err != nil {
-		return err
-	}
-	if fs.NArg() == 0 {
-		fmt.Fprintln(stderr, "usage: auditsink ingest [flags] FILE...")
-		return errUsage
-	}
-	log, err := c.Logger(stderr)
-	if err != nil {
-		return err
-	}
-	st, err := c.OpenMigrated(ctx, log)
-	if err != nil {
-		return err
-	}
-	defer st.Close()
-	o := c.IngestOptions(log)
-	if !*noProgress && isTerminal(os.Stderr) {
-		o.Progress = stderr
-	}
-	res, err := analytics.IngestFiles(ctx, st, fs.Args(), o)
-	fmt.Fprintln(stdout, res)
-	return err
-}
-
-func tail(ctx context.Context, args []string, _, stderr io.Writer) error {
-	fs := flag.NewFlagSet("tail", flag.ContinueOnError)
-	fs.SetOutput(stderr)
-	var c sink.Config
-	c.Register(fs)
-	checkpoint := fs.String("checkpoint", "", "checkpoint file (default: PATH.auditsink-checkpoint)")
-	metricsListen := fs.String("metrics-listen", "", "address of a plain-HTTP /metrics endpoint (empty: off)")
-	if err := parse(fs, args); err != nil {
-		return err
-	}
-	if fs.NArg() != 1 {
-		fmt.Fprintln(stderr, "usage: auditsink tail [flags] PATH")
-		return errUsage
-	}
-	path := fs.Arg(0)
-	if *checkpoint == "" {
-		*checkpoint = path + ".auditsink-checkpoint"
-	}
-	log, err := c.Logger(stderr)
-	if err != nil {
-		return err
-	}
-	st, err := c.OpenMigrated(ctx, log)
-	if err != nil {
-		return err
-	}
-	defer st.Close()
-	var metrics *analytics.Metrics
-	if *metricsListen != "" {
-		reg := prometheus.NewRegistry()
-		reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
-		metrics = analytics.NewMetrics(reg)
-		defer sink.ServeMetrics(*metricsListen, reg, log)(context.WithoutCancel(ctx))
-	}
-	return analytics.Tail(ctx, st, path, c.TailOptions(*checkpoint, metrics, log))
-}
-
-func migrate(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	fs := flag.NewFlagSet("migrate", flag.ContinueOnError)
-	fs.SetOutput(stderr)
-	var c sink.Config
-	c.Register(fs)
-	retention := fs.String("retention", "", "also drop day partitions older than this, e.g. 30d")
-	compact := fs.Bool("compact", true, "build the hour caches of every closed hour, of any day, that needs it (the figures are the same without; reports are faster)")
-	if err := parse(fs, args); err != nil {
-		return err
-	}
-	log, err := c.Logger(stderr)
-	if err != nil {
-		return err
-	}
-	st, err := c.Open(ctx, log)
-	if err != nil {
-		return err
-	}
-	defer st.Close()
-	applied, err := st.Migrate(ctx)
-	if err != nil {
-		return err
-	}
-	v, err := st.SchemaVersion(ctx)
-	if err != nil {
-		return err
-	}
-	fmt.Fprintf(stdout, "database %s at schema version %d (applied now: %v)\n", st.Database(), v, applied)
-	if *compact {
-		res, err := st.Compact(ctx, time.Unix(0, 0), analytics.DefaultCompactAfter)
+	return func(files []string) (work, error) {
+		in, err := c.Resolve(files, stderr)
 		if err != nil {
-			return err
+			return nil, err
 		}
-		fmt.Fprintf(stdout, "hour caches built: %d hours\n", len(res.Hours))
+		return func(ctx context.Context) error {
+			if in.MemoryLimit > 0 {
+				debug.SetMemoryLimit(in.MemoryLimit)
+			}
+			st, err := in.OpenMigrated(ctx)
+			if err != nil {
+				return err
+			}
+			defer st.Close()
+			if !c.NoProgress && isTerminal(os.Stderr) {
+				in.Options.Progress = stderr
+			}
+			res, err := analytics.IngestFiles(ctx, st, in.Files, in.Options)
+			fmt.Fprintln(stdout, res)
+			return err
+		}, nil
 	}
-	keep, err := sink.ParseRetention(*retention)
-	if err != nil || keep == 0 {
-		return err
+}
+
+func tail(fs *flag.FlagSet, _, stderr io.Writer) func([]string) (work, error) {
+	var c sink.TailConfig
+	c.Register(fs)
+	return func(operands []string) (work, error) {
+		t, err := c.Resolve(operands, stderr)
+		if err != nil {
+			return nil, err
+		}
+		return func(ctx context.Context) error {
+			st, err := t.OpenMigrated(ctx)
+			if err != nil {
+				return err
+			}
+			defer st.Close()
+			if t.MetricsListen != "" {
+				reg := prometheus.NewRegistry()
+				reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+				t.Options.Metrics = analytics.NewMetrics(reg)
+				defer sink.ServeMetrics(t.MetricsListen, reg, t.Logger)(context.WithoutCancel(ctx))
+			}
+			return analytics.Tail(ctx, st, t.Path, t.Options)
+		}, nil
 	}
-	dropped, err := st.DropPartitionsBefore(ctx, time.Now().Add(-keep))
-	fmt.Fprintf(stdout, "retention %s: dropped days %v\n", *retention, dropped)
-	return err
+}
+
+func migrate(fs *flag.FlagSet, stdout, stderr io.Writer) func([]string) (work, error) {
+	var c sink.MigrateConfig
+	c.Register(fs)
+	return func([]string) (work, error) {
+		m, err := c.Resolve(stderr)
+		if err != nil {
+			return nil, err
+		}
+		return func(ctx context.Context) error {
+			st, err := m.Open(ctx)
+			if err != nil {
+				return err
+			}
+			defer st.Close()
+			applied, err := st.Migrate(ctx)
+			if err != nil {
+				return m.Err(err)
+			}
+			v, err := st.SchemaVersion(ctx)
+			if err != nil {
+				return err
+			}
+			fmt.Fprintf(stdout, "database %s at schema version %d (applied now: %v)\n", st.Database(), v, applied)
+			if m.Compact {
+				res, err := st.Compact(ctx, time.Unix(0, 0), analytics.DefaultCompactAfter)
+				if err != nil {
+					return err
+				}
+				fmt.Fprintf(stdout, "hour caches built: %d hours\n", len(res.Hours))
+			}
+			if m.Retention == 0 {
+				return nil
+			}
+			dropped, err := st.DropPartitionsBefore(ctx, time.Now().Add(-m.Retention))
+			fmt.Fprintf(stdout, "retention %s: dropped days %v\n", c.Retention, dropped)
+			return err
+		}, nil
+	}
 }
 
 func isTerminal(f *os.File) bool {

@@ -11,7 +11,6 @@ import (
 	"path/filepath"
 	"time"
 
-	"github.com/go-logr/logr"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"k8s.io/apimachinery/pkg/runtime"
@@ -39,7 +38,7 @@ type Options struct {
 	// the apiserver reaches a pod through its pod IP, so loopback would
 	// be unreachable; the chart passes the pod IP.
 	Host string
-	// Port of the admission server (TLS). Defaults to 9443.
+	// Port of the admission server (TLS). Defaults to DefaultPort (9443).
 	Port int
 	// CertDir holds tls.crt and tls.key; they are reloaded when they change.
 	CertDir string
@@ -48,8 +47,8 @@ type Options struct {
 	// admission kubeconfig presents one); it is reloaded when it changes.
 	// Empty (the default): no client certificate is asked for.
 	ClientCAFile string
-	// ProbeAddr serves /healthz, /readyz and /metrics. Defaults to ":8081";
-	// "0" disables it.
+	// ProbeAddr serves /healthz, /readyz and /metrics. Defaults to
+	// DefaultProbeAddr (":8081"); "0" disables it.
 	ProbeAddr string
 	// PolicyFile selects file mode: policies come from this multi-document
 	// YAML file instead of ConcurrencyPolicy objects.
@@ -73,8 +72,9 @@ type Options struct {
 	// Defaults to DefaultReviewReadTimeout.
 	ReviewReadTimeout time.Duration
 	// ShutdownTimeout bounds the graceful drain after ctx ends: reviews still
-	// in flight then are abandoned and Run returns an error. Defaults to 25s,
-	// under the kubelet's default grace period of 30s.
+	// in flight then are abandoned and Run returns an error. Defaults to
+	// DefaultShutdownTimeout (25s), under the kubelet's default grace
+	// period of 30s.
 	ShutdownTimeout time.Duration
 	// Logger for everything. Defaults to slog.Default().
 	Logger *slog.Logger
@@ -95,10 +95,10 @@ type Options struct {
 
 func (o *Options) setDefaults() {
 	if o.Port == 0 {
-		o.Port = 9443
+		o.Port = DefaultPort
 	}
 	if o.ProbeAddr == "" {
-		o.ProbeAddr = ":8081"
+		o.ProbeAddr = DefaultProbeAddr
 	}
 	if o.BreakGlassGroup == "" {
 		o.BreakGlassGroup = DefaultBreakGlassGroup
@@ -110,7 +110,7 @@ func (o *Options) setDefaults() {
 		o.MaxReviewBytes = DefaultMaxReviewBytes
 	}
 	if o.ShutdownTimeout == 0 {
-		o.ShutdownTimeout = 25 * time.Second
+		o.ShutdownTimeout = DefaultShutdownTimeout
 	}
 	if o.Logger == nil {
 		o.Logger = slog.Default()
@@ -195,7 +195,7 @@ func Run(ctx context.Context, o Options) error {
 		}
 		mgr, err = ctrl.NewManager(o.RestConfig, manager.Options{
 			Scheme:                 scheme,
-			Logger:                 logr.FromSlogHandler(log.Handler()),
+			Logger:                 RuntimeLogger(log, o.ShutdownTimeout),
 			Metrics:                metricsserver.Options{BindAddress: "0"},
 			HealthProbeBindAddress: "0",
 			WebhookServer:          srv,

@@ -169,58 +169,6 @@ func runBinary(t *testing.T, env []string, bin string, args ...string) (stdout, 
 	return o.String(), e.String(), code
 }
 
-// Every flag set a user meets answers -h with its usage and exit code 0, and
-// an unknown flag with exit code 2 and the flag's name.
-func TestBinariesUsage(t *testing.T) {
-	webhook := bintest.Build(t, "./cmd/webhook")
-	auditsink := bintest.Build(t, "./cmd/auditsink")
-	cases := []struct {
-		name   string
-		bin    string
-		args   []string
-		code   int
-		stdout string   // a substring of stdout, if any
-		stderr []string // substrings of stderr
-	}{
-		{"webhook -h prints the usage", webhook, []string{"-h"}, 0, "", []string{"usage: webhook [flags]", "webhook configurations", "-policy-file", "-kubeconfig", "-host", "-max-review-bytes", "(default 8388608)"}},
-		{"webhook --help prints the usage", webhook, []string{"--help"}, 0, "", []string{"usage: webhook [flags]"}},
-		{"webhook --bogus names the flag", webhook, []string{"--bogus"}, 2, "", []string{"flag provided but not defined: -bogus"}},
-		{"webhook configurations -h prints its usage", webhook, []string{"configurations", "-h"}, 0, "", []string{"usage: webhook configurations", "-url", "-service", "-ca-bundle", "-failure-policy", "-resources", "-break-glass-group"}},
-		{"webhook configurations --bogus names the flag", webhook, []string{"configurations", "--bogus"}, 2, "", []string{"flag provided but not defined: -bogus"}},
-		{"webhook configurations refuses a bad failure policy by name", webhook, []string{"configurations", "--url", "https://127.0.0.1:9443", "--failure-policy", "Sometimes"}, 2, "", []string{`invalid value "Sometimes" for flag -failure-policy: want Fail or Ignore`}},
-		{"webhook configurations says it needs --url or --service", webhook, []string{"configurations"}, 2, "", []string{"give a URL (--url) or a Service (--service)"}},
-		{"webhook configurations prints YAML for a Service", webhook, []string{"configurations", "--service", "stampguard-system/stampguard"}, 0, "kind: ValidatingWebhookConfiguration", nil},
-		{"auditsink without a command prints the usage", auditsink, nil, 2, "", []string{"usage: auditsink <command>"}},
-		{"auditsink bogus names the command", auditsink, []string{"bogus"}, 2, "", []string{`unknown command "bogus"`}},
-	}
-	for _, cmd := range []string{"serve", "ingest", "tail", "migrate", "report"} {
-		cases = append(cases, struct {
-			name   string
-			bin    string
-			args   []string
-			code   int
-			stdout string
-			stderr []string
-		}{"auditsink " + cmd + " -h prints its flags", auditsink, []string{cmd, "-h"}, 0, "", []string{"Usage of " + cmd, "-clickhouse-dsn-file", "-database"}})
-	}
-	for _, c := range cases {
-		t.Run(c.name, func(t *testing.T) {
-			stdout, stderr, code := runBinary(t, nil, c.bin, c.args...)
-			if code != c.code {
-				t.Errorf("exit code %d, want %d; stderr:\n%s", code, c.code, stderr)
-			}
-			if !strings.Contains(stdout, c.stdout) {
-				t.Errorf("stdout lacks %q:\n%s", c.stdout, stdout)
-			}
-			for _, want := range c.stderr {
-				if !strings.Contains(stderr, want) {
-					t.Errorf("stderr lacks %q:\n%s", want, stderr)
-				}
-			}
-		})
-	}
-}
-
 // TestWebhookBinary starts the built webhook as users do: in file mode with
 // TLS material and probes, registered through the YAML that the built
 // `webhook configurations` prints, then in cluster mode from a kubeconfig

@@ -1,0 +1,232 @@
+package admission
+
+import (
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"github.com/go-logr/logr"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/clientcmd"
+
+	"github.com/stampguard/stampguard/internal/cli"
+	"github.com/stampguard/stampguard/policy"
+)
+
+// The defaults of the webhook's flags, and of the Options fields they
+// fill when left zero.
+const (
+	// DefaultPort is the admission server's port (TLS).
+	DefaultPort = 9443
+	// DefaultCertDir holds tls.crt and tls.key.
+	DefaultCertDir = "/etc/stampguard/tls"
+	// DefaultProbeAddr serves /healthz, /readyz and /metrics.
+	DefaultProbeAddr = ":8081"
+	// DefaultShutdownTimeout is under the kubelet's default grace period
+	// of 30s, so that a SIGTERM never ends in a SIGKILL.
+	DefaultShutdownTimeout = 25 * time.Second
+	// DefaultLogLevel and DefaultLogFormat are --log-level's and
+	// --log-format's defaults.
+	DefaultLogLevel  = "info"
+	DefaultLogFormat = "json"
+)
+
+// The environment variables the webhook reads; the flag beats each.
+const (
+	// NamespaceEnv is the default of --namespace (the pod's namespace,
+	// from the downward API).
+	NamespaceEnv = "POD_NAMESPACE"
+	// KubeconfigEnv is the kubeconfig used without --kubeconfig; without
+	// either the in-cluster config is.
+	KubeconfigEnv = "KUBECONFIG"
+)
+
+// ServeFlags are the flags of the webhook's serving command: the options
+// boundary of `webhook`. Register binds them with the Default* values;
+// Resolve validates all of them, touching nothing but the files they name,
+// and returns the Options of Run. The rule for every option with both: an
+// explicit flag beats the environment, the environment beats files and
+// defaults.
+type ServeFlags struct {
+	Options Options
+	// Kubeconfig is --kubeconfig; empty: $KUBECONFIG, then the in-cluster
+	// config.
+	Kubeconfig string
+	// LogLevel and LogFormat are --log-level and --log-format.
+	LogLevel, LogFormat string
+	// SyncConfigurations, SyncResources and SyncNamespaceSelector are
+	// --sync-configurations and the two flags that need it.
+	SyncConfigurations, SyncResources, SyncNamespaceSelector string
+}
+
+// Register binds f to fs.
+func (f *ServeFlags) Register(fs *flag.FlagSet) {
+	o := &f.Options
+	fs.StringVar(&o.Host, "host", "", "`address` the admission server listens on (default all: the apiserver reaches a pod through its pod IP; the chart passes it)")
+	fs.IntVar(&o.Port, "port", DefaultPort, "admission server `port` (TLS), 1 to 65535")
+	fs.StringVar(&o.CertDir, "cert-dir", DefaultCertDir, "`directory` with tls.crt and tls.key; reloaded on change")
+	fs.StringVar(&o.ClientCAFile, "client-ca", "", "PEM CA bundle `file`: require the apiserver's client certificate, signed by one of these CAs, on the admission port (reloaded on change; default no client certificate)")
+	fs.StringVar(&o.ProbeAddr, "probe-addr", DefaultProbeAddr, "`address` for /healthz, /readyz and /metrics (\"0\" disables)")
+	fs.StringVar(&o.PolicyFile, "policy-file", "", "file mode: read policies from this multi-document YAML `file` instead of the cluster")
+	fs.StringVar(&o.Namespace, "namespace", os.Getenv(NamespaceEnv), "the webhook's own `namespace`, never guarded unless a policy names it (default $"+NamespaceEnv+")")
+	fs.StringVar(&o.BreakGlassGroup, "break-glass-group", DefaultBreakGlassGroup, "members of this `group` bypass every policy (\"-\" disables)")
+	fs.Int64Var(&o.MaxReviewBytes, "max-review-bytes", DefaultMaxReviewBytes, "largest AdmissionReview body accepted, in `bytes`; the apiserver refuses request bodies over 3 MiB and a review carries object and oldObject, so 8 MiB is above any real review")
+	fs.Int64Var(&o.MaxReviewBytesInFlight, "max-review-bytes-in-flight", DefaultMaxReviewBytesInFlight, "review `bytes` buffered at once across all connections (at least twice --max-review-bytes); a review past the budget waits its turn or is denied")
+	fs.DurationVar(&o.ReviewReadTimeout, "review-read-timeout", DefaultReviewReadTimeout, "how long a review's body may take to arrive; a slower one is denied and its connection closed")
+	fs.DurationVar(&o.ShutdownTimeout, "shutdown-timeout", DefaultShutdownTimeout, "how long SIGTERM waits for reviews in flight; keep it under the pod's terminationGracePeriodSeconds (30s by default)")
+	fs.StringVar(&f.SyncConfigurations, "sync-configurations", "", "cluster mode: keep the Mutating- and ValidatingWebhookConfiguration of this `name` in step with the policies (pre-filter); empty leaves them alone")
+	fs.StringVar(&f.SyncResources, "sync-resources", "", "with --sync-configurations: the --resources the configurations were made with, `group/resource,...` (default the same default)")
+	fs.StringVar(&f.SyncNamespaceSelector, "sync-namespace-selector", "", "with --sync-configurations: the --namespace-selector the configurations were made with, `labels` (default all namespaces)")
+	fs.StringVar(&f.Kubeconfig, "kubeconfig", "", "kubeconfig `file` for cluster mode (default $"+KubeconfigEnv+", then the in-cluster config)")
+	fs.StringVar(&f.LogLevel, "log-level", DefaultLogLevel, "log `level`: debug, info, warn or error")
+	fs.StringVar(&f.LogFormat, "log-format", DefaultLogFormat, "log `format`: json or text")
+}
+
+// Resolve validates f and returns the Options of Run, with a logger on w.
+// Every error is a cli.UsageError naming the flag or file at fault.
+func (f *ServeFlags) Resolve(w io.Writer) (Options, error) {
+	o := f.Options
+	log, err := NewLogger(w, f.LogLevel, f.LogFormat)
+	if err != nil {
+		return Options{}, err
+	}
+	o.Logger = log
+	switch {
+	case o.Port < 1 || o.Port > 65535:
+		return Options{}, cli.Usagef("--port %d: want 1 to 65535", o.Port)
+	case o.MaxReviewBytes < 1:
+		return Options{}, cli.Usagef("--max-review-bytes %d: want a positive number of bytes (default %d)", o.MaxReviewBytes, DefaultMaxReviewBytes)
+	case o.ReviewReadTimeout <= 0:
+		return Options{}, cli.Usagef("--review-read-timeout %s: want a positive duration (default %s)", o.ReviewReadTimeout, DefaultReviewReadTimeout)
+	case o.ShutdownTimeout <= 0:
+		return Options{}, cli.Usagef("--shutdown-timeout %s: want a positive duration (default %s)", o.ShutdownTimeout, DefaultShutdownTimeout)
+	case o.ProbeAddr == "":
+		return Options{}, cli.Usagef("--probe-addr is empty: give an address, or \"0\" to serve no probes")
+	case o.BreakGlassGroup == "":
+		return Options{}, cli.Usagef("--break-glass-group is empty: name a group, or \"-\" for none")
+	}
+	if err := CheckReviewLimits(o.MaxReviewBytes, o.MaxReviewBytesInFlight); err != nil {
+		return Options{}, cli.Usagef("--max-review-bytes-in-flight: %w", err)
+	}
+	if o.ClientCAFile != "" {
+		if _, err := os.Stat(o.ClientCAFile); err != nil {
+			return Options{}, cli.Usagef("--client-ca: %w", err)
+		}
+	}
+	for _, name := range []string{"tls.crt", "tls.key"} {
+		if _, err := os.Stat(filepath.Join(o.CertDir, name)); err != nil {
+			return Options{}, cli.Usagef("--cert-dir: %w", err)
+		}
+	}
+	if f.SyncConfigurations == "" {
+		for flagName, v := range map[string]string{"--sync-resources": f.SyncResources, "--sync-namespace-selector": f.SyncNamespaceSelector} {
+			if v != "" {
+				return Options{}, cli.Usagef("%s needs --sync-configurations NAME: without it the webhook leaves the configurations alone", flagName)
+			}
+		}
+	}
+	if o.PolicyFile != "" {
+		if f.SyncConfigurations != "" || f.Kubeconfig != "" {
+			return Options{}, cli.Usagef("--policy-file is file mode; --sync-configurations and --kubeconfig are for cluster mode: give one mode (in file mode, print the configurations with `webhook configurations --policy-file`)")
+		}
+		ps, err := policy.LoadFile(o.PolicyFile)
+		if err != nil {
+			return Options{}, cli.Usagef("--policy-file: %w", err)
+		}
+		if len(ps) == 0 {
+			return Options{}, cli.Usagef("--policy-file %s holds no policies: the webhook would guard nothing", o.PolicyFile)
+		}
+		return o, nil
+	}
+	if o.RestConfig, err = restConfig(f.Kubeconfig); err != nil {
+		return Options{}, err
+	}
+	if f.SyncConfigurations != "" {
+		co := &ConfigOptions{Name: f.SyncConfigurations}
+		if f.SyncResources != "" {
+			if co.Resources, err = ParseGuardedResources(f.SyncResources); err != nil {
+				return Options{}, cli.Usagef("--sync-resources: %w", err)
+			}
+		}
+		if f.SyncNamespaceSelector != "" {
+			if co.NamespaceSelector, err = metav1.ParseToLabelSelector(f.SyncNamespaceSelector); err != nil {
+				return Options{}, cli.Usagef("--sync-namespace-selector: %w", err)
+			}
+		}
+		o.Configurations = co
+	}
+	return o, nil
+}
+
+// restConfig finds the cluster: --kubeconfig, else $KUBECONFIG, else the
+// in-cluster config.
+func restConfig(kubeconfig string) (*rest.Config, error) {
+	from := "--kubeconfig"
+	if kubeconfig == "" {
+		kubeconfig, from = os.Getenv(KubeconfigEnv), "$"+KubeconfigEnv
+	}
+	if kubeconfig != "" {
+		c, err := clientcmd.BuildConfigFromFlags("", kubeconfig)
+		if err != nil {
+			return nil, cli.Usagef("%s %s: %w", from, kubeconfig, err)
+		}
+		return c, nil
+	}
+	c, err := rest.InClusterConfig()
+	if err != nil {
+		return nil, cli.Usagef("no cluster to read policies from (%w): give --kubeconfig FILE (or $%s) for cluster mode outside a pod, or --policy-file FILE for file mode", err, KubeconfigEnv)
+	}
+	return c, nil
+}
+
+// NewLogger is the webhook's logger on w: --log-level and --log-format.
+func NewLogger(w io.Writer, level, format string) (*slog.Logger, error) {
+	var lv slog.Level
+	if err := lv.UnmarshalText([]byte(level)); err != nil {
+		return nil, cli.Usagef("--log-level %q: want debug, info, warn or error", level)
+	}
+	opts := &slog.HandlerOptions{Level: lv, ReplaceAttr: cli.DurationsAsText}
+	switch format {
+	case "json":
+		return slog.New(slog.NewJSONHandler(w, opts)), nil
+	case "text":
+		return slog.New(slog.NewTextHandler(w, opts)), nil
+	}
+	return nil, cli.Usagef("--log-format %q: want json or text", format)
+}
+
+// RuntimeLogger is log for controller-runtime, whose webhook server
+// announces a shutdown timeout of its own ("with timeout of 1 minute")
+// while Run stops waiting after shutdownTimeout: that line is told with
+// the timeout that applies.
+func RuntimeLogger(log *slog.Logger, shutdownTimeout time.Duration) logr.Logger {
+	return logr.New(&shutdownSink{LogSink: logr.FromSlogHandler(log.Handler()).GetSink(), timeout: shutdownTimeout})
+}
+
+const runtimeShutdownLine = "Shutting down webhook server with timeout of "
+
+type shutdownSink struct {
+	logr.LogSink
+	timeout time.Duration
+}
+
+func (s *shutdownSink) Info(level int, msg string, kv ...any) {
+	if strings.HasPrefix(msg, runtimeShutdownLine) {
+		msg = fmt.Sprintf("%s%s (--shutdown-timeout)", runtimeShutdownLine, s.timeout)
+	}
+	s.LogSink.Info(level, msg, kv...)
+}
+
+func (s *shutdownSink) WithValues(kv ...any) logr.LogSink {
+	return &shutdownSink{LogSink: s.LogSink.WithValues(kv...), timeout: s.timeout}
+}
+
+func (s *shutdownSink) WithName(name string) logr.LogSink {
+	return &shutdownSink{LogSink: s.LogSink.WithName(name), timeout: s.timeout}
+}
