@@ -99,11 +99,19 @@ func (g *generator) clickHouseBoard(uid, title, description string, tags ...stri
 		Label("ClickHouse").
 		Type(PluginID))
 	db := g.o.Database
-	// The lists come from the hour caches (small), over the last week.
-	bd.queryVariable("cluster", "Cluster", false,
-		`SELECT DISTINCT cluster FROM `+db+`.hour_requests WHERE event_date >= today() - 7 ORDER BY cluster`)
+	// The lists come from the hour caches (small), over the last week,
+	// and from the events of the last three hours, which may not be
+	// compacted yet.
+	recent := func(col, where string) string {
+		return `SELECT DISTINCT ` + col + ` FROM (
+	SELECT ` + col + ` FROM ` + db + `.hour_requests WHERE event_date >= today() - 7` + where + `
+	UNION ALL
+	SELECT ` + col + ` FROM ` + db + `.events WHERE event_date >= today() - 1 AND event_time >= now() - 10800` + where + `)
+ORDER BY ` + col
+	}
+	bd.queryVariable("cluster", "Cluster", false, recent("cluster", ""))
 	in := func(col string) string {
-		return `SELECT DISTINCT ` + col + ` FROM ` + db + `.hour_requests WHERE event_date >= today() - 7 AND cluster = ${cluster:singlequote} AND ` + col + ` != '' ORDER BY ` + col
+		return recent(col, ` AND cluster = ${cluster:singlequote} AND `+col+` != ''`)
 	}
 	bd.queryVariable("namespace", "Namespace", true, in("namespace"))
 	bd.queryVariable("resource", "Resource", true, in("resource"))
