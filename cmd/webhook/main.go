@@ -49,7 +49,8 @@ func run() int {
 		flag.PrintDefaults()
 	}
 	var o admission.Options
-	var kubeconfig, logLevel, logFormat, configurations, syncResources, syncSelector string
+	var kubeconfig, logLevel, logFormat, configurations, syncResources, syncSelector, syncExcluded string
+	syncExcludedSet := false
 	flag.StringVar(&o.Host, "host", "", "address the admission server listens on (default all)")
 	flag.IntVar(&o.Port, "port", 9443, "admission server port (TLS)")
 	flag.StringVar(&o.CertDir, "cert-dir", "/etc/stampguard/tls", "directory with tls.crt and tls.key; reloaded on change")
@@ -62,6 +63,10 @@ func run() int {
 	flag.StringVar(&configurations, "sync-configurations", "", "cluster mode: keep the Mutating- and ValidatingWebhookConfiguration of this name in step with the policies (pre-filter); empty leaves them alone")
 	flag.StringVar(&syncResources, "sync-resources", "", "with --sync-configurations: the --resources the configurations were made with (default the same default)")
 	flag.StringVar(&syncSelector, "sync-namespace-selector", "", "with --sync-configurations: the --namespace-selector the configurations were made with (default all namespaces)")
+	flag.Func("sync-excluded-namespaces", "with --sync-configurations: the --excluded-namespaces the configurations were made with (default kube-system,kube-node-lease and --namespace)", func(s string) error {
+		syncExcluded, syncExcludedSet = s, true
+		return nil
+	})
 	flag.StringVar(&kubeconfig, "kubeconfig", "", "kubeconfig for cluster mode (default in-cluster config)")
 	flag.StringVar(&logLevel, "log-level", "info", "debug, info, warn or error")
 	flag.StringVar(&logFormat, "log-format", "json", "json or text")
@@ -92,6 +97,12 @@ func run() int {
 		if syncSelector != "" {
 			if co.NamespaceSelector, err = metav1.ParseToLabelSelector(syncSelector); err != nil {
 				log.Error("bad --sync-namespace-selector", "err", err)
+				return 2
+			}
+		}
+		if syncExcludedSet {
+			if co.ExcludedNamespaces, err = admission.ParseNamespaces(syncExcluded); err != nil {
+				log.Error("bad --sync-excluded-namespaces", "err", err)
 				return 2
 			}
 		}
