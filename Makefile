@@ -75,14 +75,14 @@ build: ## build the webhook and auditsink binaries into bin/
 	$(GO) build -o $(BIN)/ ./cmd/...
 
 .PHONY: generate
-generate: $(BIN)/controller-gen ## regenerate deepcopy code, the CRD manifest, and the Grafana dashboards and alert rules
+generate: $(BIN)/controller-gen ## regenerate deepcopy code, the CRD manifest, the chart's webhook configurations, and the Grafana dashboards and alert rules
 	$(BIN)/controller-gen object paths=./policy/api/...
 	$(BIN)/controller-gen crd:crdVersions=v1 paths=./policy/api/... output:crd:artifacts:config=charts/stampguard/crds
-	$(GO) generate ./dashboards
+	$(GO) generate ./dashboards ./policy/admission
 
 .PHONY: verify-generate
 verify-generate: generate ## fail when generated files are stale
-	git diff --exit-code -- policy/api charts/stampguard/crds dashboards/generated
+	git diff --exit-code -- policy/api charts/stampguard/crds charts/stampguard/templates/webhook/_configurations.tpl dashboards/generated
 
 .PHONY: lint
 lint: $(BIN)/golangci-lint ## go vet, gofmt and golangci-lint

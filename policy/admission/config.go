@@ -1,5 +1,7 @@
 package admission
 
+//go:generate go run ./chartgen -out ../../charts/stampguard/templates/webhook/_configurations.tpl
+
 import (
 	"maps"
 	"slices"

@@ -4,6 +4,7 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strings"
 	"testing"
 
@@ -11,10 +12,9 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/equality"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/utils/ptr"
 	"sigs.k8s.io/yaml"
 
-	"github.com/stampguard/stampguard/policy/admission"
+	"github.com/stampguard/stampguard/internal/bintest"
 )
 
 func TestLintStrict(t *testing.T) {
@@ -101,85 +101,62 @@ func TestGolden(t *testing.T) {
 	}
 }
 
-// configOptions are the admission.ConfigOptions that each value set stands
-// for. Fields left zero take admission.Configurations' defaults, so the
-// chart's defaults are checked against the Go code's.
-var configOptions = map[string]struct {
-	opts                 admission.ConfigOptions
-	stampFail, fieldFail admissionregistrationv1.FailurePolicyType
-	certManager          bool // caBundle comes from cert-manager's cainjector
-}{
-	"defaults": {
-		opts: admission.ConfigOptions{
-			TimeoutSeconds:    2,
-			NamespaceSelector: notIn("kube-system", "kube-node-lease", namespace),
-		},
-		stampFail: admissionregistrationv1.Fail, fieldFail: admissionregistrationv1.Ignore,
-	},
-	"cert-manager": {
-		opts: admission.ConfigOptions{
-			TimeoutSeconds:    2,
-			NamespaceSelector: notIn("kube-system", "kube-node-lease", namespace),
-		},
-		stampFail: admissionregistrationv1.Fail, fieldFail: admissionregistrationv1.Ignore,
-		certManager: true,
-	},
-	"existing-secrets": {
-		opts: admission.ConfigOptions{
-			TimeoutSeconds:    2,
-			NamespaceSelector: notIn("kube-system", "kube-node-lease", namespace),
-		},
-		stampFail: admissionregistrationv1.Fail, fieldFail: admissionregistrationv1.Ignore,
-		certManager: true,
-	},
-	"minimal": {
-		opts: admission.ConfigOptions{
-			TimeoutSeconds: 5,
-			Resources:      []admission.GuardedResource{{Group: "", Resource: "configmaps"}, {Group: "apps", Resource: "deployments"}},
-			NamespaceSelector: &metav1.LabelSelector{
-				MatchLabels:      map[string]string{"stampguard.dev/guarded": "true"},
-				MatchExpressions: notIn("kube-system", namespace).MatchExpressions,
-			},
-			BreakGlassGroup: "-",
-		},
-		stampFail: admissionregistrationv1.Ignore, fieldFail: admissionregistrationv1.Ignore,
-	},
+// configCases pair chart values with the `webhook configurations` flags
+// that stand for them. Every value set of ci/ that renders the webhook is
+// here; flags left out take the command's defaults, so the chart's
+// defaults are checked against the binary's.
+var configCases = []configCase{
+	{name: "defaults", set: "defaults"},
+	{name: "cert-manager", set: "cert-manager", certManager: true},
+	{name: "existing-secrets", set: "existing-secrets", certManager: true},
+	{name: "minimal", set: "minimal", flags: []string{
+		"--route-all", "--resources", "configmaps,apps/deployments", "--timeout-seconds", "5",
+		"--stamp-failure-policy", "Ignore", "--fields-failure-policy", "Ignore", "--break-glass-group", "-",
+		"--excluded-namespaces", "kube-system," + namespace, "--namespace-selector", "stampguard.dev/guarded=true",
+	}},
+	{name: "no excluded namespace, a selector of both kinds", set: "defaults", sets: []string{
+		"webhook.excludedNamespaces=null", "webhook.excludeReleaseNamespace=false", "webhook.failurePolicy.stamp=Ignore",
+		"webhook.namespaceSelector.matchLabels.team=shop",
+		"webhook.namespaceSelector.matchExpressions[0].key=env",
+		"webhook.namespaceSelector.matchExpressions[0].operator=NotIn",
+		"webhook.namespaceSelector.matchExpressions[0].values[0]=dev",
+	}, flags: []string{"--excluded-namespaces", "", "--stamp-failure-policy", "Ignore", "--namespace-selector", "team=shop,env notin (dev)"}},
+	{name: "every write routed, another break-glass group", set: "defaults", sets: []string{
+		"webhook.manageConfigurations=false", "webhook.breakGlassGroup=ops:emergency", "webhook.timeoutSeconds=9",
+	}, flags: []string{"--route-all", "--break-glass-group", "ops:emergency", "--timeout-seconds", "9"}},
 }
 
-func notIn(namespaces ...string) *metav1.LabelSelector {
-	return &metav1.LabelSelector{MatchExpressions: []metav1.LabelSelectorRequirement{{
-		Key: "kubernetes.io/metadata.name", Operator: metav1.LabelSelectorOpNotIn, Values: namespaces,
-	}}}
+type configCase struct {
+	name        string
+	set         string   // ci/ value set
+	sets        []string // --set on top
+	flags       []string // besides --name, --service and --ca-bundle
+	certManager bool     // caBundle comes from cert-manager's cainjector
 }
 
-// TestWebhookConfigurationsMatchGo decodes the rendered webhook
-// configurations of every value set and compares them field by field with
-// what admission.Configurations builds from the equivalent options: the
-// chart cannot drift from the Go code.
-func TestWebhookConfigurationsMatchGo(t *testing.T) {
+// TestWebhookConfigurationsMatchTheCommand renders the chart and runs the
+// built `webhook configurations` with the equivalent flags: both must
+// print the same objects (but for the chart's labels and annotations).
+// The chart's template is generated from the same Go code (make
+// generate); this proves the generation and the values' mapping.
+func TestWebhookConfigurationsMatchTheCommand(t *testing.T) {
+	webhook := bintest.Build(t, "./cmd/webhook")
 	for _, set := range valueSets {
-		t.Run(set, func(t *testing.T) {
-			objs := objects(t, render(t, set))
-			want, ok := configOptions[set]
-			if len(kinds(objs, "MutatingWebhookConfiguration")) == 0 {
-				if ok {
-					t.Fatalf("no webhook configurations rendered")
-				}
-				return
-			}
-			if !ok {
-				t.Fatalf("value set %s renders webhook configurations: add its options to configOptions", set)
-			}
+		if !slices.ContainsFunc(configCases, func(c configCase) bool { return c.set == set }) && len(kinds(objects(t, render(t, set)), "MutatingWebhookConfiguration")) > 0 {
+			t.Errorf("value set %s renders webhook configurations: add it to configCases", set)
+		}
+	}
+	for _, c := range configCases {
+		t.Run(c.name, func(t *testing.T) {
+			objs := objects(t, render(t, c.set, c.sets...))
 			name := release + "-stampguard"
 			var gotM admissionregistrationv1.MutatingWebhookConfiguration
 			var gotV admissionregistrationv1.ValidatingWebhookConfiguration
 			find(t, objs, "MutatingWebhookConfiguration", name, &gotM)
 			find(t, objs, "ValidatingWebhookConfiguration", name, &gotV)
 
-			o := want.opts
-			o.Name = name
-			o.Service = &admissionregistrationv1.ServiceReference{Namespace: namespace, Name: name + "-webhook", Port: ptr.To[int32](443)}
-			if want.certManager {
+			args := append([]string{"configurations", "--name", name, "--service", namespace + "/" + name + "-webhook:443"}, c.flags...)
+			if c.certManager {
 				// cert-manager's cainjector fills caBundle from the Certificate.
 				inject := namespace + "/" + name + "-webhook"
 				for _, a := range []map[string]string{gotM.Annotations, gotV.Annotations} {
@@ -190,24 +167,32 @@ func TestWebhookConfigurationsMatchGo(t *testing.T) {
 			} else {
 				var secret corev1.Secret
 				find(t, objs, "Secret", name+"-webhook-tls", &secret)
-				o.CABundle = secret.Data["ca.crt"]
-				if len(o.CABundle) == 0 {
+				if len(secret.Data["ca.crt"]) == 0 {
 					t.Fatalf("the webhook's TLS Secret has no ca.crt")
 				}
+				ca := filepath.Join(t.TempDir(), "ca.crt")
+				if err := os.WriteFile(ca, secret.Data["ca.crt"], 0o600); err != nil {
+					t.Fatal(err)
+				}
+				args = append(args, "--ca-bundle", ca)
 			}
-			o.FailurePolicy = want.stampFail
-			wantM, _ := admission.Configurations(o)
-			o.FailurePolicy = want.fieldFail
-			_, wantV := admission.Configurations(o)
+			out := run(t, webhook, args, nil)
+			cmdObjs := objects(t, out)
+			var wantM admissionregistrationv1.MutatingWebhookConfiguration
+			var wantV admissionregistrationv1.ValidatingWebhookConfiguration
+			find(t, cmdObjs, "MutatingWebhookConfiguration", name, &wantM)
+			find(t, cmdObjs, "ValidatingWebhookConfiguration", name, &wantV)
 
 			// Labels and annotations are the chart's; everything else must match.
 			gotM.ObjectMeta = metav1.ObjectMeta{Name: gotM.Name}
 			gotV.ObjectMeta = metav1.ObjectMeta{Name: gotV.Name}
-			if !equality.Semantic.DeepEqual(wantM, &gotM) {
-				t.Errorf("MutatingWebhookConfiguration differs from admission.Configurations (change charts/stampguard/templates/webhook/configurations.yaml with policy/admission/config.go):\n%s", lineDiff(toYAML(t, wantM), toYAML(t, &gotM)))
+			if !equality.Semantic.DeepEqual(&wantM, &gotM) {
+				t.Errorf("the chart's MutatingWebhookConfiguration differs from webhook %s (make generate rewrites the chart's template; check configurations.yaml's mapping of the values):\n%s",
+					strings.Join(args, " "), lineDiff(toYAML(t, &wantM), toYAML(t, &gotM)))
 			}
-			if !equality.Semantic.DeepEqual(wantV, &gotV) {
-				t.Errorf("ValidatingWebhookConfiguration differs from admission.Configurations (change charts/stampguard/templates/webhook/configurations.yaml with policy/admission/config.go):\n%s", lineDiff(toYAML(t, wantV), toYAML(t, &gotV)))
+			if !equality.Semantic.DeepEqual(&wantV, &gotV) {
+				t.Errorf("the chart's ValidatingWebhookConfiguration differs from webhook %s:\n%s",
+					strings.Join(args, " "), lineDiff(toYAML(t, &wantV), toYAML(t, &gotV)))
 			}
 		})
 	}

@@ -14,14 +14,14 @@ import (
 )
 
 // TestManagedConfigurationsSyncFromTheRenderedOptions: with
-// webhook.manageConfigurations the webhook keeps the configurations in step
+// webhook.manageConfigurations (the default) the webhook keeps the configurations in step
 // with the policies (--sync-configurations). It owns their rules and
 // namespaceSelector, so it must start from the options the chart rendered
 // them with: the flags it gets, parsed as the webhook parses them, build
-// the same rules and namespaceSelector. And its ClusterRole may update
+// the same rules, namespaceSelector and matchConditions. And its ClusterRole may update
 // those two objects.
 func TestManagedConfigurationsSyncFromTheRenderedOptions(t *testing.T) {
-	objs := objects(t, render(t, "defaults", "webhook.manageConfigurations=true",
+	objs := objects(t, render(t, "defaults", "webhook.excludedNamespaces={kube-system,ops}",
 		"webhook.namespaceSelector.matchLabels.team=shop",
 		"webhook.namespaceSelector.matchExpressions[0].key=env",
 		"webhook.namespaceSelector.matchExpressions[0].operator=NotIn",
@@ -46,6 +46,9 @@ func TestManagedConfigurationsSyncFromTheRenderedOptions(t *testing.T) {
 	if o.NamespaceSelector, err = metav1.ParseToLabelSelector(flags["--sync-namespace-selector"]); err != nil {
 		t.Fatalf("--sync-namespace-selector: %v", err)
 	}
+	if o.ExcludedNamespaces, err = admission.ParseNamespaces(flags["--sync-excluded-namespaces"]); err != nil {
+		t.Fatalf("--sync-excluded-namespaces: %v", err)
+	}
 	wantM, wantV := admission.Configurations(o)
 	var gotM admissionregistrationv1.MutatingWebhookConfiguration
 	var gotV admissionregistrationv1.ValidatingWebhookConfiguration
@@ -56,11 +59,13 @@ func TestManagedConfigurationsSyncFromTheRenderedOptions(t *testing.T) {
 		sb, errB := metav1.LabelSelectorAsSelector(b)
 		return errA == nil && errB == nil && sa.String() == sb.String()
 	}
-	if !equality.Semantic.DeepEqual(gotM.Webhooks[0].Rules, wantM.Webhooks[0].Rules) || !sameSelector(gotM.Webhooks[0].NamespaceSelector, wantM.Webhooks[0].NamespaceSelector) {
+	if !equality.Semantic.DeepEqual(gotM.Webhooks[0].Rules, wantM.Webhooks[0].Rules) || !sameSelector(gotM.Webhooks[0].NamespaceSelector, wantM.Webhooks[0].NamespaceSelector) ||
+		!equality.Semantic.DeepEqual(gotM.Webhooks[0].MatchConditions, wantM.Webhooks[0].MatchConditions) {
 		t.Errorf("mutating: rendered rules %+v selector %v; from the sync's flags %+v %v",
 			gotM.Webhooks[0].Rules, gotM.Webhooks[0].NamespaceSelector, wantM.Webhooks[0].Rules, wantM.Webhooks[0].NamespaceSelector)
 	}
-	if !equality.Semantic.DeepEqual(gotV.Webhooks[0].Rules, wantV.Webhooks[0].Rules) || !sameSelector(gotV.Webhooks[0].NamespaceSelector, wantV.Webhooks[0].NamespaceSelector) {
+	if !equality.Semantic.DeepEqual(gotV.Webhooks[0].Rules, wantV.Webhooks[0].Rules) || !sameSelector(gotV.Webhooks[0].NamespaceSelector, wantV.Webhooks[0].NamespaceSelector) ||
+		!equality.Semantic.DeepEqual(gotV.Webhooks[0].MatchConditions, wantV.Webhooks[0].MatchConditions) {
 		t.Errorf("validating: rendered rules %+v selector %v; from the sync's flags %+v %v",
 			gotV.Webhooks[0].Rules, gotV.Webhooks[0].NamespaceSelector, wantV.Webhooks[0].Rules, wantV.Webhooks[0].NamespaceSelector)
 	}
