@@ -49,6 +49,7 @@ func TestBadValuesAreRefused(t *testing.T) {
 		{"a webhook grace period within its shutdown timeout", []string{dsn, "webhook.shutdownTimeoutSeconds=40"}, "webhook.terminationGracePeriodSeconds (30) must exceed webhook.shutdownTimeoutSeconds (40)"},
 		{"a node port on a ClusterIP Service", []string{dsn, "auditSink.service.nodePort=30443"}, "auditSink.service.nodePort needs auditSink.service.type NodePort"},
 		{"a break-glass group that would break the CEL string", []string{dsn, "webhook.breakGlassGroup=a'b"}, "at '/webhook/breakGlassGroup'"},
+		{"the webhook's own namespace guarded with the field rules failing closed", []string{dsn, "webhook.excludeReleaseNamespace=false", "webhook.failurePolicy.fields=Fail"}, "nothing could update the webhook's own Deployment"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			args := []string{"template", release, chartDir(t), "--namespace", namespace}
@@ -63,6 +64,55 @@ func TestBadValuesAreRefused(t *testing.T) {
 				t.Fatalf("error lacks %q:\n%v", tc.want, err)
 			}
 		})
+	}
+}
+
+// TestOldKubernetesIsRefused: the configurations' matchConditions need
+// Kubernetes 1.30; validate.yaml refuses older clusters.
+func TestOldKubernetesIsRefused(t *testing.T) {
+	_, err := helm(t, os.DevNull, "template", release, chartDir(t), "--namespace", namespace, "--kube-version", "v1.29.9",
+		"--set", "auditSink.enabled=false")
+	if err == nil || !strings.Contains(err.Error(), "stampguard needs 1.30 or later") {
+		t.Fatalf("want the kubeVersion refusal, got %v", err)
+	}
+}
+
+// TestNotesWarn: unsafe but legal settings are named in NOTES (a dry run
+// against the apiserver: helm install --dry-run=client assumes Kubernetes
+// 1.20, which Chart.yaml refuses).
+func TestNotesWarn(t *testing.T) {
+	env := startCluster(t)
+	kc := kubeconfig(t, env.Config)
+	for _, tc := range []struct {
+		name string
+		sets []string
+		want string
+	}{
+		{"one replica with Fail", []string{"webhook.replicas=1"}, "WARNING: webhook.replicas=1 with failurePolicy Fail"},
+		{"every write routed", []string{"webhook.manageConfigurations=false"}, "WARNING: webhook.manageConfigurations=false"},
+		{"the defaults name the exclusions", nil, "Never sent to the webhook: namespaces kube-system, kube-node-lease, " + namespace},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			args := []string{"install", release, chartDir(t), "--namespace", namespace, "--dry-run=server", "--set", "auditSink.enabled=false"}
+			for _, s := range tc.sets {
+				args = append(args, "--set", s)
+			}
+			out, err := helm(t, kc, args...)
+			if err != nil {
+				t.Fatal(err)
+			}
+			notes := out[strings.Index(out, "NOTES:"):]
+			if !strings.Contains(notes, tc.want) {
+				t.Fatalf("NOTES lack %q:\n%s", tc.want, notes)
+			}
+		})
+	}
+	out, err := helm(t, kc, "install", release, chartDir(t), "--namespace", namespace, "--dry-run=server", "--set", "auditSink.enabled=false")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if strings.Contains(out, "WARNING") {
+		t.Errorf("the defaults warn:\n%s", out)
 	}
 }
 
