@@ -9,7 +9,9 @@ import (
 	"testing"
 
 	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
+	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
+	networkingv1 "k8s.io/api/networking/v1"
 	"k8s.io/apimachinery/pkg/api/equality"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/yaml"
@@ -49,6 +51,7 @@ func TestBadValuesAreRefused(t *testing.T) {
 		{"a webhook grace period within its shutdown timeout", []string{dsn, "webhook.shutdownTimeoutSeconds=40"}, "webhook.terminationGracePeriodSeconds (30) must exceed webhook.shutdownTimeoutSeconds (40)"},
 		{"a node port on a ClusterIP Service", []string{dsn, "auditSink.service.nodePort=30443"}, "auditSink.service.nodePort needs auditSink.service.type NodePort"},
 		{"a break-glass group that would break the CEL string", []string{dsn, "webhook.breakGlassGroup=a'b"}, "at '/webhook/breakGlassGroup'"},
+		{"an image digest that is no sha256 digest", []string{dsn, "webhook.image.digest=latest"}, "at '/webhook/image/digest'"},
 		{"the webhook's own namespace guarded with the field rules failing closed", []string{dsn, "webhook.excludeReleaseNamespace=false", "webhook.failurePolicy.fields=Fail"}, "nothing could update the webhook's own Deployment"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -300,4 +303,56 @@ func lineDiff(want, got string) string {
 		}
 	}
 	return b.String()
+}
+
+// TestChartKnobs: the values that adapt the pods to a platform reach them.
+func TestChartKnobs(t *testing.T) {
+	digest := "sha256:" + strings.Repeat("ab", 32)
+	objs := objects(t, render(t, "defaults",
+		"webhook.image.digest="+digest, "webhook.hostNetwork=true",
+		"webhook.podSecurityContext.runAsUser=null", "webhook.podSecurityContext.runAsGroup=null", "webhook.podSecurityContext.fsGroup=null",
+		"webhook.extraEnv[0].name=GOMAXPROCS", "webhook.extraEnv[0].value=2",
+		"webhook.extraVolumes[0].name=extra", "webhook.extraVolumes[0].emptyDir.medium=Memory",
+		"webhook.extraVolumeMounts[0].name=extra", "webhook.extraVolumeMounts[0].mountPath=/extra",
+		"webhook.networkPolicy.apiserverPeers[0].ipBlock.cidr=10.0.0.0/24",
+		"auditSink.extraEnv[0].name=TZ", "auditSink.extraEnv[0].value=UTC"))
+	var d appsv1.Deployment
+	find(t, objs, "Deployment", release+"-stampguard-webhook", &d)
+	spec := d.Spec.Template.Spec
+	c := spec.Containers[0]
+	if c.Image != "ghcr.io/stampguard/webhook@"+digest {
+		t.Errorf("image %s, want the digest", c.Image)
+	}
+	if !spec.HostNetwork || spec.DNSPolicy != corev1.DNSClusterFirstWithHostNet {
+		t.Errorf("hostNetwork %v, dnsPolicy %s", spec.HostNetwork, spec.DNSPolicy)
+	}
+	if sc := spec.SecurityContext; sc.RunAsUser != nil || sc.FSGroup != nil || sc.RunAsNonRoot == nil || !*sc.RunAsNonRoot {
+		t.Errorf("pod security context %+v: want no fixed IDs and runAsNonRoot kept", sc)
+	}
+	if spec.PriorityClassName != "system-cluster-critical" {
+		t.Errorf("priorityClassName %q", spec.PriorityClassName)
+	}
+	if !slices.ContainsFunc(c.Env, func(e corev1.EnvVar) bool { return e.Name == "GOMAXPROCS" && e.Value == "2" }) ||
+		!slices.ContainsFunc(c.Env, func(e corev1.EnvVar) bool { return e.Name == "POD_NAMESPACE" }) {
+		t.Errorf("env %+v", c.Env)
+	}
+	if !slices.ContainsFunc(spec.Volumes, func(v corev1.Volume) bool { return v.Name == "extra" && v.EmptyDir != nil }) ||
+		!slices.ContainsFunc(c.VolumeMounts, func(m corev1.VolumeMount) bool { return m.Name == "extra" && m.MountPath == "/extra" }) {
+		t.Errorf("volumes %+v mounts %+v", spec.Volumes, c.VolumeMounts)
+	}
+	var np networkingv1.NetworkPolicy
+	find(t, objs, "NetworkPolicy", release+"-stampguard-webhook", &np)
+	if len(np.Spec.Ingress) != 2 || np.Spec.Ingress[0].Ports[0].Port.IntValue() != 9443 ||
+		len(np.Spec.Ingress[0].From) != 1 || np.Spec.Ingress[0].From[0].IPBlock.CIDR != "10.0.0.0/24" ||
+		np.Spec.Ingress[1].Ports[0].Port.IntValue() != 8081 || len(np.Spec.Ingress[1].From) != 0 {
+		t.Errorf("network policy %+v", np.Spec)
+	}
+	var sts appsv1.StatefulSet
+	find(t, objs, "StatefulSet", release+"-stampguard-auditsink", &sts)
+	if env := sts.Spec.Template.Spec.Containers[0].Env; len(env) != 1 || env[0].Name != "TZ" {
+		t.Errorf("sink env %+v", env)
+	}
+	if len(kinds(objects(t, render(t, "defaults", "webhook.networkPolicy.enabled=false")), "NetworkPolicy")) != 0 {
+		t.Errorf("networkPolicy.enabled=false still renders one")
+	}
 }

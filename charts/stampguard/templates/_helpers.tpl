@@ -43,28 +43,13 @@ app.kubernetes.io/component: {{ .component }}
 app.kubernetes.io/component: {{ .component }}
 {{- end -}}
 
+{{/* The image: repository@digest when a digest is given, else repository:tag (tag defaults to appVersion). */}}
 {{- define "stampguard.image" -}}
+{{- if .image.digest -}}
+{{- printf "%s@%s" .image.repository .image.digest -}}
+{{- else -}}
 {{- printf "%s:%s" .image.repository (default .ctx.Chart.AppVersion .image.tag) -}}
 {{- end -}}
-
-{{/* The restricted pod and container security contexts. */}}
-{{- define "stampguard.podSecurityContext" -}}
-runAsNonRoot: true
-runAsUser: 65532
-runAsGroup: 65532
-fsGroup: 65532
-seccompProfile:
-  type: RuntimeDefault
-{{- end -}}
-
-{{- define "stampguard.containerSecurityContext" -}}
-allowPrivilegeEscalation: false
-readOnlyRootFilesystem: true
-runAsNonRoot: true
-capabilities:
-  drop: [ALL]
-seccompProfile:
-  type: RuntimeDefault
 {{- end -}}
 
 {{/*
