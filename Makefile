@@ -74,6 +74,11 @@ helm: $(BIN)/helm ## install helm into bin/ (reused when present); test/chart ru
 build: ## build the webhook and auditsink binaries into bin/
 	$(GO) build -o $(BIN)/ ./cmd/...
 
+IMAGES_DIR ?= $(BIN)/images
+.PHONY: images
+images: ## OCI image archives of webhook and auditsink in bin/images, without Docker (static, non-root, CA certificates; tagged as the chart's defaults)
+	$(GO) run ./internal/ociimage/mkimage -out $(IMAGES_DIR) -revision "$$(git rev-parse HEAD 2>/dev/null)"
+
 .PHONY: generate
 generate: $(BIN)/controller-gen ## regenerate deepcopy code, the CRD manifest, the chart's webhook configurations, and the Grafana dashboards and alert rules
 	$(BIN)/controller-gen object paths=./policy/api/...
