@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -208,4 +209,56 @@ func helmRelease(t *testing.T, env *kubetest.Env, ns, name, value, revision stri
 		}
 	}
 	t.Fatalf("no release %s in %s: %s", name, ns, out)
+}
+
+// TestUpgradeIsNarrowedAgain: helm upgrade writes the rendered
+// matchConditions back (they route nothing), and the running webhook
+// narrows them to its policies again by itself.
+func TestUpgradeIsNarrowedAgain(t *testing.T) {
+	env := startCluster(t)
+	ctx := t.Context()
+	kc := kubeconfig(t, env.Config)
+	probe := freePort(t)
+	args := []string{"--namespace", namespace, "--set", "auditSink.enabled=false", "--set", "webhook.probePort=" + strconv.Itoa(probe),
+		"--set", "webhook.port=" + strconv.Itoa(freePort(t))}
+	if _, err := helm(t, kc, append([]string{"install", release, chartDir(t), "--create-namespace"}, args...)...); err != nil {
+		t.Fatal(err)
+	}
+	manifest, err := helm(t, kc, "get", "manifest", release, "--namespace", namespace)
+	if err != nil {
+		t.Fatal(err)
+	}
+	startWebhook(t, env, objects(t, manifest), probe)
+	createNamespace(t, env.Client, "app-a")
+	p := &v1alpha1.ConcurrencyPolicy{ObjectMeta: metav1.ObjectMeta{Name: "app-a"}, Spec: v1alpha1.ConcurrencyPolicySpec{
+		Action: v1alpha1.ActionDeny, RequireResourceVersion: true,
+		Match: v1alpha1.Match{Resources: []v1alpha1.ResourceMatch{{Resource: "configmaps"}}, Namespaces: []string{"app-a"}},
+	}}
+	if err := env.Client.Create(ctx, p); err != nil {
+		t.Fatal(err)
+	}
+	waitReady(t, env.Client, p.Name)
+	stampCondition := func() string {
+		var m admissionregistrationv1.MutatingWebhookConfiguration
+		getObj(t, env.Client, "", release+"-stampguard", &m)
+		for _, c := range m.Webhooks[0].MatchConditions {
+			if c.Name == admission.StampPolicyCondition {
+				return c.Expression
+			}
+		}
+		return ""
+	}
+	if c := stampCondition(); c == "" || c == "false" {
+		t.Fatalf("the webhook did not narrow the configurations to its policy: condition %q", c)
+	}
+	if _, err := helm(t, kc, append([]string{"upgrade", release, chartDir(t), "--set", "webhook.timeoutSeconds=3"}, args...)...); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("after helm upgrade: %q", stampCondition())
+	eventually(t, 60*time.Second, func() error {
+		if c := stampCondition(); c == "false" || c == "" {
+			return fmt.Errorf("the stamp condition is %q", c)
+		}
+		return nil
+	})
 }
