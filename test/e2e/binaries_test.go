@@ -185,9 +185,9 @@ func TestBinariesUsage(t *testing.T) {
 		{"webhook -h prints the usage", webhook, []string{"-h"}, 0, "", []string{"usage: webhook [flags]", "webhook configurations", "-policy-file", "-kubeconfig", "-host", "-max-review-bytes", "(default 8388608)"}},
 		{"webhook --help prints the usage", webhook, []string{"--help"}, 0, "", []string{"usage: webhook [flags]"}},
 		{"webhook --bogus names the flag", webhook, []string{"--bogus"}, 2, "", []string{"flag provided but not defined: -bogus"}},
-		{"webhook configurations -h prints its usage", webhook, []string{"configurations", "-h"}, 0, "", []string{"usage: webhook configurations", "-url", "-service", "-ca-bundle", "-failure-policy", "-resources", "-break-glass-group"}},
+		{"webhook configurations -h prints its usage", webhook, []string{"configurations", "-h"}, 0, "", []string{"usage: webhook configurations", "-url", "-service", "-ca-bundle", "-stamp-failure-policy", "-fields-failure-policy", "-excluded-namespaces", "-route-all", "-resources", "-break-glass-group"}},
 		{"webhook configurations --bogus names the flag", webhook, []string{"configurations", "--bogus"}, 2, "", []string{"flag provided but not defined: -bogus"}},
-		{"webhook configurations refuses a bad failure policy by name", webhook, []string{"configurations", "--url", "https://127.0.0.1:9443", "--failure-policy", "Sometimes"}, 2, "", []string{`invalid value "Sometimes" for flag -failure-policy: want Fail or Ignore`}},
+		{"webhook configurations refuses a bad failure policy by name", webhook, []string{"configurations", "--url", "https://127.0.0.1:9443", "--stamp-failure-policy", "Sometimes"}, 2, "", []string{`invalid value "Sometimes" for flag -stamp-failure-policy: want Fail or Ignore`}},
 		{"webhook configurations says it needs --url or --service", webhook, []string{"configurations"}, 2, "", []string{"give a URL (--url) or a Service (--service)"}},
 		{"webhook configurations prints YAML for a Service", webhook, []string{"configurations", "--service", "stampguard-system/stampguard"}, 0, "kind: ValidatingWebhookConfiguration", nil},
 		{"auditsink without a command prints the usage", auditsink, nil, 2, "", []string{"usage: auditsink <command>"}},
@@ -240,8 +240,10 @@ func TestWebhookBinary(t *testing.T) {
 	tlsClient := webhookClient(t, env.CAData)
 
 	t.Run("webhook configurations output, applied to the apiserver, registers the webhook", func(t *testing.T) {
+		// Routing what the file mode's policies guard; the cluster mode
+		// below narrows them to the live policies (--sync-configurations).
 		out, stderr, code := runBinary(t, nil, webhook, "configurations", "--url", env.WebhookURL(), "--ca-bundle", caFile,
-			"--resources", "apps/deployments,configmaps", "--name", "stampguard-bin")
+			"--resources", "apps/deployments,configmaps", "--name", "stampguard-bin", "--policy-file", filepath.Join(root, "examples", "policies.yaml"))
 		if code != 0 {
 			t.Fatalf("exit %d: %s", code, stderr)
 		}
@@ -319,7 +321,8 @@ func TestWebhookBinary(t *testing.T) {
 	t.Run("cluster mode from a kubeconfig", func(t *testing.T) {
 		kubeconfig := writeKubeconfig(t, env.Config, filepath.Join(dir, "kubeconfig"))
 		probes := freeAddr(t)
-		p := startProcess(t, nil, webhook, append([]string{"--kubeconfig", kubeconfig, "--probe-addr", probes, "--namespace", "stampguard-system"}, serving...)...)
+		p := startProcess(t, nil, webhook, append([]string{"--kubeconfig", kubeconfig, "--probe-addr", probes, "--namespace", "stampguard-system",
+			"--sync-configurations", "stampguard-bin", "--sync-resources", "apps/deployments,configmaps"}, serving...)...)
 		p.waitFor("/readyz answering 200", func() error { return httpStatus(http.DefaultClient, "http://"+probes+"/readyz", http.StatusOK) })
 
 		t.Run("a ConcurrencyPolicy created after the start is enforced", func(t *testing.T) {
