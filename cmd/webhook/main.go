@@ -60,7 +60,7 @@ func run() int {
 	flag.StringVar(&o.BreakGlassGroup, "break-glass-group", admission.DefaultBreakGlassGroup, "members bypass every policy (\"-\" disables)")
 	flag.Int64Var(&o.MaxReviewBytes, "max-review-bytes", admission.DefaultMaxReviewBytes, "largest AdmissionReview body accepted; the apiserver refuses request bodies over 3 MiB and a review carries object and oldObject, so 8 MiB is above any real review")
 	flag.DurationVar(&o.ShutdownTimeout, "shutdown-timeout", 25*time.Second, "how long SIGTERM waits for reviews in flight; keep it under the pod's terminationGracePeriodSeconds (30s by default)")
-	flag.StringVar(&configurations, "sync-configurations", "", "cluster mode: keep the Mutating- and ValidatingWebhookConfiguration of this name in step with the policies (pre-filter); empty leaves them alone")
+	flag.StringVar(&configurations, "sync-configurations", admission.DefaultConfigName, "cluster mode: keep the Mutating- and ValidatingWebhookConfiguration of this name in step with the policies (the pre-filter; webhook configurations prints them routing nothing until then); \"\" leaves them alone. Ignored in file mode unless given")
 	flag.StringVar(&syncResources, "sync-resources", "", "with --sync-configurations: the --resources the configurations were made with (default the same default)")
 	flag.StringVar(&syncSelector, "sync-namespace-selector", "", "with --sync-configurations: the --namespace-selector the configurations were made with (default all namespaces)")
 	flag.Func("sync-excluded-namespaces", "with --sync-configurations: the --excluded-namespaces the configurations were made with (default kube-system,kube-node-lease and --namespace)", func(s string) error {
@@ -85,6 +85,9 @@ func run() int {
 			log.Error("no cluster to read policies from", "err", err)
 			return 2
 		}
+	}
+	if o.PolicyFile != "" && !isSet(flag, "sync-configurations") {
+		configurations = "" // the default is cluster mode's
 	}
 	if configurations != "" {
 		co := &admission.ConfigOptions{Name: configurations}
@@ -136,6 +139,12 @@ func configurations(args []string) int {
 		return 2
 	}
 	return 0
+}
+
+func isSet(fs *flag.FlagSet, name string) bool {
+	set := false
+	fs.Visit(func(f *flag.Flag) { set = set || f.Name == name })
+	return set
 }
 
 func restConfig(kubeconfig string) (*rest.Config, error) {

@@ -1,6 +1,7 @@
 package chart
 
 import (
+	"slices"
 	"strings"
 	"testing"
 
@@ -81,5 +82,26 @@ func TestManagedConfigurationsSyncFromTheRenderedOptions(t *testing.T) {
 	}
 	if !allowed {
 		t.Errorf("the webhook's ClusterRole may not update its configurations: %+v", role.Rules)
+	}
+}
+
+// TestUnmanagedConfigurationsAreLeftAlone: with manageConfigurations=false
+// the webhook is told not to sync (its default would sync "stampguard"),
+// and its ClusterRole may not touch the configurations.
+func TestUnmanagedConfigurationsAreLeftAlone(t *testing.T) {
+	objs := objects(t, render(t, "defaults", "webhook.manageConfigurations=false"))
+	name := release + "-stampguard"
+	var dep appsv1.Deployment
+	find(t, objs, "Deployment", name+"-webhook", &dep)
+	args := dep.Spec.Template.Spec.Containers[0].Args
+	if !slices.Contains(args, "--sync-configurations=") {
+		t.Errorf("args %v: want --sync-configurations= (no sync)", args)
+	}
+	var role rbacv1.ClusterRole
+	find(t, objs, "ClusterRole", name+"-webhook", &role)
+	for _, r := range role.Rules {
+		if slices.Contains(r.APIGroups, "admissionregistration.k8s.io") {
+			t.Errorf("the ClusterRole may touch webhook configurations: %+v", r)
+		}
 	}
 }
