@@ -51,6 +51,7 @@ func TestBadValuesAreRefused(t *testing.T) {
 		{"a webhook grace period within its shutdown timeout", []string{dsn, "webhook.shutdownTimeoutSeconds=40"}, "webhook.terminationGracePeriodSeconds (30) must exceed webhook.shutdownTimeoutSeconds (40)"},
 		{"a node port on a ClusterIP Service", []string{dsn, "auditSink.service.nodePort=30443"}, "auditSink.service.nodePort needs auditSink.service.type NodePort"},
 		{"a break-glass group that would break the CEL string", []string{dsn, "webhook.breakGlassGroup=a'b"}, "at '/webhook/breakGlassGroup'"},
+		{"leases among the guarded resources", []string{dsn, "webhook.guardedResources[0].group=coordination.k8s.io", "webhook.guardedResources[0].resource=leases"}, "at '/webhook/guardedResources/0/resource'"},
 		{"an image digest that is no sha256 digest", []string{dsn, "webhook.image.digest=latest"}, "at '/webhook/image/digest'"},
 		{"the webhook's own namespace guarded with the field rules failing closed", []string{dsn, "webhook.excludeReleaseNamespace=false", "webhook.failurePolicy.fields=Fail"}, "nothing could update the webhook's own Deployment"},
 	} {
