@@ -116,8 +116,10 @@ type ConfigOptions struct {
 	// pre-filter): their rules to the guarded resources and operations,
 	// their namespaceSelector to the guarded namespaces, and a CEL match
 	// condition that is true for every write that could break a policy.
-	// Nil is no policy: nothing is routed (the webhook's
-	// --sync-configurations fills them in from the live policies).
+	// Nil (or empty) is no policy: nothing is routed, and the webhooks
+	// carry no rules, namespaceSelector or matchConditions at all (the
+	// webhook's --sync-configurations fills them in from the live
+	// policies).
 	Policies *policy.Set
 	// ProtectedNamespaces are skipped by policies that name no namespace
 	// (the webhook adds its own); used with Policies. Defaults to
@@ -224,7 +226,16 @@ func Configurations(o ConfigOptions) (*admissionregistrationv1.MutatingWebhookCo
 			MatchConditions:         slices.Clone(conditions),
 		}},
 	}
-	if !o.RouteAll {
+	switch {
+	case o.RouteAll:
+	case o.Policies.Len() == 0:
+		// Nothing to route: no rules, and no selector or conditions
+		// either, so that re-applying these objects (helm upgrade,
+		// kubectl apply, both three-way merges) leaves what the sync
+		// wrote there alone.
+		mutating.Webhooks[0].Rules, mutating.Webhooks[0].NamespaceSelector, mutating.Webhooks[0].MatchConditions = nil, nil, nil
+		validating.Webhooks[0].Rules, validating.Webhooks[0].NamespaceSelector, validating.Webhooks[0].MatchConditions = nil, nil, nil
+	default:
 		o.narrow(mutating, validating)
 	}
 	return mutating, validating

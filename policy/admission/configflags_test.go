@@ -26,6 +26,8 @@ import (
 	"k8s.io/apimachinery/pkg/labels"
 	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
 	"sigs.k8s.io/yaml"
+
+	"github.com/stampguard/stampguard/policy/api/v1alpha1"
 )
 
 func parseConfigFlags(t *testing.T, args ...string) (ConfigOptions, error) {
@@ -259,12 +261,18 @@ func TestDefaultConfigurationsAreSafe(t *testing.T) {
 		t.Fatal(err)
 	}
 	mut, val := Configurations(o)
-	t.Run("without a policy nothing is routed", func(t *testing.T) {
-		if r := mut.Webhooks[0].Rules; len(r) != 0 {
-			t.Errorf("mutating rules %+v", r)
-		}
-		if r := val.Webhooks[0].Rules; len(r) != 0 {
-			t.Errorf("validating rules %+v", r)
+	t.Run("without a policy nothing is routed, and nothing else is set that a re-apply could overwrite", func(t *testing.T) {
+		for name, w := range map[string]struct {
+			rules []admissionregistrationv1.RuleWithOperations
+			sel   *metav1.LabelSelector
+			conds []admissionregistrationv1.MatchCondition
+		}{
+			"mutating":   {mut.Webhooks[0].Rules, mut.Webhooks[0].NamespaceSelector, mut.Webhooks[0].MatchConditions},
+			"validating": {val.Webhooks[0].Rules, val.Webhooks[0].NamespaceSelector, val.Webhooks[0].MatchConditions},
+		} {
+			if len(w.rules) != 0 || w.sel != nil || len(w.conds) != 0 {
+				t.Errorf("%s: rules %+v, selector %v, conditions %+v", name, w.rules, w.sel, w.conds)
+			}
 		}
 	})
 	t.Run("the stamp check fails closed, the field rules open", func(t *testing.T) {
@@ -275,8 +283,18 @@ func TestDefaultConfigurationsAreSafe(t *testing.T) {
 	all := o
 	all.RouteAll = true
 	allMut, allVal := Configurations(all)
+	guarded := o
+	guarded.Policies = compileSet(t, &v1alpha1.ConcurrencyPolicy{
+		ObjectMeta: metav1.ObjectMeta{Name: "everywhere"},
+		Spec: v1alpha1.ConcurrencyPolicySpec{
+			Match:                  v1alpha1.Match{Resources: []v1alpha1.ResourceMatch{{Resource: "secrets"}}, Namespaces: []string{"shop", "kube-system", "stampguard-system"}},
+			RequireResourceVersion: true,
+			ImmutableFields:        []v1alpha1.ImmutableField{{Path: "type"}},
+		},
+	})
+	polMut, polVal := Configurations(guarded)
 	for name, sel := range map[string]*metav1.LabelSelector{
-		"mutating": mut.Webhooks[0].NamespaceSelector, "validating": val.Webhooks[0].NamespaceSelector,
+		"mutating, a policy that names them": polMut.Webhooks[0].NamespaceSelector, "validating, a policy that names them": polVal.Webhooks[0].NamespaceSelector,
 		"mutating, every write routed": allMut.Webhooks[0].NamespaceSelector, "validating, every write routed": allVal.Webhooks[0].NamespaceSelector,
 	} {
 		t.Run(name+": the platform's namespaces and exempt ones are never sent", func(t *testing.T) {
@@ -298,7 +316,7 @@ func TestDefaultConfigurationsAreSafe(t *testing.T) {
 		})
 	}
 	t.Run("Helm's release records are never sent", func(t *testing.T) {
-		for _, w := range [][]admissionregistrationv1.MatchCondition{mut.Webhooks[0].MatchConditions, val.Webhooks[0].MatchConditions,
+		for _, w := range [][]admissionregistrationv1.MatchCondition{polMut.Webhooks[0].MatchConditions, polVal.Webhooks[0].MatchConditions,
 			allMut.Webhooks[0].MatchConditions, allVal.Webhooks[0].MatchConditions} {
 			if !slices.ContainsFunc(w, func(c admissionregistrationv1.MatchCondition) bool { return c.Expression == HelmReleaseCondition }) {
 				t.Errorf("no Helm release condition in %+v", w)

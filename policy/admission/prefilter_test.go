@@ -63,8 +63,8 @@ func TestConfigurationsPrefilter(t *testing.T) {
 		if len(mut.Webhooks[0].Rules)+len(val.Webhooks[0].Rules) != 0 {
 			t.Fatalf("rules %+v and %+v", mut.Webhooks[0].Rules, val.Webhooks[0].Rules)
 		}
-		if !reflect.DeepEqual(val.Webhooks[0].NamespaceSelector, baseSel) {
-			t.Fatalf("namespaceSelector %v, want %v", val.Webhooks[0].NamespaceSelector, baseSel)
+		if val.Webhooks[0].NamespaceSelector != nil || len(val.Webhooks[0].MatchConditions) != 0 {
+			t.Fatalf("namespaceSelector %v, conditions %v: want neither", val.Webhooks[0].NamespaceSelector, val.Webhooks[0].MatchConditions)
 		}
 	})
 

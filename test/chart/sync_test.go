@@ -15,18 +15,22 @@ import (
 )
 
 // TestManagedConfigurationsSyncFromTheRenderedOptions: with
-// webhook.manageConfigurations (the default) the webhook keeps the configurations in step
-// with the policies (--sync-configurations). It owns their rules and
-// namespaceSelector, so it must start from the options the chart rendered
-// them with: the flags it gets, parsed as the webhook parses them, build
-// the same rules, namespaceSelector and matchConditions. And its ClusterRole may update
-// those two objects.
+// webhook.manageConfigurations (the default) the webhook keeps the
+// configurations in step with the policies (--sync-configurations). It
+// owns their rules, namespaceSelector and matchConditions, which the chart
+// leaves out (nothing is routed before a sync), so the options it gets
+// must be the chart's: the flags, parsed as the webhook parses them, build
+// what the chart renders for the same values with every write routed
+// (manageConfigurations=false), and what it renders with the sync on.
+// And its ClusterRole may update those two objects.
 func TestManagedConfigurationsSyncFromTheRenderedOptions(t *testing.T) {
-	objs := objects(t, render(t, "defaults", "webhook.excludedNamespaces={kube-system,ops}",
+	values := []string{"webhook.excludedNamespaces={kube-system,ops}",
 		"webhook.namespaceSelector.matchLabels.team=shop",
 		"webhook.namespaceSelector.matchExpressions[0].key=env",
 		"webhook.namespaceSelector.matchExpressions[0].operator=NotIn",
-		"webhook.namespaceSelector.matchExpressions[0].values[0]=dev"))
+		"webhook.namespaceSelector.matchExpressions[0].values[0]=dev"}
+	objs := objects(t, render(t, "defaults", values...))
+	routed := objects(t, render(t, "defaults", append(values, "webhook.manageConfigurations=false")...))
 	name := release + "-stampguard"
 	var dep appsv1.Deployment
 	find(t, objs, "Deployment", name+"-webhook", &dep)
@@ -50,11 +54,21 @@ func TestManagedConfigurationsSyncFromTheRenderedOptions(t *testing.T) {
 	if o.ExcludedNamespaces, err = admission.ParseNamespaces(flags["--sync-excluded-namespaces"]); err != nil {
 		t.Fatalf("--sync-excluded-namespaces: %v", err)
 	}
+	var synced, all admissionregistrationv1.MutatingWebhookConfiguration
+	find(t, objs, "MutatingWebhookConfiguration", name, &synced)
+	if w := synced.Webhooks[0]; len(w.Rules)+len(w.MatchConditions) != 0 || w.NamespaceSelector != nil {
+		t.Errorf("the managed configuration sets what the sync owns: %+v", w)
+	}
+	if m, _ := admission.Configurations(o); !equality.Semantic.DeepEqual(m.Webhooks[0].Rules, synced.Webhooks[0].Rules) {
+		t.Errorf("the sync's empty set does not build the rendered rules")
+	}
+	find(t, routed, "MutatingWebhookConfiguration", name, &all)
+	o.RouteAll = true
 	wantM, wantV := admission.Configurations(o)
 	var gotM admissionregistrationv1.MutatingWebhookConfiguration
 	var gotV admissionregistrationv1.ValidatingWebhookConfiguration
-	find(t, objs, "MutatingWebhookConfiguration", name, &gotM)
-	find(t, objs, "ValidatingWebhookConfiguration", name, &gotV)
+	find(t, routed, "MutatingWebhookConfiguration", name, &gotM)
+	find(t, routed, "ValidatingWebhookConfiguration", name, &gotV)
 	sameSelector := func(a, b *metav1.LabelSelector) bool {
 		sa, errA := metav1.LabelSelectorAsSelector(a)
 		sb, errB := metav1.LabelSelectorAsSelector(b)

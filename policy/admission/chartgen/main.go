@@ -3,11 +3,12 @@
 // `webhook configurations` build the same objects from one piece of Go.
 //
 // It builds the configurations with a sentinel for every value the chart
-// sets, and once more for each optional part left out (no caBundle, no
-// break-glass group, no excluded namespace, no extra selector, every
-// write routed). The YAML of the first build becomes the template: each
-// sentinel is replaced by the chart's input, and the lines that differ in
-// another build are wrapped in the `if` that chooses them. Nothing of the
+// sets and every part present (every write routed, a caBundle, a
+// break-glass group, an excluded namespace, an extra selector), and once
+// more for each part left out. The YAML of the first build becomes the
+// template: each sentinel is replaced by the chart's input, and the lines
+// that another build lacks are wrapped in the `if` that keeps them
+// (nested in the order of variants). Nothing of the
 // objects' shape is written here; test/chart renders the chart and
 // compares it with the command's output for the same settings.
 //
@@ -66,6 +67,7 @@ func base() admission.ConfigOptions {
 		},
 		ExcludedNamespaces: []string{sExcluded},
 		BreakGlassGroup:    sBreak,
+		RouteAll:           true,
 	}
 }
 
@@ -76,8 +78,9 @@ type variant struct {
 	opts func(*admission.ConfigOptions)
 }
 
+// In this order the conditions nest: routeAll outermost.
 var variants = []variant{
-	{"not $.routeAll", func(o *admission.ConfigOptions) { o.RouteAll = true }},
+	{"$.routeAll", func(o *admission.ConfigOptions) { o.RouteAll = false }},
 	{"$.caBundle", func(o *admission.ConfigOptions) { o.CABundle = nil }},
 	{`ne $.breakGlassGroup "-"`, func(o *admission.ConfigOptions) { o.BreakGlassGroup = "-" }},
 	{"$.excludedNamespaces", func(o *admission.ConfigOptions) { o.ExcludedNamespaces = []string{} }},
@@ -119,7 +122,7 @@ func main() {
 		fail(fmt.Errorf("-out is required"))
 	}
 	lines := render(base())
-	conds := make([]string, len(lines))
+	conds := make([][]string, len(lines))
 	inserts := map[int][]insertion{}
 	for _, v := range variants {
 		o := base()
@@ -127,10 +130,7 @@ func main() {
 		v.opts(&o)
 		for _, h := range diff(lines, render(o)) {
 			for i := h.at; i < h.at+h.removed; i++ {
-				if conds[i] != "" {
-					fail(fmt.Errorf("line %d %q belongs to %q and %q", i, lines[i], conds[i], v.cond))
-				}
-				conds[i] = v.cond
+				conds[i] = append(conds[i], v.cond)
 			}
 			if len(h.added) > 0 {
 				inserts[h.at] = append(inserts[h.at], insertion{negate(v.cond), h.added})
@@ -142,34 +142,41 @@ func main() {
 	var prev string
 	b.WriteString(header)
 	b.WriteString(`{{- define "stampguard.webhook.configurations" }}` + "\n")
-	emit := func(cond string, ls []string) {
-		if cond == "" {
-			for _, l := range ls {
-				b.WriteString(substitute(l, &prev))
-			}
-			return
+	// open holds the conditions of the ifs open now, with their indents.
+	var open []string
+	var indents []string
+	closeTo := func(depth int) {
+		for len(open) > depth {
+			b.WriteString(indents[len(indents)-1] + "{{- end }}\n")
+			open, indents = open[:len(open)-1], indents[:len(indents)-1]
 		}
-		ind := indent(ls[0])
-		b.WriteString(ind + "{{- if " + cond + " }}\n")
-		for _, l := range ls {
-			b.WriteString(substitute(l, &prev))
+	}
+	line := func(cs []string, l string) {
+		common := 0
+		for common < len(open) && common < len(cs) && open[common] == cs[common] {
+			common++
 		}
-		b.WriteString(ind + "{{- end }}\n")
+		closeTo(common)
+		for _, c := range cs[common:] {
+			b.WriteString(indent(l) + "{{- if " + c + " }}\n")
+			open, indents = append(open, c), append(indents, indent(l))
+		}
+		b.WriteString(substitute(l, &prev))
 	}
 	for i := 0; i <= len(lines); i++ {
 		for _, ins := range inserts[i] {
-			emit(ins.cond, ins.lines)
+			closeTo(0) // an insertion's condition is never nested
+			for _, l := range ins.lines {
+				line([]string{ins.cond}, l)
+			}
+			closeTo(0)
 		}
 		if i == len(lines) {
 			break
 		}
-		j := i
-		for j+1 < len(lines) && conds[j+1] == conds[i] && len(inserts[j+1]) == 0 {
-			j++
-		}
-		emit(conds[i], lines[i:j+1])
-		i = j
+		line(conds[i], lines[i])
 	}
+	closeTo(0)
 	b.WriteString("{{- end }}\n")
 	if err := os.WriteFile(*out, []byte(b.String()), 0o644); err != nil {
 		fail(err)

@@ -37,14 +37,11 @@ webhooks:
       path: /stamp
       port: {{ $.port }}
   failurePolicy: {{ $.stampFailurePolicy | toJson }}
+  {{- if $.routeAll }}
   matchConditions:
   - expression: '!has(object.metadata.resourceVersion) || object.metadata.resourceVersion
       == '''''
     name: stampless-update
-  {{- if not $.routeAll }}
-  - expression: "false"
-    name: stamp-policy-applies
-  {{- end }}
   - expression: '!(request.resource.group == '''' && (request.resource.resource ==
       ''secrets'' || request.resource.resource == ''configmaps'') && ((object != null
       && ((has(object.type) && object.type == ''helm.sh/release.v1'') || (has(object.metadata.labels)
@@ -57,8 +54,10 @@ webhooks:
   - expression: {{ print "!('" $.breakGlassGroup "' in request.userInfo.groups)" | toJson }}
     name: not-break-glass
   {{- end }}
+  {{- end }}
   matchPolicy: Equivalent
   name: stamp.stampguard.dev
+  {{- if $.routeAll }}
   namespaceSelector:
     matchExpressions:
     {{- if $.excludedNamespaces }}
@@ -84,6 +83,7 @@ webhooks:
       {{ $k | toJson }}: {{ $v | toJson }}
       {{- end }}
     {{- end }}
+  {{- end }}
   reinvocationPolicy: Never
   {{- if $.routeAll }}
   rules:
@@ -130,11 +130,8 @@ webhooks:
       path: /fields
       port: {{ $.port }}
   failurePolicy: {{ $.fieldsFailurePolicy | toJson }}
+  {{- if $.routeAll }}
   matchConditions:
-  {{- if not $.routeAll }}
-  - expression: "false"
-    name: could-break-a-policy
-  {{- end }}
   - expression: '!(request.resource.group == '''' && (request.resource.resource ==
       ''secrets'' || request.resource.resource == ''configmaps'') && ((object != null
       && ((has(object.type) && object.type == ''helm.sh/release.v1'') || (has(object.metadata.labels)
@@ -147,8 +144,10 @@ webhooks:
   - expression: {{ print "!('" $.breakGlassGroup "' in request.userInfo.groups)" | toJson }}
     name: not-break-glass
   {{- end }}
+  {{- end }}
   matchPolicy: Equivalent
   name: fields.stampguard.dev
+  {{- if $.routeAll }}
   namespaceSelector:
     matchExpressions:
     {{- if $.excludedNamespaces }}
@@ -174,7 +173,6 @@ webhooks:
       {{ $k | toJson }}: {{ $v | toJson }}
       {{- end }}
     {{- end }}
-  {{- if $.routeAll }}
   rules:
   {{- range $r := $.resources }}
   - apiGroups:
