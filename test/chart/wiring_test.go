@@ -78,6 +78,22 @@ func TestWebhookWiring(t *testing.T) {
 		}
 	}
 	gotM.Webhooks[0].ObjectSelector, gotV.Webhooks[0].ObjectSelector = nil, nil
+	// Before the first policy the chart sets no namespaceSelector either,
+	// which the apiserver defaults to {} too.
+	for _, p := range []struct{ got, want *metav1.LabelSelector }{
+		{gotM.Webhooks[0].NamespaceSelector, wantM.Webhooks[0].NamespaceSelector},
+		{gotV.Webhooks[0].NamespaceSelector, wantV.Webhooks[0].NamespaceSelector},
+	} {
+		if p.want == nil && (p.got == nil || len(p.got.MatchLabels)+len(p.got.MatchExpressions) != 0) {
+			t.Fatalf("namespaceSelector %v: want the apiserver's empty default", p.got)
+		}
+	}
+	if wantM.Webhooks[0].NamespaceSelector == nil {
+		gotM.Webhooks[0].NamespaceSelector = nil
+	}
+	if wantV.Webhooks[0].NamespaceSelector == nil {
+		gotV.Webhooks[0].NamespaceSelector = nil
+	}
 	if !equality.Semantic.DeepEqual(wantM.Webhooks, gotM.Webhooks) {
 		t.Errorf("stored mutating webhook differs from the render:\n%s", lineDiff(toYAML(t, wantM.Webhooks), toYAML(t, gotM.Webhooks)))
 	}
