@@ -79,15 +79,20 @@ helm: $(BIN)/helm ## install helm into bin/ (reused when present); test/chart ru
 build: ## build the webhook and auditsink binaries into bin/
 	$(GO) build -o $(BIN)/ ./cmd/...
 
+IMAGES_DIR ?= $(BIN)/images
+.PHONY: images
+images: ## OCI image archives of webhook and auditsink in bin/images, without Docker (static, non-root, CA certificates; tagged as the chart's defaults)
+	$(GO) run ./internal/ociimage/mkimage -out $(IMAGES_DIR) -revision "$$(git rev-parse HEAD 2>/dev/null)"
+
 .PHONY: generate
-generate: $(BIN)/controller-gen ## regenerate deepcopy code, the CRD manifest, and the Grafana dashboards and alert rules
+generate: $(BIN)/controller-gen ## regenerate deepcopy code, the CRD manifest, the chart's webhook configurations, and the Grafana dashboards and alert rules
 	$(BIN)/controller-gen object paths=./policy/api/...
 	$(BIN)/controller-gen crd:crdVersions=v1 paths=./policy/api/... output:crd:artifacts:config=charts/stampguard/crds
-	$(GO) generate ./dashboards
+	$(GO) generate ./dashboards ./policy/admission
 
 .PHONY: verify-generate
 verify-generate: generate ## fail when generated files are stale
-	git diff --exit-code -- policy/api charts/stampguard/crds dashboards/generated
+	git diff --exit-code -- policy/api charts/stampguard/crds charts/stampguard/templates/webhook/_configurations.tpl dashboards/generated
 
 .PHONY: lint
 lint: $(BIN)/golangci-lint ## go vet, gofmt and golangci-lint

@@ -105,6 +105,11 @@ type Handler struct {
 	o        HandlerOptions
 	mux      *http.ServeMux
 	draining atomic.Bool
+	// full is the spool's size on disk when it last refused a batch for
+	// being full (0: it has not, or has shrunk since); closed, that the
+	// spool refused one for being closed. Both fail /readyz.
+	full   atomic.Int64
+	closed atomic.Bool
 
 	mu       sync.Mutex
 	inflight map[*pacedBody]struct{} // bodies being read
@@ -116,8 +121,11 @@ type Handler struct {
 var clusterName = regexp.MustCompile(`^[A-Za-z0-9][-A-Za-z0-9_.]{0,62}$`)
 
 // NewHandler checks the options and builds the routes:
-// POST /clusters/{cluster}/events, POST /events (for DefaultCluster), and
-// GET /healthz.
+// POST /clusters/{cluster}/events, POST /events (for DefaultCluster),
+// GET /healthz (the process answers: liveness) and GET /readyz (it takes
+// batches: 503 while it drains for a shutdown, and from a refusal for a
+// full spool until the spool has shrunk, so that the Service sends the
+// apiserver's batches to other replicas meanwhile).
 func NewHandler(o HandlerOptions) (*Handler, error) {
 	if o.Spool == nil || o.Accepter == nil {
 		return nil, errors.New("sink: a spool and an accepter are required")
@@ -169,7 +177,28 @@ func NewHandler(o HandlerOptions) (*Handler, error) {
 	h.mux.HandleFunc("POST /clusters/{cluster}/events", h.events)
 	h.mux.HandleFunc("POST /events", h.events)
 	h.mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) { _, _ = io.WriteString(w, "ok\n") })
+	h.mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, _ *http.Request) {
+		if err := h.Ready(); err != nil {
+			http.Error(w, "not ready: "+err.Error(), http.StatusServiceUnavailable)
+			return
+		}
+		_, _ = io.WriteString(w, "ok\n")
+	})
 	return h, nil
+}
+
+// Ready reports why the handler would refuse batches now, or nil.
+func (h *Handler) Ready() error {
+	if h.draining.Load() || h.closed.Load() {
+		return errors.New("shutting down")
+	}
+	if at := h.full.Load(); at > 0 {
+		if h.o.Spool.Stats().BytesOnDisk >= at {
+			return errors.New("the spool was full and has not shrunk since")
+		}
+		h.full.CompareAndSwap(at, 0)
+	}
+	return nil
 }
 
 // Drain makes the handler answer 503 to new batches, for a graceful
@@ -475,11 +504,13 @@ func (h *Handler) events(w http.ResponseWriter, r *http.Request) {
 	case err == nil:
 	case spoolErr != nil && errors.Is(spoolErr, spool.ErrFull):
 		log.Warn("spool cannot take the batch; asking for a retry", "err", spoolErr)
+		h.full.Store(max(1, h.o.Spool.Stats().BytesOnDisk))
 		h.refuse(analytics.RefusedSpoolFull)
 		h.unavailable(w, spoolErr.Error())
 		return
 	case spoolErr != nil && errors.Is(spoolErr, spool.ErrClosed):
 		log.Warn("spool closed; asking for a retry", "err", spoolErr)
+		h.closed.Store(true)
 		h.refuse(analytics.RefusedShutdown)
 		h.unavailable(w, spoolErr.Error())
 		return

@@ -173,12 +173,63 @@ func TestHandlerAsksForRetryOnlyWhenTheSpoolIsFullOrDraining(t *testing.T) {
 	if last.status != 503 || last.header.Get("Retry-After") == "" {
 		t.Fatalf("a full spool answered %d (Retry-After %q), want 503 with Retry-After", last.status, last.header.Get("Retry-After"))
 	}
+	if c := get(t, h, "/readyz"); c.status != 503 || !strings.Contains(c.body, "spool was full") {
+		t.Fatalf("/readyz of a sink whose spool is full answered %d %q, want 503", c.status, c.body)
+	}
+	if c := get(t, h, "/healthz"); c.status != 200 {
+		t.Fatalf("/healthz of a sink whose spool is full answered %d: liveness would restart it", c.status)
+	}
 
 	h2, _ := newSpoolHandler(t, HandlerOptions{Token: "t"}, 0)
+	if c := get(t, h2, "/readyz"); c.status != 200 {
+		t.Fatalf("/readyz of a fresh sink answered %d %q", c.status, c.body)
+	}
 	h2.Drain()
 	if c := post(t, h2, "/clusters/prod/events", body, bearer); c.status != 503 {
 		t.Fatalf("a draining sink answered %d, want 503", c.status)
 	}
+	if c := get(t, h2, "/readyz"); c.status != 503 || !strings.Contains(c.body, "shutting down") {
+		t.Fatalf("/readyz of a draining sink answered %d %q, want 503", c.status, c.body)
+	}
+}
+
+// TestReadyAgainOnceTheSpoolShrinks: a sink that refused a batch for a full
+// spool is ready again once the spool's confirmed segments are gone.
+func TestReadyAgainOnceTheSpoolShrinks(t *testing.T) {
+	bearer := map[string]string{"Authorization": "Bearer t"}
+	h, sp := newSpoolHandler(t, HandlerOptions{Token: "t"}, 64<<10)
+	body := eventList(realEvents(t)...)
+	for range 100 {
+		if post(t, h, "/clusters/prod/events", body, bearer).status != 200 {
+			break
+		}
+	}
+	if get(t, h, "/readyz").status != 503 {
+		t.Fatal("not unready after a refusal for a full spool")
+	}
+	for {
+		b, err := sp.Next(t.Context(), 1<<20)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := sp.Confirm(b.End); err != nil {
+			t.Fatal(err)
+		}
+		if sp.Stats().RecordsPending == 0 {
+			break
+		}
+	}
+	if c := get(t, h, "/readyz"); c.status != 200 {
+		t.Fatalf("/readyz after the spool was drained answered %d %q", c.status, c.body)
+	}
+}
+
+func get(t *testing.T, h http.Handler, path string) call {
+	t.Helper()
+	req, _ := http.NewRequestWithContext(t.Context(), http.MethodGet, path, nil)
+	rec := &recorder{header: http.Header{}}
+	h.ServeHTTP(rec, req)
+	return call{rec.status, rec.buf.String(), rec.header}
 }
 
 // TestRefusedBadInputNamesTheProblem: a body that is JSON but not a v1

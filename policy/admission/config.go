@@ -1,6 +1,11 @@
 package admission
 
+//go:generate go run ./chartgen -out ../../charts/stampguard/templates/webhook/_configurations.tpl
+
 import (
+	"maps"
+	"slices"
+
 	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
@@ -20,6 +25,25 @@ const (
 // update that carries a resourceVersion, which is nearly all of them.
 const StamplessCondition = `!has(object.metadata.resourceVersion) || object.metadata.resourceVersion == ''`
 
+// HelmReleaseCondition keeps Helm's release records away from both
+// webhooks. Helm stores each release in a Secret of type helm.sh/release.v1
+// (a ConfigMap with the configmap driver), labelled owner=helm, and updates
+// it without a resourceVersion: guarded, every Helm operation in a guarded
+// namespace would fail while no replica answers, and leave the release
+// pending. A delete carries only oldObject, hence both.
+const HelmReleaseCondition = `!(request.resource.group == '' && (request.resource.resource == 'secrets' || request.resource.resource == 'configmaps') && ` +
+	`((object != null && ((has(object.type) && object.type == 'helm.sh/release.v1') || (has(object.metadata.labels) && 'owner' in object.metadata.labels && object.metadata.labels['owner'] == 'helm'))) || ` +
+	`(oldObject != null && ((has(oldObject.type) && oldObject.type == 'helm.sh/release.v1') || (has(oldObject.metadata.labels) && 'owner' in oldObject.metadata.labels && oldObject.metadata.labels['owner'] == 'helm')))))`
+
+// ExemptLabel on a namespace, with the value "true", keeps every write in
+// it away from both webhooks, whatever the policies say.
+const ExemptLabel = "stampguard.dev/exempt"
+
+// DefaultExcludedNamespaces are never sent to the webhook: the cluster's own
+// machinery lives there. The webhook's own namespace is added (see
+// ConfigOptions.ExcludedNamespaces).
+var DefaultExcludedNamespaces = []string{"kube-system", "kube-node-lease"}
+
 // GuardedResource is a resource the webhook configurations send to the
 // webhook. Policies can only act on resources listed here.
 type GuardedResource struct {
@@ -35,7 +59,21 @@ var DefaultGuardedResources = []GuardedResource{
 	{"apps", "deployments"}, {"apps", "statefulsets"}, {"apps", "replicasets"}, {"apps", "daemonsets"},
 }
 
-// ConfigOptions describe how the apiserver reaches the webhook.
+// ScalableWorkloads are the apps resources whose replicas the HPA and
+// kubectl scale write through the scale subresource; the configurations
+// route that subresource with them.
+var ScalableWorkloads = []string{"deployments", "statefulsets", "replicasets"}
+
+// Defaults of ConfigOptions, the chart's defaults too.
+const (
+	DefaultConfigName     = "stampguard"
+	DefaultTimeoutSeconds = 2
+)
+
+// ConfigOptions describe how the apiserver reaches the webhook and what it
+// sends there. The chart's webhook configurations are generated from the
+// same code (gen/, `make generate`), so its values mean what these fields
+// mean.
 type ConfigOptions struct {
 	// Name of both configuration objects. Defaults to "stampguard".
 	Name string
@@ -46,22 +84,42 @@ type ConfigOptions struct {
 	Service *admissionregistrationv1.ServiceReference
 	// CABundle verifies the webhook's serving certificate.
 	CABundle []byte
-	// FailurePolicy when the webhook cannot be reached. Defaults to Fail.
-	FailurePolicy admissionregistrationv1.FailurePolicyType
-	// TimeoutSeconds for each call. Defaults to 5.
+	// StampFailurePolicy is what the apiserver does with a routed stampless
+	// update while no replica answers. Defaults to Fail: only stampless
+	// updates that a policy guards reach the stamp check.
+	StampFailurePolicy admissionregistrationv1.FailurePolicyType
+	// FieldsFailurePolicy is the same for the field owner, immutable field
+	// and delete precondition webhook. Defaults to Ignore: every guarded
+	// create, update and delete reaches it, and Fail would stop rollouts
+	// and controllers while no replica answers.
+	FieldsFailurePolicy admissionregistrationv1.FailurePolicyType
+	// TimeoutSeconds for each call. Defaults to DefaultTimeoutSeconds.
 	TimeoutSeconds int32
 	// Resources to guard. Defaults to DefaultGuardedResources.
 	Resources []GuardedResource
-	// NamespaceSelector narrows the namespaces sent to the webhook.
+	// NamespaceSelector narrows the namespaces sent to the webhook further.
 	NamespaceSelector *metav1.LabelSelector
+	// ExcludedNamespaces are never sent to the webhook, whatever the
+	// policies say. Nil defaults to DefaultExcludedNamespaces and the
+	// Service's namespace (the webhook's own, so that it can always be
+	// repaired); an empty, non-nil list excludes none. Namespaces labelled
+	// ExemptLabel=true are excluded too, always.
+	ExcludedNamespaces []string
 	// BreakGlassGroup members are never sent to the webhook. Defaults to
 	// "stampguard:break-glass"; "-" disables the exemption.
 	BreakGlassGroup string
-	// Policies, when set, narrow both webhooks to what these policies need
-	// (the pre-filter): their rules to the guarded resources and
-	// operations, their namespaceSelector to the guarded namespaces, and a
-	// CEL match condition that is true for every write that could break a
-	// policy. Nil (the default) keeps the configurations unnarrowed.
+	// RouteAll sends every write of Resources (in the namespaces not
+	// excluded) to the webhooks, whatever the policies. Off by default:
+	// the configurations route only what Policies guard.
+	RouteAll bool
+	// Policies narrow both webhooks to what these policies need (the
+	// pre-filter): their rules to the guarded resources and operations,
+	// their namespaceSelector to the guarded namespaces, and a CEL match
+	// condition that is true for every write that could break a policy.
+	// Nil (or empty) is no policy: nothing is routed, and the webhooks
+	// carry no rules, namespaceSelector or matchConditions at all (the
+	// webhook's --sync-configurations fills them in from the live
+	// policies).
 	Policies *policy.Set
 	// ProtectedNamespaces are skipped by policies that name no namespace
 	// (the webhook adds its own); used with Policies. Defaults to
@@ -71,20 +129,44 @@ type ConfigOptions struct {
 
 func (o *ConfigOptions) setDefaults() {
 	if o.Name == "" {
-		o.Name = "stampguard"
+		o.Name = DefaultConfigName
 	}
-	if o.FailurePolicy == "" {
-		o.FailurePolicy = admissionregistrationv1.Fail
+	if o.StampFailurePolicy == "" {
+		o.StampFailurePolicy = admissionregistrationv1.Fail
+	}
+	if o.FieldsFailurePolicy == "" {
+		o.FieldsFailurePolicy = admissionregistrationv1.Ignore
 	}
 	if o.TimeoutSeconds == 0 {
-		o.TimeoutSeconds = 5
+		o.TimeoutSeconds = DefaultTimeoutSeconds
 	}
 	if len(o.Resources) == 0 {
 		o.Resources = DefaultGuardedResources
 	}
+	if o.ExcludedNamespaces == nil {
+		o.ExcludedNamespaces = slices.Clone(DefaultExcludedNamespaces)
+		if o.Service != nil && o.Service.Namespace != "" {
+			o.ExcludedNamespaces = append(o.ExcludedNamespaces, o.Service.Namespace)
+		}
+	}
+	o.ExcludedNamespaces = uniq(o.ExcludedNamespaces)
 	if o.BreakGlassGroup == "" {
 		o.BreakGlassGroup = DefaultBreakGlassGroup
 	}
+	if o.Policies == nil {
+		o.Policies = policy.NewSet()
+	}
+}
+
+// uniq drops repeated names, keeping the first of each (as the chart's uniq).
+func uniq(names []string) []string {
+	out := make([]string, 0, len(names))
+	for _, n := range names {
+		if !slices.Contains(out, n) {
+			out = append(out, n)
+		}
+	}
+	return out
 }
 
 // DefaultBreakGlassGroup bypasses every policy, for emergencies.
@@ -98,10 +180,10 @@ func Configurations(o ConfigOptions) (*admissionregistrationv1.MutatingWebhookCo
 	none := admissionregistrationv1.SideEffectClassNone
 	equivalent := admissionregistrationv1.Equivalent
 	never := admissionregistrationv1.NeverReinvocationPolicy
-	fail := o.FailurePolicy
+	stampFail, fieldsFail := o.StampFailurePolicy, o.FieldsFailurePolicy
 	timeout := o.TimeoutSeconds
 
-	var conditions []admissionregistrationv1.MatchCondition
+	conditions := []admissionregistrationv1.MatchCondition{{Name: "not-helm-release", Expression: HelmReleaseCondition}}
 	if o.BreakGlassGroup != "-" {
 		conditions = append(conditions, admissionregistrationv1.MatchCondition{
 			Name:       "not-break-glass",
@@ -115,10 +197,10 @@ func Configurations(o ConfigOptions) (*admissionregistrationv1.MutatingWebhookCo
 		Webhooks: []admissionregistrationv1.MutatingWebhook{{
 			Name:                    StampWebhookName,
 			ClientConfig:            o.clientConfig(StampPath),
-			Rules:                   o.rules(true, admissionregistrationv1.Update),
-			FailurePolicy:           &fail,
+			Rules:                   o.rules(admissionregistrationv1.Update),
+			FailurePolicy:           &stampFail,
 			MatchPolicy:             &equivalent,
-			NamespaceSelector:       o.NamespaceSelector,
+			NamespaceSelector:       o.baseSelector(),
 			SideEffects:             &none,
 			TimeoutSeconds:          &timeout,
 			AdmissionReviewVersions: []string{"v1"},
@@ -134,20 +216,50 @@ func Configurations(o ConfigOptions) (*admissionregistrationv1.MutatingWebhookCo
 		Webhooks: []admissionregistrationv1.ValidatingWebhook{{
 			Name:                    FieldsWebhookName,
 			ClientConfig:            o.clientConfig(FieldsPath),
-			Rules:                   o.rules(true, admissionregistrationv1.Create, admissionregistrationv1.Update, admissionregistrationv1.Delete),
-			FailurePolicy:           &fail,
+			Rules:                   o.rules(admissionregistrationv1.Create, admissionregistrationv1.Update, admissionregistrationv1.Delete),
+			FailurePolicy:           &fieldsFail,
 			MatchPolicy:             &equivalent,
-			NamespaceSelector:       o.NamespaceSelector,
+			NamespaceSelector:       o.baseSelector(),
 			SideEffects:             &none,
 			TimeoutSeconds:          &timeout,
 			AdmissionReviewVersions: []string{"v1"},
-			MatchConditions:         conditions,
+			MatchConditions:         slices.Clone(conditions),
 		}},
 	}
-	if o.Policies != nil {
+	switch {
+	case o.RouteAll:
+	case o.Policies.Len() == 0:
+		// Nothing to route: no rules, and no selector or conditions
+		// either, so that re-applying these objects (helm upgrade,
+		// kubectl apply, both three-way merges) leaves what the sync
+		// wrote there alone.
+		mutating.Webhooks[0].Rules, mutating.Webhooks[0].NamespaceSelector, mutating.Webhooks[0].MatchConditions = nil, nil, nil
+		validating.Webhooks[0].Rules, validating.Webhooks[0].NamespaceSelector, validating.Webhooks[0].MatchConditions = nil, nil, nil
+	default:
 		o.narrow(mutating, validating)
 	}
 	return mutating, validating
+}
+
+// baseSelector is what every webhook's namespaceSelector starts from: not
+// an excluded namespace, not an exempt one, and the configured selector.
+func (o *ConfigOptions) baseSelector() *metav1.LabelSelector {
+	sel := &metav1.LabelSelector{}
+	if len(o.ExcludedNamespaces) > 0 {
+		sel.MatchExpressions = append(sel.MatchExpressions, metav1.LabelSelectorRequirement{
+			Key: namespaceNameLabel, Operator: metav1.LabelSelectorOpNotIn, Values: slices.Clone(o.ExcludedNamespaces),
+		})
+	}
+	sel.MatchExpressions = append(sel.MatchExpressions, metav1.LabelSelectorRequirement{
+		Key: ExemptLabel, Operator: metav1.LabelSelectorOpNotIn, Values: []string{"true"},
+	})
+	if o.NamespaceSelector != nil {
+		sel.MatchLabels = maps.Clone(o.NamespaceSelector.MatchLabels)
+		for _, r := range o.NamespaceSelector.MatchExpressions {
+			sel.MatchExpressions = append(sel.MatchExpressions, *r.DeepCopy())
+		}
+	}
+	return sel
 }
 
 func (o *ConfigOptions) clientConfig(path string) admissionregistrationv1.WebhookClientConfig {
@@ -163,29 +275,22 @@ func (o *ConfigOptions) clientConfig(path string) admissionregistrationv1.Webhoo
 	return cc
 }
 
-// rules lists one rule per API group. With scale, workloads whose replicas
-// the HPA and kubectl scale write through the scale subresource get it too:
-// in both phases, since a Scale carries its parent's resourceVersion and a
-// stampless Scale PUT overwrites replicas unconditionally.
-func (o *ConfigOptions) rules(scale bool, ops ...admissionregistrationv1.OperationType) []admissionregistrationv1.RuleWithOperations {
-	byGroup := map[string][]string{}
-	var groups []string
-	for _, r := range o.Resources {
-		if _, seen := byGroup[r.Group]; !seen {
-			groups = append(groups, r.Group)
-		}
-		byGroup[r.Group] = append(byGroup[r.Group], r.Resource)
-		if scale && r.Group == "apps" && (r.Resource == "deployments" || r.Resource == "statefulsets" || r.Resource == "replicasets") {
-			byGroup[r.Group] = append(byGroup[r.Group], r.Resource+"/scale")
-		}
-	}
+// rules lists one rule per resource; the workloads whose replicas the HPA
+// and kubectl scale write through the scale subresource get it in the same
+// rule: in both phases, since a Scale carries its parent's resourceVersion
+// and a stampless Scale PUT overwrites replicas unconditionally.
+func (o *ConfigOptions) rules(ops ...admissionregistrationv1.OperationType) []admissionregistrationv1.RuleWithOperations {
 	scope := admissionregistrationv1.AllScopes
-	out := make([]admissionregistrationv1.RuleWithOperations, 0, len(groups))
-	for _, g := range groups {
+	out := make([]admissionregistrationv1.RuleWithOperations, 0, len(o.Resources))
+	for _, r := range o.Resources {
+		resources := []string{r.Resource}
+		if r.Group == "apps" && slices.Contains(ScalableWorkloads, r.Resource) {
+			resources = append(resources, r.Resource+"/scale")
+		}
 		out = append(out, admissionregistrationv1.RuleWithOperations{
 			Operations: ops,
 			Rule: admissionregistrationv1.Rule{
-				APIGroups: []string{g}, APIVersions: []string{"*"}, Resources: byGroup[g], Scope: &scope,
+				APIGroups: []string{r.Group}, APIVersions: []string{"*"}, Resources: resources, Scope: &scope,
 			},
 		})
 	}

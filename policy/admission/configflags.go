@@ -59,14 +59,19 @@ func RegisterConfigFlags(fs *flag.FlagSet, o *ConfigOptions) {
 		},
 		func() string { return caFile }),
 		"ca-bundle", "PEM `file` with the CA that signed the webhook's serving certificate")
-	fs.Var(funcValue(
-		func(s string) error {
-			fp, err := parseFailurePolicy(s)
-			o.FailurePolicy = fp
-			return err
-		},
-		func() string { return string(cmp.Or(o.FailurePolicy, def.FailurePolicy)) }),
-		"failure-policy", "`Fail or Ignore`: what the apiserver does with a guarded write while no webhook replica answers")
+	failurePolicy := func(p *admissionregistrationv1.FailurePolicyType, def admissionregistrationv1.FailurePolicyType) *fnValue {
+		return funcValue(
+			func(s string) error {
+				fp, err := parseFailurePolicy(s)
+				*p = fp
+				return err
+			},
+			func() string { return string(cmp.Or(*p, def)) })
+	}
+	fs.Var(failurePolicy(&o.StampFailurePolicy, def.StampFailurePolicy), "stamp-failure-policy",
+		"`Fail or Ignore`: what the apiserver does with a routed stampless update while no webhook replica answers")
+	fs.Var(failurePolicy(&o.FieldsFailurePolicy, def.FieldsFailurePolicy), "fields-failure-policy",
+		"`Fail or Ignore`: the same for the field owner, immutable field and delete precondition checks (every routed create, update and delete)")
 	fs.Var(funcValue(
 		func(s string) error {
 			n, err := strconv.ParseInt(s, 10, 32)
@@ -108,6 +113,20 @@ func RegisterConfigFlags(fs *flag.FlagSet, o *ConfigOptions) {
 			return metav1.FormatLabelSelector(o.NamespaceSelector)
 		}),
 		"namespace-selector", "only send writes in namespaces with these `labels`, e.g. 'team=shop,env notin (dev)' (default all namespaces)")
+	fs.Var(funcValue(
+		func(s string) error {
+			ns, err := ParseNamespaces(s)
+			o.ExcludedNamespaces = ns
+			return err
+		},
+		func() string {
+			if o.ExcludedNamespaces == nil {
+				return strings.Join(DefaultExcludedNamespaces, ",") + ",<the --service namespace>"
+			}
+			return strings.Join(o.ExcludedNamespaces, ",")
+		}),
+		"excluded-namespaces", "`namespaces,...` never sent to the webhook, whatever the policies say (\"\" excludes none); namespaces labelled "+ExemptLabel+"=true are always excluded")
+	fs.BoolVar(&o.RouteAll, "route-all", false, "send every write of the --resources to the webhook, whatever the policies (default: only what the --policy-file's policies guard; without one nothing, until the webhook's --sync-configurations fills them in)")
 	var policyFile string
 	fs.Var(funcValue(
 		func(s string) error {
@@ -120,7 +139,7 @@ func RegisterConfigFlags(fs *flag.FlagSet, o *ConfigOptions) {
 			return nil
 		},
 		func() string { return policyFile }),
-		"policy-file", "narrow the configurations to what the policies in this multi-document YAML `file` guard (the pre-filter, for the webhook's file mode; default: not narrowed)")
+		"policy-file", "route what the policies in this multi-document YAML `file` guard (the pre-filter, for the webhook's file mode; default: no policy, nothing routed)")
 }
 
 // Validate reports every problem of o that Configurations would turn into
@@ -143,8 +162,15 @@ func (o ConfigOptions) Validate() error {
 	for _, msg := range validation.IsDNS1123Subdomain(o.Name) {
 		errs = append(errs, fmt.Errorf("name %q: %s", o.Name, msg))
 	}
-	if _, err := parseFailurePolicy(string(o.FailurePolicy)); err != nil {
-		errs = append(errs, fmt.Errorf("failure policy %q: %w", o.FailurePolicy, err))
+	for what, fp := range map[string]admissionregistrationv1.FailurePolicyType{"stamp": o.StampFailurePolicy, "fields": o.FieldsFailurePolicy} {
+		if _, err := parseFailurePolicy(string(fp)); err != nil {
+			errs = append(errs, fmt.Errorf("%s failure policy %q: %w", what, fp, err))
+		}
+	}
+	for _, ns := range o.ExcludedNamespaces {
+		if msgs := validation.IsDNS1123Label(ns); len(msgs) > 0 {
+			errs = append(errs, fmt.Errorf("excluded namespace %q: %s", ns, msgs[0]))
+		}
 	}
 	if o.TimeoutSeconds < 1 || o.TimeoutSeconds > 30 {
 		errs = append(errs, fmt.Errorf("timeout %ds: want 1 to 30 seconds", o.TimeoutSeconds))
@@ -251,6 +277,8 @@ func checkGuardedResource(r GuardedResource) error {
 		return fmt.Errorf("resource %q: name the resource without a subresource; the scale subresource of the workloads is added", name)
 	case r.Resource == "*" || r.Group == "*":
 		return fmt.Errorf("resource %q: name resources; a wildcard would send every write in the cluster, leases and events included, to the webhook", name)
+	case r.Resource == "leases" || r.Resource == "events":
+		return fmt.Errorf("resource %q: leader election and event recording are the platform's own machinery and are never guarded", name)
 	}
 	if msgs := validation.IsDNS1123Label(r.Resource); len(msgs) > 0 {
 		return fmt.Errorf("resource %q: %s (want the lowercase plural, e.g. deployments)", name, msgs[0])
@@ -273,6 +301,23 @@ func FormatGuardedResources(rs []GuardedResource) string {
 		}
 	}
 	return strings.Join(parts, ",")
+}
+
+// ParseNamespaces reads a comma-separated list of namespace names; the
+// empty string is the empty list.
+func ParseNamespaces(s string) ([]string, error) {
+	out := []string{}
+	if strings.TrimSpace(s) == "" {
+		return out, nil
+	}
+	for item := range strings.SplitSeq(s, ",") {
+		item = strings.TrimSpace(item)
+		if msgs := validation.IsDNS1123Label(item); len(msgs) > 0 {
+			return nil, fmt.Errorf("namespace %q: %s", item, msgs[0])
+		}
+		out = append(out, item)
+	}
+	return out, nil
 }
 
 // ReadCABundle reads a PEM file that must hold at least one certificate.

@@ -22,8 +22,12 @@ import (
 
 	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
 	"k8s.io/apimachinery/pkg/api/equality"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/labels"
 	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
 	"sigs.k8s.io/yaml"
+
+	"github.com/stampguard/stampguard/policy/api/v1alpha1"
 )
 
 func parseConfigFlags(t *testing.T, args ...string) (ConfigOptions, error) {
@@ -61,7 +65,8 @@ func TestWriteConfigurationsIsConfigurations(t *testing.T) {
 	ca := writeCA(t)
 	for _, args := range [][]string{
 		{"--url", "https://127.0.0.1:9443/", "--ca-bundle", ca},
-		{"--service", "stampguard-system/stampguard:8443", "--ca-bundle", ca, "--failure-policy", "Ignore",
+		{"--service", "stampguard-system/stampguard:8443", "--ca-bundle", ca, "--stamp-failure-policy", "Ignore",
+			"--fields-failure-policy", "Fail", "--excluded-namespaces", "kube-system,ops", "--route-all",
 			"--resources", "apps/deployments,configmaps", "--break-glass-group", "ops:emergency", "--name", "sg",
 			"--timeout-seconds", "10", "--namespace-selector", "team=shop,env notin (dev)"},
 	} {
@@ -105,7 +110,7 @@ func TestWriteConfigurationsIsConfigurations(t *testing.T) {
 
 func TestConfigFlagsFillConfigOptions(t *testing.T) {
 	o, err := parseConfigFlags(t, "--service", "ns/svc", "--resources", "apps/deployments, configmaps",
-		"--failure-policy", "Ignore", "--timeout-seconds", "7", "--namespace-selector", "team=shop")
+		"--stamp-failure-policy", "Ignore", "--timeout-seconds", "7", "--namespace-selector", "team=shop", "--excluded-namespaces", "")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -115,26 +120,31 @@ func TestConfigFlagsFillConfigOptions(t *testing.T) {
 	if want := []GuardedResource{{"apps", "deployments"}, {"", "configmaps"}}; !slices.Equal(o.Resources, want) {
 		t.Errorf("resources %v, want %v", o.Resources, want)
 	}
-	if o.FailurePolicy != admissionregistrationv1.Ignore || o.TimeoutSeconds != 7 || o.NamespaceSelector.MatchLabels["team"] != "shop" {
+	if o.StampFailurePolicy != admissionregistrationv1.Ignore || o.FieldsFailurePolicy != "" || o.TimeoutSeconds != 7 ||
+		o.NamespaceSelector.MatchLabels["team"] != "shop" || o.ExcludedNamespaces == nil || len(o.ExcludedNamespaces) != 0 {
 		t.Errorf("options %+v", o)
 	}
 	def, err := parseConfigFlags(t, "--url", "https://x")
 	if err != nil {
 		t.Fatal(err)
 	}
-	if def.Name != "" || def.FailurePolicy != "" || def.TimeoutSeconds != 0 || def.Resources != nil || def.BreakGlassGroup != "" {
+	if def.Name != "" || def.StampFailurePolicy != "" || def.TimeoutSeconds != 0 || def.Resources != nil || def.BreakGlassGroup != "" ||
+		def.ExcludedNamespaces != nil || def.RouteAll {
 		t.Errorf("flags left out set fields: %+v", def)
 	}
-	if m, _ := Configurations(def); m.Name != "stampguard" || *m.Webhooks[0].FailurePolicy != admissionregistrationv1.Fail || *m.Webhooks[0].TimeoutSeconds != 5 {
+	if m, v := Configurations(def); m.Name != "stampguard" || *m.Webhooks[0].FailurePolicy != admissionregistrationv1.Fail ||
+		*v.Webhooks[0].FailurePolicy != admissionregistrationv1.Ignore || *m.Webhooks[0].TimeoutSeconds != DefaultTimeoutSeconds {
 		t.Errorf("the defaults of Configurations did not apply: %+v", m)
 	}
 	t.Run("the mutating configuration guards scale where it guards the workload", func(t *testing.T) {
-		mut, val := Configurations(def)
+		all := def
+		all.RouteAll = true
+		mut, val := Configurations(all)
 		for _, rules := range [][]admissionregistrationv1.RuleWithOperations{mut.Webhooks[0].Rules, val.Webhooks[0].Rules} {
 			var apps []string
 			for _, r := range rules {
 				if r.APIGroups[0] == "apps" {
-					apps = r.Resources
+					apps = append(apps, r.Resources...)
 				}
 			}
 			for _, want := range []string{"deployments/scale", "statefulsets/scale", "replicasets/scale"} {
@@ -160,7 +170,11 @@ func TestBadConfigFlagsAreNamed(t *testing.T) {
 		args []string
 		want string
 	}{
-		{"a failure policy other than Fail or Ignore", []string{"--url", "https://x", "--failure-policy", "fail"}, "want Fail or Ignore"},
+		{"a failure policy other than Fail or Ignore", []string{"--url", "https://x", "--stamp-failure-policy", "fail"}, "want Fail or Ignore"},
+		{"a fields failure policy other than Fail or Ignore", []string{"--url", "https://x", "--fields-failure-policy", "never"}, "want Fail or Ignore"},
+		{"an excluded namespace that is no namespace name", []string{"--url", "https://x", "--excluded-namespaces", "kube-system,Ops"}, `namespace "Ops"`},
+		{"leases in --resources", []string{"--url", "https://x", "--resources", "coordination.k8s.io/leases"}, "never guarded"},
+		{"events in --resources", []string{"--url", "https://x", "--resources", "events"}, "never guarded"},
 		{"a plain-HTTP URL", []string{"--url", "http://x"}, "want an https:// URL"},
 		{"a URL with a query", []string{"--url", "https://x/?a=b"}, "query"},
 		{"a service without a namespace", []string{"--service", "stampguard"}, "want namespace/name[:port]"},
@@ -203,7 +217,7 @@ func TestConfigFlagsShowTheirDefaults(t *testing.T) {
 	fs.SetOutput(&help)
 	RegisterConfigFlags(fs, &ConfigOptions{})
 	fs.PrintDefaults()
-	for _, want := range []string{"(default stampguard)", "(default Fail)", "(default 5)", "(default stampguard:break-glass)", "(default " + FormatGuardedResources(DefaultGuardedResources) + ")"} {
+	for _, want := range []string{"(default stampguard)", "(default Fail)", "(default Ignore)", "(default 2)", "(default kube-system,kube-node-lease,<the --service namespace>)", "(default stampguard:break-glass)", "(default " + FormatGuardedResources(DefaultGuardedResources) + ")"} {
 		if !strings.Contains(help.String(), want) {
 			t.Errorf("help lacks %s:\n%s", want, help.String())
 		}
@@ -236,5 +250,77 @@ func FuzzConfigFlagValues(f *testing.F) {
 		}
 		_, _ = parseWebhookURL(s)
 		_, _ = parseFailurePolicy(s)
+	})
+}
+
+// What the defaults route and what they never route, on the path a user
+// without Helm takes (`webhook configurations --service ...`).
+func TestDefaultConfigurationsAreSafe(t *testing.T) {
+	o, err := parseConfigFlags(t, "--service", "stampguard-system/stampguard")
+	if err != nil {
+		t.Fatal(err)
+	}
+	mut, val := Configurations(o)
+	t.Run("without a policy nothing is routed, and nothing else is set that a re-apply could overwrite", func(t *testing.T) {
+		for name, w := range map[string]struct {
+			rules []admissionregistrationv1.RuleWithOperations
+			sel   *metav1.LabelSelector
+			conds []admissionregistrationv1.MatchCondition
+		}{
+			"mutating":   {mut.Webhooks[0].Rules, mut.Webhooks[0].NamespaceSelector, mut.Webhooks[0].MatchConditions},
+			"validating": {val.Webhooks[0].Rules, val.Webhooks[0].NamespaceSelector, val.Webhooks[0].MatchConditions},
+		} {
+			if len(w.rules) != 0 || w.sel != nil || len(w.conds) != 0 {
+				t.Errorf("%s: rules %+v, selector %v, conditions %+v", name, w.rules, w.sel, w.conds)
+			}
+		}
+	})
+	t.Run("the stamp check fails closed, the field rules open", func(t *testing.T) {
+		if *mut.Webhooks[0].FailurePolicy != admissionregistrationv1.Fail || *val.Webhooks[0].FailurePolicy != admissionregistrationv1.Ignore {
+			t.Errorf("failure policies %s/%s", *mut.Webhooks[0].FailurePolicy, *val.Webhooks[0].FailurePolicy)
+		}
+	})
+	all := o
+	all.RouteAll = true
+	allMut, allVal := Configurations(all)
+	guarded := o
+	guarded.Policies = compileSet(t, &v1alpha1.ConcurrencyPolicy{
+		ObjectMeta: metav1.ObjectMeta{Name: "everywhere"},
+		Spec: v1alpha1.ConcurrencyPolicySpec{
+			Match:                  v1alpha1.Match{Resources: []v1alpha1.ResourceMatch{{Resource: "secrets"}}, Namespaces: []string{"shop", "kube-system", "stampguard-system"}},
+			RequireResourceVersion: true,
+			ImmutableFields:        []v1alpha1.ImmutableField{{Path: "type"}},
+		},
+	})
+	polMut, polVal := Configurations(guarded)
+	for name, sel := range map[string]*metav1.LabelSelector{
+		"mutating, a policy that names them": polMut.Webhooks[0].NamespaceSelector, "validating, a policy that names them": polVal.Webhooks[0].NamespaceSelector,
+		"mutating, every write routed": allMut.Webhooks[0].NamespaceSelector, "validating, every write routed": allVal.Webhooks[0].NamespaceSelector,
+	} {
+		t.Run(name+": the platform's namespaces and exempt ones are never sent", func(t *testing.T) {
+			s, err := metav1.LabelSelectorAsSelector(sel)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, ns := range []string{"kube-system", "kube-node-lease", "stampguard-system"} {
+				if s.Matches(labels.Set{"kubernetes.io/metadata.name": ns}) {
+					t.Errorf("namespace %s is sent (%s)", ns, s)
+				}
+			}
+			if s.Matches(labels.Set{"kubernetes.io/metadata.name": "shop", ExemptLabel: "true"}) {
+				t.Errorf("an exempt namespace is sent (%s)", s)
+			}
+			if !s.Matches(labels.Set{"kubernetes.io/metadata.name": "shop"}) {
+				t.Errorf("namespace shop is not sent (%s)", s)
+			}
+		})
+	}
+	t.Run("Helm's release records are never sent", func(t *testing.T) {
+		for _, w := range [][]admissionregistrationv1.MatchCondition{polMut.Webhooks[0].MatchConditions, polVal.Webhooks[0].MatchConditions,
+			allMut.Webhooks[0].MatchConditions, allVal.Webhooks[0].MatchConditions} {
+			if !slices.ContainsFunc(w, func(c admissionregistrationv1.MatchCondition) bool { return c.Expression == HelmReleaseCondition }) {
+				t.Errorf("no Helm release condition in %+v", w)
+			}
+		}
 	})
 }

@@ -60,9 +60,13 @@ type ServeFlags struct {
 	Kubeconfig string
 	// LogLevel and LogFormat are --log-level and --log-format.
 	LogLevel, LogFormat string
-	// SyncConfigurations, SyncResources and SyncNamespaceSelector are
-	// --sync-configurations and the two flags that need it.
-	SyncConfigurations, SyncResources, SyncNamespaceSelector string
+	// SyncConfigurations, SyncResources, SyncNamespaceSelector and
+	// SyncExcludedNamespaces are --sync-configurations and the flags that
+	// need it. --sync-configurations defaults to DefaultConfigName in
+	// cluster mode and to none in file mode; given empty, the webhook
+	// leaves the configurations alone.
+	SyncConfigurations, SyncResources, SyncNamespaceSelector, SyncExcludedNamespaces string
+	syncSet, syncExcludedSet                                                     bool
 }
 
 // Register binds f to fs.
@@ -80,7 +84,15 @@ func (f *ServeFlags) Register(fs *flag.FlagSet) {
 	fs.Int64Var(&o.MaxReviewBytesInFlight, "max-review-bytes-in-flight", DefaultMaxReviewBytesInFlight, "review `bytes` buffered at once across all connections (at least twice --max-review-bytes); a review past the budget waits its turn or is denied")
 	fs.DurationVar(&o.ReviewReadTimeout, "review-read-timeout", DefaultReviewReadTimeout, "how long a review's body may take to arrive; a slower one is denied and its connection closed")
 	fs.DurationVar(&o.ShutdownTimeout, "shutdown-timeout", DefaultShutdownTimeout, "how long SIGTERM waits for reviews in flight; keep it under the pod's terminationGracePeriodSeconds (30s by default)")
-	fs.StringVar(&f.SyncConfigurations, "sync-configurations", "", "cluster mode: keep the Mutating- and ValidatingWebhookConfiguration of this `name` in step with the policies (pre-filter); empty leaves them alone")
+	f.SyncConfigurations = DefaultConfigName
+	fs.Func("sync-configurations", "keep the Mutating- and ValidatingWebhookConfiguration of this `name` in step with the policies, so that only what they guard is routed (default "+DefaultConfigName+" in cluster mode, none in file mode); empty leaves them alone", func(v string) error {
+		f.SyncConfigurations, f.syncSet = v, true
+		return nil
+	})
+	fs.Func("sync-excluded-namespaces", "with --sync-configurations: the --excluded-namespaces the configurations were made with, `namespaces` (default kube-system,kube-node-lease and --namespace)", func(v string) error {
+		f.SyncExcludedNamespaces, f.syncExcludedSet = v, true
+		return nil
+	})
 	fs.StringVar(&f.SyncResources, "sync-resources", "", "with --sync-configurations: the --resources the configurations were made with, `group/resource,...` (default the same default)")
 	fs.StringVar(&f.SyncNamespaceSelector, "sync-namespace-selector", "", "with --sync-configurations: the --namespace-selector the configurations were made with, `labels` (default all namespaces)")
 	fs.StringVar(&f.Kubeconfig, "kubeconfig", "", "kubeconfig `file` for cluster mode (default $"+KubeconfigEnv+", then the in-cluster config)")
@@ -124,15 +136,22 @@ func (f *ServeFlags) Resolve(w io.Writer) (Options, error) {
 			return Options{}, cli.Usagef("--cert-dir: %w", err)
 		}
 	}
+	if o.PolicyFile != "" && !f.syncSet {
+		f.SyncConfigurations = "" // the default is cluster mode's
+	}
 	if f.SyncConfigurations == "" {
-		for flagName, v := range map[string]string{"--sync-resources": f.SyncResources, "--sync-namespace-selector": f.SyncNamespaceSelector} {
+		excluded := ""
+		if f.syncExcludedSet {
+			excluded = "-"
+		}
+		for flagName, v := range map[string]string{"--sync-resources": f.SyncResources, "--sync-namespace-selector": f.SyncNamespaceSelector, "--sync-excluded-namespaces": excluded} {
 			if v != "" {
 				return Options{}, cli.Usagef("%s needs --sync-configurations NAME: without it the webhook leaves the configurations alone", flagName)
 			}
 		}
 	}
 	if o.PolicyFile != "" {
-		if f.SyncConfigurations != "" || f.Kubeconfig != "" {
+		if f.syncSet && f.SyncConfigurations != "" || f.Kubeconfig != "" {
 			return Options{}, cli.Usagef("--policy-file is file mode; --sync-configurations and --kubeconfig are for cluster mode: give one mode (in file mode, print the configurations with `webhook configurations --policy-file`)")
 		}
 		ps, err := policy.LoadFile(o.PolicyFile)
@@ -157,6 +176,11 @@ func (f *ServeFlags) Resolve(w io.Writer) (Options, error) {
 		if f.SyncNamespaceSelector != "" {
 			if co.NamespaceSelector, err = metav1.ParseToLabelSelector(f.SyncNamespaceSelector); err != nil {
 				return Options{}, cli.Usagef("--sync-namespace-selector: %w", err)
+			}
+		}
+		if f.syncExcludedSet {
+			if co.ExcludedNamespaces, err = ParseNamespaces(f.SyncExcludedNamespaces); err != nil {
+				return Options{}, cli.Usagef("--sync-excluded-namespaces: %w", err)
 			}
 		}
 		o.Configurations = co

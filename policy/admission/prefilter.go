@@ -87,19 +87,16 @@ func filterRules(f policy.WebhookFilter) []admissionregistrationv1.RuleWithOpera
 	return out
 }
 
-// namespaceSelector ANDs the configured selector with the filter's
-// namespaces and its only policy's selector. Nil when nothing narrows.
+// namespaceSelector ANDs the base selector (exclusions and the configured
+// selector) with the filter's namespaces and its only policy's selector.
 func (o *ConfigOptions) namespaceSelector(f policy.WebhookFilter) *metav1.LabelSelector {
-	var parts []*metav1.LabelSelector
-	if o.NamespaceSelector != nil {
-		parts = append(parts, o.NamespaceSelector)
-	}
+	parts := []*metav1.LabelSelector{o.baseSelector()}
 	switch {
 	case f.Namespaces != nil:
 		parts = append(parts, &metav1.LabelSelector{MatchExpressions: []metav1.LabelSelectorRequirement{{
 			Key: namespaceNameLabel, Operator: metav1.LabelSelectorOpIn, Values: f.Namespaces,
 		}}})
-	case f.ExcludedNamespaces != nil:
+	case f.ExcludedNamespaces != nil && !subset(f.ExcludedNamespaces, o.ExcludedNamespaces):
 		parts = append(parts, &metav1.LabelSelector{MatchExpressions: []metav1.LabelSelectorRequirement{{
 			Key: namespaceNameLabel, Operator: metav1.LabelSelectorOpNotIn, Values: f.ExcludedNamespaces,
 		}}})
@@ -107,11 +104,8 @@ func (o *ConfigOptions) namespaceSelector(f policy.WebhookFilter) *metav1.LabelS
 	if f.NamespaceSelector != nil {
 		parts = append(parts, f.NamespaceSelector)
 	}
-	switch len(parts) {
-	case 0:
-		return nil
-	case 1:
-		return parts[0].DeepCopy()
+	if len(parts) == 1 {
+		return parts[0]
 	}
 	// A selector's requirements are ANDed; matchLabels become In
 	// requirements so that two selectors never clash on a key.
@@ -127,6 +121,16 @@ func (o *ConfigOptions) namespaceSelector(f policy.WebhookFilter) *metav1.LabelS
 		}
 	}
 	return out
+}
+
+// subset: every name of a is in b.
+func subset(a, b []string) bool {
+	for _, n := range a {
+		if !slices.Contains(b, n) {
+			return false
+		}
+	}
+	return true
 }
 
 func sortedKeys(m map[string]string) []string {

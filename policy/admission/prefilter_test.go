@@ -50,19 +50,40 @@ func TestConfigurationsPrefilter(t *testing.T) {
 		},
 	}
 
-	t.Run("without policies the configurations are what they always were", func(t *testing.T) {
+	// What every selector starts with: the excluded namespaces, the exempt
+	// label, then base's own selector.
+	exclusions := []metav1.LabelSelectorRequirement{
+		{Key: namespaceNameLabel, Operator: metav1.LabelSelectorOpNotIn, Values: []string{"kube-system", "kube-node-lease"}},
+		{Key: ExemptLabel, Operator: metav1.LabelSelectorOpNotIn, Values: []string{"true"}},
+	}
+	baseSel := &metav1.LabelSelector{MatchLabels: map[string]string{"stampguard.dev/guarded": "yes"}, MatchExpressions: exclusions}
+
+	t.Run("without policies nothing is routed", func(t *testing.T) {
 		mut, val := Configurations(base)
-		if got := conditionNames(val.Webhooks[0].MatchConditions); !slices.Equal(got, []string{"not-break-glass"}) {
+		if len(mut.Webhooks[0].Rules)+len(val.Webhooks[0].Rules) != 0 {
+			t.Fatalf("rules %+v and %+v", mut.Webhooks[0].Rules, val.Webhooks[0].Rules)
+		}
+		if val.Webhooks[0].NamespaceSelector != nil || len(val.Webhooks[0].MatchConditions) != 0 {
+			t.Fatalf("namespaceSelector %v, conditions %v: want neither", val.Webhooks[0].NamespaceSelector, val.Webhooks[0].MatchConditions)
+		}
+	})
+
+	t.Run("with RouteAll every guarded write is routed, whatever the policies", func(t *testing.T) {
+		o := base
+		o.RouteAll = true
+		o.Policies = compileSet(t, owners)
+		mut, val := Configurations(o)
+		if got := conditionNames(val.Webhooks[0].MatchConditions); !slices.Equal(got, []string{"not-helm-release", "not-break-glass"}) {
 			t.Fatalf("validating conditions %v", got)
 		}
-		if got := conditionNames(mut.Webhooks[0].MatchConditions); !slices.Equal(got, []string{"stampless-update", "not-break-glass"}) {
+		if got := conditionNames(mut.Webhooks[0].MatchConditions); !slices.Equal(got, []string{"stampless-update", "not-helm-release", "not-break-glass"}) {
 			t.Fatalf("mutating conditions %v", got)
 		}
-		if n := len(val.Webhooks[0].Rules); n != 2 {
-			t.Fatalf("want a rule per group of the default resources, got %d", n)
+		if n := len(val.Webhooks[0].Rules); n != len(DefaultGuardedResources) {
+			t.Fatalf("want a rule per default resource, got %d", n)
 		}
-		if !reflect.DeepEqual(val.Webhooks[0].NamespaceSelector, base.NamespaceSelector) {
-			t.Fatalf("namespaceSelector %v", val.Webhooks[0].NamespaceSelector)
+		if !reflect.DeepEqual(val.Webhooks[0].NamespaceSelector, baseSel) {
+			t.Fatalf("namespaceSelector %v, want %v", val.Webhooks[0].NamespaceSelector, baseSel)
 		}
 	})
 
@@ -71,7 +92,7 @@ func TestConfigurationsPrefilter(t *testing.T) {
 		o.Policies = compileSet(t, owners)
 		mut, val := Configurations(o)
 		vw := val.Webhooks[0]
-		if got := conditionNames(vw.MatchConditions); !slices.Equal(got, []string{FieldsPolicyCondition, "not-break-glass"}) {
+		if got := conditionNames(vw.MatchConditions); !slices.Equal(got, []string{FieldsPolicyCondition, "not-helm-release", "not-break-glass"}) {
 			t.Fatalf("validating conditions %v", got)
 		}
 		want := []admissionregistrationv1.RuleWithOperations{{
@@ -82,10 +103,9 @@ func TestConfigurationsPrefilter(t *testing.T) {
 		if !reflect.DeepEqual(vw.Rules, want) {
 			t.Fatalf("rules %+v, want %+v", vw.Rules, want)
 		}
-		wantSel := &metav1.LabelSelector{MatchExpressions: []metav1.LabelSelectorRequirement{
-			{Key: "stampguard.dev/guarded", Operator: metav1.LabelSelectorOpIn, Values: []string{"yes"}},
-			{Key: namespaceNameLabel, Operator: metav1.LabelSelectorOpIn, Values: []string{"web"}},
-		}}
+		wantSel := &metav1.LabelSelector{MatchExpressions: append([]metav1.LabelSelectorRequirement{
+			{Key: "stampguard.dev/guarded", Operator: metav1.LabelSelectorOpIn, Values: []string{"yes"}}}, append(exclusions,
+			metav1.LabelSelectorRequirement{Key: namespaceNameLabel, Operator: metav1.LabelSelectorOpIn, Values: []string{"web"}})...)}
 		if !reflect.DeepEqual(vw.NamespaceSelector, wantSel) {
 			t.Fatalf("namespaceSelector %v, want %v", vw.NamespaceSelector, wantSel)
 		}
@@ -121,11 +141,8 @@ func TestConfigurationsPrefilter(t *testing.T) {
 			},
 		})
 		mut, _ := Configurations(o)
-		want := &metav1.LabelSelector{MatchExpressions: []metav1.LabelSelectorRequirement{
-			{Key: "stampguard.dev/guarded", Operator: metav1.LabelSelectorOpIn, Values: []string{"yes"}},
-			{Key: namespaceNameLabel, Operator: metav1.LabelSelectorOpNotIn, Values: []string{"kube-node-lease", "kube-system"}},
-		}}
-		if !reflect.DeepEqual(mut.Webhooks[0].NamespaceSelector, want) {
+		// The protected namespaces are excluded already: nothing to add.
+		if want := baseSel; !reflect.DeepEqual(mut.Webhooks[0].NamespaceSelector, want) {
 			t.Fatalf("namespaceSelector %v, want %v", mut.Webhooks[0].NamespaceSelector, want)
 		}
 	})
@@ -141,10 +158,10 @@ func TestConfigurationsPrefilter(t *testing.T) {
 			},
 		})
 		mut, _ := Configurations(o)
-		if !reflect.DeepEqual(mut.Webhooks[0].NamespaceSelector, base.NamespaceSelector) {
+		if !reflect.DeepEqual(mut.Webhooks[0].NamespaceSelector, baseSel) {
 			t.Fatalf("namespaceSelector %v narrowed although a namespace object matches by its own labels", mut.Webhooks[0].NamespaceSelector)
 		}
-		if got := conditionNames(mut.Webhooks[0].MatchConditions); !slices.Equal(got, []string{"stampless-update", StampPolicyCondition, "not-break-glass"}) {
+		if got := conditionNames(mut.Webhooks[0].MatchConditions); !slices.Equal(got, []string{"stampless-update", StampPolicyCondition, "not-helm-release", "not-break-glass"}) {
 			t.Fatalf("mutating conditions %v", got)
 		}
 	})

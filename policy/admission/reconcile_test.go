@@ -42,7 +42,10 @@ func TestConfigSync(t *testing.T) {
 	env := kubetest.Start(t, kubetest.Options{})
 	ctx := t.Context()
 	opts := ConfigOptions{Name: "stampguard", URL: "https://127.0.0.1:9", Resources: []GuardedResource{{Resource: "configmaps"}}}
-	mut, val := Configurations(opts)
+	// Configurations made before any policy was narrowed in: every write routed.
+	all := opts
+	all.RouteAll = true
+	mut, val := Configurations(all)
 	for _, obj := range []client.Object{mut, val} {
 		if err := env.Client.Create(ctx, obj); err != nil {
 			t.Fatal(err)
@@ -83,7 +86,7 @@ func TestConfigSync(t *testing.T) {
 		if raced.Labels["edited-by"] != "someone-else" {
 			t.Fatalf("the concurrent edit was overwritten: labels %v", raced.Labels)
 		}
-		if c := conditionNames(raced.Webhooks[0].MatchConditions); len(c) != 3 || c[1] != StampPolicyCondition {
+		if c := conditionNames(raced.Webhooks[0].MatchConditions); len(c) != 4 || c[1] != StampPolicyCondition {
 			t.Fatalf("the retried update did not land: conditions %v", c)
 		}
 		cur := get()

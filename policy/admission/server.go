@@ -9,6 +9,7 @@ import (
 	"net"
 	"net/http"
 	"path/filepath"
+	"slices"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -214,6 +215,12 @@ func Run(ctx context.Context, o Options) error {
 			}
 			if co.ProtectedNamespaces == nil {
 				co.ProtectedNamespaces = env.ProtectedNamespaces
+			}
+			if co.ExcludedNamespaces == nil {
+				// As `webhook configurations --service` excludes the
+				// Service's namespace, the webhook's own.
+				co.ExcludedNamespaces = append(slices.Clone(DefaultExcludedNamespaces), o.Namespace)
+				co.ExcludedNamespaces = slices.DeleteFunc(co.ExcludedNamespaces, func(ns string) bool { return ns == "" })
 			}
 			cs.configs = newConfigSync(mgr.GetAPIReader(), mgr.GetClient(), co, metrics, log)
 			if err := mgr.Add(cs.configs); err != nil {

@@ -15,12 +15,17 @@ import (
 	"math/big"
 	"net"
 	"net/http"
+	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"strconv"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/stampguard/stampguard/policy"
 )
 
 func writeCert(t *testing.T, dir string, serial int64) {
@@ -178,5 +183,27 @@ func TestRunRefusesABadPolicyFile(t *testing.T) {
 	err := Run(t.Context(), Options{PolicyFile: file, ProbeAddr: "0", Logger: slog.New(slog.DiscardHandler)})
 	if err == nil || !strings.Contains(err.Error(), file) || !strings.Contains(err.Error(), "spec.immutableFields[0].path") {
 		t.Fatalf("want an error naming the file and the field, got %v", err)
+	}
+}
+
+// TestNotReadyUntilThePoliciesAreLoaded: in cluster mode /readyz fails
+// until the first policy set is in force, and says so; /healthz does not.
+func TestNotReadyUntilThePoliciesAreLoaded(t *testing.T) {
+	src := &ClusterSource{}
+	mux := probeMux(prometheus.NewRegistry(), src.Ready)
+	get := func(path string) (int, string) {
+		rec := httptest.NewRecorder()
+		mux.ServeHTTP(rec, httptest.NewRequestWithContext(t.Context(), http.MethodGet, path, nil))
+		return rec.Code, rec.Body.String()
+	}
+	if code, _ := get("/healthz"); code != http.StatusOK {
+		t.Fatalf("/healthz answered %d before the policies were loaded: liveness would restart the webhook", code)
+	}
+	if code, body := get("/readyz?verbose"); code != http.StatusInternalServerError && code != http.StatusServiceUnavailable {
+		t.Fatalf("/readyz answered %d %q before the policies were loaded", code, body)
+	}
+	src.set.Store(policy.NewSet())
+	if code, body := get("/readyz"); code != http.StatusOK {
+		t.Fatalf("/readyz answered %d %q with the policies loaded", code, body)
 	}
 }

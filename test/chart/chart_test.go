@@ -4,17 +4,19 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strings"
 	"testing"
 
 	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
+	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
+	networkingv1 "k8s.io/api/networking/v1"
 	"k8s.io/apimachinery/pkg/api/equality"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/utils/ptr"
 	"sigs.k8s.io/yaml"
 
-	"github.com/stampguard/stampguard/policy/admission"
+	"github.com/stampguard/stampguard/internal/bintest"
 )
 
 func TestLintStrict(t *testing.T) {
@@ -52,6 +54,9 @@ func TestBadValuesAreRefused(t *testing.T) {
 		{"a webhook grace period within its shutdown timeout", []string{dsn, "webhook.shutdownTimeoutSeconds=40"}, "webhook.terminationGracePeriodSeconds (30) must exceed webhook.shutdownTimeoutSeconds (40)"},
 		{"a node port on a ClusterIP Service", []string{dsn, "auditSink.service.nodePort=30443"}, "auditSink.service.nodePort needs auditSink.service.type NodePort"},
 		{"a break-glass group that would break the CEL string", []string{dsn, "webhook.breakGlassGroup=a'b"}, "at '/webhook/breakGlassGroup'"},
+		{"leases among the guarded resources", []string{dsn, "webhook.guardedResources[0].group=coordination.k8s.io", "webhook.guardedResources[0].resource=leases"}, "at '/webhook/guardedResources/0/resource'"},
+		{"an image digest that is no sha256 digest", []string{dsn, "webhook.image.digest=latest"}, "at '/webhook/image/digest'"},
+		{"the webhook's own namespace guarded with the field rules failing closed", []string{dsn, "webhook.excludeReleaseNamespace=false", "webhook.failurePolicy.fields=Fail"}, "nothing could update the webhook's own Deployment"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			args := []string{"template", release, chartDir(t), "--namespace", namespace}
@@ -66,6 +71,55 @@ func TestBadValuesAreRefused(t *testing.T) {
 				t.Fatalf("error lacks %q:\n%v", tc.want, err)
 			}
 		})
+	}
+}
+
+// TestOldKubernetesIsRefused: the configurations' matchConditions need
+// Kubernetes 1.30; validate.yaml refuses older clusters.
+func TestOldKubernetesIsRefused(t *testing.T) {
+	_, err := helm(t, os.DevNull, "template", release, chartDir(t), "--namespace", namespace, "--kube-version", "v1.29.9",
+		"--set", "auditSink.enabled=false")
+	if err == nil || !strings.Contains(err.Error(), "stampguard needs 1.30 or later") {
+		t.Fatalf("want the kubeVersion refusal, got %v", err)
+	}
+}
+
+// TestNotesWarn: unsafe but legal settings are named in NOTES (a dry run
+// against the apiserver: helm install --dry-run=client assumes Kubernetes
+// 1.20, which Chart.yaml refuses).
+func TestNotesWarn(t *testing.T) {
+	env := startCluster(t)
+	kc := kubeconfig(t, env.Config)
+	for _, tc := range []struct {
+		name string
+		sets []string
+		want string
+	}{
+		{"one replica with Fail", []string{"webhook.replicas=1"}, "WARNING: webhook.replicas=1 with failurePolicy Fail"},
+		{"every write routed", []string{"webhook.manageConfigurations=false"}, "WARNING: webhook.manageConfigurations=false"},
+		{"the defaults name the exclusions", nil, "Never sent to the webhook: namespaces kube-system, kube-node-lease, " + namespace},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			args := []string{"install", release, chartDir(t), "--namespace", namespace, "--dry-run=server", "--set", "auditSink.enabled=false"}
+			for _, s := range tc.sets {
+				args = append(args, "--set", s)
+			}
+			out, err := helm(t, kc, args...)
+			if err != nil {
+				t.Fatal(err)
+			}
+			notes := out[strings.Index(out, "NOTES:"):]
+			if !strings.Contains(notes, tc.want) {
+				t.Fatalf("NOTES lack %q:\n%s", tc.want, notes)
+			}
+		})
+	}
+	out, err := helm(t, kc, "install", release, chartDir(t), "--namespace", namespace, "--dry-run=server", "--set", "auditSink.enabled=false")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if strings.Contains(out, "WARNING") {
+		t.Errorf("the defaults warn:\n%s", out)
 	}
 }
 
@@ -104,85 +158,62 @@ func TestGolden(t *testing.T) {
 	}
 }
 
-// configOptions are the admission.ConfigOptions that each value set stands
-// for. Fields left zero take admission.Configurations' defaults, so the
-// chart's defaults are checked against the Go code's.
-var configOptions = map[string]struct {
-	opts                 admission.ConfigOptions
-	stampFail, fieldFail admissionregistrationv1.FailurePolicyType
-	certManager          bool // caBundle comes from cert-manager's cainjector
-}{
-	"defaults": {
-		opts: admission.ConfigOptions{
-			TimeoutSeconds:    2,
-			NamespaceSelector: notIn("kube-system", "kube-node-lease", namespace),
-		},
-		stampFail: admissionregistrationv1.Fail, fieldFail: admissionregistrationv1.Ignore,
-	},
-	"cert-manager": {
-		opts: admission.ConfigOptions{
-			TimeoutSeconds:    2,
-			NamespaceSelector: notIn("kube-system", "kube-node-lease", namespace),
-		},
-		stampFail: admissionregistrationv1.Fail, fieldFail: admissionregistrationv1.Ignore,
-		certManager: true,
-	},
-	"existing-secrets": {
-		opts: admission.ConfigOptions{
-			TimeoutSeconds:    2,
-			NamespaceSelector: notIn("kube-system", "kube-node-lease", namespace),
-		},
-		stampFail: admissionregistrationv1.Fail, fieldFail: admissionregistrationv1.Ignore,
-		certManager: true,
-	},
-	"minimal": {
-		opts: admission.ConfigOptions{
-			TimeoutSeconds: 5,
-			Resources:      []admission.GuardedResource{{Group: "", Resource: "configmaps"}, {Group: "apps", Resource: "deployments"}},
-			NamespaceSelector: &metav1.LabelSelector{
-				MatchLabels:      map[string]string{"stampguard.dev/guarded": "true"},
-				MatchExpressions: notIn("kube-system", namespace).MatchExpressions,
-			},
-			BreakGlassGroup: "-",
-		},
-		stampFail: admissionregistrationv1.Ignore, fieldFail: admissionregistrationv1.Ignore,
-	},
+// configCases pair chart values with the `webhook configurations` flags
+// that stand for them. Every value set of ci/ that renders the webhook is
+// here; flags left out take the command's defaults, so the chart's
+// defaults are checked against the binary's.
+var configCases = []configCase{
+	{name: "defaults", set: "defaults"},
+	{name: "cert-manager", set: "cert-manager", certManager: true},
+	{name: "existing-secrets", set: "existing-secrets", certManager: true},
+	{name: "minimal", set: "minimal", flags: []string{
+		"--route-all", "--resources", "configmaps,apps/deployments", "--timeout-seconds", "5",
+		"--stamp-failure-policy", "Ignore", "--fields-failure-policy", "Ignore", "--break-glass-group", "-",
+		"--excluded-namespaces", "kube-system," + namespace, "--namespace-selector", "stampguard.dev/guarded=true",
+	}},
+	{name: "no excluded namespace, a selector of both kinds", set: "defaults", sets: []string{
+		"webhook.excludedNamespaces=null", "webhook.excludeReleaseNamespace=false", "webhook.failurePolicy.stamp=Ignore",
+		"webhook.namespaceSelector.matchLabels.team=shop",
+		"webhook.namespaceSelector.matchExpressions[0].key=env",
+		"webhook.namespaceSelector.matchExpressions[0].operator=NotIn",
+		"webhook.namespaceSelector.matchExpressions[0].values[0]=dev",
+	}, flags: []string{"--excluded-namespaces", "", "--stamp-failure-policy", "Ignore", "--namespace-selector", "team=shop,env notin (dev)"}},
+	{name: "every write routed, another break-glass group", set: "defaults", sets: []string{
+		"webhook.manageConfigurations=false", "webhook.breakGlassGroup=ops:emergency", "webhook.timeoutSeconds=9",
+	}, flags: []string{"--route-all", "--break-glass-group", "ops:emergency", "--timeout-seconds", "9"}},
 }
 
-func notIn(namespaces ...string) *metav1.LabelSelector {
-	return &metav1.LabelSelector{MatchExpressions: []metav1.LabelSelectorRequirement{{
-		Key: "kubernetes.io/metadata.name", Operator: metav1.LabelSelectorOpNotIn, Values: namespaces,
-	}}}
+type configCase struct {
+	name        string
+	set         string   // ci/ value set
+	sets        []string // --set on top
+	flags       []string // besides --name, --service and --ca-bundle
+	certManager bool     // caBundle comes from cert-manager's cainjector
 }
 
-// TestWebhookConfigurationsMatchGo decodes the rendered webhook
-// configurations of every value set and compares them field by field with
-// what admission.Configurations builds from the equivalent options: the
-// chart cannot drift from the Go code.
-func TestWebhookConfigurationsMatchGo(t *testing.T) {
+// TestWebhookConfigurationsMatchTheCommand renders the chart and runs the
+// built `webhook configurations` with the equivalent flags: both must
+// print the same objects (but for the chart's labels and annotations).
+// The chart's template is generated from the same Go code (make
+// generate); this proves the generation and the values' mapping.
+func TestWebhookConfigurationsMatchTheCommand(t *testing.T) {
+	webhook := bintest.Build(t, "./cmd/webhook")
 	for _, set := range valueSets {
-		t.Run(set, func(t *testing.T) {
-			objs := objects(t, render(t, set))
-			want, ok := configOptions[set]
-			if len(kinds(objs, "MutatingWebhookConfiguration")) == 0 {
-				if ok {
-					t.Fatalf("no webhook configurations rendered")
-				}
-				return
-			}
-			if !ok {
-				t.Fatalf("value set %s renders webhook configurations: add its options to configOptions", set)
-			}
+		if !slices.ContainsFunc(configCases, func(c configCase) bool { return c.set == set }) && len(kinds(objects(t, render(t, set)), "MutatingWebhookConfiguration")) > 0 {
+			t.Errorf("value set %s renders webhook configurations: add it to configCases", set)
+		}
+	}
+	for _, c := range configCases {
+		t.Run(c.name, func(t *testing.T) {
+			objs := objects(t, render(t, c.set, c.sets...))
 			name := release + "-stampguard"
 			var gotM admissionregistrationv1.MutatingWebhookConfiguration
 			var gotV admissionregistrationv1.ValidatingWebhookConfiguration
 			find(t, objs, "MutatingWebhookConfiguration", name, &gotM)
 			find(t, objs, "ValidatingWebhookConfiguration", name, &gotV)
 
-			o := want.opts
-			o.Name = name
-			o.Service = &admissionregistrationv1.ServiceReference{Namespace: namespace, Name: name + "-webhook", Port: ptr.To[int32](443)}
-			if want.certManager {
+			args := append([]string{"configurations", "--name", name, "--service", namespace + "/" + name + "-webhook:443"}, c.flags...)
+			if c.certManager {
 				// cert-manager's cainjector fills caBundle from the Certificate.
 				inject := namespace + "/" + name + "-webhook"
 				for _, a := range []map[string]string{gotM.Annotations, gotV.Annotations} {
@@ -193,24 +224,32 @@ func TestWebhookConfigurationsMatchGo(t *testing.T) {
 			} else {
 				var secret corev1.Secret
 				find(t, objs, "Secret", name+"-webhook-tls", &secret)
-				o.CABundle = secret.Data["ca.crt"]
-				if len(o.CABundle) == 0 {
+				if len(secret.Data["ca.crt"]) == 0 {
 					t.Fatalf("the webhook's TLS Secret has no ca.crt")
 				}
+				ca := filepath.Join(t.TempDir(), "ca.crt")
+				if err := os.WriteFile(ca, secret.Data["ca.crt"], 0o600); err != nil {
+					t.Fatal(err)
+				}
+				args = append(args, "--ca-bundle", ca)
 			}
-			o.FailurePolicy = want.stampFail
-			wantM, _ := admission.Configurations(o)
-			o.FailurePolicy = want.fieldFail
-			_, wantV := admission.Configurations(o)
+			out := run(t, webhook, args, nil)
+			cmdObjs := objects(t, out)
+			var wantM admissionregistrationv1.MutatingWebhookConfiguration
+			var wantV admissionregistrationv1.ValidatingWebhookConfiguration
+			find(t, cmdObjs, "MutatingWebhookConfiguration", name, &wantM)
+			find(t, cmdObjs, "ValidatingWebhookConfiguration", name, &wantV)
 
 			// Labels and annotations are the chart's; everything else must match.
 			gotM.ObjectMeta = metav1.ObjectMeta{Name: gotM.Name}
 			gotV.ObjectMeta = metav1.ObjectMeta{Name: gotV.Name}
-			if !equality.Semantic.DeepEqual(wantM, &gotM) {
-				t.Errorf("MutatingWebhookConfiguration differs from admission.Configurations (change charts/stampguard/templates/webhook/configurations.yaml with policy/admission/config.go):\n%s", lineDiff(toYAML(t, wantM), toYAML(t, &gotM)))
+			if !equality.Semantic.DeepEqual(&wantM, &gotM) {
+				t.Errorf("the chart's MutatingWebhookConfiguration differs from webhook %s (make generate rewrites the chart's template; check configurations.yaml's mapping of the values):\n%s",
+					strings.Join(args, " "), lineDiff(toYAML(t, &wantM), toYAML(t, &gotM)))
 			}
-			if !equality.Semantic.DeepEqual(wantV, &gotV) {
-				t.Errorf("ValidatingWebhookConfiguration differs from admission.Configurations (change charts/stampguard/templates/webhook/configurations.yaml with policy/admission/config.go):\n%s", lineDiff(toYAML(t, wantV), toYAML(t, &gotV)))
+			if !equality.Semantic.DeepEqual(&wantV, &gotV) {
+				t.Errorf("the chart's ValidatingWebhookConfiguration differs from webhook %s:\n%s",
+					strings.Join(args, " "), lineDiff(toYAML(t, &wantV), toYAML(t, &gotV)))
 			}
 		})
 	}
@@ -268,4 +307,56 @@ func lineDiff(want, got string) string {
 		}
 	}
 	return b.String()
+}
+
+// TestChartKnobs: the values that adapt the pods to a platform reach them.
+func TestChartKnobs(t *testing.T) {
+	digest := "sha256:" + strings.Repeat("ab", 32)
+	objs := objects(t, render(t, "defaults",
+		"webhook.image.digest="+digest, "webhook.hostNetwork=true",
+		"webhook.podSecurityContext.runAsUser=null", "webhook.podSecurityContext.runAsGroup=null", "webhook.podSecurityContext.fsGroup=null",
+		"webhook.extraEnv[0].name=GOMAXPROCS", "webhook.extraEnv[0].value=2",
+		"webhook.extraVolumes[0].name=extra", "webhook.extraVolumes[0].emptyDir.medium=Memory",
+		"webhook.extraVolumeMounts[0].name=extra", "webhook.extraVolumeMounts[0].mountPath=/extra",
+		"webhook.networkPolicy.apiserverPeers[0].ipBlock.cidr=10.0.0.0/24",
+		"auditSink.extraEnv[0].name=TZ", "auditSink.extraEnv[0].value=UTC"))
+	var d appsv1.Deployment
+	find(t, objs, "Deployment", release+"-stampguard-webhook", &d)
+	spec := d.Spec.Template.Spec
+	c := spec.Containers[0]
+	if c.Image != "ghcr.io/stampguard/webhook@"+digest {
+		t.Errorf("image %s, want the digest", c.Image)
+	}
+	if !spec.HostNetwork || spec.DNSPolicy != corev1.DNSClusterFirstWithHostNet {
+		t.Errorf("hostNetwork %v, dnsPolicy %s", spec.HostNetwork, spec.DNSPolicy)
+	}
+	if sc := spec.SecurityContext; sc.RunAsUser != nil || sc.FSGroup != nil || sc.RunAsNonRoot == nil || !*sc.RunAsNonRoot {
+		t.Errorf("pod security context %+v: want no fixed IDs and runAsNonRoot kept", sc)
+	}
+	if spec.PriorityClassName != "system-cluster-critical" {
+		t.Errorf("priorityClassName %q", spec.PriorityClassName)
+	}
+	if !slices.ContainsFunc(c.Env, func(e corev1.EnvVar) bool { return e.Name == "GOMAXPROCS" && e.Value == "2" }) ||
+		!slices.ContainsFunc(c.Env, func(e corev1.EnvVar) bool { return e.Name == "POD_NAMESPACE" }) {
+		t.Errorf("env %+v", c.Env)
+	}
+	if !slices.ContainsFunc(spec.Volumes, func(v corev1.Volume) bool { return v.Name == "extra" && v.EmptyDir != nil }) ||
+		!slices.ContainsFunc(c.VolumeMounts, func(m corev1.VolumeMount) bool { return m.Name == "extra" && m.MountPath == "/extra" }) {
+		t.Errorf("volumes %+v mounts %+v", spec.Volumes, c.VolumeMounts)
+	}
+	var np networkingv1.NetworkPolicy
+	find(t, objs, "NetworkPolicy", release+"-stampguard-webhook", &np)
+	if len(np.Spec.Ingress) != 2 || np.Spec.Ingress[0].Ports[0].Port.IntValue() != 9443 ||
+		len(np.Spec.Ingress[0].From) != 1 || np.Spec.Ingress[0].From[0].IPBlock.CIDR != "10.0.0.0/24" ||
+		np.Spec.Ingress[1].Ports[0].Port.IntValue() != 8081 || len(np.Spec.Ingress[1].From) != 0 {
+		t.Errorf("network policy %+v", np.Spec)
+	}
+	var sts appsv1.StatefulSet
+	find(t, objs, "StatefulSet", release+"-stampguard-auditsink", &sts)
+	if env := sts.Spec.Template.Spec.Containers[0].Env; len(env) != 2 || env[0].Name != "POD_IP" || env[1].Name != "TZ" {
+		t.Errorf("sink env %+v", env)
+	}
+	if len(kinds(objects(t, render(t, "defaults", "webhook.networkPolicy.enabled=false")), "NetworkPolicy")) != 0 {
+		t.Errorf("networkPolicy.enabled=false still renders one")
+	}
 }

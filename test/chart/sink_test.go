@@ -76,7 +76,9 @@ func TestSinkWiring(t *testing.T) {
 			find(t, objs, "Secret", name+"-tls", &tlsSecret)
 			anonymous := tlsClient(t, tlsSecret.Data["ca.crt"])
 			base := fmt.Sprintf("https://127.0.0.1:%d", port)
-			waitHTTP(t, anonymous, base+"/healthz")
+			// The rendered probes' paths, as the kubelet calls them.
+			waitHTTP(t, anonymous, base+serve.LivenessProbe.HTTPGet.Path)
+			waitHTTP(t, anonymous, base+serve.ReadinessProbe.HTTPGet.Path)
 
 			batch, ids := auditBatch(time.Now().UTC(), 3)
 			post := func(c *http.Client, token string) int {

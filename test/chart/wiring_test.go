@@ -13,6 +13,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -56,28 +57,7 @@ func TestWebhookWiring(t *testing.T) {
 	ctx := t.Context()
 
 	createNamespace(t, env.Client, namespace)
-	var rendered []client.Object
-	for _, o := range objs {
-		obj := o.DeepCopy()
-		switch o.GetKind() {
-		case "MutatingWebhookConfiguration", "ValidatingWebhookConfiguration":
-			webhooks, _, _ := unstructured.NestedSlice(obj.Object, "webhooks")
-			for i := range webhooks {
-				wh := webhooks[i].(map[string]any)
-				cc := wh["clientConfig"].(map[string]any)
-				svc := cc["service"].(map[string]any)
-				cc["url"] = fmt.Sprintf("https://127.0.0.1:%v%s", svc["port"], svc["path"])
-				delete(cc, "service")
-			}
-			if err := unstructured.SetNestedSlice(obj.Object, webhooks, "webhooks"); err != nil {
-				t.Fatal(err)
-			}
-			rendered = append(rendered, obj.DeepCopy())
-		}
-		if err := env.Client.Create(ctx, obj, client.FieldValidation("Strict")); err != nil {
-			t.Fatalf("create %s %s: %v", o.GetKind(), o.GetName(), err)
-		}
-	}
+	rendered := createRendered(t, env, objs)
 
 	// The apiserver stored the configurations as rendered, but for the url.
 	var gotM admissionregistrationv1.MutatingWebhookConfiguration
@@ -98,6 +78,22 @@ func TestWebhookWiring(t *testing.T) {
 		}
 	}
 	gotM.Webhooks[0].ObjectSelector, gotV.Webhooks[0].ObjectSelector = nil, nil
+	// Before the first policy the chart sets no namespaceSelector either,
+	// which the apiserver defaults to {} too.
+	for _, p := range []struct{ got, want *metav1.LabelSelector }{
+		{gotM.Webhooks[0].NamespaceSelector, wantM.Webhooks[0].NamespaceSelector},
+		{gotV.Webhooks[0].NamespaceSelector, wantV.Webhooks[0].NamespaceSelector},
+	} {
+		if p.want == nil && (p.got == nil || len(p.got.MatchLabels)+len(p.got.MatchExpressions) != 0) {
+			t.Fatalf("namespaceSelector %v: want the apiserver's empty default", p.got)
+		}
+	}
+	if wantM.Webhooks[0].NamespaceSelector == nil {
+		gotM.Webhooks[0].NamespaceSelector = nil
+	}
+	if wantV.Webhooks[0].NamespaceSelector == nil {
+		gotV.Webhooks[0].NamespaceSelector = nil
+	}
 	if !equality.Semantic.DeepEqual(wantM.Webhooks, gotM.Webhooks) {
 		t.Errorf("stored mutating webhook differs from the render:\n%s", lineDiff(toYAML(t, wantM.Webhooks), toYAML(t, gotM.Webhooks)))
 	}
@@ -109,16 +105,7 @@ func TestWebhookWiring(t *testing.T) {
 			*gotM.Webhooks[0].TimeoutSeconds, *gotM.Webhooks[0].FailurePolicy, *gotV.Webhooks[0].FailurePolicy)
 	}
 
-	// The binary, as the Deployment runs it, with the chart's ServiceAccount.
-	var d appsv1.Deployment
-	find(t, objs, "Deployment", name+"-webhook", &d)
-	saConfig := rest.AnonymousClientConfig(env.Config)
-	saConfig.BearerToken = serviceAccountToken(t, env, d.Spec.Template.Spec.ServiceAccountName)
-	pod := podFiles(t, objs, d.Namespace, &d.Spec.Template.Spec)
-	c := d.Spec.Template.Spec.Containers[0]
-	args := append(pod.remap(c.Args), "--kubeconfig="+kubeconfig(t, saConfig))
-	start(t, bintest.Build(t, "./cmd/webhook"), args, pod.env(t, c), d.Spec.Template.Spec.TerminationGracePeriodSeconds)
-	waitHTTP(t, http.DefaultClient, fmt.Sprintf("http://127.0.0.1:%d/readyz", probe))
+	startWebhook(t, env, objs, probe)
 
 	// Policies the webhook reports Ready on, through the status RBAC.
 	createNamespace(t, env.Client, "shop")
@@ -172,6 +159,55 @@ func TestWebhookWiring(t *testing.T) {
 			t.Fatalf("break-glass update refused: %v", err)
 		}
 	})
+}
+
+// createRendered creates every rendered object in env. The apiserver has no
+// cluster DNS and no kube-proxy, so the webhook configurations get a url
+// (the Service's port and path on 127.0.0.1) instead of their Service;
+// nothing else changes. It returns the configurations as sent.
+func createRendered(t testing.TB, env *kubetest.Env, objs []*unstructured.Unstructured) []client.Object {
+	t.Helper()
+	var rendered []client.Object
+	for _, o := range objs {
+		obj := o.DeepCopy()
+		switch o.GetKind() {
+		case "MutatingWebhookConfiguration", "ValidatingWebhookConfiguration":
+			webhooks, _, _ := unstructured.NestedSlice(obj.Object, "webhooks")
+			for i := range webhooks {
+				wh := webhooks[i].(map[string]any)
+				cc := wh["clientConfig"].(map[string]any)
+				svc := cc["service"].(map[string]any)
+				cc["url"] = fmt.Sprintf("https://127.0.0.1:%v%s", svc["port"], svc["path"])
+				delete(cc, "service")
+			}
+			if err := unstructured.SetNestedSlice(obj.Object, webhooks, "webhooks"); err != nil {
+				t.Fatal(err)
+			}
+			rendered = append(rendered, obj.DeepCopy())
+		}
+		if err := env.Client.Create(t.Context(), obj, client.FieldValidation("Strict")); err != nil {
+			t.Fatalf("create %s %s: %v", o.GetKind(), o.GetName(), err)
+		}
+	}
+	return rendered
+}
+
+// startWebhook runs the built webhook binary as the rendered Deployment
+// runs it, with the chart ServiceAccount's token through a kubeconfig
+// instead of the in-cluster config, and waits until it is ready. stop
+// ends it (SIGTERM, as the kubelet); the test's end does too.
+func startWebhook(t testing.TB, env *kubetest.Env, objs []*unstructured.Unstructured, probe int) (stop func()) {
+	t.Helper()
+	var d appsv1.Deployment
+	find(t, objs, "Deployment", release+"-stampguard-webhook", &d)
+	saConfig := rest.AnonymousClientConfig(env.Config)
+	saConfig.BearerToken = serviceAccountToken(t, env, d.Spec.Template.Spec.ServiceAccountName)
+	pod := podFiles(t, objs, d.Namespace, &d.Spec.Template.Spec)
+	c := d.Spec.Template.Spec.Containers[0]
+	args := append(pod.remap(c.Args), "--kubeconfig="+kubeconfig(t, saConfig))
+	stop = start(t, bintest.Build(t, "./cmd/webhook"), args, pod.env(t, c), d.Spec.Template.Spec.TerminationGracePeriodSeconds)
+	waitHTTP(t, http.DefaultClient, fmt.Sprintf("http://127.0.0.1:%d/readyz", probe))
+	return stop
 }
 
 func unstructuredOf(objs []client.Object) []*unstructured.Unstructured {
@@ -323,9 +359,9 @@ func (p *pod) env(t testing.TB, c corev1.Container) []string {
 }
 
 // start runs bin with args and env (added to a minimal environment) until
-// the test ends, then stops it with SIGTERM and expects a clean exit within
-// the pod's grace period, as the kubelet would allow.
-func start(t testing.TB, bin string, args, env []string, grace *int64) {
+// the test ends or stop is called, then stops it with SIGTERM and expects a
+// clean exit within the pod's grace period, as the kubelet would allow.
+func start(t testing.TB, bin string, args, env []string, grace *int64) (stop func()) {
 	t.Helper()
 	cmd := exec.Command(bin, args...)
 	cmd.Env = append([]string{"PATH=" + os.Getenv("PATH"), "HOME=" + t.TempDir()}, env...)
@@ -344,23 +380,30 @@ func start(t testing.TB, bin string, args, env []string, grace *int64) {
 	if grace != nil {
 		limit = time.Duration(*grace) * time.Second
 	}
-	t.Cleanup(func() {
-		_ = cmd.Process.Signal(syscall.SIGTERM)
-		select {
-		case err := <-exited:
-			if err != nil {
-				b, _ := os.ReadFile(logPath)
-				t.Errorf("%s exited with %v; log:\n%s", filepath.Base(bin), err, tail(b))
+	var once sync.Once
+	stop = func() {
+		once.Do(func() {
+			_ = cmd.Process.Signal(syscall.SIGTERM)
+			select {
+			case err := <-exited:
+				if err != nil {
+					b, _ := os.ReadFile(logPath)
+					t.Errorf("%s exited with %v; log:\n%s", filepath.Base(bin), err, tail(b))
+				}
+			case <-time.After(limit):
+				_ = cmd.Process.Kill()
+				t.Errorf("%s did not stop within its grace period (%s) after SIGTERM", filepath.Base(bin), limit)
 			}
-		case <-time.After(limit):
-			_ = cmd.Process.Kill()
-			t.Errorf("%s did not stop within its grace period (%s) after SIGTERM", filepath.Base(bin), limit)
-		}
+		})
+	}
+	t.Cleanup(func() {
+		stop()
 		if t.Failed() {
 			b, _ := os.ReadFile(logPath)
 			t.Logf("%s log:\n%s", filepath.Base(bin), tail(b))
 		}
 	})
+	return stop
 }
 
 func tail(b []byte) string {

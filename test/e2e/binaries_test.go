@@ -188,8 +188,11 @@ func TestWebhookBinary(t *testing.T) {
 	tlsClient := webhookClient(t, env.CAData)
 
 	t.Run("webhook configurations output, applied to the apiserver, registers the webhook", func(t *testing.T) {
+		// Routing what the file mode's policies guard; the cluster mode
+		// below narrows them to the live policies (--sync-configurations,
+		// whose default names these: "stampguard").
 		out, stderr, code := runBinary(t, nil, webhook, "configurations", "--url", env.WebhookURL(), "--ca-bundle", caFile,
-			"--resources", "apps/deployments,configmaps", "--name", "stampguard-bin")
+			"--resources", "apps/deployments,configmaps", "--policy-file", filepath.Join(root, "examples", "policies.yaml"))
 		if code != 0 {
 			t.Fatalf("exit %d: %s", code, stderr)
 		}
@@ -267,7 +270,8 @@ func TestWebhookBinary(t *testing.T) {
 	t.Run("cluster mode from a kubeconfig", func(t *testing.T) {
 		kubeconfig := writeKubeconfig(t, env.Config, filepath.Join(dir, "kubeconfig"))
 		probes := freeAddr(t)
-		p := startProcess(t, nil, webhook, append([]string{"--kubeconfig", kubeconfig, "--probe-addr", probes, "--namespace", "stampguard-system"}, serving...)...)
+		p := startProcess(t, nil, webhook, append([]string{"--kubeconfig", kubeconfig, "--probe-addr", probes, "--namespace", "stampguard-system",
+			"--sync-resources", "apps/deployments,configmaps"}, serving...)...)
 		p.waitFor("/readyz answering 200", func() error { return httpStatus(http.DefaultClient, "http://"+probes+"/readyz", http.StatusOK) })
 
 		t.Run("a ConcurrencyPolicy created after the start is enforced", func(t *testing.T) {

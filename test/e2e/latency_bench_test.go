@@ -65,7 +65,7 @@ func BenchmarkUpdateLatency(b *testing.B) {
 	// compiled configurations route bench-plain too, but their condition
 	// skips its writes: none of them changes a guarded field.
 	mut, val := admission.Configurations(admission.ConfigOptions{
-		Name: "bench-plain", URL: env.WebhookURL(), CABundle: env.CAData,
+		Name: "bench-plain", URL: env.WebhookURL(), CABundle: env.CAData, RouteAll: true,
 		Resources:         []admission.GuardedResource{{Resource: "configmaps"}},
 		NamespaceSelector: &metav1.LabelSelector{MatchLabels: map[string]string{"bench": "bench-plain"}},
 	})

@@ -617,7 +617,7 @@ func TestWebhook(t *testing.T) {
 			ns := "down-" + strings.ToLower(string(fp))
 			namespace(t, admin, ns, map[string]string{"e2e.stampguard.dev/down": string(fp)})
 			mut, val := admission.Configurations(admission.ConfigOptions{
-				Name: "down-" + strings.ToLower(string(fp)), URL: deadURL, CABundle: env.CAData, FailurePolicy: fp,
+				Name: "down-" + strings.ToLower(string(fp)), URL: deadURL, CABundle: env.CAData, StampFailurePolicy: fp, FieldsFailurePolicy: fp, RouteAll: true,
 				Resources:         []admission.GuardedResource{{Resource: "configmaps"}},
 				NamespaceSelector: &metav1.LabelSelector{MatchLabels: map[string]string{"e2e.stampguard.dev/down": string(fp)}},
 			})

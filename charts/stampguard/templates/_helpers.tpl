@@ -43,28 +43,13 @@ app.kubernetes.io/component: {{ .component }}
 app.kubernetes.io/component: {{ .component }}
 {{- end -}}
 
+{{/* The image: repository@digest when a digest is given, else repository:tag (tag defaults to appVersion). */}}
 {{- define "stampguard.image" -}}
+{{- if .image.digest -}}
+{{- printf "%s@%s" .image.repository .image.digest -}}
+{{- else -}}
 {{- printf "%s:%s" .image.repository (default .ctx.Chart.AppVersion .image.tag) -}}
 {{- end -}}
-
-{{/* The restricted pod and container security contexts. */}}
-{{- define "stampguard.podSecurityContext" -}}
-runAsNonRoot: true
-runAsUser: 65532
-runAsGroup: 65532
-fsGroup: 65532
-seccompProfile:
-  type: RuntimeDefault
-{{- end -}}
-
-{{- define "stampguard.containerSecurityContext" -}}
-allowPrivilegeEscalation: false
-readOnlyRootFilesystem: true
-runAsNonRoot: true
-capabilities:
-  drop: [ALL]
-seccompProfile:
-  type: RuntimeDefault
 {{- end -}}
 
 {{/*
@@ -163,31 +148,6 @@ group: cert-manager.io
 {{- define "stampguard.sink.tokenSecret" -}}{{ default (printf "%s-token" (include "stampguard.sink.fullname" .)) .Values.auditSink.auth.token.existingSecret }}{{- end -}}
 {{- define "stampguard.sink.tokenKey" -}}{{ if .Values.auditSink.auth.token.existingSecret }}{{ .Values.auditSink.auth.token.existingSecretKey }}{{ else }}token{{ end }}{{- end -}}
 
-{{/*
-webhook.rules: one rule per API group in order of first appearance, as
-admission.ConfigOptions.rules builds them; with scale, deployments,
-statefulsets and replicasets get their scale subresource too. Takes
-(dict "resources" LIST "scale" BOOL "ops" LIST).
-*/}}
-{{- define "stampguard.webhook.rules" -}}
-{{- $groups := list -}}
-{{- $byGroup := dict -}}
-{{- range .resources -}}
-{{- $g := .group | default "" -}}
-{{- if not (hasKey $byGroup $g) }}{{ $groups = append $groups $g }}{{ $_ := set $byGroup $g list }}{{ end -}}
-{{- $rs := append (get $byGroup $g) .resource -}}
-{{- if and $.scale (eq $g "apps") (has .resource (list "deployments" "statefulsets" "replicasets")) }}{{ $rs = append $rs (printf "%s/scale" .resource) }}{{ end -}}
-{{- $_ := set $byGroup $g $rs -}}
-{{- end -}}
-{{- range $groups }}
-- operations: {{ toJson $.ops }}
-  apiGroups: [{{ . | quote }}]
-  apiVersions: ["*"]
-  resources: {{ toJson (get $byGroup .) }}
-  scope: "*"
-{{- end -}}
-{{- end -}}
-
 {{/* The sink certificate's IP addresses: the fixed cluster IP and extras. */}}
 {{- define "stampguard.sink.ips" -}}
 {{- $ips := .Values.auditSink.tls.extraIPAddresses -}}
@@ -205,19 +165,24 @@ statefulsets and replicasets get their scale subresource too. Takes
 {{- join "," $out -}}
 {{- end -}}
 
-{{/* The namespace selector of configurations.yaml as the webhook's --sync-namespace-selector. */}}
+{{/* The namespaces never sent to the webhook, as a JSON list: webhook.excludedNamespaces and the release namespace. */}}
+{{- define "stampguard.webhook.excludedNamespaces" -}}
+{{- $w := .Values.webhook -}}
+{{- $excluded := $w.excludedNamespaces | default list -}}
+{{- if $w.excludeReleaseNamespace }}{{ $excluded = append $excluded .Release.Namespace }}{{ end -}}
+{{- $excluded | uniq | toJson -}}
+{{- end -}}
+
+{{/* webhook.namespaceSelector as the webhook's --sync-namespace-selector. */}}
 {{- define "stampguard.webhook.syncSelector" -}}
-{{- $w := .w -}}
+{{- $sel := .namespaceSelector | default dict -}}
 {{- $parts := list -}}
-{{- $excluded := $w.excludedNamespaces -}}
-{{- if $w.excludeReleaseNamespace }}{{ $excluded = append $excluded .ctx.Release.Namespace | uniq }}{{ end -}}
-{{- if $excluded }}{{ $parts = append $parts (printf "kubernetes.io/metadata.name notin (%s)" (join "," $excluded)) }}{{ end -}}
-{{- range ($w.namespaceSelector.matchExpressions | default list) -}}
+{{- range ($sel.matchExpressions | default list) -}}
 {{- if eq .operator "In" }}{{ $parts = append $parts (printf "%s in (%s)" .key (join "," .values)) }}
 {{- else if eq .operator "NotIn" }}{{ $parts = append $parts (printf "%s notin (%s)" .key (join "," .values)) }}
 {{- else if eq .operator "Exists" }}{{ $parts = append $parts .key }}
 {{- else }}{{ $parts = append $parts (printf "!%s" .key) }}{{ end -}}
 {{- end -}}
-{{- range $k, $v := ($w.namespaceSelector.matchLabels | default dict) }}{{ $parts = append $parts (printf "%s=%s" $k $v) }}{{ end -}}
+{{- range $k, $v := ($sel.matchLabels | default dict) }}{{ $parts = append $parts (printf "%s=%s" $k $v) }}{{ end -}}
 {{- join "," $parts -}}
 {{- end -}}
