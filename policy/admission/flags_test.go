@@ -81,17 +81,17 @@ func TestWebhookFlagsRefuseWhatTheyCannotDo(t *testing.T) {
 	t.Setenv(KubeconfigEnv, writeKubeconfig(t, "https://127.0.0.1:6443"))
 	examples := filepath.Join("..", "..", "examples", "policies.yaml")
 	for args, want := range map[string]string{
-		"--port 0":                                     "--port 0: want 1 to 65535",
-		"--port 70000":                                 "--port 70000: want 1 to 65535",
-		"--max-review-bytes 0":                         "--max-review-bytes 0: want a positive number of bytes (default 8388608)",
-		"--shutdown-timeout 0s":                        "--shutdown-timeout 0s: want a positive duration (default 25s)",
-		"--log-level loud":                             `--log-level "loud": want debug, info, warn or error`,
-		"--log-format xml":                             `--log-format "xml": want json or text`,
-		"--policy-file " + empty:                       "--policy-file " + empty + " holds no policies: the webhook would guard nothing",
-		"--sync-resources configmaps":                  "--sync-resources needs --sync-configurations NAME: without it the webhook leaves the configurations alone",
-		"--sync-namespace-selector team=a":             "--sync-namespace-selector needs --sync-configurations NAME: without it the webhook leaves the configurations alone",
-		"--sync-configurations s --sync-resources a/*": `--sync-resources: resource "a/*": name resources; a wildcard would send every write in the cluster, leases and events included, to the webhook`,
-		"--policy-file " + examples + " --sync-configurations s": "--policy-file is file mode; --sync-configurations and --kubeconfig are for cluster mode: give one mode (in file mode, print the configurations with `webhook configurations --policy-file`)",
+		"--port 0":               "--port 0: want 1 to 65535",
+		"--port 70000":           "--port 70000: want 1 to 65535",
+		"--max-review-bytes 0":   "--max-review-bytes 0: want a positive number of bytes (default 8388608)",
+		"--shutdown-timeout 0s":  "--shutdown-timeout 0s: want a positive duration (default 25s)",
+		"--log-level loud":       `--log-level "loud": want debug, info, warn or error`,
+		"--log-format xml":       `--log-format "xml": want json or text`,
+		"--policy-file " + empty: "--policy-file " + empty + " holds no policies: the webhook would guard nothing",
+		"--sync-configurations= --sync-resources configmaps":      "--sync-resources needs --sync-configurations NAME: without it the webhook leaves the configurations alone",
+		"--sync-configurations= --sync-namespace-selector team=a": "--sync-namespace-selector needs --sync-configurations NAME: without it the webhook leaves the configurations alone",
+		"--sync-configurations s --sync-resources a/*":            `--sync-resources: resource "a/*": name resources; a wildcard would send every write in the cluster, leases and events included, to the webhook`,
+		"--policy-file " + examples + " --sync-configurations s":  "--policy-file is file mode; --sync-configurations and --kubeconfig are for cluster mode: give one mode (in file mode, print the configurations with `webhook configurations --policy-file`)",
 	} {
 		_, err := resolveServeFlags(t, strings.Fields(args)...)
 		if err == nil || err.Error() != want || cli.ExitCode(err) != cli.ExitUsage {
