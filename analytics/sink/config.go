@@ -637,7 +637,7 @@ func (s *ServeConfig) Resolve(w io.Writer) (*Serve, error) {
 		return nil, cli.Usagef("--client-names: %w", err)
 	}
 	if s.NoMigrate && o.Retention > 0 {
-		return nil, cli.Usagef("--retention drops partitions, which is DDL: with --no-migrate run `auditsink migrate --retention` as a job instead")
+		return nil, cli.Usagef("--retention: drops partitions, which is DDL; with --no-migrate run `auditsink migrate --retention` as a job instead")
 	}
 	o.NoMigrate = s.NoMigrate
 	conn, err := s.Connect(w)
@@ -691,15 +691,15 @@ func (s *ServeConfig) checkAuth(o Options) error {
 	}
 	switch {
 	case o.AllowUnauthenticated && (o.Token != "" || o.ClientCAFile != ""):
-		return cli.Usagef("--allow-unauthenticated contradicts the token or --client-ca, which would be ignored: drop one")
+		return cli.Usagef("--allow-unauthenticated: contradicts the token or --client-ca, which would be ignored: drop one")
 	case o.Token != "" && len(o.Token) < MinTokenLength:
 		return cli.Usagef("%s: the token has %d characters, want at least %d (e.g. openssl rand -hex 24)", tokenFlag, len(o.Token), MinTokenLength)
 	case o.Token == "" && s.TokenClusters != "":
-		return cli.Usagef("--token-clusters needs a token (--token-file or $%s)", TokenEnv)
+		return cli.Usagef("--token-clusters: needs a token (--token-file or $%s)", TokenEnv)
 	case o.ClientCAFile != "" && s.ClientNames == "":
-		return cli.Usagef("--client-ca needs --client-names: a CA such as the cluster CA also signs kubelet and user certificates")
+		return cli.Usagef("--client-ca: needs --client-names; a CA such as the cluster CA also signs kubelet and user certificates")
 	case o.ClientCAFile == "" && s.ClientNames != "":
-		return cli.Usagef("--client-names needs --client-ca")
+		return cli.Usagef("--client-names: needs --client-ca")
 	}
 	return nil
 }

@@ -205,8 +205,12 @@ func TestClusterMode(t *testing.T) {
 	compare("once every event is stored")
 	sink("migrate", "--database", db)
 	compare("after the hour caches are built")
-	if err := conn.Exec(ctx, "OPTIMIZE TABLE events_local ON CLUSTER "+chtest.ClusterName+" FINAL"); err != nil {
-		t.Fatal(err)
+	// 18.16 cannot run OPTIMIZE ON CLUSTER on replicated tables: each
+	// shard's first replica merges, and the second replica follows.
+	for _, shard := range c.Shards {
+		if err := shard[0].ClusterConn(t, db).Exec(ctx, "OPTIMIZE TABLE events_local FINAL"); err != nil {
+			t.Fatal(err)
+		}
 	}
 	compare("after OPTIMIZE FINAL")
 }
