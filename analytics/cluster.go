@@ -225,11 +225,3 @@ func (s *Store) execDDL(ctx context.Context, stmt string) error {
 	}
 	return nil
 }
-
-// localTable is the table that holds table's rows on a node.
-func (s *Store) localTable(table string) string {
-	if s.ddl == nil || isGlobalTable(table) {
-		return table
-	}
-	return table + LocalSuffix
-}

@@ -6,7 +6,6 @@ import (
 	"flag"
 	"io"
 	"io/fs"
-	"log/slog"
 	"os"
 	"path/filepath"
 	"reflect"
@@ -41,8 +40,6 @@ func writeFile(t *testing.T, content string) string {
 	}
 	return p
 }
-
-func discard() *slog.Logger { return slog.New(slog.DiscardHandler) }
 
 // TestFlagsBeatTheEnvironment is the auditsink flag rule: an explicit
 // flag beats the environment, the environment beats the defaults.

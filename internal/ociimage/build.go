@@ -129,7 +129,7 @@ func ChartAppVersion(repoRoot string) (string, error) {
 		AppVersion string `json:"appVersion"`
 	}
 	if err := yaml.Unmarshal(b, &c); err != nil || strings.TrimSpace(c.AppVersion) == "" {
-		return "", fmt.Errorf("%s: no appVersion (%v)", p, err)
+		return "", fmt.Errorf("%s: no appVersion (%w)", p, err)
 	}
 	return c.AppVersion, nil
 }

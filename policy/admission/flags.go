@@ -66,7 +66,7 @@ type ServeFlags struct {
 	// cluster mode and to none in file mode; given empty, the webhook
 	// leaves the configurations alone.
 	SyncConfigurations, SyncResources, SyncNamespaceSelector, SyncExcludedNamespaces string
-	syncSet, syncExcludedSet                                                     bool
+	syncSet, syncExcludedSet                                                         bool
 }
 
 // Register binds f to fs.

@@ -10,8 +10,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/go-logr/logr"
-
 	"github.com/stampguard/stampguard/internal/cli"
 )
 
@@ -121,7 +119,7 @@ func TestRuntimeLoggerTellsTheShutdownTimeout(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var rl logr.Logger = RuntimeLogger(log, 25*time.Second).WithName("webhook").WithValues("k", "v")
+	rl := RuntimeLogger(log, 25*time.Second).WithName("webhook").WithValues("k", "v")
 	rl.Info("Shutting down webhook server with timeout of 1 minute")
 	rl.Info("Serving webhook server", "port", 9443)
 	got := out.String()

@@ -159,7 +159,7 @@ func TestOutage(t *testing.T) {
 			if apierrors.IsInvalid(err) && strings.Contains(err.Error(), `admission webhook "`+admission.StampWebhookName+`" denied the request`) {
 				return nil
 			}
-			return fmt.Errorf("want 422 from the stamp webhook, got %v", err)
+			return fmt.Errorf("want 422 from the stamp webhook, got %w", err)
 		})
 	})
 }

@@ -40,9 +40,9 @@ import (
 	"github.com/ClickHouse/clickhouse-go/v2/lib/driver"
 
 	"github.com/stampguard/stampguard/analytics"
-	asql "github.com/stampguard/stampguard/analytics/sql"
 	"github.com/stampguard/stampguard/analytics/audit"
 	"github.com/stampguard/stampguard/analytics/logfile"
+	asql "github.com/stampguard/stampguard/analytics/sql"
 	"github.com/stampguard/stampguard/internal/bintest"
 	"github.com/stampguard/stampguard/internal/chtest"
 	"github.com/stampguard/stampguard/internal/kubetest"

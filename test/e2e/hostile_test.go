@@ -437,7 +437,7 @@ func TestAuditsinkAgainstHostileClients(t *testing.T) {
 		writeAtomic(t, certFile, certPEM)
 		p.waitFor("the renewed certificate served", func() error {
 			if s, err := servedSerial(addr, serverCA.pool()); err != nil || s != serial {
-				return fmt.Errorf("serial %d (%v), want %d", s, err, serial)
+				return fmt.Errorf("serial %d (%w), want %d", s, err, serial)
 			}
 			return nil
 		})
