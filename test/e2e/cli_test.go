@@ -103,7 +103,7 @@ func TestCommandLines(t *testing.T) {
 			stdout: append(append([]string{h.usage}, shared...), h.extra...), absent: h.never})
 	}
 	add(cliCase{name: "webhook configurations -h prints its flags", bin: webhook, args: []string{"configurations", "-h"}, code: 0,
-		stdout: []string{"usage: webhook configurations", "-url", "-service", "-ca-bundle", "-failure-policy", "-resources", "-break-glass-group"}})
+		stdout: []string{"usage: webhook configurations", "-url", "-service", "-ca-bundle", "-stamp-failure-policy", "-fields-failure-policy", "-resources", "-break-glass-group"}})
 
 	// Unknown commands, flags and stray words: 2.
 	add(cliCase{name: "auditsink without a command prints the usage", bin: auditsink, code: 2, stderr: []string{"usage: auditsink <command>"}})
@@ -183,8 +183,8 @@ func TestCommandLines(t *testing.T) {
 			code: 2, stderr: c.stderr})
 	}
 	add(cliCase{name: "webhook configurations refuses a bad failure policy by name", bin: webhook,
-		args: []string{"configurations", "--url", "https://127.0.0.1:9443", "--failure-policy", "Sometimes"}, code: 2,
-		stderr: []string{`invalid value "Sometimes" for flag -failure-policy: want Fail or Ignore`}})
+		args: []string{"configurations", "--url", "https://127.0.0.1:9443", "--stamp-failure-policy", "Sometimes"}, code: 2,
+		stderr: []string{`invalid value "Sometimes" for flag -stamp-failure-policy: want Fail or Ignore`}})
 	add(cliCase{name: "webhook configurations says it needs --url or --service", bin: webhook, args: []string{"configurations"}, code: 2,
 		stderr: []string{"give a URL (--url) or a Service (--service)"}})
 	add(cliCase{name: "webhook configurations refuses a bad policy file with 2, as the webhook does", bin: webhook,
