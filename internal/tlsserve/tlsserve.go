@@ -153,8 +153,6 @@ type CAFile struct {
 
 	mu      sync.Mutex
 	checked time.Time
-	mod     time.Time
-	size    int64
 	pem     []byte
 	pool    *x509.CertPool
 	err     error
@@ -190,28 +188,22 @@ func (c *CAFile) Err() error {
 	return c.err
 }
 
-// reload runs with c.mu held (or before c is shared).
+// reload runs with c.mu held (or before c is shared). It reads the file
+// every time: a CA bundle is small, and a stat could miss a renewal of
+// the same size within one tick of the file system's clock.
 func (c *CAFile) reload(now time.Time) error {
 	c.checked = now
-	fi, err := os.Stat(c.path)
-	if err != nil {
-		return fmt.Errorf("client CA %s: %w", c.path, err)
-	}
-	if c.pool != nil && fi.ModTime().Equal(c.mod) && fi.Size() == c.size {
-		return nil
-	}
 	b, err := os.ReadFile(c.path)
 	if err != nil {
 		return fmt.Errorf("read client CA %s: %w", c.path, err)
 	}
 	if c.pool != nil && bytes.Equal(b, c.pem) {
-		c.mod, c.size = fi.ModTime(), fi.Size()
 		return nil
 	}
 	pool := x509.NewCertPool()
 	if !pool.AppendCertsFromPEM(b) {
 		return fmt.Errorf("client CA %s holds no PEM certificates", c.path)
 	}
-	c.pool, c.pem, c.mod, c.size = pool, b, fi.ModTime(), fi.Size()
+	c.pool, c.pem = pool, b
 	return nil
 }
