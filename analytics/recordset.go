@@ -195,8 +195,8 @@ func prefix16(s string) (uint64, uint64) {
 	return binary.BigEndian.Uint64(b[:8]), binary.BigEndian.Uint64(b[8:])
 }
 
-// eventKey identifies an event: the key of stored_keys (cluster,
-// audit_id, stage, fingerprint), by which a row is stored once.
+// eventKey identifies an event: (cluster, audit_id, stage, fingerprint),
+// the identity every read takes once (analytics/sql.Identity).
 type eventKey struct {
 	cluster, auditID, stage string
 	fingerprint             uint64
@@ -231,16 +231,16 @@ func (idx keyIndex) has(rows []rowRef, r *rowRef) bool {
 	return ok && rows[i].key == r.key
 }
 
-// dedup returns rows without those whose key an earlier row holds and
-// those drop reports, and the index of what it returns. It does not change
-// rows: when nothing is dropped it returns rows itself.
-func dedup(rows []rowRef, drop func(*rowRef) bool) ([]rowRef, keyIndex) {
+// dedup returns rows without those whose key an earlier row holds, and
+// the index of what it returns. It does not change rows: when nothing is
+// dropped it returns rows itself.
+func dedup(rows []rowRef) ([]rowRef, keyIndex) {
 	idx := make(keyIndex, len(rows))
 	kept := rows
 	copied := false
 	for i := range rows {
 		r := &rows[i]
-		if (drop != nil && drop(r)) || idx.has(kept, r) {
+		if idx.has(kept, r) {
 			if !copied {
 				kept = append(make([]rowRef, 0, len(rows)-1), rows[:i]...)
 				copied = true

@@ -156,7 +156,7 @@ func (s *Store) Insert(ctx context.Context, rows []audit.Row, dead []audit.DeadL
 // those hours stale until it is rebuilt from the deduplicated events.
 func (s *Store) InsertRecords(ctx context.Context, set *RecordSet) (InsertResult, error) {
 	var res InsertResult
-	rows, _ := dedup(set.rows, nil)
+	rows, _ := dedup(set.rows)
 	res.Duplicates = len(set.rows) - len(rows)
 	if len(rows) > 0 {
 		if err := s.insertEvents(ctx, rows); err != nil {

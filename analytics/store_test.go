@@ -347,7 +347,7 @@ func TestMigration5CountsEventsStoredBefore(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	refs, _ := dedup(set.rows, nil)
+	refs, _ := dedup(set.rows)
 	for range 2 { // two racing writers of migration 4, neither saw the other
 		if err := st.insertEvents(ctx, refs); err != nil {
 			t.Fatal(err)

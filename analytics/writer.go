@@ -6,8 +6,6 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"slices"
-	"sync"
 	"time"
 	"unsafe"
 
@@ -53,26 +51,16 @@ type DrainerOptions struct {
 }
 
 // Drainer drains a Source into ClickHouse: it reads unconfirmed records,
-// inserts them (the store drops what is already stored), and confirms them
-// only after the insert succeeded. A crash between insert and confirm
-// replays the records, and the store's key lookup drops them, so nothing
-// is doubled. The sink drains its spool with one; ingest and tail drain a
+// inserts them, and confirms them only after the insert succeeded. A
+// crash between insert and confirm replays the records: their copies are
+// rows that every read takes once, so nothing is doubled. The sink drains its spool with one; ingest and tail drain a
 // Queue.
 type Drainer struct {
 	src   Source
 	store Inserter
 	o     DrainerOptions
 
-	mu       sync.Mutex
-	inflight []*claim // the rows of the inserts in flight
-
 	rowsPerRecord int // of the last read, to size the next set (Run only)
-}
-
-// claim is the rows of an insert in flight, indexed.
-type claim struct {
-	rows  []rowRef
-	index keyIndex
 }
 
 // NewDrainer makes a drainer; call Run.
@@ -100,9 +88,8 @@ func NewDrainer(src Source, st Inserter, o DrainerOptions) *Drainer {
 //
 // Up to Parallel inserts run at once, so that the driver encoding one batch
 // overlaps with the server storing the previous one. Positions are
-// confirmed strictly in order. A batch does not insert keys that an earlier
-// batch still in flight is inserting (the key lookup cannot see those
-// yet); that earlier batch is retried until it succeeds.
+// confirmed strictly in order. Two inserts in flight may hold the same
+// event (a redelivery): the copies are rows every read takes once.
 func (w *Drainer) Run(ctx context.Context) error {
 	type job struct {
 		end  spool.Position
@@ -194,13 +181,11 @@ func (w *Drainer) Run(ctx context.Context) error {
 		if len(b.Records) > 0 {
 			w.rowsPerRecord = set.Rows() / len(b.Records)
 		}
-		c := w.claim(set)
 		j := &job{end: b.End, done: make(chan struct{})}
 		pending = append(pending, j)
 		go func() {
 			defer close(j.done)
 			j.err = w.insert(inserts, set)
-			w.release(c)
 		}()
 	}
 }
@@ -226,44 +211,6 @@ func (w *Drainer) linger(ctx context.Context, b spool.Batch) spool.Batch {
 		b.End = more.End
 	}
 	return b
-}
-
-// claim drops the set's rows whose key an in-flight insert is inserting,
-// and repeats within the set, and marks the rest as in flight. Only Run
-// claims; inserts release concurrently.
-func (w *Drainer) claim(set *RecordSet) *claim {
-	w.mu.Lock()
-	busy := slices.Clone(w.inflight)
-	w.mu.Unlock()
-	n := len(set.rows)
-	c := &claim{}
-	c.rows, c.index = dedup(set.rows, func(r *rowRef) bool {
-		for _, b := range busy {
-			if b.index.has(b.rows, r) {
-				return true
-			}
-		}
-		return false
-	})
-	set.rows = c.rows
-	if dropped := n - len(c.rows); dropped > 0 {
-		if w.o.Metrics != nil {
-			w.o.Metrics.Deduplicated.Add(float64(dropped))
-		}
-		if w.o.Observe != nil {
-			w.o.Observe(InsertResult{Duplicates: dropped})
-		}
-	}
-	w.mu.Lock()
-	w.inflight = append(w.inflight, c)
-	w.mu.Unlock()
-	return c
-}
-
-func (w *Drainer) release(c *claim) {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	w.inflight = slices.DeleteFunc(w.inflight, func(x *claim) bool { return x == c })
 }
 
 func (w *Drainer) insert(ctx context.Context, set *RecordSet) error {
