@@ -181,8 +181,8 @@ const ReplicaDelay = time.Minute
 // the native protocol of 18.16 cannot carry from a client (it sends
 // settings as numbers), so they belong in the servers' default profile:
 //   - load_balancing in_order: reads and (internal_replication) writes go
-//     to the first healthy replica of each shard, so the stored-keys lookup
-//     reads the replica that took the last insert while it is up;
+//     to the first healthy replica of each shard, so reads see the
+//     replica that took the last insert while it is up;
 //   - distributed_product_mode global: the report's IN and JOIN subqueries
 //     over Distributed tables run once, on the node asked, and their result
 //     goes to the shards (the hot-objects threshold and the loop candidates

@@ -255,8 +255,7 @@ func queryCPU() bool { return os.Getenv("AUDITSINK_BENCH_QUERY_CPU") == "1" }
 
 // sinkQueryCPU sums the CPU (user and system) that ClickHouse's query log
 // records for the writer's statements on database db, by kind: the
-// events insert (with its views), the key lookup before it, and the check
-// for racing copies after it (its part listings included).
+// events insert (with its hour-mark view) and the compaction.
 func sinkQueryCPU(b *testing.B, ch *chtest.Server, db string) map[string]float64 {
 	conn := ch.Conn(b, "default")
 	if err := conn.Exec(context.Background(), "SYSTEM FLUSH LOGS"); err != nil {
@@ -264,8 +263,7 @@ func sinkQueryCPU(b *testing.B, ch *chtest.Server, db string) map[string]float64
 	}
 	rows, err := conn.Query(context.Background(), `SELECT
 			multiIf(startsWith(query, concat('INSERT INTO ', ?, '.events ')), 'insert',
-				position(query, 'system.parts') > 0 AND position(query, 'stored_keys') > 0 OR position(query, '_part IN') > 0, 'check',
-				position(query, 'batch_keys') > 0, 'lookup', '') AS kind,
+				position(query, '.hour_') > 0, 'compaction', '') AS kind,
 			sum(ProfileEvents.Values[indexOf(ProfileEvents.Names, 'UserTimeMicroseconds')] +
 				ProfileEvents.Values[indexOf(ProfileEvents.Names, 'SystemTimeMicroseconds')]) / 1e6
 		FROM system.query_log WHERE type = 2 AND position(query, ?) > 0 AND position(query, 'query_log') = 0
