@@ -92,6 +92,12 @@ func newServer(tb testing.TB, bin, tmpl, dir string, ports []int, users, extra s
 		tb.Fatal(err)
 	}
 	s.tb = tb
+	tb.Cleanup(func() {
+		if tb.Failed() {
+			log, _ := os.ReadFile(filepath.Join(dir, "log", "clickhouse-server.err.log"))
+			tb.Logf("clickhouse-server on port %d, the end of its error log:\n%s", s.Port, tail(log, 3000))
+		}
+	})
 	return s
 }
 

@@ -1,6 +1,7 @@
 package chtest
 
 import (
+	"context"
 	"fmt"
 	"net"
 	"os"
@@ -85,7 +86,77 @@ func StartCluster(tb testing.TB, shards, replicas int) *Cluster {
 		}
 	}
 	wg.Wait()
+	for _, srv := range c.Servers() {
+		if err := srv.awaitDistributedDDL(); err != nil {
+			tb.Fatal(err)
+		}
+	}
 	return c
+}
+
+// awaitDistributedDDL returns once the server has run an ON CLUSTER query
+// that it initiated. On 18.16 the distributed DDL worker sets its
+// ZooKeeper handle in its own thread after start, and an ON CLUSTER query
+// that arrives first dereferences a null handle: the server dies with a
+// segmentation fault (zkutil::ZooKeeper::createImpl, seen in CI on a
+// loaded machine). A server that died so is started again and asked again;
+// nothing was queued, since the crash comes before the task is written.
+func (s *Server) awaitDistributedDDL() error {
+	deadline := time.Now().Add(90 * time.Second)
+	for attempt := 1; ; attempt++ {
+		err := s.probeDistributedDDL()
+		if err == nil {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("clickhouse-server on port %d ran no ON CLUSTER query within 90s (%d attempts): %w (logs in %s)", s.Port, attempt, err, s.Dir)
+		}
+		if s.reapExited() {
+			s.tb.Logf("clickhouse-server on port %d died on its first ON CLUSTER query (18.16's startup race); starting it again", s.Port)
+			if err := s.start(); err != nil {
+				return err
+			}
+			continue
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+}
+
+// probeDistributedDDL waits until the server talks to ZooKeeper, then
+// initiates one harmless ON CLUSTER query on it.
+func (s *Server) probeDistributedDDL() error {
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	conn, err := clickhouse.Open(&clickhouse.Options{
+		Addr:        []string{fmt.Sprintf("127.0.0.1:%d", s.Port)},
+		DialTimeout: 2 * time.Second,
+	})
+	if err != nil {
+		return err
+	}
+	defer conn.Close()
+	var n uint64
+	if err := conn.QueryRow(ctx, "SELECT count() FROM system.zookeeper WHERE path = '/'").Scan(&n); err != nil {
+		return fmt.Errorf("read ZooKeeper: %w", err)
+	}
+	return conn.Exec(ctx, "DROP DATABASE IF EXISTS stampguard_ddl_probe ON CLUSTER "+ClusterName)
+}
+
+// reapExited reports whether the server process has exited by itself, and
+// if so forgets it, so that start runs it again.
+func (s *Server) reapExited() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.cmd == nil {
+		return false
+	}
+	select {
+	case <-s.exited:
+		s.cmd = nil
+		return true
+	default:
+		return false
+	}
 }
 
 // Servers lists every server, shard by shard.
