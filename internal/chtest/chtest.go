@@ -53,6 +53,9 @@ type Server struct {
 	mu     sync.Mutex
 	cmd    *exec.Cmd
 	exited chan struct{}
+	// inCluster: Start also waits until the server runs ON CLUSTER
+	// queries (awaitDistributedDDL).
+	inCluster bool
 }
 
 // Start runs a fresh server and registers its stop with tb.Cleanup. A missing
@@ -169,6 +172,11 @@ func (s *Server) Start() {
 	s.tb.Helper()
 	if err := s.start(); err != nil {
 		s.tb.Fatal(err)
+	}
+	if s.inCluster {
+		if err := s.awaitDistributedDDL(); err != nil {
+			s.tb.Fatal(err)
+		}
 	}
 }
 

@@ -90,6 +90,7 @@ func StartCluster(tb testing.TB, shards, replicas int) *Cluster {
 		if err := srv.awaitDistributedDDL(); err != nil {
 			tb.Fatal(err)
 		}
+		srv.inCluster = true // and after every restart
 	}
 	return c
 }
