@@ -20,7 +20,6 @@ import (
 	"os"
 	"os/signal"
 	"runtime/debug"
-	"runtime/pprof"
 	"strings"
 	"syscall"
 	"time"
@@ -141,17 +140,12 @@ func serve(fs *flag.FlagSet, _, stderr io.Writer) func([]string) (work, error) {
 				debug.SetGCPercent(s.GCPercent)
 			}
 			if s.CPUProfile != "" {
-				f, err := os.Create(s.CPUProfile)
+				stop, err := cli.StartCPUProfile(s.CPUProfile)
 				if err != nil {
-					return fmt.Errorf("--cpu-profile: %w", err)
-				}
-				if err := pprof.StartCPUProfile(f); err != nil {
-					f.Close()
-					return fmt.Errorf("--cpu-profile: %w", err)
+					return err
 				}
 				defer func() {
-					pprof.StopCPUProfile()
-					if err := f.Close(); err != nil {
+					if err := stop(); err != nil {
 						s.Options.Logger.Error("write CPU profile", "err", err)
 					}
 				}()

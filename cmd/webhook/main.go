@@ -55,6 +55,17 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 			return err
 		}
 		ctrllog.SetLogger(admission.RuntimeLogger(o.Logger, o.ShutdownTimeout))
+		if f.CPUProfile != "" {
+			stop, err := cli.StartCPUProfile(f.CPUProfile)
+			if err != nil {
+				return err
+			}
+			defer func() {
+				if err := stop(); err != nil {
+					o.Logger.Error("write CPU profile", "err", err)
+				}
+			}()
+		}
 		if err := admission.Run(ctx, o); err != nil {
 			o.Logger.Error("webhook stopped", "err", err)
 			return err

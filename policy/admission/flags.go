@@ -60,6 +60,9 @@ type ServeFlags struct {
 	Kubeconfig string
 	// LogLevel and LogFormat are --log-level and --log-format.
 	LogLevel, LogFormat string
+	// CPUProfile is --cpu-profile: a Go CPU profile of the whole run is
+	// written there (diagnostics); empty writes none.
+	CPUProfile string
 	// SyncConfigurations, SyncResources, SyncNamespaceSelector and
 	// SyncExcludedNamespaces are --sync-configurations and the flags that
 	// need it. --sync-configurations defaults to DefaultConfigName in
@@ -98,6 +101,7 @@ func (f *ServeFlags) Register(fs *flag.FlagSet) {
 	fs.StringVar(&f.Kubeconfig, "kubeconfig", "", "kubeconfig `file` for cluster mode (default $"+KubeconfigEnv+", then the in-cluster config)")
 	fs.StringVar(&f.LogLevel, "log-level", DefaultLogLevel, "log `level`: debug, info, warn or error")
 	fs.StringVar(&f.LogFormat, "log-format", DefaultLogFormat, "log `format`: json or text")
+	fs.StringVar(&f.CPUProfile, "cpu-profile", "", "write a Go CPU profile (pprof) of the whole run to this `file` (diagnostics)")
 }
 
 // Resolve validates f and returns the Options of Run, with a logger on w.
