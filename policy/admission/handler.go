@@ -3,7 +3,6 @@ package admission
 import (
 	"bytes"
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -14,6 +13,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/stampguard/stampguard/policy"
@@ -56,6 +56,18 @@ type handler struct {
 	metrics *Metrics
 	log     *slog.Logger
 	limits  reviewLimits
+	// The endpoint's own series, looked up once rather than per request.
+	requests   prometheus.Counter
+	evaluation prometheus.Observer
+	denials    logLimit
+}
+
+func newHandler(ph phase, src PolicySource, env *policy.Environment, m *Metrics, log *slog.Logger, limits reviewLimits) *handler {
+	return &handler{
+		phase: ph, source: src, env: env, metrics: m, log: log, limits: limits,
+		requests:   m.requests.WithLabelValues(string(ph)),
+		evaluation: m.evaluation.WithLabelValues(string(ph)),
+	}
 }
 
 var bufPool = sync.Pool{New: func() any { return new(bytes.Buffer) }}
@@ -70,7 +82,7 @@ func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			http.Error(w, "internal error evaluating admission review", http.StatusInternalServerError)
 		}
 	}()
-	h.metrics.requests.WithLabelValues(endpoint).Inc()
+	h.requests.Inc()
 	if r.Method != http.MethodPost {
 		h.fail(w, endpoint, "method", http.StatusMethodNotAllowed, fmt.Errorf("method %s not allowed, use POST", r.Method))
 		return
@@ -80,15 +92,16 @@ func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	// charged to the budget shared by all requests: slow or oversized
 	// bodies cannot add up to more memory than the budget.
 	deadline := start.Add(h.limits.readTimeout)
-	if err := http.NewResponseController(w).SetReadDeadline(deadline); err != nil && !errors.Is(err, http.ErrNotSupported) {
-		h.fail(w, endpoint, "read", http.StatusInternalServerError, fmt.Errorf("set the read deadline: %w", err))
-		return
+	if !h.limits.serverDeadline {
+		if err := http.NewResponseController(w).SetReadDeadline(deadline); err != nil && !errors.Is(err, http.ErrNotSupported) {
+			h.fail(w, endpoint, "read", http.StatusInternalServerError, fmt.Errorf("set the read deadline: %w", err))
+			return
+		}
 	}
-	ctx, cancel := context.WithDeadline(r.Context(), deadline)
-	defer cancel()
+	ctx := r.Context()
 	buf := bufPool.Get().(*bytes.Buffer)
 	buf.Reset()
-	charged := &chargedBuffer{buf: buf, budget: h.limits.budget}
+	charged := &chargedBuffer{buf: buf, budget: h.limits.budget, deadline: deadline}
 	if r.ContentLength >= 0 {
 		charged.reserve = r.ContentLength + 1
 	}
@@ -151,19 +164,24 @@ func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		out = cannotEvaluate(rv.uid, http.StatusBadRequest, err)
 	} else {
 		out = answer(rv.uid, h.phase, d)
-		h.record(r.Context(), &rv, endpoint, d, out.Allowed)
+		if out.Status != nil && out.Status.Details != nil {
+			// The object, named as the apiserver's own 422 names it.
+			out.Status.Details.Name, out.Status.Details.Group, out.Status.Details.Kind = rv.req.Name, rv.kindGroup, rv.kind
+		}
+		h.record(ctx, &rv, endpoint, d, out.Allowed)
 	}
 
+	// The review's buffer is free again: the answer is written into it.
 	buf.Reset()
-	enc := json.NewEncoder(buf)
-	if err := enc.Encode(reviewOut{APIVersion: reviewAPIVersion, Kind: "AdmissionReview", Response: out}); err != nil {
-		h.fail(w, endpoint, "encode", http.StatusInternalServerError, fmt.Errorf("encode admission response: %w", err))
-		return
-	}
-	w.Header().Set("Content-Type", "application/json")
-	_, _ = w.Write(buf.Bytes())
-	h.metrics.evaluation.WithLabelValues(endpoint).Observe(time.Since(start).Seconds())
+	body := appendReview(buf.AvailableBuffer(), &out)
+	w.Header()["Content-Type"] = jsonContentType
+	_, _ = w.Write(body)
+	h.evaluation.Observe(time.Since(start).Seconds())
 }
+
+// jsonContentType is set as is: Header().Set would canonicalize the key
+// and allocate the slice on every answer.
+var jsonContentType = []string{"application/json"}
 
 func putBuffer(buf *bytes.Buffer) {
 	if buf.Cap() <= maxPooledBuffer {
@@ -171,6 +189,14 @@ func putBuffer(buf *bytes.Buffer) {
 	}
 }
 
+// record counts a decision's violations and logs them. Every violation is
+// counted (stampguard_admission_decisions_total) and annotated in the
+// audit log. Denials are news and logged at info, but at most
+// denialLinesPerSecond lines a second per endpoint: a refused writer in a
+// conflict storm retries thousands of times a second, and a line for each
+// would cost more CPU than the decision (BENCHMARKS.md). The next line
+// logged says how many denials went unlogged before it. At debug level
+// every denial is logged, and warnings and audits too.
 func (h *handler) record(ctx context.Context, rv *review, endpoint string, d policy.Decision, allowed bool) {
 	if len(d.Violations) == 0 {
 		return
@@ -182,10 +208,19 @@ func (h *handler) record(ctx context.Context, rv *review, endpoint string, d pol
 	for _, v := range d.Violations {
 		h.metrics.decisions.WithLabelValues(endpoint, v.Policy, string(v.Rule), string(v.Action), outcome).Inc()
 	}
-	// Denials are news; warnings and audits are counted and annotated already.
 	level := slog.LevelDebug
+	var more []any
 	if !allowed {
 		level = slog.LevelInfo
+		if !h.log.Enabled(ctx, slog.LevelDebug) {
+			ok, unlogged := h.denials.allow(time.Now())
+			if !ok {
+				return
+			}
+			if unlogged > 0 {
+				more = []any{"unloggedDenials", unlogged}
+			}
+		}
 	}
 	if h.log.Enabled(ctx, level) {
 		msgs := make([]string, len(d.Violations))
@@ -193,8 +228,37 @@ func (h *handler) record(ctx context.Context, rv *review, endpoint string, d pol
 			msgs[i] = v.Message
 		}
 		h.log.Log(ctx, level, "concurrency policy violated",
-			h.requestAttrs(rv, endpoint, "outcome", outcome, "action", string(d.Action()), "violations", msgs)...)
+			h.requestAttrs(rv, endpoint, append([]any{"outcome", outcome, "action", string(d.Action()), "violations", msgs}, more...)...)...)
 	}
+}
+
+// denialLinesPerSecond bounds the info lines of denials per endpoint.
+const denialLinesPerSecond = 10
+
+// logLimit admits up to denialLinesPerSecond lines in each second and
+// counts the rest.
+type logLimit struct {
+	mu       sync.Mutex
+	second   int64 // Unix second of the current window
+	lines    int   // admitted in it
+	unlogged int   // refused since the last admitted line
+}
+
+// allow reports whether a line may be logged now and, if so, how many
+// were refused since the last one.
+func (l *logLimit) allow(now time.Time) (ok bool, unlogged int) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if s := now.Unix(); s != l.second {
+		l.second, l.lines = s, 0
+	}
+	if l.lines >= denialLinesPerSecond {
+		l.unlogged++
+		return false, 0
+	}
+	l.lines++
+	unlogged, l.unlogged = l.unlogged, 0
+	return true, unlogged
 }
 
 func (h *handler) requestAttrs(rv *review, endpoint string, more ...any) []any {
@@ -247,13 +311,9 @@ func (h *handler) refuse(w http.ResponseWriter, endpoint, reason, uid string, co
 	}
 	h.metrics.errors.WithLabelValues(endpoint, reason).Inc()
 	h.log.Warn("admission review denied: it cannot be evaluated", "endpoint", endpoint, "uid", uid, "reason", reason, "err", err)
-	body, mErr := json.Marshal(reviewOut{APIVersion: reviewAPIVersion, Kind: "AdmissionReview", Response: cannotEvaluate(uid, code, err)})
-	if mErr != nil {
-		h.fail(w, endpoint, "encode", http.StatusInternalServerError, fmt.Errorf("encode admission response: %w", mErr))
-		return
-	}
-	w.Header().Set("Content-Type", "application/json")
-	_, _ = w.Write(body)
+	out := cannotEvaluate(uid, code, err)
+	w.Header()["Content-Type"] = jsonContentType
+	_, _ = w.Write(appendReview(nil, &out))
 }
 
 func (h *handler) fail(w http.ResponseWriter, endpoint, reason string, code int, err error) {

@@ -16,6 +16,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus/testutil"
 	"golang.org/x/sync/semaphore"
 	admissionv1 "k8s.io/api/admission/v1"
 
@@ -69,10 +70,18 @@ func TestFieldsAnswer(t *testing.T) {
 			t.Fatalf("annotation %s, want %s", got, want)
 		}
 	})
-	t.Run("a Deny violation is refused with 403 and a cause per field", func(t *testing.T) {
+	t.Run("a Deny violation is refused with 403, naming the object, and a cause per field", func(t *testing.T) {
 		resp := decodeAnswer(t, post(fields, updateReview(t, "alice", old, bigDeployment(5, "registry.example.com/shop/app:1", "b"))))
 		if resp.Allowed || resp.Result == nil || resp.Result.Code != 403 || resp.Result.Reason != "Forbidden" {
 			t.Fatalf("got %+v", resp)
+		}
+		if d := resp.Result.Details; d == nil || d.Name != "web" || d.Group != "apps" || d.Kind != "Deployment" {
+			t.Fatalf("details do not name the Deployment: %+v", d)
+		}
+		for _, c := range resp.Result.Details.Causes {
+			if c.Type != "FieldValueForbidden" || c.Field == "" {
+				t.Fatalf("cause %+v, want FieldValueForbidden on a field", c)
+			}
 		}
 		if n := len(resp.Result.Details.Causes); n != 2 {
 			t.Fatalf("want causes for spec.replicas and the team label, got %d: %+v", n, resp.Result.Details.Causes)
@@ -411,5 +420,65 @@ func TestAnnotationEncoding(t *testing.T) {
 	}
 	if len(got) != 2 {
 		t.Fatalf("keys %v", got)
+	}
+}
+
+// Denials are logged at info at most denialLinesPerSecond a second; the
+// next line logged says how many were not.
+func TestDenialLinesAreLimited(t *testing.T) {
+	var l logLimit
+	t0 := time.Unix(1_000_000, 0)
+	for i := range denialLinesPerSecond {
+		if ok, unlogged := l.allow(t0.Add(time.Duration(i) * time.Millisecond)); !ok || unlogged != 0 {
+			t.Fatalf("line %d of the second: allowed %v, unlogged %d", i, ok, unlogged)
+		}
+	}
+	for i := range 5 {
+		if ok, _ := l.allow(t0.Add(900 * time.Millisecond)); ok {
+			t.Fatalf("line %d past the limit allowed", denialLinesPerSecond+i)
+		}
+	}
+	if ok, unlogged := l.allow(t0.Add(time.Second)); !ok || unlogged != 5 {
+		t.Fatalf("first line of the next second: allowed %v, unlogged %d, want true and 5", ok, unlogged)
+	}
+	if ok, unlogged := l.allow(t0.Add(time.Second + time.Millisecond)); !ok || unlogged != 0 {
+		t.Fatalf("second line of the next second: allowed %v, unlogged %d, want true and 0", ok, unlogged)
+	}
+}
+
+// Every denial is counted; at info level only the first lines of a burst
+// are logged, at debug level all of them.
+func TestDenialsLoggedAndCounted(t *testing.T) {
+	body := updateReview(t, "alice", bigDeployment(3, "registry.example.com/shop/app:1", "a"), bigDeployment(3, "registry.example.com/shop/app:1", "b"))
+	const burst = 3 * denialLinesPerSecond
+	for _, c := range []struct {
+		level   string
+		minimum int // lines
+		maximum int
+	}{
+		{"info", 1, 2 * denialLinesPerSecond}, // the burst may straddle a second
+		{"debug", burst, burst},
+	} {
+		t.Run(c.level, func(t *testing.T) {
+			var out bytes.Buffer
+			log, err := NewLogger(&out, c.level, "json")
+			if err != nil {
+				t.Fatal(err)
+			}
+			m := NewMetrics(nil)
+			_, fields := Handlers(NewStaticSource(tenRules(t)), &policy.Environment{}, m, log, 1<<20)
+			for range burst {
+				if resp := decodeAnswer(t, post(fields, body)); resp.Allowed {
+					t.Fatal("the change of the team label was allowed")
+				}
+			}
+			lines := strings.Count(out.String(), `"msg":"concurrency policy violated"`)
+			if lines < c.minimum || lines > c.maximum {
+				t.Errorf("%d lines for %d denials, want %d to %d:\n%s", lines, burst, c.minimum, c.maximum, out.String())
+			}
+			if got := testutil.ToFloat64(m.decisions.WithLabelValues("fields", "deployments", "immutable-field", "Deny", "denied")); got != burst {
+				t.Errorf("decisions counted %v, want %d", got, burst)
+			}
+		})
 	}
 }

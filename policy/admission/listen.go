@@ -11,6 +11,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"sigs.k8s.io/controller-runtime/pkg/healthz"
 	"sigs.k8s.io/controller-runtime/pkg/webhook"
 
@@ -30,17 +31,21 @@ const (
 // HTTP/1.1, certificate and client CA reloaded from disk), tight header
 // bounds, and the shutdown drain Run expects.
 type reviewServer struct {
-	addr    string
-	tls     *tlsserve.Server
-	mux     *http.ServeMux
-	log     *slog.Logger
-	started atomic.Bool
+	addr  string
+	tls   *tlsserve.Server
+	mux   *http.ServeMux
+	log   *slog.Logger
+	conns prometheus.Counter // accepted connections
+	// readTimeout bounds a request from its first byte to the end of its
+	// body (http.Server.ReadTimeout).
+	readTimeout time.Duration
+	started     atomic.Bool
 }
 
 var _ webhook.Server = (*reviewServer)(nil)
 
-func newReviewServer(host string, port int, t *tlsserve.Server, log *slog.Logger) *reviewServer {
-	return &reviewServer{addr: net.JoinHostPort(host, strconv.Itoa(port)), tls: t, mux: http.NewServeMux(), log: log}
+func newReviewServer(host string, port int, t *tlsserve.Server, log *slog.Logger, conns prometheus.Counter, readTimeout time.Duration) *reviewServer {
+	return &reviewServer{addr: net.JoinHostPort(host, strconv.Itoa(port)), tls: t, mux: http.NewServeMux(), log: log, conns: conns, readTimeout: readTimeout}
 }
 
 // NeedLeaderElection is false: every replica answers reviews.
@@ -80,9 +85,15 @@ func (s *reviewServer) Start(ctx context.Context) error {
 		Handler:           s.mux,
 		BaseContext:       func(net.Listener) context.Context { return ctx },
 		ReadHeaderTimeout: reviewHeaderTimeout, // also bounds the TLS handshake
+		ReadTimeout:       s.readTimeout,
 		MaxHeaderBytes:    maxReviewHeaderBytes,
 		IdleTimeout:       90 * time.Second, // the apiserver's client keeps idle connections 90 s
 		ErrorLog:          slog.NewLogLogger(s.log.Handler(), slog.LevelDebug),
+		ConnState: func(_ net.Conn, state http.ConnState) {
+			if state == http.StateNew {
+				s.conns.Inc()
+			}
+		},
 	}
 	closed := make(chan struct{})
 	go func() {

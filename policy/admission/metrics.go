@@ -12,6 +12,10 @@ type Metrics struct {
 	errors     *prometheus.CounterVec
 	policies   *prometheus.GaugeVec
 	syncs      *prometheus.CounterVec
+	// connections counts the admission port's accepted connections: each
+	// costs a TLS handshake, so it should grow far slower than requests
+	// while the apiserver reuses its connections.
+	connections prometheus.Counter
 }
 
 // NewMetrics registers the webhook's series with reg. A nil reg keeps them
@@ -43,9 +47,13 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Name: "stampguard_configuration_syncs_total",
 			Help: "Syncs of a webhook configuration with the policies, by kind and result (updated, unchanged, conflict, error).",
 		}, []string{"kind", "result"}),
+		connections: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "stampguard_admission_connections_total",
+			Help: "Connections accepted on the admission port (each pays a TLS handshake); far fewer than requests while clients keep their connections.",
+		}),
 	}
 	if reg != nil {
-		reg.MustRegister(m.requests, m.decisions, m.evaluation, m.errors, m.policies, m.syncs)
+		reg.MustRegister(m.requests, m.decisions, m.evaluation, m.errors, m.policies, m.syncs, m.connections)
 	}
 	return m
 }

@@ -32,6 +32,9 @@ type reviewLimits struct {
 	maxBytes    int64               // one review
 	budget      *semaphore.Weighted // review buffer bytes of all requests together
 	readTimeout time.Duration       // headers read to body read
+	// serverDeadline: the server's ReadTimeout (Run's) already bounds
+	// the body's read, so the handler sets no read deadline of its own.
+	serverDeadline bool
 }
 
 func newReviewLimits(maxBytes, inFlight int64, readTimeout time.Duration) (reviewLimits, error) {
@@ -91,6 +94,9 @@ type chargedBuffer struct {
 	reserve int64 // declared length + 1 (room to read the EOF); 0: unknown
 	charged int64
 	started bool
+	// deadline, when set, bounds the wait for budget (the read deadline);
+	// the timer it takes is only made when the review must wait.
+	deadline time.Time
 }
 
 // grow makes room for at least one more read, never past limit+1 bytes of
@@ -120,7 +126,7 @@ func (c *chargedBuffer) grow(ctx context.Context, limit int64) error {
 			// Holding no charge, the review may wait for its whole
 			// declared length.
 			all := charge(min(c.reserve, limit+1))
-			if err := c.budget.Acquire(ctx, all); err != nil {
+			if err := c.acquire(ctx, all); err != nil {
 				return errBudget
 			}
 			c.charged = all
@@ -142,6 +148,21 @@ func (c *chargedBuffer) grow(ctx context.Context, limit int64) error {
 	grown.Write(c.buf.Bytes())
 	*c.buf = *grown
 	return nil
+}
+
+// acquire takes n bytes of budget, waiting until ctx ends or the deadline
+// passes. The semaphore serves waiters in order, so TryAcquire succeeds
+// only when Acquire would not wait.
+func (c *chargedBuffer) acquire(ctx context.Context, n int64) error {
+	if c.budget.TryAcquire(n) {
+		return nil
+	}
+	if !c.deadline.IsZero() {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithDeadline(ctx, c.deadline)
+		defer cancel()
+	}
+	return c.budget.Acquire(ctx, n)
 }
 
 // release returns the charge; the buffer must not grow afterwards.

@@ -38,7 +38,12 @@ type statusOut struct {
 	Details *detailsOut         `json:"details,omitempty"`
 }
 
+// detailsOut names the object as the apiserver's own 422 does, so that
+// kubectl says `The ConfigMap "x" is invalid: <field>: <message>`.
 type detailsOut struct {
+	Name   string     `json:"name,omitempty"`
+	Group  string     `json:"group,omitempty"`
+	Kind   string     `json:"kind,omitempty"`
 	Causes []causeOut `json:"causes,omitempty"`
 }
 
@@ -104,7 +109,7 @@ func answer(uid string, ph phase, d policy.Decision) responseOut {
 	if ph == phaseStamp {
 		out.Status = stampStatus(denied)
 	} else {
-		out.Status = forbiddenStatus(denied)
+		out.Status = fieldsStatus(denied)
 	}
 	return out
 }
@@ -129,7 +134,7 @@ func stampStatus(denied []policy.Violation) *statusOut {
 	}
 }
 
-func forbiddenStatus(denied []policy.Violation) *statusOut {
+func fieldsStatus(denied []policy.Violation) *statusOut {
 	msgs := make([]string, 0, len(denied))
 	causes := make([]causeOut, 0, len(denied))
 	for _, v := range denied {

@@ -17,6 +17,9 @@ const reviewAPIVersion = "admission.k8s.io/v1"
 type review struct {
 	uid string
 	req policy.Request
+	// kind and kindGroup are request.kind's, which name the object in
+	// a refusal's details.
+	kind, kindGroup string
 }
 
 var errNoRequest = errors.New("AdmissionReview has no request")
@@ -87,7 +90,9 @@ func decodeRequest(request []byte, rv *review, set *policy.Set) (int, error) {
 		case "uid":
 			rv.uid, err = rawjson.String(v)
 		case "resource":
-			err = decodeResource(v, r)
+			err = decodeGroupAnd(v, "resource", &r.Group, &r.Resource)
+		case "kind":
+			err = decodeGroupAnd(v, "kind", &rv.kindGroup, &rv.kind)
 		case "subResource":
 			r.SubResource, err = rawjson.String(v)
 		case "name":
@@ -123,7 +128,9 @@ func nullToNil(v []byte) []byte {
 	return v
 }
 
-func decodeResource(v []byte, r *policy.Request) error {
+// decodeGroupAnd reads request.resource or request.kind: its group, and
+// the member named name (resource, kind) into value.
+func decodeGroupAnd(v []byte, name string, group, value *string) error {
 	if rawjson.IsNull(v) {
 		return nil
 	}
@@ -131,9 +138,9 @@ func decodeResource(v []byte, r *policy.Request) error {
 	walkErr := rawjson.ObjectEach(v, func(k, v []byte) bool {
 		switch {
 		case rawjson.KeyIs(k, "group"):
-			r.Group, err = rawjson.String(v)
-		case rawjson.KeyIs(k, "resource"):
-			r.Resource, err = rawjson.String(v)
+			*group, err = rawjson.String(v)
+		case rawjson.KeyIs(k, name):
+			*value, err = rawjson.String(v)
 		}
 		return err == nil
 	})

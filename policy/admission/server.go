@@ -134,8 +134,7 @@ func Handlers(src PolicySource, env *policy.Environment, m *Metrics, log *slog.L
 }
 
 func handlers(src PolicySource, env *policy.Environment, m *Metrics, log *slog.Logger, limits reviewLimits) (stamp, fields http.Handler) {
-	return &handler{phase: phaseStamp, source: src, env: env, metrics: m, log: log, limits: limits},
-		&handler{phase: phaseFields, source: src, env: env, metrics: m, log: log, limits: limits}
+	return newHandler(phaseStamp, src, env, m, log, limits), newHandler(phaseFields, src, env, m, log, limits)
 }
 
 // Run serves the admission webhook until ctx ends, then drains.
@@ -175,7 +174,10 @@ func Run(ctx context.Context, o Options) error {
 	if err != nil {
 		return fmt.Errorf("admission server TLS: %w", err)
 	}
-	srv := newReviewServer(o.Host, o.Port, certs, log)
+	// The server bounds each request's read (ReadTimeout, from its first
+	// byte), so the handlers need not set a deadline per request.
+	limits.serverDeadline = true
+	srv := newReviewServer(o.Host, o.Port, certs, log, metrics.connections, limits.readTimeout)
 
 	if fileSet != nil {
 		set := fileSet

@@ -28,7 +28,7 @@ import (
 	"github.com/stampguard/stampguard/policy"
 )
 
-func writeCert(t *testing.T, dir string, serial int64) {
+func writeCert(t testing.TB, dir string, serial int64) {
 	t.Helper()
 	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 	if err != nil {
@@ -55,7 +55,7 @@ func writeCert(t *testing.T, dir string, serial int64) {
 	}
 }
 
-func freePort(t *testing.T) int {
+func freePort(t testing.TB) int {
 	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -127,6 +127,14 @@ func TestRunFileMode(t *testing.T) {
 		t.Fatalf("answer %s", answer)
 	}
 
+	// A second review on the kept connection costs no handshake.
+	resp, err = client.Post("https://127.0.0.1:"+strconv.Itoa(port)+StampPath, "application/json", bytes.NewReader(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, _ = io.Copy(io.Discard, resp.Body)
+	resp.Body.Close()
+
 	resp, err = http.Get(probe + "/metrics")
 	if err != nil {
 		t.Fatal(err)
@@ -135,8 +143,9 @@ func TestRunFileMode(t *testing.T) {
 	resp.Body.Close()
 	for _, want := range []string{
 		`stampguard_policies{state="ready"} 1`,
-		`stampguard_admission_requests_total{endpoint="stamp"} 1`,
-		`stampguard_admission_decisions_total{action="Deny",endpoint="stamp",outcome="denied",policy="deployments",rule="stamp-missing"} 1`,
+		`stampguard_admission_requests_total{endpoint="stamp"} 2`,
+		`stampguard_admission_connections_total 1`,
+		`stampguard_admission_decisions_total{action="Deny",endpoint="stamp",outcome="denied",policy="deployments",rule="stamp-missing"} 2`,
 	} {
 		if !strings.Contains(string(metrics), want) {
 			t.Errorf("metrics lack %s", want)

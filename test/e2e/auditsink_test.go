@@ -754,7 +754,7 @@ func newSinkPKI(t *testing.T, dir string) *sinkPKI {
 		key: write("sink.key", "EC PRIVATE KEY", kb), pool: pool}
 }
 
-func freeAddr(t *testing.T) string {
+func freeAddr(t testing.TB) string {
 	t.Helper()
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {

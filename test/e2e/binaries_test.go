@@ -46,7 +46,7 @@ const exitBound = 30 * time.Second
 // process is a built command running as a child of the test; it is killed
 // at cleanup if it is still running.
 type process struct {
-	t    *testing.T
+	t    testing.TB
 	name string
 	cmd  *exec.Cmd
 	out  syncBuffer // stdout and stderr
@@ -54,7 +54,7 @@ type process struct {
 	err  error
 }
 
-func startProcess(t *testing.T, env []string, bin string, args ...string) *process {
+func startProcess(t testing.TB, env []string, bin string, args ...string) *process {
 	t.Helper()
 	p := &process{t: t, name: filepath.Base(bin) + " " + strings.Join(args, " "), done: make(chan struct{})}
 	p.cmd = exec.Command(bin, args...)
@@ -366,7 +366,7 @@ func httpStatus(c *http.Client, url string, want int) error {
 
 // metricValue reads one sample, named with its labels as /metrics prints
 // it, e.g. stampguard_policies{state="ready"}; 0 when absent.
-func metricValue(t *testing.T, probes, sample string) float64 {
+func metricValue(t testing.TB, probes, sample string) float64 {
 	t.Helper()
 	resp, err := http.Get("http://" + probes + "/metrics")
 	if err != nil {
@@ -532,7 +532,7 @@ func drainOnSIGTERM(t *testing.T, p *process, env *kubetest.Env, probes string) 
 
 // writeKubeconfig writes cfg as a kubeconfig file, as a user outside the
 // cluster would have one.
-func writeKubeconfig(t *testing.T, cfg *rest.Config, path string) string {
+func writeKubeconfig(t testing.TB, cfg *rest.Config, path string) string {
 	t.Helper()
 	server := cfg.Host
 	if !strings.Contains(server, "://") {

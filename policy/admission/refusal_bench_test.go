@@ -1,0 +1,165 @@
+package admission
+
+import (
+	"bytes"
+	"context"
+	"crypto/tls"
+	"encoding/json"
+	"io"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	admissionv1 "k8s.io/api/admission/v1"
+	authenticationv1 "k8s.io/api/authentication/v1"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/utils/ptr"
+)
+
+// refusalPolicies guard ConfigMaps in "shop" as the e2e latency benchmark's
+// policy does: a stamp is required and the label "team" is immutable.
+const refusalPolicies = `apiVersion: stampguard.dev/v1alpha1
+kind: ConcurrencyPolicy
+metadata: {name: bench}
+spec:
+  match: {resources: [{resource: configmaps}]}
+  fieldOwners: [{path: 'data["owned"]', writers: {users: [owner]}}]
+  immutableFields: [{path: 'metadata.labels["team"]'}]
+  requireResourceVersion: true
+`
+
+// configMapReview is an UPDATE of a small ConfigMap as the apiserver sends
+// it (managed fields, options, dry run), by alice, who either leaves the
+// resourceVersion out (stampless) or changes the immutable label.
+func configMapReview(t testing.TB, stampless bool) []byte {
+	t.Helper()
+	cm := func(rv, team, free string) runtime.RawExtension {
+		o := &corev1.ConfigMap{
+			TypeMeta: metav1.TypeMeta{APIVersion: "v1", Kind: "ConfigMap"},
+			ObjectMeta: metav1.ObjectMeta{
+				Name: "cm", Namespace: "shop", UID: "7b0e4a52-3c55-4b8e-a1d4-5f0f6c7d8e9a", ResourceVersion: rv,
+				CreationTimestamp: metav1.NewTime(time.Date(2026, 12, 1, 9, 0, 0, 0, time.UTC)),
+				Labels:            map[string]string{"team": team},
+				ManagedFields: []metav1.ManagedFieldsEntry{{
+					Manager: "e2e.test", Operation: metav1.ManagedFieldsOperationUpdate, APIVersion: "v1", FieldsType: "FieldsV1",
+					Time:     ptr.To(metav1.NewTime(time.Date(2026, 12, 1, 9, 0, 0, 0, time.UTC))),
+					FieldsV1: metav1.NewFieldsV1(`{"f:data":{".":{},"f:free":{},"f:owned":{}},"f:metadata":{"f:labels":{".":{},"f:team":{}}}}`),
+				}},
+			},
+			Data: map[string]string{"owned": "1", "free": free},
+		}
+		b, err := json.Marshal(o)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return runtime.RawExtension{Raw: b}
+	}
+	obj := cm("1234", "b", "0")
+	if stampless {
+		obj = cm("", "a", "1")
+	}
+	rv := admissionv1.AdmissionReview{
+		TypeMeta: metav1.TypeMeta{APIVersion: "admission.k8s.io/v1", Kind: "AdmissionReview"},
+		Request: &admissionv1.AdmissionRequest{
+			UID:         "0c9e4b8e-7f2f-4d7c-9d7a-1f2e3d4c5b6a",
+			Kind:        metav1.GroupVersionKind{Version: "v1", Kind: "ConfigMap"},
+			Resource:    metav1.GroupVersionResource{Version: "v1", Resource: "configmaps"},
+			RequestKind: &metav1.GroupVersionKind{Version: "v1", Kind: "ConfigMap"}, RequestResource: &metav1.GroupVersionResource{Version: "v1", Resource: "configmaps"},
+			Name: "cm", Namespace: "shop", Operation: admissionv1.Update,
+			UserInfo: authenticationv1.UserInfo{Username: "alice", Groups: []string{"system:authenticated"}},
+			Object:   obj, OldObject: cm("1234", "a", "0"),
+			Options: runtime.RawExtension{Raw: []byte(`{"kind":"UpdateOptions","apiVersion":"meta.k8s.io/v1","dryRun":["All"],"fieldManager":"e2e.test"}`)},
+			DryRun:  ptr.To(true),
+		},
+	}
+	b, err := json.Marshal(rv)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
+}
+
+// BenchmarkRefusalOverHTTPS is the webhook process serving refusals over
+// its real TLS server (Run in file mode, JSON logs at info to /dev/null as
+// a process writes them to its stderr): a stampless ConfigMap update on
+// the mutating endpoint and a change of an immutable label on the
+// validating one, from a client that keeps its connection (as the
+// apiserver's does) and from one that dials each time (a full handshake
+// per call). Profile it with -cpuprofile.
+func BenchmarkRefusalOverHTTPS(b *testing.B) {
+	dir := b.TempDir()
+	writeCert(b, dir, 1)
+	file := filepath.Join(dir, "policies.yaml")
+	if err := os.WriteFile(file, []byte(refusalPolicies), 0o600); err != nil {
+		b.Fatal(err)
+	}
+	devNull, err := os.OpenFile(os.DevNull, os.O_WRONLY, 0)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer devNull.Close()
+	log, err := NewLogger(devNull, DefaultLogLevel, DefaultLogFormat)
+	if err != nil {
+		b.Fatal(err)
+	}
+	port := freePort(b)
+	ctx, cancel := context.WithCancel(context.Background())
+	ready := make(chan string, 1)
+	done := make(chan error, 1)
+	go func() {
+		done <- Run(ctx, Options{Host: "127.0.0.1", Port: port, CertDir: dir, ProbeAddr: "0", PolicyFile: file, Logger: log, Ready: func(a string) { ready <- a }})
+	}()
+	defer func() {
+		cancel()
+		if err := <-done; err != nil {
+			b.Error(err)
+		}
+	}()
+	select {
+	case <-ready:
+	case err := <-done:
+		b.Fatal(err)
+	case <-time.After(30 * time.Second):
+		b.Fatal("not ready after 30s")
+	}
+	base := "https://127.0.0.1:" + strconv.Itoa(port)
+	for _, c := range []struct {
+		name, path, want string
+		stampless        bool
+	}{
+		{"stampless", StampPath, `"code":422`, true},
+		{"immutable", FieldsPath, `"code":403`, false},
+	} {
+		body := configMapReview(b, c.stampless)
+		for _, keepAlive := range []bool{true, false} {
+			name := c.name + "/keep-alive"
+			if !keepAlive {
+				name = c.name + "/dial-per-call"
+			}
+			b.Run(name, func(b *testing.B) {
+				tr := &http.Transport{TLSClientConfig: &tls.Config{InsecureSkipVerify: true}, DisableKeepAlives: !keepAlive} //nolint:gosec // a test certificate
+				defer tr.CloseIdleConnections()
+				client := &http.Client{Transport: tr}
+				b.ReportAllocs()
+				b.SetBytes(int64(len(body)))
+				for b.Loop() {
+					resp, err := client.Post(base+c.path, "application/json", bytes.NewReader(body))
+					if err != nil {
+						b.Fatal(err)
+					}
+					answer, err := io.ReadAll(resp.Body)
+					resp.Body.Close()
+					if err != nil || !strings.Contains(string(answer), `"allowed":false`) || !strings.Contains(string(answer), c.want) {
+						b.Fatalf("answer %s, %v", answer, err)
+					}
+				}
+			})
+		}
+	}
+}
