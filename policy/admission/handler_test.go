@@ -70,9 +70,9 @@ func TestFieldsAnswer(t *testing.T) {
 			t.Fatalf("annotation %s, want %s", got, want)
 		}
 	})
-	t.Run("a Deny violation is refused with 403, naming the object, and a cause per field", func(t *testing.T) {
+	t.Run("a Deny violation is refused with 422 Invalid, naming the object, and a cause per field", func(t *testing.T) {
 		resp := decodeAnswer(t, post(fields, updateReview(t, "alice", old, bigDeployment(5, "registry.example.com/shop/app:1", "b"))))
-		if resp.Allowed || resp.Result == nil || resp.Result.Code != 403 || resp.Result.Reason != "Forbidden" {
+		if resp.Allowed || resp.Result == nil || resp.Result.Code != 422 || resp.Result.Reason != "Invalid" {
 			t.Fatalf("got %+v", resp)
 		}
 		if d := resp.Result.Details; d == nil || d.Name != "web" || d.Group != "apps" || d.Kind != "Deployment" {

@@ -134,7 +134,7 @@ func BenchmarkRefusalOverHTTPS(b *testing.B) {
 		stampless        bool
 	}{
 		{"stampless", StampPath, `"code":422`, true},
-		{"immutable", FieldsPath, `"code":403`, false},
+		{"immutable", FieldsPath, `"code":422`, false},
 	} {
 		body := configMapReview(b, c.stampless)
 		for _, keepAlive := range []bool{true, false} {

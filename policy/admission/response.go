@@ -134,6 +134,12 @@ func stampStatus(denied []policy.Violation) *statusOut {
 	}
 }
 
+// fieldsStatus answers a field rule's denial as 422 Invalid with a
+// FieldValueForbidden cause per field, as the apiserver answers a change
+// of one of its own immutable fields and as a ValidatingAdmissionPolicy
+// answers by default: the request, not the caller's permissions, is what
+// must change (README, "Refusals: 422 Invalid"). Not 403, which clients
+// and people read as RBAC; not 409, which clients retry.
 func fieldsStatus(denied []policy.Violation) *statusOut {
 	msgs := make([]string, 0, len(denied))
 	causes := make([]causeOut, 0, len(denied))
@@ -143,8 +149,8 @@ func fieldsStatus(denied []policy.Violation) *statusOut {
 	}
 	return &statusOut{
 		Status:  metav1.StatusFailure,
-		Reason:  metav1.StatusReasonForbidden,
-		Code:    http.StatusForbidden,
+		Reason:  metav1.StatusReasonInvalid,
+		Code:    http.StatusUnprocessableEntity,
 		Message: strings.Join(msgs, "; "),
 		Details: &detailsOut{Causes: causes},
 	}

@@ -122,8 +122,8 @@ func TestPrefilter(t *testing.T) {
 		// The apiserver's informer sees the new configuration a moment later.
 		eventually(t, 10*time.Second, func() error {
 			err := update(alice, "guarded", func(cm *corev1.ConfigMap) { cm.Data["owned"] = "alice" })
-			if !apierrors.IsForbidden(err) {
-				return fmt.Errorf("want 403 for a non-owner's change, got %w", err)
+			if !apierrors.IsInvalid(err) {
+				return fmt.Errorf("want 422 for a non-owner's change, got %w", err)
 			}
 			return nil
 		})
@@ -148,14 +148,14 @@ func TestPrefilter(t *testing.T) {
 			t.Fatalf("writes touching no guarded field reached the webhook: stamp %v -> %v, fields %v -> %v calls", s0, s, f0, f)
 		}
 		t.Run("while writes that could break a policy do", func(t *testing.T) {
-			if err := update(alice, "guarded", func(cm *corev1.ConfigMap) { cm.Data["owned"] = "alice" }); !apierrors.IsForbidden(err) {
-				t.Fatalf("want 403 for a non-owner's change, got %v", err)
+			if err := update(alice, "guarded", func(cm *corev1.ConfigMap) { cm.Data["owned"] = "alice" }); !apierrors.IsInvalid(err) {
+				t.Fatalf("want 422 for a non-owner's change, got %v", err)
 			}
 			if err := update(owner, "guarded", func(cm *corev1.ConfigMap) { cm.Data["owned"] = "owner" }); err != nil {
 				t.Fatalf("the owner was refused: %v", err)
 			}
-			if err := update(alice, "guarded", func(cm *corev1.ConfigMap) { cm.Labels["team"] = "b" }); !apierrors.IsForbidden(err) {
-				t.Fatalf("want 403 for a change of an immutable label, got %v", err)
+			if err := update(alice, "guarded", func(cm *corev1.ConfigMap) { cm.Labels["team"] = "b" }); !apierrors.IsInvalid(err) {
+				t.Fatalf("want 422 for a change of an immutable label, got %v", err)
 			}
 			if err := alice.Update(ctx, configMap("guarded", "cm", map[string]string{"team": "a"})); !apierrors.IsInvalid(err) {
 				t.Fatalf("want 422 for a stampless update, got %v", err)
@@ -185,8 +185,8 @@ func TestPrefilter(t *testing.T) {
 		})
 		eventually(t, 10*time.Second, func() error {
 			err := update(alice, "second", func(cm *corev1.ConfigMap) { cm.Labels["team"] = "b" })
-			if !apierrors.IsForbidden(err) {
-				return fmt.Errorf("want 403 in the second namespace, got %w", err)
+			if !apierrors.IsInvalid(err) {
+				return fmt.Errorf("want 422 in the second namespace, got %w", err)
 			}
 			return nil
 		})

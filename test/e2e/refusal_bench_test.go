@@ -13,6 +13,7 @@ import (
 
 	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 
@@ -33,7 +34,7 @@ import (
 //   - none: bench-none, which nothing guards, a free write (the baseline);
 //   - webhook-immutable: bench-guard, a ConcurrencyPolicy; the write
 //     changes the immutable label "team" and the validating webhook
-//     refuses it;
+//     refuses it (422 Invalid, as every refusal here);
 //   - vap-immutable: bench-vap, the same change refused by a
 //     ValidatingAdmissionPolicy (CEL in the apiserver);
 //   - webhook-stampless: bench-guard, a free write without a
@@ -131,6 +132,8 @@ func BenchmarkRefusal(b *testing.B) {
 			return fmt.Errorf("%s: the write was allowed", v.name)
 		case v.refusal != "" && !strings.Contains(err.Error(), v.refusal):
 			return fmt.Errorf("%s: refused by something else: %w", v.name, err)
+		case v.refusal != "" && !apierrors.IsInvalid(err):
+			return fmt.Errorf("%s: refused with another status than 422 Invalid: %w", v.name, err)
 		}
 		return nil
 	}

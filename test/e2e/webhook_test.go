@@ -23,6 +23,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
+	"k8s.io/client-go/util/retry"
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
@@ -372,13 +373,28 @@ func TestWebhook(t *testing.T) {
 				t.Fatal(err)
 			}
 			d.Spec.Replicas = ptr.To[int32](5)
-			_, err = aliceCS.AppsV1().Deployments(ns).Update(ctx, d, metav1.UpdateOptions{})
-			if !apierrors.IsForbidden(err) {
-				t.Fatalf("want 403 Forbidden, got %v", err)
+			calls := 0
+			err = retry.RetryOnConflict(retry.DefaultRetry, func() error {
+				calls++
+				_, err := aliceCS.AppsV1().Deployments(ns).Update(ctx, d, metav1.UpdateOptions{})
+				return err
+			})
+			if !apierrors.IsInvalid(err) {
+				t.Fatalf("want 422 Invalid, got %v", err)
+			}
+			if calls != 1 {
+				t.Fatalf("retry.RetryOnConflict sent the refused update %d times, want once", calls)
 			}
 			want := `ConcurrencyPolicy "deployments": spec.replicas is owned by system:serviceaccount:kube-system:horizontal-pod-autoscaler; alice may not change it (3 -> 5)`
-			if msg := statusOf(t, err).Message; !strings.Contains(msg, want) {
-				t.Fatalf("message %q lacks %q", msg, want)
+			st := statusOf(t, err)
+			if !strings.Contains(st.Message, `admission webhook "fields.stampguard.dev" denied the request: `+want) {
+				t.Fatalf("message %q lacks the webhook and %q", st.Message, want)
+			}
+			// What kubectl prints for a 422: "The Deployment "web" is
+			// invalid: spec.replicas: <message>", from the details.
+			if d := st.Details; d == nil || d.Kind != "Deployment" || d.Group != "apps" || d.Name != "web" ||
+				len(d.Causes) != 1 || d.Causes[0].Field != "spec.replicas" || d.Causes[0].Type != "FieldValueForbidden" || d.Causes[0].Message != want {
+				t.Fatalf("details %+v, want the Deployment named and one FieldValueForbidden cause on spec.replicas", st.Details)
 			}
 		})
 		t.Run("another user may not change spec.replicas through /scale", func(t *testing.T) {
@@ -388,8 +404,8 @@ func TestWebhook(t *testing.T) {
 			}
 			s.Spec.Replicas = 7
 			_, err = aliceCS.AppsV1().Deployments(ns).UpdateScale(ctx, "web", s, metav1.UpdateOptions{})
-			if !apierrors.IsForbidden(err) {
-				t.Fatalf("want 403 Forbidden through scale, got %v", err)
+			if !apierrors.IsInvalid(err) {
+				t.Fatalf("want 422 Invalid through scale, got %v", err)
 			}
 		})
 		t.Run("another user may still change other fields", func(t *testing.T) {
@@ -450,8 +466,8 @@ func TestWebhook(t *testing.T) {
 				if c.allowed && err != nil {
 					t.Fatalf("refused: %v", err)
 				}
-				if !c.allowed && !apierrors.IsForbidden(err) {
-					t.Fatalf("want 403 Forbidden, got %v", err)
+				if !c.allowed && !apierrors.IsInvalid(err) {
+					t.Fatalf("want 422 Invalid, got %v", err)
 				}
 			})
 		}
@@ -472,8 +488,8 @@ func TestWebhook(t *testing.T) {
 		create(t, alice, cm)
 		t.Run("a delete without a uid precondition is refused", func(t *testing.T) {
 			err := alice.Delete(ctx, configMap(ns, "victim", nil))
-			if !apierrors.IsForbidden(err) || !strings.Contains(err.Error(), "must carry a uid precondition") {
-				t.Fatalf("want 403 naming the uid precondition, got %v", err)
+			if !apierrors.IsInvalid(err) || !strings.Contains(err.Error(), "must carry a uid precondition") {
+				t.Fatalf("want 422 naming the uid precondition, got %v", err)
 			}
 		})
 		t.Run("a delete with a uid precondition passes", func(t *testing.T) {

@@ -37,7 +37,7 @@ func Refusals(r Request) []report.PolicyDecisions {
 				out = append(out, report.PolicyDecisions{Policy: q[1], Kind: "stamp-missing", Action: "deny", Count: 1})
 			}
 		}
-	case r.Code == 403 && strings.Contains(r.Message, fieldsWebhook):
+	case r.Code == 422 && strings.Contains(r.Message, fieldsWebhook):
 		for _, m := range reFieldDenial.FindAllStringSubmatch(r.Message, -1) {
 			kind := map[string]string{"owned by": "field-owner", "immutable": "immutable-field", "deletes": "delete-precondition"}[m[2]+m[3]]
 			out = append(out, report.PolicyDecisions{Policy: m[1], Kind: kind, Action: "deny", Count: 1})

@@ -24,14 +24,14 @@ func TestRefusals(t *testing.T) {
 		},
 		{
 			name: "a field owner and an immutable field in one refusal",
-			req: Request{Code: 403, Reason: "Forbidden", Message: `admission webhook "fields.stampguard.dev" denied the request: ` +
+			req: Request{Code: 422, Reason: "Invalid", Message: `admission webhook "fields.stampguard.dev" denied the request: ` +
 				`ConcurrencyPolicy "shop": spec.replicas is owned by kube-system/hpa; deploy-tool may not change it (5 -> 3); ` +
 				`ConcurrencyPolicy "shop": metadata.labels["team"] is immutable; deploy-tool may not change it ("a" -> "b")`},
 			want: []report.PolicyDecisions{deny("shop", "field-owner"), deny("shop", "immutable-field")},
 		},
 		{
 			name: "a delete without a precondition",
-			req:  Request{Code: 403, Message: `admission webhook "fields.stampguard.dev" denied the request: ConcurrencyPolicy "p": deletes of deployments must carry a uid precondition; alice sent none`},
+			req:  Request{Code: 422, Message: `admission webhook "fields.stampguard.dev" denied the request: ConcurrencyPolicy "p": deletes of deployments must carry a uid precondition; alice sent none`},
 			want: []report.PolicyDecisions{deny("p", "delete-precondition")},
 		},
 		{

@@ -88,7 +88,7 @@ type Options struct {
 type Stats struct {
 	Elapsed, Duration time.Duration
 	// Writes are write attempts, Conflicts version conflicts (409), Refusals
-	// writes that stampguard refused (422 or 403 from its webhooks).
+	// writes that stampguard refused (422 from its webhooks).
 	Writes, Conflicts, Refusals int
 }
 
@@ -442,7 +442,7 @@ func (r *run) deployTool(ctx context.Context) error {
 		manifest.Labels = map[string]string{"team": team}
 		_, err = d.Update(ctx, manifest, opts)
 		r.manifest.Unlock()
-		if !apierrors.IsForbidden(err) {
+		if !apierrors.IsInvalid(err) { // refused: the label is immutable
 			if err := storyError(err); err != nil {
 				return err
 			}
