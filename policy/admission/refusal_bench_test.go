@@ -6,6 +6,7 @@ import (
 	"crypto/tls"
 	"encoding/json"
 	"io"
+	"log/slog"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -20,6 +21,8 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/utils/ptr"
+
+	"github.com/stampguard/stampguard/policy"
 )
 
 // refusalPolicies guard ConfigMaps in "shop" as the e2e latency benchmark's
@@ -99,15 +102,7 @@ func BenchmarkRefusalOverHTTPS(b *testing.B) {
 	if err := os.WriteFile(file, []byte(refusalPolicies), 0o600); err != nil {
 		b.Fatal(err)
 	}
-	devNull, err := os.OpenFile(os.DevNull, os.O_WRONLY, 0)
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer devNull.Close()
-	log, err := NewLogger(devNull, DefaultLogLevel, DefaultLogFormat)
-	if err != nil {
-		b.Fatal(err)
-	}
+	log := devNullLogger(b)
 	port := freePort(b)
 	ctx, cancel := context.WithCancel(context.Background())
 	ready := make(chan string, 1)
@@ -162,4 +157,49 @@ func BenchmarkRefusalOverHTTPS(b *testing.B) {
 			})
 		}
 	}
+}
+
+// BenchmarkRefusalDecision is the decision alone for the refusals of
+// BenchmarkRefusalOverHTTPS: the mounted handler on the same reviews,
+// without TLS or HTTP (read, decode, evaluate, answer, count, log).
+func BenchmarkRefusalDecision(b *testing.B) {
+	set, err := policy.Load(strings.NewReader(refusalPolicies))
+	if err != nil {
+		b.Fatal(err)
+	}
+	log := devNullLogger(b)
+	stamp, fields := Handlers(NewStaticSource(policy.NewSet(set...)), &policy.Environment{}, NewMetrics(nil), log, 0)
+	for _, c := range []struct {
+		name      string
+		h         http.Handler
+		stampless bool
+	}{{"stampless", stamp, true}, {"immutable", fields, false}} {
+		b.Run(c.name, func(b *testing.B) {
+			body := configMapReview(b, c.stampless)
+			req, _ := http.NewRequest(http.MethodPost, "/", nil)
+			w := &discardWriter{h: http.Header{}}
+			rd := bytes.NewReader(body)
+			b.ReportAllocs()
+			for b.Loop() {
+				rd.Reset(body)
+				req.Body = io.NopCloser(rd)
+				c.h.ServeHTTP(w, req)
+			}
+		})
+	}
+}
+
+// devNullLogger is the webhook's default logger (JSON, info) writing to
+// /dev/null, so that a logged line costs its write as on a process's stderr.
+func devNullLogger(b *testing.B) *slog.Logger {
+	devNull, err := os.OpenFile(os.DevNull, os.O_WRONLY, 0)
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { devNull.Close() })
+	log, err := NewLogger(devNull, DefaultLogLevel, DefaultLogFormat)
+	if err != nil {
+		b.Fatal(err)
+	}
+	return log
 }
