@@ -85,7 +85,7 @@ func (f *ServeFlags) Register(fs *flag.FlagSet) {
 	fs.StringVar(&o.BreakGlassGroup, "break-glass-group", DefaultBreakGlassGroup, "members of this `group` bypass every policy (\"-\" disables)")
 	fs.Int64Var(&o.MaxReviewBytes, "max-review-bytes", DefaultMaxReviewBytes, "largest AdmissionReview body accepted, in `bytes`; the apiserver refuses request bodies over 3 MiB and a review carries object and oldObject, so 8 MiB is above any real review")
 	fs.Int64Var(&o.MaxReviewBytesInFlight, "max-review-bytes-in-flight", DefaultMaxReviewBytesInFlight, "review `bytes` buffered at once across all connections (at least twice --max-review-bytes); a review past the budget waits its turn or is denied")
-	fs.DurationVar(&o.ReviewReadTimeout, "review-read-timeout", DefaultReviewReadTimeout, "how long a review's body may take to arrive; a slower one is denied and its connection closed")
+	fs.DurationVar(&o.ReviewReadTimeout, "review-read-timeout", DefaultReviewReadTimeout, "how long a review may take to arrive, from its first byte to the end of its body; a slower one is denied and its connection closed")
 	fs.DurationVar(&o.ShutdownTimeout, "shutdown-timeout", DefaultShutdownTimeout, "how long SIGTERM waits for reviews in flight; keep it under the pod's terminationGracePeriodSeconds (30s by default)")
 	f.SyncConfigurations = DefaultConfigName
 	fs.Func("sync-configurations", "keep the Mutating- and ValidatingWebhookConfiguration of this `name` in step with the policies, so that only what they guard is routed (default "+DefaultConfigName+" in cluster mode, none in file mode); empty leaves them alone", func(v string) error {

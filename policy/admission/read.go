@@ -21,8 +21,9 @@ import (
 // server's buffers), whatever clients announce or send.
 const DefaultMaxReviewBytesInFlight = 4 * DefaultMaxReviewBytes
 
-// DefaultReviewReadTimeout bounds the time from a review's headers to the
-// end of its body. The apiserver gives up on a webhook call after the
+// DefaultReviewReadTimeout bounds the time from a review's first byte to
+// the end of its body (Run's server; a handler mounted elsewhere counts
+// from its headers). The apiserver gives up on a webhook call after the
 // configuration's timeoutSeconds (10 s by default, 30 s at most), so a
 // body still arriving after that is not worth waiting for.
 const DefaultReviewReadTimeout = 10 * time.Second

@@ -68,8 +68,9 @@ type Options struct {
 	// DefaultMaxReviewBytesInFlight. A review that cannot get room before
 	// its read deadline is denied.
 	MaxReviewBytesInFlight int64
-	// ReviewReadTimeout bounds the time a review's body may take to
-	// arrive; a review cut by it is denied and its connection closed.
+	// ReviewReadTimeout bounds the time from a review's first byte to the
+	// end of its body; a review cut by it is denied and its connection
+	// closed.
 	// Defaults to DefaultReviewReadTimeout.
 	ReviewReadTimeout time.Duration
 	// ShutdownTimeout bounds the graceful drain after ctx ends: reviews still
