@@ -243,6 +243,21 @@ func (s *Server) Stop() {
 	}
 }
 
+// Kill sends SIGKILL to the server, as an OOM kill does: no shutdown, an
+// insert in flight cut wherever it is. Data stays on disk; Start brings the
+// server back.
+func (s *Server) Kill() {
+	s.mu.Lock()
+	cmd, exited := s.cmd, s.exited
+	s.cmd = nil
+	s.mu.Unlock()
+	if cmd == nil {
+		return
+	}
+	_ = cmd.Process.Kill()
+	<-exited
+}
+
 // PID is the server's process id (0 while stopped), for measuring its CPU
 // and memory in benchmarks.
 func (s *Server) PID() int {
