@@ -62,7 +62,7 @@ func TestClusterMode(t *testing.T) {
 		t.Errorf("a third migrate applied something: %s", again)
 	}
 
-	gt := annotatedWorkload(t) // every section nonzero, in closed hours
+	gt := sharedGroundTruth(t) // every section nonzero, in closed hours
 	res, want := gt.res, gt.want
 
 	pki := newSinkPKI(t, dir)

@@ -515,6 +515,18 @@ var sharedTruth struct {
 	gt *groundTruth
 }
 
+// sharedGroundTruth is annotatedWorkload, run by the first test that asks
+// and shared by the others.
+func sharedGroundTruth(t *testing.T) *groundTruth {
+	t.Helper()
+	sharedTruth.Lock()
+	defer sharedTruth.Unlock()
+	if sharedTruth.gt == nil {
+		sharedTruth.gt = annotatedWorkload(t)
+	}
+	return sharedTruth.gt
+}
+
 // newInvariant starts ClickHouse for one attack, with the workload's
 // ground truth (run by the first attack that asks).
 func newInvariant(t *testing.T) *invariant {
@@ -527,12 +539,7 @@ func newInvariant(t *testing.T) *invariant {
 		}
 	}
 	t.Logf("seed %d (replay with STAMPGUARD_FAULT_SEED=%d)", seed, seed)
-	sharedTruth.Lock()
-	if sharedTruth.gt == nil {
-		sharedTruth.gt = annotatedWorkload(t)
-	}
-	gt := sharedTruth.gt
-	sharedTruth.Unlock()
+	gt := sharedGroundTruth(t)
 	iv := &invariant{t: t, gt: gt, conns: map[string]driver.Conn{}, bin: buildAuditsink(t, "", ""), ch: chtest.Start(t),
 		rng: rand.New(rand.NewPCG(uint64(seed), 22))}
 	for i := range 2 {

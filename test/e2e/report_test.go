@@ -25,7 +25,7 @@ import (
 func TestReportEqualsGroundTruth(t *testing.T) {
 	ch := chtest.Start(t)
 	db := ch.NewDatabase(t)
-	gt := annotatedWorkload(t) // every section of the report nonzero
+	gt := sharedGroundTruth(t) // every section of the report nonzero
 	res, want := gt.res, gt.want
 	auditLog := filepath.Join(t.TempDir(), "audit.log")
 	if err := os.WriteFile(auditLog, []byte(strings.Join(gt.lines, "\n")+"\n"), 0o600); err != nil {
