@@ -138,7 +138,7 @@ func (c *checkpointFile) write(pos Position) error {
 		return fmt.Errorf("write spool checkpoint: %w", err)
 	}
 	if !c.noSync {
-		if err := fdatasync(c.f); err != nil {
+		if err := fsyncFile(c.f); err != nil {
 			return fmt.Errorf("fsync spool checkpoint: %w", err)
 		}
 	}
@@ -170,7 +170,7 @@ func writeFileAtomic(dir, name string, data []byte, noSync bool) error {
 		return fmt.Errorf("write %s: %w", tmp, err)
 	}
 	if !noSync {
-		if err := f.Sync(); err != nil {
+		if err := fsyncFile(f); err != nil {
 			f.Close()
 			return fmt.Errorf("fsync %s: %w", tmp, err)
 		}
@@ -189,7 +189,7 @@ func writeFileAtomic(dir, name string, data []byte, noSync bool) error {
 		return fmt.Errorf("fsync dir %s: %w", dir, err)
 	}
 	defer d.Close()
-	if err := d.Sync(); err != nil {
+	if err := fsyncDir(d); err != nil {
 		return fmt.Errorf("fsync dir %s: %w", dir, err)
 	}
 	return nil

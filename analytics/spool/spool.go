@@ -464,8 +464,18 @@ func (s *Spool) sync(f *os.File) error {
 	if s.opts.NoSync {
 		return nil
 	}
-	return fdatasync(f)
+	return fsyncFile(f)
 }
+
+// fsyncFile and fsyncDir are the system calls behind every durability
+// point of the spool (segments, their directory entries, the
+// checkpoint). They are variables only so that a test can record what
+// each call made durable and check it against what Append and Confirm
+// promise when they return.
+var (
+	fsyncFile = fdatasync
+	fsyncDir  = (*os.File).Sync
+)
 
 // syncDir fsyncs the spool directory so a created, renamed or removed
 // entry survives a crash.
@@ -478,7 +488,7 @@ func (s *Spool) syncDir() error {
 		return err
 	}
 	defer d.Close()
-	return d.Sync()
+	return fsyncDir(d)
 }
 
 // Append durably adds one batch of records and returns the position after

@@ -227,10 +227,7 @@ func (s *Server) start() error {
 // Stop terminates the server and waits for it to exit. Data stays on disk, so
 // Start brings the same databases back.
 func (s *Server) Stop() {
-	s.mu.Lock()
-	cmd, exited := s.cmd, s.exited
-	s.cmd = nil
-	s.mu.Unlock()
+	cmd, exited := s.take()
 	if cmd == nil {
 		return
 	}
@@ -241,6 +238,27 @@ func (s *Server) Stop() {
 		_ = cmd.Process.Kill()
 		<-exited
 	}
+}
+
+// Kill sends SIGKILL to the server, as an OOM kill does: no shutdown, an
+// insert in flight cut wherever it is. Data stays on disk; Start brings the
+// server back.
+func (s *Server) Kill() {
+	cmd, exited := s.take()
+	if cmd == nil {
+		return
+	}
+	_ = cmd.Process.Kill()
+	<-exited
+}
+
+// take hands the running process (nil if none) to a caller that ends it.
+func (s *Server) take() (*exec.Cmd, chan struct{}) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	cmd, exited := s.cmd, s.exited
+	s.cmd = nil
+	return cmd, exited
 }
 
 // PID is the server's process id (0 while stopped), for measuring its CPU

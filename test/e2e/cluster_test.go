@@ -16,6 +16,7 @@ import (
 
 	"crypto/tls"
 
+	"github.com/stampguard/stampguard/analytics"
 	"github.com/stampguard/stampguard/analytics/report"
 	"github.com/stampguard/stampguard/internal/chtest"
 	"github.com/stampguard/stampguard/internal/kubetest"
@@ -27,10 +28,12 @@ import (
 // team would: two shards of two replicas with ZooKeeper, `auditsink
 // migrate --clickhouse-cluster` from two processes at once, and two
 // `auditsink serve` replicas behind "one address": every batch of a real
-// apiserver's audit log goes to one of them at random, some to both. One
-// replica of a shard is stopped while batches flow and started again.
-// Then the whole JSON report, read through the Distributed tables, equals
-// the workload's client-side ground truth.
+// apiserver's audit log (every report section nonzero: annotatedWorkload)
+// goes to one of them at random, some to both. One replica of a shard is
+// SIGKILLed while batches flow and left down. The whole JSON report, read
+// through the Distributed tables, equals the workload's client-side ground
+// truth with the replica down, after it came back, after the hour caches
+// are built, and after OPTIMIZE FINAL.
 func TestClusterMode(t *testing.T) {
 	testenv.SkipIfShort(t, "starts ZooKeeper, four clickhouse-servers, kube-apiserver, etcd and two sinks")
 	ctx := t.Context()
@@ -59,19 +62,8 @@ func TestClusterMode(t *testing.T) {
 		t.Errorf("a third migrate applied something: %s", again)
 	}
 
-	kenv := kubetest.Start(t, wl.KubetestOptions())
-	res, err := wl.Run(ctx, kenv)
-	if err != nil {
-		t.Fatalf("workload: %v", err)
-	}
-	events, err := res.WaitAudited(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	want, err := res.TruthAt(events)
-	if err != nil {
-		t.Fatal(err)
-	}
+	gt := sharedGroundTruth(t) // every section nonzero, in closed hours
+	res, want := gt.res, gt.want
 
 	pki := newSinkPKI(t, dir)
 	tokenFile := filepath.Join(dir, "token")
@@ -125,18 +117,14 @@ func TestClusterMode(t *testing.T) {
 		}
 	}
 
-	batches := auditBatches(t, res.AuditLogPath, 40)
+	batches, _ := eventLists(t, gt.lines, 40)
 	rnd := rand.New(rand.NewPCG(16, 16))
 	down := c.Shards[0][0]
 	both := 0
 	for i, body := range batches {
-		switch {
-		case i == len(batches)/3:
-			t.Log("stop the first replica of shard 1 while batches flow")
-			down.Stop()
-		case i == 2*len(batches)/3:
-			t.Log("start it again")
-			down.Start()
+		if i == len(batches)/3 {
+			t.Log("SIGKILL the first replica of shard 1 while batches flow; it stays down")
+			down.Kill()
 		}
 		if rnd.IntN(4) == 0 {
 			// The apiserver retried on the other replica while the first
@@ -156,9 +144,13 @@ func TestClusterMode(t *testing.T) {
 	// Every acknowledged event is stored once the writers drained their
 	// spools and the restarted replica caught up.
 	wantIDs := map[string]bool{}
-	for _, e := range events {
+	for _, l := range gt.lines {
+		var e struct{ AuditID, Stage string }
+		if err := json.Unmarshal([]byte(l), &e); err != nil {
+			t.Fatal(err)
+		}
 		if e.Stage == "ResponseComplete" || e.Stage == "Panic" {
-			wantIDs[string(e.AuditID)] = true
+			wantIDs[e.AuditID] = true
 		}
 	}
 	conn := c.Shards[0][1].ClusterConn(t, db)
@@ -170,47 +162,85 @@ func TestClusterMode(t *testing.T) {
 		}
 		return int(n) == len(wantIDs)
 	})
-	if err := down.ClusterConn(t, db).Exec(ctx, "SYSTEM SYNC REPLICA events_local"); err != nil {
-		t.Fatalf("sync the restarted replica: %v", err)
-	}
 	for i, s := range sinks {
 		if _, err := s.terminate(); err != nil {
 			t.Errorf("sink %d exited with %v", i, err)
 		}
 	}
-	wantJSON, err := json.MarshalIndent(want, "", "  ")
-	if err != nil {
-		t.Fatal(err)
-	}
+	hours := want
+	hSince, hUntil := res.Since.Truncate(time.Hour), res.Until.Truncate(time.Hour).Add(time.Hour)
+	hours.Window = report.Window{Since: hSince.UTC().Format(wl.TimeFormat), Until: hUntil.UTC().Format(wl.TimeFormat)}
+	// compare requires the report over the workload's window (cutting
+	// hours: raw events) and over the whole hours around it (their
+	// caches, once built and clean) to equal the ground truth.
 	compare := func(when string) {
 		t.Helper()
-		got := sink("report", "--database", db, "--cluster", "e2e", "--format", "json", "--top", "1000",
-			"--since", res.Since.UTC().Format(time.RFC3339Nano), "--until", res.Until.UTC().Format(time.RFC3339Nano))
-		var gotReport report.Report
-		if err := json.Unmarshal(got, &gotReport); err != nil {
-			t.Fatalf("report is not the JSON contract: %v\n%s", err, got)
-		}
-		gotJSON, _ := json.MarshalIndent(gotReport, "", "  ")
-		if !bytes.Equal(gotJSON, wantJSON) {
-			for i, s := range sinks {
-				log, _ := os.ReadFile(s.log)
-				t.Logf("sink %d's log:\n%s", i, log)
+		for _, w := range []struct {
+			since, until time.Time
+			want         report.Report
+		}{{res.Since, res.Until, want}, {hSince, hUntil, hours}} {
+			got := sink("report", "--database", db, "--cluster", "e2e", "--format", "json", "--top", "1000",
+				"--since", w.since.UTC().Format(time.RFC3339Nano), "--until", w.until.UTC().Format(time.RFC3339Nano))
+			var gotReport report.Report
+			if err := json.Unmarshal(got, &gotReport); err != nil {
+				t.Fatalf("report is not the JSON contract: %v\n%s", err, got)
 			}
-			t.Fatalf("%s, the cluster's report differs from the ground truth\n%s", when, lineDiff(string(wantJSON), string(gotJSON)))
+			gotJSON, _ := json.MarshalIndent(gotReport, "", "  ")
+			wantJSON, _ := json.MarshalIndent(w.want, "", "  ")
+			if !bytes.Equal(gotJSON, wantJSON) {
+				for i, s := range sinks {
+					log, _ := os.ReadFile(s.log)
+					t.Logf("sink %d's log:\n%s", i, log)
+				}
+				t.Fatalf("%s, the cluster's report over %s..%s differs from the ground truth\n%s", when,
+					w.since.Format(time.RFC3339), w.until.Format(time.RFC3339), lineDiff(string(wantJSON), string(gotJSON)))
+			}
 		}
 	}
 	// Every read takes an event once by its identity: exact as soon as
-	// the replicas hold the events, and so after the hour caches are
-	// built, and after the copies merge away.
-	compare("once every event is stored")
-	sink("migrate", "--database", db)
+	// the live replicas hold the events, with the killed one still down;
+	// after it came back; after the hour caches are built; and after the
+	// copies merge away.
+	compare("with a replica down, once every event is stored")
+	down.Start()
+	if err := down.ClusterConn(t, db).Exec(ctx, "SYSTEM SYNC REPLICA events_local"); err != nil {
+		t.Fatalf("sync the restarted replica: %v", err)
+	}
+	compare("after the killed replica came back")
+	// The caches, built without the settling time (DefaultCompactAfter)
+	// that `auditsink migrate` and serve's loop wait after an hour's last
+	// mark: within the test they would build none.
+	st, err := analytics.OpenStore(ctx, analytics.StoreOptions{DSN: c.DSN(), Database: db, ClickHouseCluster: chtest.ClusterName})
+	if err != nil {
+		t.Fatal(err)
+	}
+	built, err := st.Compact(ctx, time.Unix(0, 0), 0)
+	st.Close()
+	if err != nil {
+		t.Fatalf("compact: %v", err)
+	}
+	if len(built.Hours) == 0 {
+		t.Fatal("no hour cache built: the whole-hours report would not read one")
+	}
+	t.Logf("hour caches built for %v", built.Hours)
 	compare("after the hour caches are built")
 	// 18.16 cannot run OPTIMIZE ON CLUSTER on replicated tables: each
-	// shard's first replica merges, and the second replica follows.
+	// shard's leader merges, and the other replica follows. After the
+	// kill, the dead replica's leadership lasts until its ZooKeeper
+	// session expires ("Leader was suddenly changed"): retry on either
+	// replica until one merges.
 	for _, shard := range c.Shards {
-		if err := shard[0].ClusterConn(t, db).Exec(ctx, "OPTIMIZE TABLE events_local FINAL"); err != nil {
-			t.Fatal(err)
-		}
+		var last error
+		eventuallyTrue(t, "a replica of the shard to merge", func() bool {
+			for _, r := range shard {
+				if last = r.ClusterConn(t, db).Exec(ctx, "OPTIMIZE TABLE events_local FINAL"); last == nil {
+					return true
+				}
+			}
+			t.Logf("OPTIMIZE: %v", strings.SplitN(last.Error(), "\n", 2)[0])
+			time.Sleep(time.Second)
+			return false
+		})
 	}
 	compare("after OPTIMIZE FINAL")
 }

@@ -239,124 +239,8 @@ func TestDashboardQueriesOnClickHouse(t *testing.T) {
 			}
 			got := answers["All"]
 			t.Logf("%d queries x %d selections; report totals %+v, %d retry loops, %d lease changes", len(gen.Queries), len(selections), want.Totals, len(want.RetryLoops), len(want.LeaseHolderChanges))
-			byStatement := func(s asql.Statement) []result {
-				var rs []result
-				for _, q := range gen.Queries {
-					if q.Statement.Name == s.Name && !q.Alert {
-						rs = append(rs, got[q.Name])
-					}
-				}
-				if len(rs) == 0 {
-					t.Fatalf("no panel reads %s", s.Name)
-				}
-				return rs
-			}
+			audited := panelsMatch(t, gen, got, want)
 			tot := want.Totals
-			for _, r := range byStatement(asql.Totals) {
-				gotTotals := r.table(asql.Totals.Columns...)
-				wantTotals := []string{fmt.Sprintf("%d | %d | %d | %d | %d | %d | %d | %d | %d | %v", tot.Requests, tot.WriteAttempts, tot.VersionConflicts,
-					tot.FieldConflicts, tot.AlreadyExists, tot.DeletePreconditionConflicts, tot.StamplessUpdates, tot.OtherConflicts, tot.Gone, tot.ConflictRate)}
-				assertEqual(t, "totals", gotTotals, wantTotals)
-			}
-			rate := func(c, a uint64) string {
-				if a == 0 {
-					return "0"
-				}
-				return fmt.Sprint(float64(c) / float64(a))
-			}
-			var users, resources, hot, loopsOpen, loopsDone, stampless, leases, decisions []string
-			for _, u := range want.ConflictsByUser {
-				users = append(users, fmt.Sprintf("%s | %d | %d | %s", u.User, u.WriteAttempts, u.VersionConflicts, rate(u.VersionConflicts, u.WriteAttempts)))
-			}
-			for _, c := range want.ConflictsByResource {
-				resources = append(resources, fmt.Sprintf("%s | %s | %d | %d | %s", c.APIGroup, c.Resource, c.WriteAttempts, c.VersionConflicts, rate(c.VersionConflicts, c.WriteAttempts)))
-			}
-			for _, h := range want.HotObjects {
-				hot = append(hot, fmt.Sprintf("%s | %s | %s | %s | %d | %d | %d | %s", h.APIGroup, h.Resource, h.Namespace, h.Name, h.WriteAttempts, h.DistinctWriters, h.VersionConflicts, rate(h.VersionConflicts, h.WriteAttempts)))
-			}
-			seconds := func(ts string) string {
-				tm, err := time.Parse(report.TimeFormat, ts)
-				if err != nil {
-					t.Fatal(err)
-				}
-				return tm.Truncate(time.Second).UTC().Format("2006-01-02 15:04:05 +0000 UTC")
-			}
-			for _, l := range want.RetryLoops {
-				line := fmt.Sprintf("%s | %s | %s | %s | %s | %d | %s | %s", l.User, l.APIGroup, l.Resource, l.Namespace, l.Name, l.Conflicts, seconds(l.First), seconds(l.Last))
-				if l.Resolved {
-					loopsDone = append(loopsDone, line)
-				} else {
-					loopsOpen = append(loopsOpen, line)
-				}
-			}
-			for _, s := range want.StamplessUpdates {
-				stampless = append(stampless, fmt.Sprintf("%s | %s | %s | %s | %s | %d", s.User, s.APIGroup, s.Resource, s.Namespace, s.Name, s.Count))
-			}
-			for _, l := range want.LeaseHolderChanges {
-				leases = append(leases, fmt.Sprintf("%s | %s | %d | %v", l.Namespace, l.Name, l.Changes, l.Holders))
-			}
-			var audited uint64
-			for _, p := range want.PolicyDecisions {
-				decisions = append(decisions, fmt.Sprintf("%s | %s | %s | %d", p.Policy, p.Kind, p.Action, p.Count))
-				if p.Kind == "stamp-missing" && p.Action == "audit" {
-					audited += p.Count
-				}
-			}
-			if len(want.RetryLoops) == 0 || len(want.LeaseHolderChanges) == 0 || len(want.StamplessUpdates) == 0 {
-				t.Fatalf("the workload left no retry loop, lease change or stampless update to compare: %+v", want)
-			}
-			lines := func(s asql.Statement, cols ...string) []string { return byStatement(s)[0].table(cols...) }
-			assertEqual(t, "conflicts by writer", lines(asql.ConflictsByUser, asql.ConflictsByUser.Columns...), users)
-			assertEqual(t, "conflicts by resource", lines(asql.ConflictsByResource, asql.ConflictsByResource.Columns...), resources)
-			assertEqual(t, "hot objects", lines(asql.HotObjects, asql.HotObjects.Columns...), hot)
-			assertEqual(t, "unresolved retry loops", sorted(lines(asql.UnresolvedRetryLoops, asql.UnresolvedRetryLoops.Columns...)), sorted(loopsOpen))
-			assertEqual(t, "resolved retry loops", sorted(lines(asql.ResolvedRetryLoops, asql.ResolvedRetryLoops.Columns...)), sorted(loopsDone))
-			assertEqual(t, "stampless updates", lines(asql.StamplessUpdates, asql.StamplessUpdates.Columns...), stampless)
-			assertEqual(t, "lease holder changes", lines(asql.LeaseHolderChanges, asql.LeaseHolderChanges.Columns...), leases)
-			assertEqual(t, "policy decisions", lines(asql.PolicyDecisions, asql.PolicyDecisions.Columns...), decisions)
-
-			// Series and breakdowns add up to the totals.
-			kinds := byStatement(asql.ConflictKindsSeries)[0]
-			sums := map[string]uint64{"version": tot.VersionConflicts, "field": tot.FieldConflicts, "delete_precondition": tot.DeletePreconditionConflicts,
-				"already_exists": tot.AlreadyExists, "other": tot.OtherConflicts}
-			for c, n := range sums {
-				if kinds.sum(c) != n {
-					t.Errorf("conflict kinds: %s sums to %d, the report counts %d", c, kinds.sum(c), n)
-				}
-			}
-			sg := byStatement(asql.StamplessGoneSeries)[0]
-			if sg.sum("stampless_updates") != tot.StamplessUpdates || sg.sum("gone") != tot.Gone {
-				t.Errorf("stampless/gone series sum to %d/%d, the report counts %d/%d", sg.sum("stampless_updates"), sg.sum("gone"), tot.StamplessUpdates, tot.Gone)
-			}
-			var writeConflicts uint64
-			for _, u := range want.ConflictsByUser {
-				writeConflicts += u.VersionConflicts
-			}
-			for _, s := range []asql.Statement{asql.ConflictsByNamespace, asql.ConflictsByUserAgent} {
-				r := byStatement(s)[0]
-				if r.sum("attempts") != tot.WriteAttempts || r.sum("conflicts") != writeConflicts {
-					t.Errorf("%s: %d attempts and %d conflicts, the report counts %d and %d", s.Name, r.sum("attempts"), r.sum("conflicts"), tot.WriteAttempts, writeConflicts)
-				}
-			}
-			if n := byStatement(asql.StamplessByWriter)[0].sum("count"); n != tot.StamplessUpdates {
-				t.Errorf("stampless by writer sums to %d, the report counts %d", n, tot.StamplessUpdates)
-			}
-			var leaseConflicts uint64
-			for _, c := range want.ConflictsByResource {
-				if c.APIGroup == "coordination.k8s.io" && c.Resource == "leases" {
-					leaseConflicts = c.VersionConflicts
-				}
-			}
-			if n := byStatement(asql.LeaseConflicts)[0].sum("conflicts"); n != leaseConflicts {
-				t.Errorf("lease conflicts sum to %d, the report counts %d on leases", n, leaseConflicts)
-			}
-			var decided uint64
-			for _, p := range want.PolicyDecisions {
-				decided += p.Count
-			}
-			if n := byStatement(asql.PolicyDecisionsSeries)[0].sum("count"); n != decided {
-				t.Errorf("decisions series sums to %d, the report counts %d", n, decided)
-			}
 			// One bucket holds the whole window: its rate is the report's.
 			oneBucket := expand(nil, all, 1_000_000_000*time.Second)
 			for _, q := range gen.Queries {
@@ -470,6 +354,132 @@ func TestDashboardQueriesOnClickHouse(t *testing.T) {
 			t.Logf("%d statements, %d rows, the same on both engines", len(stmts), rows)
 		}
 	})
+}
+
+// panelsMatch requires the answers of the unfiltered panels (got, by query
+// name) to equal want, the report of the same window, section by section,
+// and the series and breakdowns to add up to its totals. It returns the
+// audited stampless writes that the alert on them must count.
+func panelsMatch(t *testing.T, gen *dashboards.Generated, got map[string]result, want report.Report) (audited uint64) {
+	t.Helper()
+	byStatement := func(s asql.Statement) []result {
+		var rs []result
+		for _, q := range gen.Queries {
+			if q.Statement.Name == s.Name && !q.Alert {
+				rs = append(rs, got[q.Name])
+			}
+		}
+		if len(rs) == 0 {
+			t.Fatalf("no panel reads %s", s.Name)
+		}
+		return rs
+	}
+	tot := want.Totals
+	for _, r := range byStatement(asql.Totals) {
+		gotTotals := r.table(asql.Totals.Columns...)
+		wantTotals := []string{fmt.Sprintf("%d | %d | %d | %d | %d | %d | %d | %d | %d | %v", tot.Requests, tot.WriteAttempts, tot.VersionConflicts,
+			tot.FieldConflicts, tot.AlreadyExists, tot.DeletePreconditionConflicts, tot.StamplessUpdates, tot.OtherConflicts, tot.Gone, tot.ConflictRate)}
+		assertEqual(t, "totals", gotTotals, wantTotals)
+	}
+	rate := func(c, a uint64) string {
+		if a == 0 {
+			return "0"
+		}
+		return fmt.Sprint(float64(c) / float64(a))
+	}
+	var users, resources, hot, loopsOpen, loopsDone, stampless, leases, decisions []string
+	for _, u := range want.ConflictsByUser {
+		users = append(users, fmt.Sprintf("%s | %d | %d | %s", u.User, u.WriteAttempts, u.VersionConflicts, rate(u.VersionConflicts, u.WriteAttempts)))
+	}
+	for _, c := range want.ConflictsByResource {
+		resources = append(resources, fmt.Sprintf("%s | %s | %d | %d | %s", c.APIGroup, c.Resource, c.WriteAttempts, c.VersionConflicts, rate(c.VersionConflicts, c.WriteAttempts)))
+	}
+	for _, h := range want.HotObjects {
+		hot = append(hot, fmt.Sprintf("%s | %s | %s | %s | %d | %d | %d | %s", h.APIGroup, h.Resource, h.Namespace, h.Name, h.WriteAttempts, h.DistinctWriters, h.VersionConflicts, rate(h.VersionConflicts, h.WriteAttempts)))
+	}
+	seconds := func(ts string) string {
+		tm, err := time.Parse(report.TimeFormat, ts)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return tm.Truncate(time.Second).UTC().Format("2006-01-02 15:04:05 +0000 UTC")
+	}
+	for _, l := range want.RetryLoops {
+		line := fmt.Sprintf("%s | %s | %s | %s | %s | %d | %s | %s", l.User, l.APIGroup, l.Resource, l.Namespace, l.Name, l.Conflicts, seconds(l.First), seconds(l.Last))
+		if l.Resolved {
+			loopsDone = append(loopsDone, line)
+		} else {
+			loopsOpen = append(loopsOpen, line)
+		}
+	}
+	for _, s := range want.StamplessUpdates {
+		stampless = append(stampless, fmt.Sprintf("%s | %s | %s | %s | %s | %d", s.User, s.APIGroup, s.Resource, s.Namespace, s.Name, s.Count))
+	}
+	for _, l := range want.LeaseHolderChanges {
+		leases = append(leases, fmt.Sprintf("%s | %s | %d | %v", l.Namespace, l.Name, l.Changes, l.Holders))
+	}
+	for _, p := range want.PolicyDecisions {
+		decisions = append(decisions, fmt.Sprintf("%s | %s | %s | %d", p.Policy, p.Kind, p.Action, p.Count))
+		if p.Kind == "stamp-missing" && p.Action == "audit" {
+			audited += p.Count
+		}
+	}
+	if len(want.RetryLoops) == 0 || len(want.LeaseHolderChanges) == 0 || len(want.StamplessUpdates) == 0 {
+		t.Fatalf("the workload left no retry loop, lease change or stampless update to compare: %+v", want)
+	}
+	lines := func(s asql.Statement, cols ...string) []string { return byStatement(s)[0].table(cols...) }
+	assertEqual(t, "conflicts by writer", lines(asql.ConflictsByUser, asql.ConflictsByUser.Columns...), users)
+	assertEqual(t, "conflicts by resource", lines(asql.ConflictsByResource, asql.ConflictsByResource.Columns...), resources)
+	assertEqual(t, "hot objects", lines(asql.HotObjects, asql.HotObjects.Columns...), hot)
+	assertEqual(t, "unresolved retry loops", sorted(lines(asql.UnresolvedRetryLoops, asql.UnresolvedRetryLoops.Columns...)), sorted(loopsOpen))
+	assertEqual(t, "resolved retry loops", sorted(lines(asql.ResolvedRetryLoops, asql.ResolvedRetryLoops.Columns...)), sorted(loopsDone))
+	assertEqual(t, "stampless updates", lines(asql.StamplessUpdates, asql.StamplessUpdates.Columns...), stampless)
+	assertEqual(t, "lease holder changes", lines(asql.LeaseHolderChanges, asql.LeaseHolderChanges.Columns...), leases)
+	assertEqual(t, "policy decisions", lines(asql.PolicyDecisions, asql.PolicyDecisions.Columns...), decisions)
+
+	// Series and breakdowns add up to the totals.
+	kinds := byStatement(asql.ConflictKindsSeries)[0]
+	sums := map[string]uint64{"version": tot.VersionConflicts, "field": tot.FieldConflicts, "delete_precondition": tot.DeletePreconditionConflicts,
+		"already_exists": tot.AlreadyExists, "other": tot.OtherConflicts}
+	for c, n := range sums {
+		if kinds.sum(c) != n {
+			t.Errorf("conflict kinds: %s sums to %d, the report counts %d", c, kinds.sum(c), n)
+		}
+	}
+	sg := byStatement(asql.StamplessGoneSeries)[0]
+	if sg.sum("stampless_updates") != tot.StamplessUpdates || sg.sum("gone") != tot.Gone {
+		t.Errorf("stampless/gone series sum to %d/%d, the report counts %d/%d", sg.sum("stampless_updates"), sg.sum("gone"), tot.StamplessUpdates, tot.Gone)
+	}
+	var writeConflicts uint64
+	for _, u := range want.ConflictsByUser {
+		writeConflicts += u.VersionConflicts
+	}
+	for _, s := range []asql.Statement{asql.ConflictsByNamespace, asql.ConflictsByUserAgent} {
+		r := byStatement(s)[0]
+		if r.sum("attempts") != tot.WriteAttempts || r.sum("conflicts") != writeConflicts {
+			t.Errorf("%s: %d attempts and %d conflicts, the report counts %d and %d", s.Name, r.sum("attempts"), r.sum("conflicts"), tot.WriteAttempts, writeConflicts)
+		}
+	}
+	if n := byStatement(asql.StamplessByWriter)[0].sum("count"); n != tot.StamplessUpdates {
+		t.Errorf("stampless by writer sums to %d, the report counts %d", n, tot.StamplessUpdates)
+	}
+	var leaseConflicts uint64
+	for _, c := range want.ConflictsByResource {
+		if c.APIGroup == "coordination.k8s.io" && c.Resource == "leases" {
+			leaseConflicts = c.VersionConflicts
+		}
+	}
+	if n := byStatement(asql.LeaseConflicts)[0].sum("conflicts"); n != leaseConflicts {
+		t.Errorf("lease conflicts sum to %d, the report counts %d on leases", n, leaseConflicts)
+	}
+	var decided uint64
+	for _, p := range want.PolicyDecisions {
+		decided += p.Count
+	}
+	if n := byStatement(asql.PolicyDecisionsSeries)[0].sum("count"); n != decided {
+		t.Errorf("decisions series sums to %d, the report counts %d", n, decided)
+	}
+	return audited
 }
 
 // checkShape requires the columns a query's panel or rule needs.

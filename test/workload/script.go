@@ -56,8 +56,11 @@ func (s *script) as(writer string) kubernetes.Interface { return s.clients[write
 // writers are the identities the script impersonates.
 var writers = []string{
 	"alice", "bob", "carol", "ci-bot", "deployer", "operator", "stale-controller", "flaky-operator",
-	"patient-operator", "janitor", "autoscaler", leaderA, leaderB, "reporter",
+	"patient-operator", "janitor", "autoscaler", leaderA, leaderB, "reporter", scheduler,
 }
+
+// scheduler binds the pod of otherConflict.
+const scheduler = "kube-scheduler"
 
 func newScript(admin kubernetes.Interface, driver *rest.Config, rec *recorder) (*script, error) {
 	s := &script{admin: admin, driver: driver, rec: rec, clients: map[string]kubernetes.Interface{}}
@@ -102,6 +105,7 @@ func (s *script) run(ctx context.Context) error {
 		{"contention", s.contention},
 		{"stampless", s.stampless},
 		{"already exists", s.alreadyExists},
+		{"other conflict", s.otherConflict},
 		{"field conflict", s.fieldConflict},
 		{"retry loops", s.retryLoops},
 		{"delete precondition", s.deletePrecondition},
@@ -221,6 +225,37 @@ func (s *script) alreadyExists(ctx context.Context) error {
 	}
 	return nil
 }
+
+// otherConflict: the scheduler creates a pod and binds it to a node, then
+// binds it again: the apiserver answers 409 Conflict ("pod ... is already
+// assigned to node ..."), a conflict that is none of the named kinds. The
+// admin client creates the namespace's default service account, which the
+// ServiceAccount admission plugin requires (no controller manager here).
+func (s *script) otherConflict(ctx context.Context) error {
+	_, err := s.admin.CoreV1().ServiceAccounts(nsMisc).Create(ctx, &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Name: "default"}}, metav1.CreateOptions{})
+	if err != nil && !apierrors.IsAlreadyExists(err) {
+		return fmt.Errorf("default service account: %w", err)
+	}
+	pods := s.as(scheduler).CoreV1().Pods(nsMisc)
+	pod := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: nsMisc, Name: "batch-job"}, Spec: corev1.PodSpec{
+		AutomountServiceAccountToken: ptrTo(false),
+		Containers:                   []corev1.Container{{Name: "job", Image: "registry.example/job:1"}},
+	}}
+	_, err = pods.Create(ctx, pod, metav1.CreateOptions{})
+	if err := expect("scheduler creates batch-job", err, 201); err != nil {
+		return err
+	}
+	for _, want := range []int{201, 409} {
+		err := pods.Bind(ctx, &corev1.Binding{ObjectMeta: metav1.ObjectMeta{Namespace: nsMisc, Name: "batch-job"},
+			Target: corev1.ObjectReference{Kind: "Node", Name: "node-a"}}, metav1.CreateOptions{})
+		if err := expect("scheduler binds batch-job", err, want); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func ptrTo[T any](v T) *T { return &v }
 
 // fieldConflict: alice's alice-tool applies .data.x; bob's bob-tool applies
 // another value and conflicts; bob forces; alice re-applies and conflicts.
