@@ -44,6 +44,7 @@ func isGlobalTable(name string) bool {
 // only views fill are never inserted through their Distributed table.
 var shardingKeys = map[string]string{
 	"events":           "cityHash64(cluster, namespace, name)",
+	"events_by_hour":   "cityHash64(cluster, namespace, name)",
 	"duplicate_events": "cityHash64(cluster, namespace, name)",
 	"dead_letters":     "raw_hash",
 }

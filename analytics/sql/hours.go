@@ -31,7 +31,7 @@ func CleanHours(from, to string) string {
 
 // hourRows are the events of the hour @hour_s (Unix seconds) of a
 // compaction.
-const hourRows = `event_date = toDate(toDateTime(@hour_s), 'UTC') AND event_time_us >= @hour_s * 1000000 AND event_time_us < (@hour_s + 3600) * 1000000`
+var hourRows = TimeRange("@hour_s * 1000000", "(@hour_s + 3600) * 1000000")
 
 // The statements of a compaction, in order, each with {db} to fill and the
 // parameters @hour_s, @version and (the last) @marks.

@@ -18,18 +18,51 @@ const (
 // identity (DistinctEvents), however many copies events holds.
 const Identity = `cluster, audit_id, stage, fingerprint`
 
+// The event tables (migration 6). Writers store into EventsTable, sorted
+// by hour first; LegacyEventsTable (sorted by object) holds what was
+// stored before, and what sinks of older versions store during an
+// upgrade. Every read takes both (AllEvents): an event stored in both is
+// one identity, so it counts once.
+const (
+	EventsTable       = "events_by_hour"
+	LegacyEventsTable = "events"
+)
+
 // DistinctEvents reads columns from the events that pass prewhere and
-// where, one row per identity. events is a ReplacingMergeTree on the
-// identity, so copies of an event (a redelivery, racing writers, an insert
-// retried after it was applied in part) collapse when parts merge; until
-// then LIMIT 1 BY keeps one. Every copy has the same columns: they are one
-// event, decoded by one code.
+// where, one row per identity. Both event tables are ReplacingMergeTrees on
+// the identity, so copies of an event in one table (a redelivery, racing
+// writers, an insert retried after it was applied in part) collapse when
+// parts merge; until then, and across the two tables, LIMIT 1 BY keeps one.
+// Every copy has the same columns: they are one event, decoded by one
+// code.
 func DistinctEvents(columns, prewhere, where string) string {
 	return `(
-	SELECT ` + columns + ` FROM {db}.events
-	PREWHERE ` + prewhere + `
-	WHERE ` + where + `
+	SELECT ` + columns + ` FROM ` + AllEvents(prewhere, where) + `
 	LIMIT 1 BY ` + Identity + `)`
+}
+
+// AllEvents is every stored copy of the events that pass prewhere and
+// where, from both event tables: a subquery whose columns are the events
+// columns (ClickHouse reads only those the outer query names).
+func AllEvents(prewhere, where string) string {
+	return `(
+		SELECT * FROM {db}.` + EventsTable + ` PREWHERE ` + prewhere + ` WHERE ` + where + `
+		UNION ALL
+		SELECT * FROM {db}.` + LegacyEventsTable + ` PREWHERE ` + prewhere + ` WHERE ` + where + `)`
+}
+
+// HourKey is events_by_hour's hour in its sorting key.
+const HourKey = `intDiv(event_time_us, 3600000000)`
+
+// TimeRange is the condition that an event's stage time is in [from,
+// until), SQL expressions of Unix microseconds: its UTC day partitions,
+// the hours of events_by_hour's key (18.16 derives no key range from a
+// condition on event_time_us through intDiv, so the condition names the
+// key expression itself), and the time.
+func TimeRange(fromUs, untilUs string) string {
+	return `event_date >= toDate(toDateTime(intDiv(` + fromUs + `, 1000000)), 'UTC') AND event_date <= toDate(toDateTime(intDiv(` + untilUs + ` - 1, 1000000)), 'UTC')` +
+		` AND ` + HourKey + ` >= intDiv(` + fromUs + `, 3600000000) AND ` + HourKey + ` <= intDiv(` + untilUs + ` - 1, 3600000000)` +
+		` AND event_time_us >= ` + fromUs + ` AND event_time_us < ` + untilUs
 }
 
 // requestColumns are what the counters of a request read, beside its
@@ -269,8 +302,8 @@ FROM (
 	SELECT namespace, name,
 		arrayMap(x -> tupleElement(x, 2), arraySort(groupArray((event_time_us, lease_holder)))) AS hs,
 		arrayFilter((h, p) -> h != p, hs, arrayPushFront(arrayPopBack(hs), '')) AS runs
-	FROM {db}.events
-	WHERE ` + requests + ` AND api_group = 'coordination.k8s.io' AND resource = 'leases' AND subresource = ''
+	FROM ` + AllEvents(`{events_window}`, requests) + `
+	WHERE api_group = 'coordination.k8s.io' AND resource = 'leases' AND subresource = ''
 		AND ` + IsWrite + ` AND ` + IsSuccess + ` AND lease_holder != ''
 	GROUP BY namespace, name
 )

@@ -120,7 +120,7 @@ func TestServeWithoutDDLRights(t *testing.T) {
 		}
 		defer conn.Close()
 		var n uint64
-		if err := conn.QueryRow(t.Context(), "SELECT count() FROM stampguard.events").Scan(&n); err != nil || n == 0 {
+		if err := conn.QueryRow(t.Context(), "SELECT count() FROM stampguard.events_by_hour").Scan(&n); err != nil || n == 0 {
 			t.Fatalf("select the events: %d (%v)", n, err)
 		}
 		for what, q := range map[string]string{
@@ -128,7 +128,7 @@ func TestServeWithoutDDLRights(t *testing.T) {
 			"DDL":                        "CREATE TABLE stampguard.mine (x UInt8) ENGINE = Memory",
 			"another database":           "SELECT count() FROM default.private",
 			"a change of a setting":      "SELECT 1 SETTINGS max_threads = 1",
-			"retention's DROP PARTITION": "ALTER TABLE stampguard.events DROP PARTITION '2020-01-01'",
+			"retention's DROP PARTITION": "ALTER TABLE stampguard.events_by_hour DROP PARTITION '2020-01-01'",
 		} {
 			if err := conn.Exec(t.Context(), q); err == nil {
 				t.Errorf("the Grafana user ran %s: %s", what, q)
