@@ -170,7 +170,7 @@ func TestClusterMode(t *testing.T) {
 		}
 		return int(n) == len(wantIDs)
 	})
-	if err := down.ClusterConn(t, db).Exec(ctx, "SYSTEM SYNC REPLICA events_local"); err != nil {
+	if err := down.ClusterConn(t, db).Exec(ctx, "SYSTEM SYNC REPLICA events_by_hour_local"); err != nil {
 		t.Fatalf("sync the restarted replica: %v", err)
 	}
 	for i, s := range sinks {
@@ -208,7 +208,7 @@ func TestClusterMode(t *testing.T) {
 	// 18.16 cannot run OPTIMIZE ON CLUSTER on replicated tables: each
 	// shard's first replica merges, and the second replica follows.
 	for _, shard := range c.Shards {
-		if err := shard[0].ClusterConn(t, db).Exec(ctx, "OPTIMIZE TABLE events_local FINAL"); err != nil {
+		if err := shard[0].ClusterConn(t, db).Exec(ctx, "OPTIMIZE TABLE events_by_hour_local FINAL"); err != nil {
 			t.Fatal(err)
 		}
 	}
