@@ -134,7 +134,7 @@ func waitCount(b *testing.B, ch *chtest.Server, db string, want uint64) {
 	deadline := time.Now().Add(5 * time.Minute)
 	for {
 		var n uint64
-		if err := conn.QueryRow(context.Background(), "SELECT count() FROM events").Scan(&n); err != nil {
+		if err := conn.QueryRow(context.Background(), "SELECT count() FROM events_by_hour").Scan(&n); err != nil {
 			b.Fatal(err)
 		}
 		if n == want {

@@ -48,10 +48,10 @@ var (
 	GROUP BY cluster, api_group, resource, namespace, name, writer`,
 		`INSERT INTO {db}.hour_loop_conflicts (event_date, hour, version, ` + loopConflictColumnsNoDate + `)
 	SELECT event_date, toDateTime(@hour_s), toUInt64(@version), ` + loopConflictColumnsNoDate + `
-	FROM ` + LoopConflictRows(hourRows),
+	FROM ` + LoopConflictRows(hourRows, "1"),
 		`INSERT INTO {db}.hour_loop_successes (event_date, hour, version, cluster, pair, event_time_us)
 	SELECT event_date, toDateTime(@hour_s), toUInt64(@version), cluster, pair, event_time_us
-	FROM ` + LoopSuccessRows(hourRows),
+	FROM ` + LoopSuccessRows(hourRows, "1"),
 	}
 
 	// CompactionRecord makes @version of the hour readable, for as long as

@@ -116,7 +116,7 @@ func (r Report) Bind(s Statement) string {
 	return replace(s.SQL,
 		"{loop_conflicts}", loopConflicts, "{loop_successes}", loopSuccesses,
 		"{filters}", reportFilters,
-		"{raw_window}", r.Plan.rawWindow(), "{rollup_window}", r.Plan.rollupWindow(), "{window}", reportWindow, "{events_window}", reportWindow,
+		"{raw_window}", r.Plan.rawWindow(), "{raw_range}", r.Plan.rawWindow(), "{rollup_window}", r.Plan.rollupWindow(), "{window}", reportWindow, "{events_window}", reportWindow,
 		"{bucket}", "toDateTime(intDiv(toUInt32(event_time), @interval_s) * @interval_s)",
 		"{end_us}", "@until_us",
 		"{db}", r.Database)

@@ -29,7 +29,10 @@ const (
 )
 
 // DistinctEvents reads columns from the events that pass prewhere and
-// where, one row per identity. Both event tables are ReplacingMergeTrees on
+// where, one row per identity. prewhere, a plain condition (no subquery:
+// 18.16 can hang when the two tables' branches build the same IN set at
+// once), narrows each table's read; where, any condition, is applied to
+// their union. Both event tables are ReplacingMergeTrees on
 // the identity, so copies of an event in one table (a redelivery, racing
 // writers, an insert retried after it was applied in part) collapse when
 // parts merge; until then, and across the two tables, LIMIT 1 BY keeps one.
@@ -37,18 +40,20 @@ const (
 // code.
 func DistinctEvents(columns, prewhere, where string) string {
 	return `(
-	SELECT ` + columns + ` FROM ` + AllEvents(prewhere, where) + `
+	SELECT ` + columns + ` FROM ` + AllEvents(prewhere) + `
+	WHERE ` + where + `
 	LIMIT 1 BY ` + Identity + `)`
 }
 
-// AllEvents is every stored copy of the events that pass prewhere and
-// where, from both event tables: a subquery whose columns are the events
-// columns (ClickHouse reads only those the outer query names).
-func AllEvents(prewhere, where string) string {
+// AllEvents is every stored copy of the events that pass prewhere (a
+// plain condition, see DistinctEvents), from both event tables: a
+// subquery whose columns are the events columns (ClickHouse reads only
+// those the outer query names).
+func AllEvents(prewhere string) string {
 	return `(
-		SELECT * FROM {db}.` + EventsTable + ` PREWHERE ` + prewhere + ` WHERE ` + where + `
+		SELECT * FROM {db}.` + EventsTable + ` PREWHERE ` + prewhere + `
 		UNION ALL
-		SELECT * FROM {db}.` + LegacyEventsTable + ` PREWHERE ` + prewhere + ` WHERE ` + where + `)`
+		SELECT * FROM {db}.` + LegacyEventsTable + ` PREWHERE ` + prewhere + `)`
 }
 
 // HourKey is events_by_hour's hour in its sorting key.
@@ -106,7 +111,7 @@ var counted = `(
 	WHERE cluster = @cluster AND {rollup_window} AND {filters}
 	UNION ALL
 	SELECT api_group, resource, namespace, name, writer, ` + counterValues + `
-	FROM ` + DistinctEvents(requestColumns, `{raw_window}`, Request+` AND cluster = @cluster AND {filters}`) + `
+	FROM ` + DistinctEvents(requestColumns, `{raw_range}`, `{raw_window} AND `+Request+` AND cluster = @cluster AND {filters}`) + `
 )`
 
 // classified is the window's requests in events with their class and
@@ -132,28 +137,29 @@ const (
 )
 
 // LoopConflictRows are the version conflicts of events in window (a
-// condition on events' columns), one row per request.
-func LoopConflictRows(window string) string {
-	return DistinctEvents(loopConflictColumns, `code = 409 AND `+window,
-		Request+` AND `+IsWrite+` AND `+VersionConflict)
+// condition on events' columns) within span (a plain range that holds
+// it: DistinctEvents' prewhere), one row per request.
+func LoopConflictRows(span, window string) string {
+	return DistinctEvents(loopConflictColumns, `code = 409 AND `+span,
+		window+` AND `+Request+` AND `+IsWrite+` AND `+VersionConflict)
 }
 
-// LoopSuccessRows are the successful writes of events in window, one row
-// per request.
-func LoopSuccessRows(window string) string {
-	return DistinctEvents(`event_date, cluster, `+LoopPair+` AS pair, event_time_us`, window,
-		Request+` AND `+IsWrite+` AND `+IsSuccess)
+// LoopSuccessRows are the successful writes of events in window within
+// span, one row per request.
+func LoopSuccessRows(span, window string) string {
+	return DistinctEvents(`event_date, cluster, `+LoopPair+` AS pair, event_time_us`, span,
+		window+` AND `+Request+` AND `+IsWrite+` AND `+IsSuccess)
 }
 
 var (
 	loopConflicts = `(
 	SELECT ` + loopConflictColumns + ` FROM {db}.hour_loop_conflicts WHERE {rollup_window}
 	UNION ALL
-	SELECT ` + loopConflictColumns + ` FROM ` + LoopConflictRows(`{raw_window}`) + `)`
+	SELECT ` + loopConflictColumns + ` FROM ` + LoopConflictRows(`{raw_range}`, `{raw_window}`) + `)`
 	loopSuccesses = `(
 	SELECT ` + loopSuccessColumns + ` FROM {db}.hour_loop_successes WHERE {rollup_window}
 	UNION ALL
-	SELECT ` + loopSuccessColumns + ` FROM ` + LoopSuccessRows(`{raw_window}`) + `)`
+	SELECT ` + loopSuccessColumns + ` FROM ` + LoopSuccessRows(`{raw_range}`, `{raw_window}`) + `)`
 )
 
 // loopCandidates are the (writer, object) pairs with at least @threshold
@@ -180,7 +186,7 @@ const fewConflictedObjects = `(SELECT uniqExact(` + ObjectHash + `) < @top FROM 
 // Parameter and window lists the statements share.
 var (
 	filtered    = []Param{Cluster, Namespace, Resource, User, Name}
-	countedTime = []Window{RollupHours, RawEdges}
+	countedTime = []Window{RollupHours, RawEdges, RawRange}
 )
 
 func with(ps []Param, more ...Param) []Param {
@@ -236,7 +242,7 @@ LIMIT @top`}
 	// When fewer than @top objects have a conflict, every object contends,
 	// so the ranking stays exact.
 	HotObjects = Statement{Name: "hot_objects", Title: "Hot objects", Shape: Rows,
-		Params: with(filtered, Top), Time: []Window{RollupHours, RawEdges, Whole},
+		Params: with(filtered, Top), Time: []Window{RollupHours, RawEdges, RawRange, Whole},
 		Columns: []string{"g", "r", "ns", "n", "attempts", "distinct_writers", "conflicts", "conflict_rate"},
 		SQL: `
 SELECT any(wg) AS g, any(wr) AS r, any(wns) AS ns, any(wn) AS n,
@@ -271,7 +277,7 @@ LIMIT @top`}
 	// releases refuse a joined subquery without an alias (Code 206), and
 	// 18.16 has no setting that relaxes it, so both sides are named.
 	RetryLoops = Statement{Name: "retry_loops", Title: "Retry loops", Shape: Rows,
-		Params: with(filtered, Top, GapUs, Threshold), Time: []Window{RollupHours, RawEdges, Whole},
+		Params: with(filtered, Top, GapUs, Threshold), Time: []Window{RollupHours, RawEdges, RawRange, Whole},
 		Columns: []string{"user", "api_group", "resource", "namespace", "name", "conflicts", "first_us", "last_us", "resolved"},
 		SQL:     retryLoops}
 
@@ -302,8 +308,8 @@ FROM (
 	SELECT namespace, name,
 		arrayMap(x -> tupleElement(x, 2), arraySort(groupArray((event_time_us, lease_holder)))) AS hs,
 		arrayFilter((h, p) -> h != p, hs, arrayPushFront(arrayPopBack(hs), '')) AS runs
-	FROM ` + AllEvents(`{events_window}`, requests) + `
-	WHERE api_group = 'coordination.k8s.io' AND resource = 'leases' AND subresource = ''
+	FROM ` + AllEvents(`{events_window}`) + `
+	WHERE ` + requests + ` AND api_group = 'coordination.k8s.io' AND resource = 'leases' AND subresource = ''
 		AND ` + IsWrite + ` AND ` + IsSuccess + ` AND lease_holder != ''
 	GROUP BY namespace, name
 )

@@ -164,7 +164,7 @@ func TestClusterMode(t *testing.T) {
 	conn := c.Shards[0][1].ClusterConn(t, db)
 	eventuallyTrue(t, "every audit ID to be stored in the cluster", func() bool {
 		var n uint64
-		if err := conn.QueryRow(ctx, "SELECT uniqExact(audit_id) FROM events WHERE cluster = 'e2e'").Scan(&n); err != nil {
+		if err := conn.QueryRow(ctx, "SELECT uniqExact(audit_id) FROM events_by_hour WHERE cluster = 'e2e'").Scan(&n); err != nil {
 			t.Logf("count stored IDs: %v", err)
 			return false
 		}

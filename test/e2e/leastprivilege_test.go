@@ -46,7 +46,7 @@ func TestServeWithoutDDLRights(t *testing.T) {
 	adminConn := ch.Conn(t, "stampguard")
 	stored := func(t *testing.T, cluster string) uint64 {
 		var n uint64
-		if err := adminConn.QueryRow(t.Context(), "SELECT count() FROM events WHERE cluster = ?", cluster).Scan(&n); err != nil {
+		if err := adminConn.QueryRow(t.Context(), "SELECT count() FROM events_by_hour WHERE cluster = ?", cluster).Scan(&n); err != nil {
 			t.Fatal(err)
 		}
 		return n
