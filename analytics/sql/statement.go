@@ -124,7 +124,7 @@ type Statement struct {
 	Columns []string
 	// SQL is the text with placeholders: {db}, {filters}, the windows,
 	// and {loop_conflicts} and {loop_successes} (the retry-loop rows,
-	// which place time with {rollup_window} and {raw_window}).
+	// which place time with {rollup_window}, {raw_window} and {raw_range}).
 	SQL string
 }
 
@@ -160,7 +160,7 @@ func (s Statement) Validate() error {
 		switch p {
 		case "{db}", "{filters}":
 		case "{loop_conflicts}", "{loop_successes}":
-			places = append(places, RollupHours.Placeholder, RawEdges.Placeholder)
+			places = append(places, RollupHours.Placeholder, RawEdges.Placeholder, RawRange.Placeholder)
 		default:
 			places = append(places, p)
 		}
