@@ -14,10 +14,10 @@ import (
 // schema becomes two: a Replicated*MergeTree table `<name>_local` on every
 // node (its ZooKeeper path keyed by the {shard} and {replica} macros), and
 // a Distributed table `<name>` over them. Code that reads and writes
-// `{db}.<name>` therefore works unchanged: inserts into `events` are
-// sharded by object, so one object's events, and with them its retry
+// `{db}.<name>` therefore works unchanged: inserts into `events_by_hour` (and
+// `events`) are sharded by object, so one object's events, and with them its retry
 // loops and lease holders, live on one shard; the materialized views run
-// on each shard's `events_local` and fill that shard's local tables, so
+// on each shard's local event tables and fill that shard's local tables, so
 // sums over the Distributed tables are exact. A few small tables are the
 // same on every node (one replicated "global" table, no Distributed
 // table): schema_migrations and the epochs.
@@ -44,6 +44,7 @@ func isGlobalTable(name string) bool {
 // only views fill are never inserted through their Distributed table.
 var shardingKeys = map[string]string{
 	"events":           "cityHash64(cluster, namespace, name)",
+	"events_by_hour":   "cityHash64(cluster, namespace, name)",
 	"duplicate_events": "cityHash64(cluster, namespace, name)",
 	"dead_letters":     "raw_hash",
 }

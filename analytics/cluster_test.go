@@ -23,7 +23,7 @@ func TestClusterDDLRendersEveryMigration(t *testing.T) {
 				if strings.HasPrefix(o, "CREATE") && !strings.Contains(o, " ON CLUSTER prod") {
 					t.Errorf("migration %d: DDL without ON CLUSTER: %s", m.Version, o)
 				}
-				if strings.Contains(o, "MATERIALIZED VIEW") && strings.Contains(o, "FROM {db}.events\n") {
+				if strings.Contains(o, "MATERIALIZED VIEW") && (strings.Contains(o, "FROM {db}.events\n") || strings.Contains(o, "FROM {db}.events_by_hour\n")) {
 					t.Errorf("migration %d: a view reads the Distributed events table: %s", m.Version, o)
 				}
 			}

@@ -198,7 +198,7 @@ func TestInsertedColumnsReadBackExactly(t *testing.T) {
 	if _, err := st.Insert(t.Context(), rows, nil); err != nil {
 		t.Fatal(err)
 	}
-	res, err := st.conn.Query(t.Context(), "SELECT "+EventColumns+" FROM "+st.db+".events")
+	res, err := st.conn.Query(t.Context(), "SELECT "+EventColumns+" FROM "+st.db+".events_by_hour")
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -111,7 +111,7 @@ func TestEveryCopyCountsOnce(t *testing.T) {
 		stores = append(stores, o)
 	}
 	// Merges would collapse the copies before the reads could meet them.
-	if err := st.conn.Exec(t.Context(), "SYSTEM STOP MERGES "+st.db+".events"); err != nil {
+	if err := st.conn.Exec(t.Context(), "SYSTEM STOP MERGES "+st.db+".events_by_hour"); err != nil {
 		t.Fatal(err)
 	}
 	var wg sync.WaitGroup
@@ -132,7 +132,7 @@ func TestEveryCopyCountsOnce(t *testing.T) {
 	if err := errors.Join(errs...); err != nil {
 		t.Fatal(err)
 	}
-	if n := count(t, st, "SELECT count() FROM {db}.events"); n <= uint64(len(rows)) {
+	if n := count(t, st, "SELECT count() FROM {db}.events_by_hour"); n <= uint64(len(rows)) {
 		t.Fatalf("events holds %d rows for %d events: the copies merged before the test could read them", n, len(rows))
 	}
 	requireTruth(t, st, want, since, until, "after racing inserts")
@@ -150,12 +150,12 @@ func TestEveryCopyCountsOnce(t *testing.T) {
 	}
 	requireTruth(t, st, want, since, until, "after a redelivery into compacted hours")
 
-	for _, q := range []string{"SYSTEM START MERGES " + st.db + ".events", "OPTIMIZE TABLE " + st.db + ".events FINAL"} {
+	for _, q := range []string{"SYSTEM START MERGES " + st.db + ".events_by_hour", "OPTIMIZE TABLE " + st.db + ".events_by_hour FINAL"} {
 		if err := st.conn.Exec(t.Context(), q); err != nil {
 			t.Fatal(err)
 		}
 	}
-	if n := count(t, st, "SELECT count() FROM {db}.events"); n != uint64(len(rows)) {
+	if n := count(t, st, "SELECT count() FROM {db}.events_by_hour"); n != uint64(len(rows)) {
 		t.Errorf("after OPTIMIZE FINAL events holds %d rows, want %d", n, len(rows))
 	}
 	requireTruth(t, st, want, since, until, "after OPTIMIZE FINAL")

@@ -111,15 +111,17 @@ func (s *RecordSet) add(rec string) error {
 	return d.err
 }
 
-// eventOrder returns the positions of rows in the order of the events
-// table's sorting key (cluster, api_group, resource, namespace, name,
-// event_time_us, audit_id, stage, fingerprint), strings compared bytewise
-// as ClickHouse compares them. A block that arrives in this order is not
-// sorted again by the server.
+// eventOrder returns the positions of rows in the order of the
+// events_by_hour table's sorting key (cluster, intDiv(event_time_us,
+// 3600000000), api_group, resource, namespace, name, event_time_us,
+// audit_id, stage, fingerprint), strings compared bytewise as ClickHouse
+// compares them. A block that arrives in this order is not sorted again by
+// the server.
 //
-// Rows are sorted as small fixed-size keys: the object's rank among the
-// batch's distinct objects, the time, and the first 16 bytes of the audit
-// ID; only rows equal in all of that compare their strings.
+// Rows are sorted as small fixed-size keys: the cluster's rank, the hour,
+// the object's rank among the batch's distinct objects, the time, and the
+// first 16 bytes of the audit ID; only rows equal in all of that compare
+// their strings.
 func eventOrder(rows []rowRef) []int32 {
 	type object struct{ cluster, apiGroup, resource, namespace, name string }
 	ranks := map[object]uint32{}
@@ -149,13 +151,26 @@ func eventOrder(rows []rowRef) []int32 {
 			strings.Compare(x.name, y.name))
 	})
 	rank := make([]uint32, len(objects))
+	clusterRank := make([]uint32, len(objects))
+	var cl uint32
 	for r, o := range byName {
 		rank[o] = uint32(r)
+		if r > 0 && objects[o].cluster != objects[byName[r-1]].cluster {
+			cl++
+		}
+		clusterRank[o] = cl
 	}
 	for i := range keys {
+		keys[i].cluster = clusterRank[keys[i].obj]
 		keys[i].obj = rank[keys[i].obj]
 	}
 	slices.SortFunc(keys, func(a, b orderKey) int {
+		if c := cmp.Compare(a.cluster, b.cluster); c != 0 {
+			return c
+		}
+		if c := cmp.Compare(a.micros/3_600_000_000, b.micros/3_600_000_000); c != 0 {
+			return c
+		}
 		if c := cmp.Compare(a.obj, b.obj); c != 0 {
 			return c
 		}
@@ -180,6 +195,7 @@ func eventOrder(rows []rowRef) []int32 {
 }
 
 type orderKey struct {
+	cluster  uint32
 	obj      uint32
 	row      int32
 	micros   uint64

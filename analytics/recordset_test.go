@@ -84,17 +84,18 @@ func TestDedup(t *testing.T) {
 	})
 }
 
-func TestEventOrderIsTheEventsSortingKey(t *testing.T) {
+func TestEventOrderIsTheEventsByHourSortingKey(t *testing.T) {
 	pick := func(i int, vals ...string) string { return vals[i%len(vals)] }
 	var rows []rowRef
 	for i := range 5000 {
 		k := eventKey{pick(i/7, "prod", "dev"), pick(i*31, "a", "ab", "ab\x00", "ab\x00x", "b", "", "0123456789abcdef0", "0123456789abcdef"),
 			pick(i/3, audit.StageResponseComplete, audit.StagePanic), uint64(i % 5)}
-		rows = append(rows, rowRef{key: k, micros: int64(i%4) - 1, apiGroup: pick(i/11, "", "apps"),
+		rows = append(rows, rowRef{key: k, micros: int64(i%4) - 1 + int64(i%3)*3_600_000_000, apiGroup: pick(i/11, "", "apps"),
 			resource: pick(i/13, "configmaps", "leases"), namespace: pick(i/17, "a", "b", ""), name: pick(i/19, "x", "y", "xy")})
 	}
 	want := func(a, b *rowRef) int {
-		return cmp.Or(strings.Compare(a.key.cluster, b.key.cluster), strings.Compare(a.apiGroup, b.apiGroup),
+		return cmp.Or(strings.Compare(a.key.cluster, b.key.cluster), cmp.Compare(uint64(a.micros)/3_600_000_000, uint64(b.micros)/3_600_000_000),
+			strings.Compare(a.apiGroup, b.apiGroup),
 			strings.Compare(a.resource, b.resource), strings.Compare(a.namespace, b.namespace),
 			strings.Compare(a.name, b.name), cmp.Compare(uint64(a.micros), uint64(b.micros)),
 			strings.Compare(a.key.auditID, b.key.auditID), strings.Compare(a.key.stage, b.key.stage),

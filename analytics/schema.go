@@ -7,6 +7,8 @@ import (
 	"slices"
 	"strings"
 	"time"
+
+	asql "github.com/stampguard/stampguard/analytics/sql"
 )
 
 // Migration is one versioned schema step. Every statement is idempotent
@@ -41,46 +43,7 @@ var Migrations = []Migration{
 			// Array columns are Array(String): clickhouse-go v2.51 cannot
 			// read an 18.16 block of Array(LowCardinality(String)) whose
 			// arrays are all empty ("unexpected packet 0").
-			`CREATE TABLE IF NOT EXISTS {db}.events (
-				event_date          Date,
-				event_time          DateTime,
-				event_time_us       UInt64,
-				request_received_us UInt64,
-				latency_us          UInt64,
-				cluster             LowCardinality(String),
-				audit_id            String,
-				stage               LowCardinality(String),
-				fingerprint         UInt64,
-				level               LowCardinality(String),
-				verb                LowCardinality(String),
-				request_uri         String,
-				dry_run             UInt8,
-				user                LowCardinality(String),
-				user_groups         Array(String),
-				impersonated_user   LowCardinality(String),
-				writer              LowCardinality(String),
-				user_agent          LowCardinality(String),
-				source_ip           String,
-				api_group           LowCardinality(String),
-				api_version         LowCardinality(String),
-				resource            LowCardinality(String),
-				subresource         LowCardinality(String),
-				namespace           LowCardinality(String),
-				name                String,
-				object_uid          String,
-				stamp               String,
-				field_manager       LowCardinality(String),
-				code                UInt16,
-				reason              LowCardinality(String),
-				message             String,
-				cause_reasons       Array(String),
-				cause_fields        Array(String),
-				authz_decision      LowCardinality(String),
-				annotation_keys     Array(String),
-				annotation_values   Array(String),
-				lease_holder        String,
-				raw                 String
-			) ENGINE = ReplacingMergeTree()
+			`CREATE TABLE IF NOT EXISTS {db}.events ` + eventsColumnsDDL + ` ENGINE = ReplacingMergeTree()
 			PARTITION BY event_date
 			ORDER BY (cluster, api_group, resource, namespace, name, event_time_us, audit_id, stage, fingerprint)`,
 			// The durable record of what was stored: the writer looks a
@@ -407,6 +370,33 @@ var Migrations = []Migration{
 			SETTINGS index_granularity = 1024`,
 		},
 	},
+	{
+		Version: 6,
+		Name:    "events_by_hour: events sorted by hour first",
+		Statements: []string{
+			// events is sorted by object, so a read of a time range reads
+			// its columns for whole day partitions: the raw edges of a
+			// window and the open hour cost a day's scan. events_by_hour
+			// holds the same columns sorted by cluster and hour first, so
+			// a window reads its hours' granules only (every window
+			// condition names the key's hour expression, TimeRange: 18.16
+			// derives no key range through intDiv). Writers store here from
+			// now on. events keeps what was stored before, and what sinks of
+			// older versions still running during an upgrade store; every
+			// read takes both tables, one row per identity (DistinctEvents),
+			// so an event in both counts once, and no copy is needed:
+			// retention empties events with time.
+			`CREATE TABLE IF NOT EXISTS {db}.events_by_hour ` + eventsColumnsDDL + ` ENGINE = ReplacingMergeTree()
+			PARTITION BY event_date
+			ORDER BY (cluster, intDiv(event_time_us, 3600000000), api_group, resource, namespace, name, event_time_us, audit_id, stage, fingerprint)`,
+			// The same marks as hour_marks_mv's, for blocks stored here.
+			`CREATE MATERIALIZED VIEW IF NOT EXISTS {db}.hour_marks_by_hour_mv TO {db}.hour_marks AS
+			SELECT event_date, toDateTime(intDiv(event_time_us, 3600000000) * 3600) AS hour,
+				cityHash64(sum(cityHash64(cluster, audit_id, stage, fingerprint)), count()) AS mark, now() AS marked_at
+			FROM {db}.events_by_hour
+			GROUP BY event_date, hour`,
+		},
+	},
 }
 
 // epoch records from which hour a table fed by a view holds every event:
@@ -423,8 +413,50 @@ func epoch(table string) []string {
 	}
 }
 
+// eventsColumnsDDL are the columns of events and events_by_hour.
+const eventsColumnsDDL = `(
+				event_date          Date,
+				event_time          DateTime,
+				event_time_us       UInt64,
+				request_received_us UInt64,
+				latency_us          UInt64,
+				cluster             LowCardinality(String),
+				audit_id            String,
+				stage               LowCardinality(String),
+				fingerprint         UInt64,
+				level               LowCardinality(String),
+				verb                LowCardinality(String),
+				request_uri         String,
+				dry_run             UInt8,
+				user                LowCardinality(String),
+				user_groups         Array(String),
+				impersonated_user   LowCardinality(String),
+				writer              LowCardinality(String),
+				user_agent          LowCardinality(String),
+				source_ip           String,
+				api_group           LowCardinality(String),
+				api_version         LowCardinality(String),
+				resource            LowCardinality(String),
+				subresource         LowCardinality(String),
+				namespace           LowCardinality(String),
+				name                String,
+				object_uid          String,
+				stamp               String,
+				field_manager       LowCardinality(String),
+				code                UInt16,
+				reason              LowCardinality(String),
+				message             String,
+				cause_reasons       Array(String),
+				cause_fields        Array(String),
+				authz_decision      LowCardinality(String),
+				annotation_keys     Array(String),
+				annotation_values   Array(String),
+				lease_holder        String,
+				raw                 String
+			)`
+
 // Tables whose day partitions retention drops.
-var retentionTables = []string{"events", "hour_marks", "hour_compactions", "hour_requests", "hour_loop_conflicts", "hour_loop_successes", "dead_letters",
+var retentionTables = []string{asql.EventsTable, asql.LegacyEventsTable, "hour_marks", "hour_compactions", "hour_requests", "hour_loop_conflicts", "hour_loop_successes", "dead_letters",
 	// unfed since migration 5
 	"event_keys", "stored_keys", "duplicate_events", "request_rollup", "loop_conflicts", "loop_successes"}
 
@@ -524,7 +556,7 @@ func (s *Store) SchemaVersion(ctx context.Context) (int, error) {
 
 // DropPartitionsBefore drops the day partitions older than cutoff's day
 // from every table (retention without TTL, which 18.16 lacks). It returns
-// the days it dropped from events. The days come from the tables' own
+// the days it dropped from the event tables. The days come from the tables' own
 // date columns, read through the Distributed tables in cluster mode (a
 // shard may hold a day that another does not); dropping a partition a
 // node lacks is a no-op.
@@ -561,11 +593,12 @@ func (s *Store) DropPartitionsBefore(ctx context.Context, cutoff time.Time) ([]s
 			if err := s.execDDL(ctx, fmt.Sprintf("ALTER TABLE {db}.%s DROP PARTITION '%s'", table, d)); err != nil {
 				return dropped, fmt.Errorf("drop partition %s of %s: %w", d, table, err)
 			}
-			if table == "events" {
+			if (table == asql.EventsTable || table == asql.LegacyEventsTable) && !slices.Contains(dropped, d) {
 				dropped = append(dropped, d)
 			}
 		}
 	}
+	slices.Sort(dropped)
 	return dropped, nil
 }
 

@@ -39,6 +39,9 @@ type Store struct {
 	conn driver.Conn
 	db   string
 	raw  bool
+	// events is the table inserts go to: asql.EventsTable, or (for a test
+	// that plays a sink of an older version) asql.LegacyEventsTable.
+	events string
 	// ddl renders DDL for a cluster; nil on a single node.
 	ddl *clusterDDL
 	// hook, when set (by tests of this package), runs at each step of a
@@ -78,7 +81,7 @@ func OpenStore(ctx context.Context, o StoreOptions) (*Store, error) {
 	if err != nil {
 		return nil, fmt.Errorf("open ClickHouse: %w", err)
 	}
-	return &Store{conn: conn, db: o.Database, raw: o.KeepRaw, ddl: ddl}, nil
+	return &Store{conn: conn, db: o.Database, raw: o.KeepRaw, ddl: ddl, events: asql.EventsTable}, nil
 }
 
 // ParseDSN parses a clickhouse-go DSN, plus one parameter of ours:
@@ -196,7 +199,7 @@ func (s *Store) insertEvents(ctx context.Context, rows []rowRef) error {
 	// the block (for 18.16 on a 2-core machine a third of its insert CPU).
 	order := eventOrder(rows)
 
-	b, err := s.conn.PrepareBatch(ctx, "INSERT INTO "+s.db+".events ("+EventColumns+")")
+	b, err := s.conn.PrepareBatch(ctx, "INSERT INTO "+s.db+"."+s.events+" ("+EventColumns+")")
 	if err != nil {
 		return fmt.Errorf("prepare events insert: %w", err)
 	}

@@ -8,11 +8,13 @@ import (
 	"crypto/x509"
 	"crypto/x509/pkix"
 	"encoding/pem"
+	"errors"
 	"fmt"
 	"math/big"
 	"os"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -54,9 +56,9 @@ func sharedServer(t *testing.T) *chtest.Server {
 	return shared.srv
 }
 
-// distinctEventsSQL counts the events of {db}.events once each.
+// distinctEventsSQL counts the events of {db}.events_by_hour once each.
 // A WHERE may follow.
-const distinctEventsSQL = "SELECT count() FROM (SELECT cluster FROM {db}.events LIMIT 1 BY " + asql.Identity + ")"
+const distinctEventsSQL = "SELECT count() FROM (SELECT cluster FROM {db}.events_by_hour LIMIT 1 BY " + asql.Identity + ")"
 
 func count(t *testing.T, st *Store, query string, args ...any) uint64 {
 	t.Helper()
@@ -162,7 +164,7 @@ func TestInsertedRowsReadBack(t *testing.T) {
 	q := func(auditID string, dst ...any) {
 		t.Helper()
 		if err := st.conn.QueryRow(t.Context(), `SELECT writer, lease_holder, stamp, field_manager, code,
-			cause_reasons, event_time_us, event_time, raw FROM `+st.db+`.events WHERE audit_id = ?`, auditID).Scan(dst...); err != nil {
+			cause_reasons, event_time_us, event_time, raw FROM `+st.db+`.events_by_hour WHERE audit_id = ?`, auditID).Scan(dst...); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -222,7 +224,7 @@ func TestRetentionDropsWholeDays(t *testing.T) {
 	if strings.Join(dropped, ",") != "2026-11-25,2026-11-26" {
 		t.Errorf("dropped %v", dropped)
 	}
-	if n := count(t, st, "SELECT count() FROM {db}.events"); n != 3 {
+	if n := count(t, st, "SELECT count() FROM {db}.events_by_hour"); n != 3 {
 		t.Errorf("%d events left, want 3", n)
 	}
 	if n := count(t, st, "SELECT count() FROM {db}.hour_marks"); n != 3 {
@@ -348,16 +350,19 @@ func TestMigration5CountsEventsStoredBefore(t *testing.T) {
 		t.Fatal(err)
 	}
 	refs, _ := dedup(set.rows)
-	for range 2 { // two racing writers of migration 4, neither saw the other
+	st.events = asql.LegacyEventsTable // sinks of migration 4 stored there
+	// Two racing writers of migration 4, neither saw the other.
+	for range 2 {
 		if err := st.insertEvents(ctx, refs); err != nil {
 			t.Fatal(err)
 		}
 	}
+	st.events = asql.EventsTable
 	if n := count(t, st, "SELECT toUInt64(sum(requests)) FROM {db}.request_rollup"); n <= uint64(len(old)/2) {
 		t.Fatalf("the old rollup counted %d requests: the copies did not reach it", n)
 	}
-	if applied, err := st.Migrate(ctx); err != nil || !slices.Equal(applied, []int{5}) {
-		t.Fatalf("upgrade applied %v (%v), want [5]", applied, err)
+	if applied, err := st.Migrate(ctx); err != nil || !slices.Equal(applied, []int{5, 6}) {
+		t.Fatalf("upgrade applied %v (%v), want [5 6]", applied, err)
 	}
 	requireTruth(t, st, want, since, until, "after the upgrade")
 	if _, err := st.Compact(ctx, since, 0); err != nil {
@@ -371,4 +376,78 @@ func TestMigration5CountsEventsStoredBefore(t *testing.T) {
 		t.Fatal(err)
 	}
 	requireTruth(t, st, want, since, until, "after a redelivery")
+}
+
+// TestMigration6KeepsEverySinkExact: a database at migration 5 holds events
+// an older sink stored, is upgraded while that sink keeps storing (into
+// events, as it always did), and a sink of this version stores the same
+// events and the rest into events_by_hour at the same moment. Every event
+// counts once, read raw or from the caches (the events stored before the
+// upgrade live in events only, half of the later ones in both tables), and a
+// redelivery by the older sink afterwards (its marks dirty the hours)
+// changes no figure.
+func TestMigration6KeepsEverySinkExact(t *testing.T) {
+	testenv.SkipIfShort(t, "starts clickhouse-server")
+	srv := sharedServer(t)
+	ctx := t.Context()
+	db := srv.NewDatabase(t)
+	open := func() *Store {
+		st, err := OpenStore(ctx, StoreOptions{DSN: srv.DSN(), Database: db})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { st.Close() })
+		return st
+	}
+	older, newer := open(), open()
+	older.events = asql.LegacyEventsTable // a sink of migration 5
+	steps := MigrateSetupSQL(older.db)
+	for _, m := range Migrations[:5] {
+		steps = append(steps, m.SQL(older.db)...)
+	}
+	for _, q := range steps {
+		if err := older.conn.Exec(ctx, q); err != nil {
+			t.Fatalf("migrate to 5: %v\n%s", err, q)
+		}
+	}
+	before, during := exactRows(t, "before-6"), exactRows(t, "during-6")
+	all := append(append([]audit.Row(nil), before...), during...)
+	want := truth(t, all)
+	since, until := window(all)
+	if _, err := older.Insert(ctx, before, nil); err != nil {
+		t.Fatal(err)
+	}
+	if applied, err := newer.Migrate(ctx); err != nil || !slices.Equal(applied, []int{6}) {
+		t.Fatalf("upgrade applied %v (%v), want [6]", applied, err)
+	}
+	var wg sync.WaitGroup
+	errs := make([]error, 2)
+	wg.Go(func() { _, errs[0] = older.Insert(ctx, during[:len(during)/2], nil) })
+	wg.Go(func() { _, errs[1] = newer.Insert(ctx, during, nil) })
+	wg.Wait()
+	if err := errors.Join(errs...); err != nil {
+		t.Fatal(err)
+	}
+	for _, table := range []string{asql.EventsTable, asql.LegacyEventsTable} {
+		if n := count(t, newer, "SELECT count() FROM {db}."+table); n == 0 {
+			t.Fatalf("%s holds no events: the test stores into both tables", table)
+		}
+	}
+	requireTruth(t, newer, want, since, until, "after the upgrade")
+	if _, err := newer.Compact(ctx, since, 0); err != nil {
+		t.Fatal(err)
+	}
+	clean := cleanHours(t, newer, since, until)
+	if clean == 0 {
+		t.Fatal("no hour is clean after a compaction")
+	}
+	requireTruth(t, newer, want, since, until, "after compaction")
+	// A part of a batch again: a block of its own, so a mark of its own.
+	if _, err := older.Insert(ctx, before[:len(before)/3], nil); err != nil {
+		t.Fatal(err)
+	}
+	if n := cleanHours(t, newer, since, until); n >= clean {
+		t.Fatalf("%d of %d hours still clean after the older sink's redelivery: its marks are not counted", n, clean)
+	}
+	requireTruth(t, newer, want, since, until, "after the older sink's redelivery")
 }

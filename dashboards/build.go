@@ -106,7 +106,9 @@ func (g *generator) clickHouseBoard(uid, title, description string, tags ...stri
 		return `SELECT DISTINCT ` + col + ` FROM (
 	SELECT ` + col + ` FROM ` + db + `.hour_requests WHERE event_date >= today() - 7` + where + `
 	UNION ALL
-	SELECT ` + col + ` FROM ` + db + `.events WHERE event_date >= today() - 1 AND event_time >= now() - 10800` + where + `)
+	SELECT ` + col + ` FROM ` + db + `.` + asql.EventsTable + ` WHERE event_date >= today() - 1 AND event_time >= now() - 10800` + where + `
+	UNION ALL
+	SELECT ` + col + ` FROM ` + db + `.` + asql.LegacyEventsTable + ` WHERE event_date >= today() - 1 AND event_time >= now() - 10800` + where + `)
 ORDER BY ` + col
 	}
 	bd.queryVariable("cluster", "Cluster", false, recent("cluster", ""))

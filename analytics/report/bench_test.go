@@ -41,7 +41,7 @@ func BenchmarkReport(b *testing.B) {
 	b.Logf("synthesized %d events in %s", n, time.Since(start).Round(time.Millisecond))
 	// Merged parts, as background merges leave them after a while, and
 	// the hour caches, as serve's compaction leaves them.
-	if err := store.Conn().Exec(ctx, "OPTIMIZE TABLE "+db+".events FINAL"); err != nil {
+	if err := store.Conn().Exec(ctx, "OPTIMIZE TABLE "+db+".events_by_hour FINAL"); err != nil {
 		b.Logf("optimize events: %v", err)
 	}
 	if _, err := store.Compact(ctx, t0, 0); err != nil {
@@ -61,7 +61,7 @@ func BenchmarkReport(b *testing.B) {
 	// the same, and (the hours they touched dirty) reads those hours from
 	// events until they are compacted again.
 	if d, err := strconv.ParseUint(os.Getenv("REPORT_BENCH_DUPLICATES"), 10, 64); err == nil && d > 0 {
-		if err := store.Conn().Exec(ctx, fmt.Sprintf("INSERT INTO %s.events SELECT * FROM %s.events WHERE cityHash64(audit_id) %% %d = 0",
+		if err := store.Conn().Exec(ctx, fmt.Sprintf("INSERT INTO %s.events_by_hour SELECT * FROM %s.events_by_hour WHERE cityHash64(audit_id) %% %d = 0",
 			db, db, max(n/d, 1))); err != nil {
 			b.Fatal(err)
 		}

@@ -62,7 +62,7 @@ func TestGrafanaBinderEqualsReportBinder(t *testing.T) {
 	// The writer and object name of the most conflicted pair, for the
 	// single-value filters.
 	var hotWriter, hotName string
-	if err := conn.QueryRow(ctx, "SELECT writer, name FROM "+db+".events WHERE "+asql.VersionConflict+" GROUP BY writer, name ORDER BY count() DESC, writer, name LIMIT 1").Scan(&hotWriter, &hotName); err != nil {
+	if err := conn.QueryRow(ctx, "SELECT writer, name FROM "+db+".events_by_hour WHERE "+asql.VersionConflict+" GROUP BY writer, name ORDER BY count() DESC, writer, name LIMIT 1").Scan(&hotWriter, &hotName); err != nil {
 		t.Fatal(err)
 	}
 	values := map[string]string{"top": "1000", "gap_us": "300000000", "threshold": "5", "min_writes": "10", "stale_us": "600000000"}
@@ -156,7 +156,7 @@ func TestGrafanaMultiValueFiltersSumTheirValues(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	_, nss := rowsOf(t, ctx, conn, "SELECT DISTINCT namespace FROM "+db+".events")
+	_, nss := rowsOf(t, ctx, conn, "SELECT DISTINCT namespace FROM "+db+".events_by_hour")
 	if len(nss) < 2 {
 		t.Fatalf("only %d namespaces", len(nss))
 	}

@@ -32,7 +32,7 @@ func BenchmarkClusterReport(b *testing.B) {
 	b.Logf("synthesized %d events into the cluster in %s", n, time.Since(start).Round(time.Millisecond))
 	for _, srv := range c.Servers() {
 		conn := srv.ClusterConn(b, db)
-		for _, table := range []string{"events_local", "request_rollup_local"} {
+		for _, table := range []string{"events_by_hour_local", "hour_requests_local"} {
 			if err := conn.Exec(ctx, "SYSTEM SYNC REPLICA "+table); err != nil {
 				b.Fatal(err)
 			}

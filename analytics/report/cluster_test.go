@@ -49,7 +49,7 @@ func TestClusterReportEqualsSingleNode(t *testing.T) {
 	var perShard []uint64
 	for _, shard := range c.Shards {
 		var n uint64
-		if err := shard[0].ClusterConn(t, db).QueryRow(ctx, "SELECT count() FROM events_local").Scan(&n); err != nil {
+		if err := shard[0].ClusterConn(t, db).QueryRow(ctx, "SELECT count() FROM events_by_hour_local").Scan(&n); err != nil {
 			t.Fatal(err)
 		}
 		perShard = append(perShard, n)
@@ -85,7 +85,7 @@ func TestClusterReportEqualsSingleNode(t *testing.T) {
 	}
 	for _, srv := range c.Servers() {
 		var n uint64
-		if err := srv.ClusterConn(t, db).QueryRow(ctx, "SELECT count() FROM events_local").Scan(&n); err != nil {
+		if err := srv.ClusterConn(t, db).QueryRow(ctx, "SELECT count() FROM events_by_hour_local").Scan(&n); err != nil {
 			t.Fatal(err)
 		}
 		if n != 0 {

@@ -30,7 +30,7 @@ func BenchmarkGrafanaStatements(b *testing.B) {
 	if err := Synthesize(ctx, store.Conn(), db, "bench", benchEvents(), 42, t0, 24*time.Hour); err != nil {
 		b.Fatal(err)
 	}
-	for _, table := range []string{"events", "request_rollup"} {
+	for _, table := range []string{"events_by_hour", "hour_requests"} {
 		if err := store.Conn().Exec(ctx, "OPTIMIZE TABLE "+db+"."+table+" FINAL"); err != nil {
 			b.Logf("optimize %s: %v", table, err)
 		}

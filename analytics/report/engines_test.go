@@ -84,7 +84,7 @@ func TestEnginesAgree(t *testing.T) {
 	dead := []audit.DeadLetter{{Cluster: "c1", Source: "webhook", Reason: "not JSON", Raw: "{\"kind\":", ReceivedAt: t0.UnixMicro()}}
 	conn := en.Store.Conn()
 	// 18.16 must not merge the copies away before they are copied to 26.7.
-	if err := conn.Exec(ctx, "SYSTEM STOP MERGES "+en.DB+".events"); err != nil {
+	if err := conn.Exec(ctx, "SYSTEM STOP MERGES "+en.DB+".events_by_hour"); err != nil {
 		t.Fatal(err)
 	}
 	for i := 0; i < len(rows); i += 1000 {
@@ -113,8 +113,8 @@ func TestEnginesAgree(t *testing.T) {
 	}
 	// Every fifth event stored once more by a plain INSERT, as a retry of
 	// an insert applied in part would.
-	if err := conn.Exec(ctx, "INSERT INTO "+en.DB+".events ("+analytics.EventColumns+") SELECT "+analytics.EventColumns+
-		" FROM "+en.DB+".events WHERE cityHash64(audit_id) % 5 = 0"); err != nil {
+	if err := conn.Exec(ctx, "INSERT INTO "+en.DB+".events_by_hour ("+analytics.EventColumns+") SELECT "+analytics.EventColumns+
+		" FROM "+en.DB+".events_by_hour WHERE cityHash64(audit_id) % 5 = 0"); err != nil {
 		t.Fatal(err)
 	}
 	en.Recorded(t, "load")
@@ -140,7 +140,7 @@ func TestEnginesAgree(t *testing.T) {
 	if n := en.SameAnswers(t, "", enginetest.Selects(compaction)); n == 0 {
 		t.Error("the compaction's reads were empty on both")
 	}
-	if err := conn.Exec(ctx, "SYSTEM START MERGES "+en.DB+".events"); err != nil {
+	if err := conn.Exec(ctx, "SYSTEM START MERGES "+en.DB+".events_by_hour"); err != nil {
 		t.Fatal(err)
 	}
 	en.Recorded(t, "merges")

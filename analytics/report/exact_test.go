@@ -46,12 +46,12 @@ func TestReportCountsDuplicatesOnce(t *testing.T) {
 	twice, twiceDB := open()
 	conn := twice.Conn()
 	// Merges would collapse the copies before the reads could meet them.
-	if err := conn.Exec(ctx, "SYSTEM STOP MERGES "+twiceDB+".events"); err != nil {
+	if err := conn.Exec(ctx, "SYSTEM STOP MERGES "+twiceDB+".events_by_hour"); err != nil {
 		t.Fatal(err)
 	}
 	for _, mod := range []int{3, 9} {
-		q := "INSERT INTO " + twiceDB + ".events (" + analytics.EventColumns + ") SELECT " + analytics.EventColumns +
-			" FROM " + twiceDB + ".events WHERE cityHash64(audit_id) % ? = 0 LIMIT 1 BY cluster, audit_id, stage, fingerprint"
+		q := "INSERT INTO " + twiceDB + ".events_by_hour (" + analytics.EventColumns + ") SELECT " + analytics.EventColumns +
+			" FROM " + twiceDB + ".events_by_hour WHERE cityHash64(audit_id) % ? = 0 LIMIT 1 BY cluster, audit_id, stage, fingerprint"
 		if err := conn.Exec(ctx, q, mod); err != nil {
 			t.Fatal(err)
 		}
@@ -60,7 +60,7 @@ func TestReportCountsDuplicatesOnce(t *testing.T) {
 		t.Fatal(err)
 	}
 	var stored, distinct uint64
-	if err := conn.QueryRow(ctx, "SELECT count(), uniqExact("+asql.Identity+") FROM "+twiceDB+".events").Scan(&stored, &distinct); err != nil {
+	if err := conn.QueryRow(ctx, "SELECT count(), uniqExact("+asql.Identity+") FROM "+twiceDB+".events_by_hour").Scan(&stored, &distinct); err != nil {
 		t.Fatal(err)
 	}
 	if stored < distinct+uint64(len(rows)/2) {
@@ -69,7 +69,7 @@ func TestReportCountsDuplicatesOnce(t *testing.T) {
 	compare(t, once, onceDB, twice, twiceDB, true)
 	compact(t, twice)
 	compare(t, once, onceDB, twice, twiceDB, false)
-	for _, q := range []string{"SYSTEM START MERGES " + twiceDB + ".events", "OPTIMIZE TABLE " + twiceDB + ".events FINAL"} {
+	for _, q := range []string{"SYSTEM START MERGES " + twiceDB + ".events_by_hour", "OPTIMIZE TABLE " + twiceDB + ".events_by_hour FINAL"} {
 		if err := conn.Exec(ctx, q); err != nil {
 			t.Fatal(err)
 		}

@@ -230,7 +230,7 @@ func TestBuild(t *testing.T) {
 		if len(cached.RetryLoops) == 0 {
 			t.Fatal("no retry loop over the scenario's hours")
 		}
-		if err := store.Conn().Exec(ctx, "ALTER TABLE "+db+".events DROP PARTITION '2026-11-29'"); err != nil {
+		if err := store.Conn().Exec(ctx, "ALTER TABLE "+db+".events_by_hour DROP PARTITION '2026-11-29'"); err != nil {
 			t.Fatal(err)
 		}
 		again, err := Build(ctx, store.Conn(), o)

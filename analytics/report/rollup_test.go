@@ -239,14 +239,14 @@ func TestHotObjectsMatchPlainRanking(t *testing.T) {
 	plain := `SELECT api_group, resource, namespace, name, countIf(w) AS attempts, uniqExactIf(writer, w) AS writers,
 		countIf(w AND code = 409 AND position(message, 'the object has been modified') > 0) AS conflicts
 	FROM (SELECT *, verb IN ('create', 'update', 'patch', 'delete', 'deletecollection') AND api_group NOT IN ('authentication.k8s.io', 'authorization.k8s.io') AS w
-		FROM ` + db + `.events
+		FROM ` + db + `.events_by_hour
 		WHERE stage IN ('ResponseComplete', 'Panic') AND dry_run = 0 AND cluster = 'bench' AND event_time_us >= ? AND event_time_us < ?)
 	GROUP BY api_group, resource, namespace, name
 	HAVING attempts > 0
 	ORDER BY conflicts DESC, writers DESC, attempts DESC, api_group, resource, namespace, name
 	LIMIT ?`
 	var n int64
-	if err := store.Conn().QueryRow(ctx, "SELECT toInt64(uniqExact(api_group, resource, namespace, name)) FROM "+db+".events WHERE code = 409 AND position(message, 'the object has been modified') > 0").Scan(&n); err != nil {
+	if err := store.Conn().QueryRow(ctx, "SELECT toInt64(uniqExact(api_group, resource, namespace, name)) FROM "+db+".events_by_hour WHERE code = 409 AND position(message, 'the object has been modified') > 0").Scan(&n); err != nil {
 		t.Fatal(err)
 	}
 	conflicted := int(n)

@@ -32,7 +32,7 @@ func Synthesize(ctx context.Context, conn driver.Conn, db, cluster string, n uin
 	startUS, spanUS := uint64(start.UnixMicro()), uint64(span.Microseconds())
 	// h(k) is an independent pseudo-random 64-bit value per row and purpose.
 	q := fmt.Sprintf(`
-INSERT INTO %[1]s.events (event_date, event_time, event_time_us, request_received_us, latency_us, cluster, audit_id, stage,
+INSERT INTO %[1]s.events_by_hour (event_date, event_time, event_time_us, request_received_us, latency_us, cluster, audit_id, stage,
 	fingerprint, level, verb, request_uri, dry_run, user, user_groups, impersonated_user, writer, user_agent, source_ip,
 	api_group, api_version, resource, subresource, namespace, name, object_uid, stamp, field_manager, code, reason, message,
 	cause_reasons, cause_fields, authz_decision, annotation_keys, annotation_values, lease_holder, raw)

@@ -117,18 +117,18 @@ func startClusterSink(b *testing.B, bin, dsn, cluster, db string) (string, func(
 	}
 }
 
-// waitStoredIn waits until db.events (a Distributed table in cluster mode)
+// waitStoredIn waits until db.events_by_hour (a Distributed table in cluster mode)
 // holds want rows.
 func waitStoredIn(b *testing.B, conn driver.Conn, db string, want uint64) {
 	deadline := time.Now().Add(5 * time.Minute)
 	for {
 		var n uint64
-		err := conn.QueryRow(context.Background(), "SELECT count() FROM "+db+".events").Scan(&n)
+		err := conn.QueryRow(context.Background(), "SELECT count() FROM "+db+".events_by_hour").Scan(&n)
 		if err == nil && n == want {
 			return
 		}
 		if n > want || time.Now().After(deadline) {
-			b.Fatalf("%s.events = %d, want %d (%v)", db, n, want, err)
+			b.Fatalf("%s.events_by_hour = %d, want %d (%v)", db, n, want, err)
 		}
 		time.Sleep(50 * time.Millisecond)
 	}

@@ -373,7 +373,7 @@ func countEvents(t *testing.T, srv *chtest.Server, db string) uint64 {
 
 func tryCountEvents(t *testing.T, conn driver.Conn) (uint64, error) {
 	var n uint64
-	err := conn.QueryRow(t.Context(), "SELECT count() FROM events").Scan(&n)
+	err := conn.QueryRow(t.Context(), "SELECT count() FROM events_by_hour").Scan(&n)
 	return n, err
 }
 
@@ -452,7 +452,7 @@ func TestServeOverTLSWithClientCertificatesStoresInClickHouse(t *testing.T) {
 		return err == nil && n == 20
 	})
 	var n uint64
-	if err := conn.QueryRow(t.Context(), "SELECT count() FROM events WHERE cluster = 'default'").Scan(&n); err != nil || n != 10 {
+	if err := conn.QueryRow(t.Context(), "SELECT count() FROM events_by_hour WHERE cluster = 'default'").Scan(&n); err != nil || n != 10 {
 		t.Fatalf("%d events of cluster default (%v), want the 10 posted to /events", n, err)
 	}
 	stop()

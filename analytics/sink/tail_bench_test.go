@@ -88,7 +88,7 @@ func BenchmarkTailLag(b *testing.B) {
 			}
 			if next++; next%4 == 0 || time.Since(start) >= span {
 				var n uint64
-				if err := conn.QueryRow(context.Background(), "SELECT count() FROM events").Scan(&n); err != nil {
+				if err := conn.QueryRow(context.Background(), "SELECT count() FROM events_by_hour").Scan(&n); err != nil {
 					b.Fatal(err)
 				}
 				for seen < len(written) && n >= wantAfter(seen) {

@@ -52,8 +52,10 @@ const (
 	days = `event_date >= toDate($__fromTime, 'UTC') AND event_date <= toDate($__toTime, 'UTC')`
 	// grafanaWindow is the window on event_time_us (events and the
 	// retry-loop rows); grafanaEventsWindow on events' event_time.
-	grafanaWindow       = days + ` AND event_time_us >= ` + fromUs + ` AND event_time_us < ` + endUs
-	grafanaEventsWindow = days + ` AND $__timeFilter(event_time)`
+	grafanaWindow       = days + ` AND ` + hours + ` AND event_time_us >= ` + fromUs + ` AND event_time_us < ` + endUs
+	grafanaEventsWindow = days + ` AND ` + hours + ` AND $__timeFilter(event_time)`
+	// hours prunes events_by_hour's key to the window's hours (TimeRange).
+	hours = HourKey + ` >= intDiv(` + fromUs + `, 3600000000) AND ` + HourKey + ` <= intDiv(` + endUs + ` - 1, 3600000000)`
 	// hoursFrom and hoursTo bound the window's whole hours, in seconds.
 	hoursFrom = `(intDiv(toUInt32($__fromTime) + 3599, 3600) * 3600)`
 	hoursTo   = `(intDiv(toUInt32($__toTime) + 1, 3600) * 3600)`
@@ -105,7 +107,7 @@ func (g Grafana) Bind(s Statement) (string, error) {
 	sql := replace(s.SQL,
 		"{loop_conflicts}", loopConflicts, "{loop_successes}", loopSuccesses,
 		"{filters}", "("+strings.Join(filters, " AND ")+")",
-		"{raw_window}", grafanaRaw, "{rollup_window}", grafanaRollup, "{window}", grafanaWindow, "{events_window}", grafanaEventsWindow,
+		"{raw_window}", grafanaRaw, "{raw_range}", grafanaWindow, "{rollup_window}", grafanaRollup, "{window}", grafanaWindow, "{events_window}", grafanaEventsWindow,
 		"{bucket}", "toDateTime(intDiv(toUInt32(event_time), @interval_s) * @interval_s)",
 		"{end_us}", endUs,
 		"{db}", g.Database)

@@ -31,7 +31,7 @@ func CleanHours(from, to string) string {
 
 // hourRows are the events of the hour @hour_s (Unix seconds) of a
 // compaction.
-const hourRows = `event_date = toDate(toDateTime(@hour_s), 'UTC') AND event_time_us >= @hour_s * 1000000 AND event_time_us < (@hour_s + 3600) * 1000000`
+var hourRows = TimeRange("@hour_s * 1000000", "(@hour_s + 3600) * 1000000")
 
 // The statements of a compaction, in order, each with {db} to fill and the
 // parameters @hour_s, @version and (the last) @marks.
@@ -48,10 +48,10 @@ var (
 	GROUP BY cluster, api_group, resource, namespace, name, writer`,
 		`INSERT INTO {db}.hour_loop_conflicts (event_date, hour, version, ` + loopConflictColumnsNoDate + `)
 	SELECT event_date, toDateTime(@hour_s), toUInt64(@version), ` + loopConflictColumnsNoDate + `
-	FROM ` + LoopConflictRows(hourRows),
+	FROM ` + LoopConflictRows(hourRows, "1"),
 		`INSERT INTO {db}.hour_loop_successes (event_date, hour, version, cluster, pair, event_time_us)
 	SELECT event_date, toDateTime(@hour_s), toUInt64(@version), cluster, pair, event_time_us
-	FROM ` + LoopSuccessRows(hourRows),
+	FROM ` + LoopSuccessRows(hourRows, "1"),
 	}
 
 	// CompactionRecord makes @version of the hour readable, for as long as

@@ -130,7 +130,7 @@ FROM ` + counted}
 	// is more than @stale_us before the window's end: the writer stopped
 	// without a success since.
 	StaleRetryLoops = Statement{Name: "stale_retry_loops", Title: "Stale unresolved retry loops", Shape: Number,
-		Params: with(RetryLoops.Params, StaleUs), Time: []Window{RollupHours, RawEdges, Whole, End},
+		Params: with(RetryLoops.Params, StaleUs), Time: []Window{RollupHours, RawEdges, RawRange, Whole, End},
 		Columns: []string{"loops"},
 		SQL: `
 SELECT count() AS loops

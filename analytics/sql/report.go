@@ -66,9 +66,9 @@ const (
 )
 
 // reportWindow is the report's half-open window [@since_us, @until_us) on
-// the stage timestamp in microseconds, with the (UTC) day partitions it
-// spans so that ClickHouse reads only those.
-const reportWindow = `event_date >= toDate(toDateTime(intDiv(@since_us, 1000000)), 'UTC') AND event_date <= toDate(toDateTime(intDiv(@until_us, 1000000)), 'UTC') AND event_time_us >= @since_us AND event_time_us < @until_us`
+// the stage timestamp in microseconds, with the (UTC) day partitions and
+// hours it spans so that ClickHouse reads only those.
+var reportWindow = TimeRange("@since_us", "@until_us")
 
 // rollupWindow selects the plan's clean hours, each with its version, and
 // their day partitions. The hours and versions are numbers the report
@@ -97,10 +97,7 @@ func (p Plan) rawWindow() string {
 	}
 	var rs []string
 	for _, r := range p.Raw {
-		from, end := strconv.FormatInt(r[0], 10), strconv.FormatInt(r[1], 10)
-		last := strconv.FormatInt(r[1]-1, 10)
-		rs = append(rs, "(event_date >= toDate(toDateTime(intDiv("+from+", 1000000)), 'UTC') AND event_date <= toDate(toDateTime(intDiv("+last+", 1000000)), 'UTC')"+
-			" AND event_time_us >= "+from+" AND event_time_us < "+end+")")
+		rs = append(rs, "("+TimeRange(strconv.FormatInt(r[0], 10), strconv.FormatInt(r[1], 10))+")")
 	}
 	return "(" + strings.Join(rs, " OR ") + ")"
 }
@@ -119,7 +116,7 @@ func (r Report) Bind(s Statement) string {
 	return replace(s.SQL,
 		"{loop_conflicts}", loopConflicts, "{loop_successes}", loopSuccesses,
 		"{filters}", reportFilters,
-		"{raw_window}", r.Plan.rawWindow(), "{rollup_window}", r.Plan.rollupWindow(), "{window}", reportWindow, "{events_window}", reportWindow,
+		"{raw_window}", r.Plan.rawWindow(), "{raw_range}", r.Plan.rawWindow(), "{rollup_window}", r.Plan.rollupWindow(), "{window}", reportWindow, "{events_window}", reportWindow,
 		"{bucket}", "toDateTime(intDiv(toUInt32(event_time), @interval_s) * @interval_s)",
 		"{end_us}", "@until_us",
 		"{db}", r.Database)

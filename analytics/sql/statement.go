@@ -82,6 +82,9 @@ var (
 	// whole hours that are not clean (open, or written since their last
 	// compaction).
 	RawEdges = Window{"{raw_window}", "event_time_us", Raw, "the window minus the clean whole hours"}
+	// RawRange is a plain time range that holds RawEdges: what each event
+	// table's PREWHERE reads (DistinctEvents), with no subquery in it.
+	RawRange = Window{"{raw_range}", "event_time_us", Raw, "a time range holding the raw edges, without subqueries"}
 	// RollupHours is the clean whole hours inside the window, each with
 	// the version of its caches to read.
 	RollupHours = Window{"{rollup_window}", "hour", Rollup, "the clean whole hours, from the hour caches"}
@@ -92,7 +95,7 @@ var (
 )
 
 // Windows lists every window a binder must place.
-var Windows = []Window{Whole, EventsWhole, RawEdges, RollupHours, Bucket, End}
+var Windows = []Window{Whole, EventsWhole, RawEdges, RawRange, RollupHours, Bucket, End}
 
 // Shape is what a statement returns.
 type Shape string
@@ -121,7 +124,7 @@ type Statement struct {
 	Columns []string
 	// SQL is the text with placeholders: {db}, {filters}, the windows,
 	// and {loop_conflicts} and {loop_successes} (the retry-loop rows,
-	// which place time with {rollup_window} and {raw_window}).
+	// which place time with {rollup_window}, {raw_window} and {raw_range}).
 	SQL string
 }
 
@@ -157,7 +160,7 @@ func (s Statement) Validate() error {
 		switch p {
 		case "{db}", "{filters}":
 		case "{loop_conflicts}", "{loop_successes}":
-			places = append(places, RollupHours.Placeholder, RawEdges.Placeholder)
+			places = append(places, RollupHours.Placeholder, RawEdges.Placeholder, RawRange.Placeholder)
 		default:
 			places = append(places, p)
 		}

@@ -18,18 +18,56 @@ const (
 // identity (DistinctEvents), however many copies events holds.
 const Identity = `cluster, audit_id, stage, fingerprint`
 
+// The event tables (migration 6). Writers store into EventsTable, sorted
+// by hour first; LegacyEventsTable (sorted by object) holds what was
+// stored before, and what sinks of older versions store during an
+// upgrade. Every read takes both (AllEvents): an event stored in both is
+// one identity, so it counts once.
+const (
+	EventsTable       = "events_by_hour"
+	LegacyEventsTable = "events"
+)
+
 // DistinctEvents reads columns from the events that pass prewhere and
-// where, one row per identity. events is a ReplacingMergeTree on the
-// identity, so copies of an event (a redelivery, racing writers, an insert
-// retried after it was applied in part) collapse when parts merge; until
-// then LIMIT 1 BY keeps one. Every copy has the same columns: they are one
-// event, decoded by one code.
+// where, one row per identity. prewhere, a plain condition (no subquery:
+// 18.16 can hang when the two tables' branches build the same IN set at
+// once), narrows each table's read; where, any condition, is applied to
+// their union. Both event tables are ReplacingMergeTrees on
+// the identity, so copies of an event in one table (a redelivery, racing
+// writers, an insert retried after it was applied in part) collapse when
+// parts merge; until then, and across the two tables, LIMIT 1 BY keeps one.
+// Every copy has the same columns: they are one event, decoded by one
+// code.
 func DistinctEvents(columns, prewhere, where string) string {
 	return `(
-	SELECT ` + columns + ` FROM {db}.events
-	PREWHERE ` + prewhere + `
+	SELECT ` + columns + ` FROM ` + AllEvents(prewhere) + `
 	WHERE ` + where + `
 	LIMIT 1 BY ` + Identity + `)`
+}
+
+// AllEvents is every stored copy of the events that pass prewhere (a
+// plain condition, see DistinctEvents), from both event tables: a
+// subquery whose columns are the events columns (ClickHouse reads only
+// those the outer query names).
+func AllEvents(prewhere string) string {
+	return `(
+		SELECT * FROM {db}.` + EventsTable + ` PREWHERE ` + prewhere + `
+		UNION ALL
+		SELECT * FROM {db}.` + LegacyEventsTable + ` PREWHERE ` + prewhere + `)`
+}
+
+// HourKey is events_by_hour's hour in its sorting key.
+const HourKey = `intDiv(event_time_us, 3600000000)`
+
+// TimeRange is the condition that an event's stage time is in [from,
+// until), SQL expressions of Unix microseconds: its UTC day partitions,
+// the hours of events_by_hour's key (18.16 derives no key range from a
+// condition on event_time_us through intDiv, so the condition names the
+// key expression itself), and the time.
+func TimeRange(fromUs, untilUs string) string {
+	return `event_date >= toDate(toDateTime(intDiv(` + fromUs + `, 1000000)), 'UTC') AND event_date <= toDate(toDateTime(intDiv(` + untilUs + ` - 1, 1000000)), 'UTC')` +
+		` AND ` + HourKey + ` >= intDiv(` + fromUs + `, 3600000000) AND ` + HourKey + ` <= intDiv(` + untilUs + ` - 1, 3600000000)` +
+		` AND event_time_us >= ` + fromUs + ` AND event_time_us < ` + untilUs
 }
 
 // requestColumns are what the counters of a request read, beside its
@@ -73,7 +111,7 @@ var counted = `(
 	WHERE cluster = @cluster AND {rollup_window} AND {filters}
 	UNION ALL
 	SELECT api_group, resource, namespace, name, writer, ` + counterValues + `
-	FROM ` + DistinctEvents(requestColumns, `{raw_window}`, Request+` AND cluster = @cluster AND {filters}`) + `
+	FROM ` + DistinctEvents(requestColumns, `{raw_range}`, `{raw_window} AND `+Request+` AND cluster = @cluster AND {filters}`) + `
 )`
 
 // classified is the window's requests in events with their class and
@@ -99,28 +137,29 @@ const (
 )
 
 // LoopConflictRows are the version conflicts of events in window (a
-// condition on events' columns), one row per request.
-func LoopConflictRows(window string) string {
-	return DistinctEvents(loopConflictColumns, `code = 409 AND `+window,
-		Request+` AND `+IsWrite+` AND `+VersionConflict)
+// condition on events' columns) within span (a plain range that holds
+// it: DistinctEvents' prewhere), one row per request.
+func LoopConflictRows(span, window string) string {
+	return DistinctEvents(loopConflictColumns, `code = 409 AND `+span,
+		window+` AND `+Request+` AND `+IsWrite+` AND `+VersionConflict)
 }
 
-// LoopSuccessRows are the successful writes of events in window, one row
-// per request.
-func LoopSuccessRows(window string) string {
-	return DistinctEvents(`event_date, cluster, `+LoopPair+` AS pair, event_time_us`, window,
-		Request+` AND `+IsWrite+` AND `+IsSuccess)
+// LoopSuccessRows are the successful writes of events in window within
+// span, one row per request.
+func LoopSuccessRows(span, window string) string {
+	return DistinctEvents(`event_date, cluster, `+LoopPair+` AS pair, event_time_us`, span,
+		window+` AND `+Request+` AND `+IsWrite+` AND `+IsSuccess)
 }
 
 var (
 	loopConflicts = `(
 	SELECT ` + loopConflictColumns + ` FROM {db}.hour_loop_conflicts WHERE {rollup_window}
 	UNION ALL
-	SELECT ` + loopConflictColumns + ` FROM ` + LoopConflictRows(`{raw_window}`) + `)`
+	SELECT ` + loopConflictColumns + ` FROM ` + LoopConflictRows(`{raw_range}`, `{raw_window}`) + `)`
 	loopSuccesses = `(
 	SELECT ` + loopSuccessColumns + ` FROM {db}.hour_loop_successes WHERE {rollup_window}
 	UNION ALL
-	SELECT ` + loopSuccessColumns + ` FROM ` + LoopSuccessRows(`{raw_window}`) + `)`
+	SELECT ` + loopSuccessColumns + ` FROM ` + LoopSuccessRows(`{raw_range}`, `{raw_window}`) + `)`
 )
 
 // loopCandidates are the (writer, object) pairs with at least @threshold
@@ -147,7 +186,7 @@ const fewConflictedObjects = `(SELECT uniqExact(` + ObjectHash + `) < @top FROM 
 // Parameter and window lists the statements share.
 var (
 	filtered    = []Param{Cluster, Namespace, Resource, User, Name}
-	countedTime = []Window{RollupHours, RawEdges}
+	countedTime = []Window{RollupHours, RawEdges, RawRange}
 )
 
 func with(ps []Param, more ...Param) []Param {
@@ -203,7 +242,7 @@ LIMIT @top`}
 	// When fewer than @top objects have a conflict, every object contends,
 	// so the ranking stays exact.
 	HotObjects = Statement{Name: "hot_objects", Title: "Hot objects", Shape: Rows,
-		Params: with(filtered, Top), Time: []Window{RollupHours, RawEdges, Whole},
+		Params: with(filtered, Top), Time: []Window{RollupHours, RawEdges, RawRange, Whole},
 		Columns: []string{"g", "r", "ns", "n", "attempts", "distinct_writers", "conflicts", "conflict_rate"},
 		SQL: `
 SELECT any(wg) AS g, any(wr) AS r, any(wns) AS ns, any(wn) AS n,
@@ -238,7 +277,7 @@ LIMIT @top`}
 	// releases refuse a joined subquery without an alias (Code 206), and
 	// 18.16 has no setting that relaxes it, so both sides are named.
 	RetryLoops = Statement{Name: "retry_loops", Title: "Retry loops", Shape: Rows,
-		Params: with(filtered, Top, GapUs, Threshold), Time: []Window{RollupHours, RawEdges, Whole},
+		Params: with(filtered, Top, GapUs, Threshold), Time: []Window{RollupHours, RawEdges, RawRange, Whole},
 		Columns: []string{"user", "api_group", "resource", "namespace", "name", "conflicts", "first_us", "last_us", "resolved"},
 		SQL:     retryLoops}
 
@@ -269,7 +308,7 @@ FROM (
 	SELECT namespace, name,
 		arrayMap(x -> tupleElement(x, 2), arraySort(groupArray((event_time_us, lease_holder)))) AS hs,
 		arrayFilter((h, p) -> h != p, hs, arrayPushFront(arrayPopBack(hs), '')) AS runs
-	FROM {db}.events
+	FROM ` + AllEvents(`{events_window}`) + `
 	WHERE ` + requests + ` AND api_group = 'coordination.k8s.io' AND resource = 'leases' AND subresource = ''
 		AND ` + IsWrite + ` AND ` + IsSuccess + ` AND lease_holder != ''
 	GROUP BY namespace, name

@@ -115,7 +115,7 @@ func TestSinkWiring(t *testing.T) {
 			}
 
 			conn := ch.Conn(t, "stampguard")
-			query := "SELECT count() FROM events WHERE cluster = '" + tc.cluster + "' AND audit_id IN (" + strings.Join(ids, ",") + ")"
+			query := "SELECT count() FROM events_by_hour WHERE cluster = '" + tc.cluster + "' AND audit_id IN (" + strings.Join(ids, ",") + ")"
 			eventually(t, 30*time.Second, func() error {
 				var n uint64
 				if err := conn.QueryRow(t.Context(), query).Scan(&n); err != nil {

@@ -210,14 +210,14 @@ func TestAuditSink(t *testing.T) {
 	}
 	// Secrets never land in ClickHouse.
 	var leaked uint64
-	if err := conn.QueryRow(t.Context(), "SELECT count() FROM events WHERE position(raw, ?) > 0", secretValue).Scan(&leaked); err != nil {
+	if err := conn.QueryRow(t.Context(), "SELECT count() FROM events_by_hour WHERE position(raw, ?) > 0", secretValue).Scan(&leaked); err != nil {
 		t.Fatal(err)
 	}
 	if leaked != 0 {
 		t.Errorf("%d stored events contain the secret's data", leaked)
 	}
 	var secretEvents uint64
-	if err := conn.QueryRow(t.Context(), "SELECT count() FROM events WHERE resource = 'secrets' AND verb = 'create' AND cluster = 'webhook'").Scan(&secretEvents); err != nil {
+	if err := conn.QueryRow(t.Context(), "SELECT count() FROM events_by_hour WHERE resource = 'secrets' AND verb = 'create' AND cluster = 'webhook'").Scan(&secretEvents); err != nil {
 		t.Fatal(err)
 	}
 	if secretEvents == 0 {
@@ -225,11 +225,11 @@ func TestAuditSink(t *testing.T) {
 	}
 	// The workload's conflict shapes arrived flattened.
 	for _, q := range []struct{ what, sql string }{
-		{"version conflicts", "SELECT count() FROM events WHERE cluster='webhook' AND code=409 AND reason='Conflict' AND verb='update'"},
-		{"field manager conflicts", "SELECT count() FROM events WHERE cluster='webhook' AND has(cause_reasons, 'FieldManagerConflict')"},
-		{"already exists", "SELECT count() FROM events WHERE cluster='webhook' AND reason='AlreadyExists'"},
-		{"delete precondition conflicts", "SELECT count() FROM events WHERE cluster='webhook' AND verb='delete' AND code=409"},
-		{"lease holders", "SELECT count() FROM events WHERE cluster='webhook' AND resource='leases' AND lease_holder LIKE 'e2e-holder-%'"},
+		{"version conflicts", "SELECT count() FROM events_by_hour WHERE cluster='webhook' AND code=409 AND reason='Conflict' AND verb='update'"},
+		{"field manager conflicts", "SELECT count() FROM events_by_hour WHERE cluster='webhook' AND has(cause_reasons, 'FieldManagerConflict')"},
+		{"already exists", "SELECT count() FROM events_by_hour WHERE cluster='webhook' AND reason='AlreadyExists'"},
+		{"delete precondition conflicts", "SELECT count() FROM events_by_hour WHERE cluster='webhook' AND verb='delete' AND code=409"},
+		{"lease holders", "SELECT count() FROM events_by_hour WHERE cluster='webhook' AND resource='leases' AND lease_holder LIKE 'e2e-holder-%'"},
 	} {
 		var n uint64
 		if err := conn.QueryRow(t.Context(), q.sql).Scan(&n); err != nil {
@@ -400,7 +400,7 @@ func responseCompleteIDs(t *testing.T, path string) map[string]int {
 // inserted block, before any ReplacingMergeTree merge).
 func storedCounts(t *testing.T, conn driver.Conn, cluster string) map[string]int {
 	t.Helper()
-	rows, err := conn.Query(t.Context(), "SELECT audit_id, count() FROM (SELECT audit_id FROM events WHERE toString(cluster) = ? AND stage = 'ResponseComplete' LIMIT 1 BY "+asql.Identity+") GROUP BY audit_id", cluster)
+	rows, err := conn.Query(t.Context(), "SELECT audit_id, count() FROM (SELECT audit_id FROM events_by_hour WHERE toString(cluster) = ? AND stage = 'ResponseComplete' LIMIT 1 BY "+asql.Identity+") GROUP BY audit_id", cluster)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -468,7 +468,7 @@ type rollup map[string]uint64
 // event once by its identity, as every figure does.
 func rollupCounts(t *testing.T, conn driver.Conn, cutoff time.Time) rollup {
 	t.Helper()
-	rows, err := conn.Query(t.Context(), "SELECT concat(toString(cluster), '/', toString(stage), '/', toString(verb), '/', toString(code)) AS k, count() FROM (SELECT cluster, stage, verb, code FROM events WHERE event_time < ? LIMIT 1 BY "+asql.Identity+") GROUP BY k", cutoff)
+	rows, err := conn.Query(t.Context(), "SELECT concat(toString(cluster), '/', toString(stage), '/', toString(verb), '/', toString(code)) AS k, count() FROM (SELECT cluster, stage, verb, code FROM events_by_hour WHERE event_time < ? LIMIT 1 BY "+asql.Identity+") GROUP BY k", cutoff)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -585,7 +585,7 @@ func TestAuditsinkTailAndMigrateBinaries(t *testing.T) {
 		conn := ch.Conn(t, db)
 		p.waitFor("the configmap's create in ClickHouse", func() error {
 			var n uint64
-			if err := conn.QueryRow(t.Context(), "SELECT count() FROM events WHERE cluster = 'tail-bin' AND verb = 'create' AND resource = 'configmaps' AND name = 'tailed'").Scan(&n); err != nil {
+			if err := conn.QueryRow(t.Context(), "SELECT count() FROM events_by_hour WHERE cluster = 'tail-bin' AND verb = 'create' AND resource = 'configmaps' AND name = 'tailed'").Scan(&n); err != nil {
 				return err
 			}
 			if n == 0 {

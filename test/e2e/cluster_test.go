@@ -156,7 +156,7 @@ func TestClusterMode(t *testing.T) {
 	conn := c.Shards[0][1].ClusterConn(t, db)
 	eventuallyTrue(t, "every audit ID to be stored in the cluster", func() bool {
 		var n uint64
-		if err := conn.QueryRow(ctx, "SELECT uniqExact(audit_id) FROM events WHERE cluster = 'e2e'").Scan(&n); err != nil {
+		if err := conn.QueryRow(ctx, "SELECT uniqExact(audit_id) FROM events_by_hour WHERE cluster = 'e2e'").Scan(&n); err != nil {
 			t.Logf("count stored IDs: %v", err)
 			return false
 		}
@@ -203,7 +203,7 @@ func TestClusterMode(t *testing.T) {
 	// copies merge away.
 	compare("with a replica down, once every event is stored")
 	down.Start()
-	if err := down.ClusterConn(t, db).Exec(ctx, "SYSTEM SYNC REPLICA events_local"); err != nil {
+	if err := down.ClusterConn(t, db).Exec(ctx, "SYSTEM SYNC REPLICA events_by_hour_local"); err != nil {
 		t.Fatalf("sync the restarted replica: %v", err)
 	}
 	compare("after the killed replica came back")
@@ -233,7 +233,7 @@ func TestClusterMode(t *testing.T) {
 		var last error
 		eventuallyTrue(t, "a replica of the shard to merge", func() bool {
 			for _, r := range shard {
-				if last = r.ClusterConn(t, db).Exec(ctx, "OPTIMIZE TABLE events_local FINAL"); last == nil {
+				if last = r.ClusterConn(t, db).Exec(ctx, "OPTIMIZE TABLE events_by_hour_local FINAL"); last == nil {
 					return true
 				}
 			}

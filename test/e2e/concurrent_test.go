@@ -62,7 +62,7 @@ func concurrentWriters(t *testing.T, bin string, ch *chtest.Server, logPath stri
 			t.Fatalf("the report differs from the ground truth\n%s", lineDiff(string(want), string(gotJSON)))
 		}
 		var rows, events uint64
-		if err := ch.Conn(t, db).QueryRow(t.Context(), "SELECT count(), uniqExact(cluster, audit_id, stage, fingerprint) FROM events").Scan(&rows, &events); err != nil {
+		if err := ch.Conn(t, db).QueryRow(t.Context(), "SELECT count(), uniqExact(cluster, audit_id, stage, fingerprint) FROM events_by_hour").Scan(&rows, &events); err != nil {
 			t.Fatal(err)
 		}
 		t.Logf("database %s: %d rows for %d events", db, rows, events)

@@ -152,7 +152,7 @@ func TestDashboardQueriesOnClickHouse(t *testing.T) {
 	from, to := res.Since.Truncate(time.Second).Add(-time.Second), res.Until.Truncate(time.Second).Add(time.Second)
 	for range 10 {
 		var n uint64
-		if err := conn.QueryRow(ctx, fmt.Sprintf("SELECT count() FROM %s.events WHERE toUInt32(event_time) IN (%d, %d)", db, from.Unix(), to.Unix())).Scan(&n); err != nil {
+		if err := conn.QueryRow(ctx, fmt.Sprintf("SELECT count() FROM %s.events_by_hour WHERE toUInt32(event_time) IN (%d, %d)", db, from.Unix(), to.Unix())).Scan(&n); err != nil {
 			t.Fatal(err)
 		}
 		if n == 0 {

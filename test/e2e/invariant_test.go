@@ -323,7 +323,7 @@ func (iv *invariant) exact(t *testing.T, db, when string) {
 	}
 	iv.panels(t, db, iv.clusters[0], when)
 	var rows, events uint64
-	if err := iv.conn(db).QueryRow(t.Context(), "SELECT count(), uniqExact(cluster, audit_id, stage, fingerprint) FROM events").Scan(&rows, &events); err != nil {
+	if err := iv.conn(db).QueryRow(t.Context(), "SELECT count(), uniqExact(cluster, audit_id, stage, fingerprint) FROM events_by_hour").Scan(&rows, &events); err != nil {
 		t.Fatal(err)
 	}
 	t.Logf("%s: every report and panel equals the ground truth (checked in %s); events holds %d rows for %d events", when, time.Since(start).Round(time.Millisecond), rows, events)
@@ -569,7 +569,7 @@ func (iv *invariant) migrateDB(t *testing.T) string {
 	return db
 }
 
-// slowInserts adds a materialized view on events that sleeps 3 s per
+// slowInserts adds a materialized view on events_by_hour that sleeps 3 s per
 // inserted block (ClickHouse's longest sleep): each insert of the sink
 // stays in flight that long after its rows are in events, the window in
 // which a kill leaves an insert applied in part, or stored but never
@@ -577,7 +577,7 @@ func (iv *invariant) migrateDB(t *testing.T) string {
 func (iv *invariant) slowInserts(t *testing.T, db string) func() {
 	t.Helper()
 	conn := iv.conn(db)
-	q := fmt.Sprintf("CREATE MATERIALIZED VIEW `%s`.slow_inserts ENGINE = Null AS SELECT sleep(3) AS slept FROM `%s`.events", db, db)
+	q := fmt.Sprintf("CREATE MATERIALIZED VIEW `%s`.slow_inserts ENGINE = Null AS SELECT sleep(3) AS slept FROM `%s`.events_by_hour", db, db)
 	if err := conn.Exec(t.Context(), q); err != nil {
 		t.Fatalf("%s: %v", q, err)
 	}
@@ -588,11 +588,11 @@ func (iv *invariant) slowInserts(t *testing.T, db string) func() {
 	}
 }
 
-// storedRows counts the rows of events, copies included: it moves with
+// storedRows counts the rows of events_by_hour, copies included: it moves with
 // every insert.
 func (iv *invariant) storedRows(t *testing.T, db string) uint64 {
 	var n uint64
-	if err := iv.conn(db).QueryRow(t.Context(), "SELECT count() FROM events").Scan(&n); err != nil {
+	if err := iv.conn(db).QueryRow(t.Context(), "SELECT count() FROM events_by_hour").Scan(&n); err != nil {
 		return 0
 	}
 	return n
@@ -601,7 +601,7 @@ func (iv *invariant) storedRows(t *testing.T, db string) uint64 {
 // storedEvents counts the distinct events stored.
 func (iv *invariant) storedEvents(t *testing.T, db string) uint64 {
 	var n uint64
-	if err := iv.conn(db).QueryRow(t.Context(), "SELECT uniqExact(cluster, audit_id, stage, fingerprint) FROM events").Scan(&n); err != nil {
+	if err := iv.conn(db).QueryRow(t.Context(), "SELECT uniqExact(cluster, audit_id, stage, fingerprint) FROM events_by_hour").Scan(&n); err != nil {
 		return 0
 	}
 	return n

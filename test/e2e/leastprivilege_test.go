@@ -46,7 +46,7 @@ func TestServeWithoutDDLRights(t *testing.T) {
 	adminConn := ch.Conn(t, "stampguard")
 	stored := func(t *testing.T, cluster string) uint64 {
 		var n uint64
-		if err := adminConn.QueryRow(t.Context(), "SELECT count() FROM events WHERE cluster = ?", cluster).Scan(&n); err != nil {
+		if err := adminConn.QueryRow(t.Context(), "SELECT count() FROM events_by_hour WHERE cluster = ?", cluster).Scan(&n); err != nil {
 			t.Fatal(err)
 		}
 		return n
@@ -120,7 +120,7 @@ func TestServeWithoutDDLRights(t *testing.T) {
 		}
 		defer conn.Close()
 		var n uint64
-		if err := conn.QueryRow(t.Context(), "SELECT count() FROM stampguard.events").Scan(&n); err != nil || n == 0 {
+		if err := conn.QueryRow(t.Context(), "SELECT count() FROM stampguard.events_by_hour").Scan(&n); err != nil || n == 0 {
 			t.Fatalf("select the events: %d (%v)", n, err)
 		}
 		for what, q := range map[string]string{
@@ -128,7 +128,7 @@ func TestServeWithoutDDLRights(t *testing.T) {
 			"DDL":                        "CREATE TABLE stampguard.mine (x UInt8) ENGINE = Memory",
 			"another database":           "SELECT count() FROM default.private",
 			"a change of a setting":      "SELECT 1 SETTINGS max_threads = 1",
-			"retention's DROP PARTITION": "ALTER TABLE stampguard.events DROP PARTITION '2020-01-01'",
+			"retention's DROP PARTITION": "ALTER TABLE stampguard.events_by_hour DROP PARTITION '2020-01-01'",
 		} {
 			if err := conn.Exec(t.Context(), q); err == nil {
 				t.Errorf("the Grafana user ran %s: %s", what, q)

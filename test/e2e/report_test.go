@@ -89,7 +89,7 @@ func TestReportEqualsGroundTruth(t *testing.T) {
 		en.CopyTo26(t)
 		rows := en.SameAnswers(t, "", en.Tables(t))
 		var stored uint64
-		if err := ch.Conn(t, db).QueryRow(t.Context(), "SELECT uniqExact(cluster, audit_id, stage, fingerprint) FROM events").Scan(&stored); err != nil {
+		if err := ch.Conn(t, db).QueryRow(t.Context(), "SELECT uniqExact(cluster, audit_id, stage, fingerprint) FROM events_by_hour").Scan(&stored); err != nil {
 			t.Fatal(err)
 		}
 		if stored == 0 || uint64(rows) < stored {

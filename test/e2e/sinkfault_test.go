@@ -361,7 +361,7 @@ func TestAuditSinkFaultSuite(t *testing.T) {
 	}
 
 	conn := ch.Conn(t, "fault")
-	rows, err := conn.Query(t.Context(), "SELECT audit_id, count() FROM events WHERE cluster = 'fault' GROUP BY audit_id")
+	rows, err := conn.Query(t.Context(), "SELECT audit_id, count() FROM events_by_hour WHERE cluster = 'fault' GROUP BY audit_id")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -453,7 +453,7 @@ func TestAuditSinkAnswersBadInput(t *testing.T) {
 		return count("SELECT count() FROM dead_letters WHERE cluster = ?", "oversized") == 1
 	})
 	for _, tt := range tests {
-		if n := count("SELECT count() FROM events WHERE cluster = ?", tt.cluster); n != uint64(tt.rows) {
+		if n := count("SELECT count() FROM events_by_hour WHERE cluster = ?", tt.cluster); n != uint64(tt.rows) {
 			t.Errorf("%s: %d events stored, want %d", tt.cluster, n, tt.rows)
 		}
 		var reasons []string
