@@ -379,3 +379,67 @@ func mustPath(s string) FieldPath {
 	}
 	return p
 }
+
+// RuleRef names one rule of one policy, as a Violation does.
+type RuleRef struct {
+	Policy string
+	Rule   RuleKind
+	// Index is the rule's position in fieldOwners or immutableFields, -1
+	// for the stamp and delete rules.
+	Index  int
+	Action v1alpha1.Action
+}
+
+// RuleName is the rule's name in the spec's words, as Violation.RuleName.
+func (r RuleRef) RuleName() string {
+	return Violation{Rule: r.Rule, Index: r.Index}.RuleName()
+}
+
+// StampRules lists the rules CheckStamp evaluates for req, in its order.
+func (s *Set) StampRules(req *Request, env *Environment) []RuleRef {
+	var out []RuleRef
+	if req.Operation != Update {
+		return nil
+	}
+	for _, p := range s.policies {
+		if p.stamp != nil && p.applies(req, env) != noMatch {
+			out = append(out, RuleRef{Policy: p.Name, Rule: RuleStampMissing, Index: -1, Action: p.stamp.action})
+		}
+	}
+	return out
+}
+
+// FieldRules lists the rules CheckFields evaluates for req, in its order:
+// what a replay that lacks the objects counts as undecidable, and what it
+// counts as allowed when they break nothing.
+func (s *Set) FieldRules(req *Request, env *Environment) []RuleRef {
+	var out []RuleRef
+	for _, p := range s.policies {
+		scope := p.applies(req, env)
+		if scope == noMatch {
+			continue
+		}
+		switch req.Operation {
+		case Update, Create:
+			for _, r := range p.owners {
+				if !r.checks(req.Operation, scope) {
+					continue
+				}
+				out = append(out, RuleRef{Policy: p.Name, Rule: RuleFieldOwner, Index: r.index, Action: r.action})
+			}
+			if req.Operation == Update {
+				for _, r := range p.immutables {
+					if !r.checks(scope) {
+						continue
+					}
+					out = append(out, RuleRef{Policy: p.Name, Rule: RuleImmutableField, Index: r.index, Action: r.action})
+				}
+			}
+		case Delete:
+			if scope == fullMatch && p.delete != nil {
+				out = append(out, RuleRef{Policy: p.Name, Rule: RuleDeletePrecondition, Index: -1, Action: p.delete.action})
+			}
+		}
+	}
+	return out
+}

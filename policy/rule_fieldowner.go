@@ -99,13 +99,16 @@ func (w writers) allows(u UserInfo, fieldManager string) bool {
 	return true
 }
 
+// checks reports whether the rule is evaluated for an operation: a create
+// only with onCreate, a workload's scale subresource only for spec.replicas.
+func (r *ownerRule) checks(op Operation, scope matchScope) bool {
+	return (op != Create || r.onCreate) && (scope != replicasOnly || r.path.pathIs("spec", "replicas"))
+}
+
 func (ev *fieldEvaluation) checkOwners(p *Policy, scope matchScope, d *Decision) error {
 	for i := range p.owners {
 		r := &p.owners[i]
-		if ev.req.Operation == Create && !r.onCreate {
-			continue
-		}
-		if scope == replicasOnly && !r.path.pathIs("spec", "replicas") {
+		if !r.checks(ev.req.Operation, scope) {
 			continue
 		}
 		old, cur, err := ev.values(r.path)

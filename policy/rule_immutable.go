@@ -46,10 +46,16 @@ func compileImmutable(i int, im v1alpha1.ImmutableField, inherited v1alpha1.Acti
 	}
 }
 
+// checks reports whether the rule is evaluated: on a workload's scale
+// subresource only for spec.replicas.
+func (r *immutableRule) checks(scope matchScope) bool {
+	return scope != replicasOnly || r.path.pathIs("spec", "replicas")
+}
+
 func (ev *fieldEvaluation) checkImmutables(p *Policy, scope matchScope, d *Decision) error {
 	for i := range p.immutables {
 		r := &p.immutables[i]
-		if scope == replicasOnly && !r.path.pathIs("spec", "replicas") {
+		if !r.checks(scope) {
 			continue
 		}
 		old, cur, err := ev.values(r.path)
