@@ -12,6 +12,8 @@
 package replay
 
 import (
+	"cmp"
+	"context"
 	"fmt"
 	"slices"
 	"strings"
@@ -67,6 +69,11 @@ type Write struct {
 	Refused     bool
 	RefusedCode int32
 	Message     string
+	// NotSent is set when a rule was broken but the apiserver would not
+	// have sent the write to the webhook (its configurations' rules,
+	// namespaceSelector or matchConditions: a Helm release record, an
+	// exempt namespace, the break-glass group).
+	NotSent bool
 	// Live are the decisions the webhook that served the write recorded in
 	// its audit annotations (policy, rule, action).
 	Live []LiveDecision
@@ -81,6 +88,7 @@ type Replayer struct {
 	env    *policy.Environment
 	ns     namespaceLabels
 	states map[objectKey]*objectState
+	route  *router
 	acc    accumulator
 	ev     event
 	w      Write
@@ -104,7 +112,14 @@ func New(o Options) (*Replayer, error) {
 	default:
 		env.BreakGlassGroup = o.BreakGlassGroup
 	}
-	r := &Replayer{o: o, env: env, states: map[objectKey]*objectState{}}
+	route, err := newRouter(admission.ConfigOptions{
+		URL: "https://replay.invalid", Policies: o.Policies, ProtectedNamespaces: env.ProtectedNamespaces,
+		ExcludedNamespaces: env.ProtectedNamespaces, BreakGlassGroup: cmp.Or(env.BreakGlassGroup, "-"),
+	})
+	if err != nil {
+		return nil, err
+	}
+	r := &Replayer{o: o, env: env, states: map[objectKey]*objectState{}, route: route}
 	r.ns.cluster = o.Namespaces
 	env.Namespaces = &r.ns
 	r.acc.init(o.Policies.Names())
@@ -291,6 +306,24 @@ func (r *Replayer) decide(w *Write, rules []policy.RuleRef, req *policy.Request,
 		r.undecidable(w, rules, "the webhook could not read the objects: "+err.Error())
 		return
 	}
+	if len(d.Violations) > 0 {
+		// Only a violation needs the (slower) routing: the pre-filter's
+		// condition is true for every one the webhook would find.
+		h := &r.route.fields
+		if stamp {
+			h = &r.route.stamp
+		}
+		ns, _ := r.ns.Labels(req.Namespace)
+		called, err := h.calls(context.Background(), req, ns)
+		if err != nil {
+			r.undecidable(w, rules, "the webhook configuration's matchConditions fail on this write: "+err.Error())
+			return
+		}
+		if !called {
+			w.NotSent = true
+			d = policy.Decision{}
+		}
+	}
 	w.Violations = append(w.Violations, d.Violations...)
 	v := admission.FieldsVerdict(d)
 	if stamp {
@@ -367,6 +400,12 @@ func (r *Replayer) fieldObjects(ev *event, req *policy.Request) string {
 		switch {
 		case ev.hasBody():
 			req.Options = ev.reqObj // nil: no body, no preconditions
+			// oldObject only for the configurations' matchConditions.
+			if st := r.states[stateKey(ev)]; st != nil {
+				if v, ok := st.latest(); ok {
+					req.OldObject = v.obj
+				}
+			}
 			return ""
 		default:
 			return "the delete's options are not in the log (level " + ev.level + ")"

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 
@@ -30,9 +31,11 @@ spec:
     action: Warn
 `
 
-func testSet(t testing.TB) *policy.Set {
+func testSet(t testing.TB) *policy.Set { return testSetFrom(t, testPolicies) }
+
+func testSetFrom(t testing.TB, yaml string) *policy.Set {
 	t.Helper()
-	ps, err := policy.Load(strings.NewReader(testPolicies))
+	ps, err := policy.Load(strings.NewReader(yaml))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -209,5 +212,44 @@ func TestFilesReadGzipAndRotationInAnyOrder(t *testing.T) {
 	rep := r.Report()
 	if rep.Skipped != 1 || rep.Writes != 2 || len(rep.Refused) != 1 || rep.Refused[0].AuditID != "scale" {
 		t.Fatalf("skipped %d writes %d refused %+v: the create in the rotated file must come first", rep.Skipped, rep.Writes, rep.Refused)
+	}
+}
+
+// A rule broken by a write the apiserver would never have sent to the
+// webhook (the configurations' matchConditions and namespaceSelector, as
+// admission.Configurations builds them) is no decision.
+func TestReplayAsksTheWebhookConfigurations(t *testing.T) {
+	set := testSetFrom(t, `apiVersion: stampguard.dev/v1alpha1
+kind: ConcurrencyPolicy
+metadata: {name: cms}
+spec:
+  match: {resources: [{resource: configmaps}]}
+  requireResourceVersion: true
+`)
+	cm := func(id, ns, labels string) string {
+		obj := fmt.Sprintf(`{"kind":"ConfigMap","apiVersion":"v1","metadata":{"name":"c","namespace":%q,"labels":%s},"data":{"a":"b"}}`, ns, labels)
+		return fmt.Sprintf(`{"level":"RequestResponse","auditID":%q,"stage":"ResponseComplete","verb":"update","requestURI":"/api/v1/namespaces/%s/configmaps/c","user":{"username":"bob","groups":["system:authenticated"]},"objectRef":{"resource":"configmaps","namespace":%q,"name":"c","apiVersion":"v1"},"responseStatus":{"code":200},"requestObject":%s,"stageTimestamp":"2026-12-01T10:00:00.000001Z"}`, id, ns, ns, obj)
+	}
+	nsGet := `{"level":"RequestResponse","auditID":"ns","stage":"ResponseComplete","verb":"get","requestURI":"/api/v1/namespaces/frozen","user":{"username":"bob"},"objectRef":{"resource":"namespaces","name":"frozen","apiVersion":"v1"},"responseStatus":{"code":200},"responseObject":{"kind":"Namespace","apiVersion":"v1","metadata":{"name":"frozen","resourceVersion":"5","labels":{"stampguard.dev/exempt":"true"}}},"stageTimestamp":"2026-12-01T09:00:00Z"}`
+	writes := map[string]*Write{}
+	r, err := New(Options{Policies: set, OnWrite: func(w *Write) { c := *w; c.Violations = slices.Clone(w.Violations); writes[w.AuditID] = &c }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, l := range []string{nsGet, cm("plain", "team", `{"app":"x"}`), cm("helm", "team", `{"owner":"helm"}`), cm("exempt", "frozen", `{}`), cm("system", "kube-system", `{}`)} {
+		if err := r.Event([]byte(l)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if w := writes["plain"]; len(w.Violations) != 1 || !w.Refused {
+		t.Errorf("a stampless update of a configmap: violations %v refused %v", w.Violations, w.Refused)
+	}
+	for _, id := range []string{"helm", "exempt"} {
+		if w := writes[id]; len(w.Violations) != 0 || w.Refused || !w.NotSent {
+			t.Errorf("%s: violations %v refused %v not sent %v: the apiserver never calls the webhook for it", id, w.Violations, w.Refused, w.NotSent)
+		}
+	}
+	if w := writes["system"]; len(w.Violations) != 0 || w.Refused {
+		t.Errorf("kube-system: violations %v: protected", w.Violations)
 	}
 }
