@@ -125,12 +125,18 @@ func configurations(args []string, stdout, stderr io.Writer) int {
 	return code
 }
 
-// replayLogs runs `webhook replay`: policy/replay's flags in, its Run out.
-func replayLogs(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+// replayFlags is the flag set of `webhook replay`.
+func replayFlags() (*flag.FlagSet, *replay.Flags) {
 	fs := flag.NewFlagSet("webhook replay", flag.ContinueOnError)
 	cli.SetUsage(fs, "webhook replay --policy-file FILE | --policies-from-cluster [--kubeconfig FILE] [--since T] [--until T] [--format table|json] AUDIT_LOG...")
 	var f replay.Flags
 	f.Register(fs)
+	return fs, &f
+}
+
+// replayLogs runs `webhook replay`: policy/replay's flags in, its Run out.
+func replayLogs(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	fs, f := replayFlags()
 	err := func() error {
 		paths, err := cli.Parse(fs, args, -1, stdout)
 		if err != nil {
