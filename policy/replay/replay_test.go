@@ -191,8 +191,12 @@ func TestFilesReadGzipAndRotationInAnyOrder(t *testing.T) {
 	second := ev{id: "scale", verb: "update", user: "alice", refRV: "10", code: 200, req: deploy("10", 5, "a"), resp: deploy("11", 5, "a"), sec: 2}.line()
 	var gz bytes.Buffer
 	zw := gzip.NewWriter(&gz)
-	zw.Write([]byte(first + "\n"))
-	zw.Close()
+	if _, err := zw.Write([]byte(first + "\n")); err != nil {
+		t.Fatal(err)
+	}
+	if err := zw.Close(); err != nil {
+		t.Fatal(err)
+	}
 	old := filepath.Join(dir, "audit-2026-12-01T09-00-00.000.log.gz")
 	cur := filepath.Join(dir, "audit.log")
 	if err := os.WriteFile(old, gz.Bytes(), 0o600); err != nil {
