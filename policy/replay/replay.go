@@ -126,6 +126,15 @@ func New(o Options) (*Replayer, error) {
 	return r, nil
 }
 
+// reset forgets every event replayed (for the fuzz target).
+func (r *Replayer) reset() {
+	r.states = map[objectKey]*objectState{}
+	r.ns.seen = nil
+	names := r.acc.names
+	r.acc = accumulator{}
+	r.acc.init(names)
+}
+
 // Event replays one line of an audit log. A line that is no audit event is
 // an error (the caller counts it and goes on).
 func (r *Replayer) Event(line []byte) error {
