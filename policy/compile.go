@@ -94,6 +94,22 @@ func Compile(p *v1alpha1.ConcurrencyPolicy) (*Policy, error) {
 	return out, nil
 }
 
+// fieldOperations are the operations the policy's fields-phase rules
+// check, each rule saying its own.
+func (p *Policy) fieldOperations() []Operation {
+	var out []Operation
+	for _, r := range p.owners {
+		out = append(out, r.operations()...)
+	}
+	for _, r := range p.immutables {
+		out = append(out, r.operations()...)
+	}
+	if p.delete != nil {
+		out = append(out, p.delete.operations()...)
+	}
+	return out
+}
+
 func checkAction(a, inherited v1alpha1.Action, path *field.Path, errs *field.ErrorList) v1alpha1.Action {
 	switch a {
 	case "":

@@ -137,14 +137,8 @@ func (c *prefilterCompiler) fields(ps []*Policy) WebhookFilter {
 		for _, p := range ps {
 			if p.matchesResource(gr.Group, gr.Resource, "") {
 				top = true
-				if len(p.owners) > 0 || len(p.immutables) > 0 {
-					ops[Update] = true
-				}
-				if slices.ContainsFunc(p.owners, func(r ownerRule) bool { return r.onCreate }) {
-					ops[Create] = true
-				}
-				if p.delete != nil {
-					ops[Delete] = true
+				for _, op := range p.fieldOperations() {
+					ops[op] = true
 				}
 			}
 			if isScalableWorkload(gr.Group, gr.Resource) && (p.matchesResource(gr.Group, gr.Resource, "scale") ||

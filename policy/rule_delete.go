@@ -128,3 +128,6 @@ func deleteCondition(r *deleteRule) string {
 	terms = append(terms, "(type("+v+") != string || "+v+" == '')")
 	return and(terms...)
 }
+
+// operations are what the rule checks: deletes.
+func (*deleteRule) operations() []Operation { return []Operation{Delete} }

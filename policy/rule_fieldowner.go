@@ -159,3 +159,11 @@ func writersCondition(w writers) string {
 	}
 	return and(terms...)
 }
+
+// operations are what the rule checks: updates, and creates with onCreate.
+func (r *ownerRule) operations() []Operation {
+	if r.onCreate {
+		return []Operation{Update, Create}
+	}
+	return []Operation{Update}
+}

@@ -91,3 +91,6 @@ func immutableCondition(r immutableRule) string {
 	}
 	return and(terms...)
 }
+
+// operations are what the rule checks: updates.
+func (*immutableRule) operations() []Operation { return []Operation{Update} }
