@@ -12,24 +12,10 @@ import (
 	"github.com/stampguard/stampguard/policy/api/v1alpha1"
 )
 
-// RuleKind names a kind of rule; it is also the audit annotation key.
+// RuleKind names a kind of rule; it is also the audit annotation key (the
+// apiserver prefixes the webhook name). Each kind is defined in its rule's
+// file (rule_*.go), with its compile, its check and its condition.
 type RuleKind string
-
-// The rule kinds, each also an audit annotation key (the apiserver prefixes
-// the webhook name).
-const (
-	RuleStampMissing       RuleKind = "stamp-missing"
-	RuleFieldOwner         RuleKind = "field-owner"
-	RuleImmutableField     RuleKind = "immutable-field"
-	RuleDeletePrecondition RuleKind = "delete-precondition"
-)
-
-// Default exemptions from requireDeletePreconditions: these controllers
-// delete by name in bulk and cannot know a uid for every object.
-var defaultDeleteExemptUsers = []string{
-	"system:serviceaccount:kube-system:namespace-controller",
-	"system:serviceaccount:kube-system:generic-garbage-collector",
-}
 
 // Policy is a compiled ConcurrencyPolicy. It is immutable.
 type Policy struct {
@@ -46,37 +32,6 @@ type Policy struct {
 	delete     *deleteRule
 	owners     []ownerRule
 	immutables []immutableRule
-}
-
-type stampRule struct{ action v1alpha1.Action }
-
-type deleteRule struct {
-	require          v1alpha1.DeletePrecondition
-	action           v1alpha1.Action
-	exemptUsers      []string
-	collectionExempt bool
-}
-
-type ownerRule struct {
-	index    int
-	path     FieldPath
-	writers  writers
-	onCreate bool
-	action   v1alpha1.Action
-}
-
-type immutableRule struct {
-	index  int
-	path   FieldPath
-	mode   v1alpha1.ImmutableMode
-	action v1alpha1.Action
-}
-
-type writers struct {
-	users    []string // usernames, service accounts expanded
-	groups   []string
-	managers []string
-	display  string
 }
 
 // Compile checks a policy and turns it into its evaluable form. The error
@@ -122,58 +77,13 @@ func Compile(p *v1alpha1.ConcurrencyPolicy) (*Policy, error) {
 	out.excludeUsers = sortedCopy(m.ExcludeUsers)
 	out.excludeGroups = sortedCopy(m.ExcludeGroups)
 
-	if p.Spec.RequireResourceVersion {
-		out.stamp = &stampRule{action: checkAction(p.Spec.RequireResourceVersionAction, action, spec.Child("requireResourceVersionAction"), &errs)}
-	}
-
-	switch d := p.Spec.RequireDeletePreconditions; d {
-	case "", v1alpha1.DeletePreconditionNone:
-	case v1alpha1.DeletePreconditionUID, v1alpha1.DeletePreconditionResourceVersion:
-		rule := &deleteRule{
-			require:          d,
-			action:           checkAction(p.Spec.DeletePreconditionsAction, action, spec.Child("deletePreconditionsAction"), &errs),
-			exemptUsers:      defaultDeleteExemptUsers,
-			collectionExempt: p.Spec.DeleteCollectionExempt == nil || *p.Spec.DeleteCollectionExempt,
-		}
-		if p.Spec.DeletePreconditionExemptUsers != nil {
-			rule.exemptUsers = sortedCopy(*p.Spec.DeletePreconditionExemptUsers)
-		}
-		out.delete = rule
-	default:
-		errs = append(errs, field.NotSupported(spec.Child("requireDeletePreconditions"), d, []string{"none", "uid", "resourceVersion"}))
-	}
-
+	out.stamp = compileStamp(&p.Spec, action, spec, &errs)
+	out.delete = compileDelete(&p.Spec, action, spec, &errs)
 	for i, fo := range p.Spec.FieldOwners {
-		fp := spec.Child("fieldOwners").Index(i)
-		path, err := ParseFieldPath(fo.Path)
-		if err != nil {
-			errs = append(errs, field.Invalid(fp.Child("path"), fo.Path, err.Error()))
-		}
-		w, werrs := compileWriters(fo.Writers, fp.Child("writers"))
-		errs = append(errs, werrs...)
-		out.owners = append(out.owners, ownerRule{
-			index: i, path: path, writers: w, onCreate: fo.OnCreate,
-			action: checkAction(fo.Action, action, fp.Child("action"), &errs),
-		})
+		out.owners = append(out.owners, compileOwner(i, fo, action, spec.Child("fieldOwners").Index(i), &errs))
 	}
 	for i, im := range p.Spec.ImmutableFields {
-		ip := spec.Child("immutableFields").Index(i)
-		path, err := ParseFieldPath(im.Path)
-		if err != nil {
-			errs = append(errs, field.Invalid(ip.Child("path"), im.Path, err.Error()))
-		}
-		mode := im.Mode
-		switch mode {
-		case "":
-			mode = v1alpha1.ImmutableAlways
-		case v1alpha1.ImmutableAlways, v1alpha1.ImmutableOnceSet:
-		default:
-			errs = append(errs, field.NotSupported(ip.Child("mode"), mode, []string{"Always", "OnceSet"}))
-		}
-		out.immutables = append(out.immutables, immutableRule{
-			index: i, path: path, mode: mode,
-			action: checkAction(im.Action, action, ip.Child("action"), &errs),
-		})
+		out.immutables = append(out.immutables, compileImmutable(i, im, action, spec.Child("immutableFields").Index(i), &errs))
 	}
 	if out.stamp == nil && out.delete == nil && len(out.owners) == 0 && len(out.immutables) == 0 {
 		errs = append(errs, field.Required(spec, "the policy enforces nothing: set requireResourceVersion, requireDeletePreconditions, fieldOwners or immutableFields"))
@@ -182,6 +92,22 @@ func Compile(p *v1alpha1.ConcurrencyPolicy) (*Policy, error) {
 		return nil, errs.ToAggregate()
 	}
 	return out, nil
+}
+
+// fieldOperations are the operations the policy's fields-phase rules
+// check, each rule saying its own.
+func (p *Policy) fieldOperations() []Operation {
+	var out []Operation
+	for _, r := range p.owners {
+		out = append(out, r.operations()...)
+	}
+	for _, r := range p.immutables {
+		out = append(out, r.operations()...)
+	}
+	if p.delete != nil {
+		out = append(out, p.delete.operations()...)
+	}
+	return out
 }
 
 func checkAction(a, inherited v1alpha1.Action, path *field.Path, errs *field.ErrorList) v1alpha1.Action {
@@ -193,56 +119,6 @@ func checkAction(a, inherited v1alpha1.Action, path *field.Path, errs *field.Err
 	}
 	*errs = append(*errs, field.NotSupported(path, a, []string{"Deny", "Warn", "Audit"}))
 	return inherited
-}
-
-func compileWriters(w v1alpha1.Writers, path *field.Path) (writers, field.ErrorList) {
-	var errs field.ErrorList
-	var out writers
-	var shown []string
-	for i, sa := range w.ServiceAccounts {
-		ns, name, ok := strings.Cut(sa, "/")
-		if !ok || ns == "" || name == "" || strings.Contains(name, "/") {
-			errs = append(errs, field.Invalid(path.Child("serviceAccounts").Index(i), sa, "want namespace/name"))
-			continue
-		}
-		u := "system:serviceaccount:" + ns + ":" + name
-		out.users = append(out.users, u)
-		shown = append(shown, u)
-	}
-	for _, u := range w.Users {
-		out.users = append(out.users, u)
-		shown = append(shown, u)
-	}
-	for _, g := range w.Groups {
-		out.groups = append(out.groups, g)
-		shown = append(shown, "group "+g)
-	}
-	for _, m := range w.FieldManagers {
-		out.managers = append(out.managers, m)
-		shown = append(shown, "field manager "+m)
-	}
-	if len(shown) == 0 {
-		errs = append(errs, field.Required(path, "a field owner needs at least one writer; use immutableFields for a field nobody may change"))
-	}
-	slices.Sort(out.users)
-	slices.Sort(out.groups)
-	slices.Sort(out.managers)
-	out.display = strings.Join(shown, ", ")
-	return out, errs
-}
-
-// allows reports whether the writer may change a field these writers own.
-// Identity decides; field managers, asserted by the client, only narrow it.
-func (w writers) allows(u UserInfo, fieldManager string) bool {
-	hasIdentity := len(w.users) > 0 || len(w.groups) > 0
-	if hasIdentity && !u.in(w.users, w.groups) {
-		return false
-	}
-	if len(w.managers) > 0 {
-		_, ok := slices.BinarySearch(w.managers, fieldManager)
-		return ok
-	}
-	return true
 }
 
 type resourceMatcher struct {

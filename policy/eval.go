@@ -27,6 +27,23 @@ type Violation struct {
 	Message string
 }
 
+// RuleName names the violated rule inside its policy, in the spec's own
+// words: requireResourceVersion, requireDeletePreconditions,
+// fieldOwners[i], immutableFields[i]. The audit annotations carry it.
+func (v Violation) RuleName() string {
+	switch v.Rule {
+	case RuleStampMissing:
+		return stampRuleName
+	case RuleDeletePrecondition:
+		return deleteRuleName
+	case RuleFieldOwner:
+		return ownerRuleName(v.Index)
+	case RuleImmutableField:
+		return immutableRuleName(v.Index)
+	}
+	return string(v.Rule)
+}
+
 // Decision is the outcome of one evaluation: every rule the request broke,
 // across all matching policies, in a deterministic order.
 type Decision struct {
@@ -190,64 +207,6 @@ func (s *Set) Guards(req *Request, env *Environment) bool {
 	return false
 }
 
-// CheckStamp evaluates the stamp rule: an update must carry the
-// resourceVersion it read. Only the mutating phase can see this; by the
-// validating phase the apiserver has filled the stored stamp in.
-func (s *Set) CheckStamp(req *Request, env *Environment) (Decision, error) {
-	var d Decision
-	if req.Operation != Update {
-		return d, nil
-	}
-	stampChecked, stamped := false, false
-	for _, p := range s.policies {
-		// A policy on a workload also guards its scale subresource: a Scale
-		// carries the workload's resourceVersion, and a stampless Scale PUT
-		// overwrites spec.replicas unconditionally.
-		if p.stamp == nil || p.applies(req, env) == noMatch {
-			continue
-		}
-		if !stampChecked {
-			var err error
-			stamped, err = s.hasStamp(req)
-			if err != nil {
-				return d, err
-			}
-			stampChecked = true
-		}
-		if stamped {
-			return d, nil
-		}
-		d.Violations = append(d.Violations, Violation{
-			Policy: p.Name, Rule: RuleStampMissing, Index: -1, Action: p.stamp.action,
-			Path: "metadata.resourceVersion", Writer: req.User.Name,
-			Message: fmt.Sprintf("ConcurrencyPolicy %q: metadata.resourceVersion: Invalid value: \"\": must be specified for an update", p.Name),
-		})
-	}
-	return d, nil
-}
-
-var resourceVersionPath = mustPath("metadata.resourceVersion")
-
-func (s *Set) hasStamp(req *Request) (bool, error) {
-	var vals [][]byte
-	if req.scanned[curObject] {
-		vals = valuesOf(req.extracted[curObject], s.index[resourceVersionPath.text], nil)
-	} else {
-		var err error
-		if vals, err = resourceVersionPath.Values(req.Object, nil); err != nil {
-			return false, fmt.Errorf("read metadata.resourceVersion: %w", err)
-		}
-	}
-	if len(vals) == 0 {
-		return false, nil
-	}
-	rv, err := rawjson.String(vals[0])
-	if err != nil {
-		return false, fmt.Errorf("read metadata.resourceVersion: %w", err)
-	}
-	return rv != "", nil
-}
-
 // CheckFields evaluates field owners, immutable fields and delete
 // preconditions: the validating phase.
 func (s *Set) CheckFields(req *Request, env *Environment) (Decision, error) {
@@ -362,113 +321,6 @@ func (ev *fieldEvaluation) manager() string {
 	return *ev.fieldManager
 }
 
-func (ev *fieldEvaluation) checkOwners(p *Policy, scope matchScope, d *Decision) error {
-	for i := range p.owners {
-		r := &p.owners[i]
-		if ev.req.Operation == Create && !r.onCreate {
-			continue
-		}
-		if scope == replicasOnly && !r.path.pathIs("spec", "replicas") {
-			continue
-		}
-		old, cur, err := ev.values(r.path)
-		if err != nil {
-			return err
-		}
-		if sameValues(old, cur) || r.writers.allows(ev.req.User, ev.manager()) {
-			continue
-		}
-		d.Violations = append(d.Violations, Violation{
-			Policy: p.Name, Rule: RuleFieldOwner, Index: r.index, Action: r.action,
-			Path: r.path.text, Writer: ev.req.User.Name,
-			Message: fmt.Sprintf("ConcurrencyPolicy %q: %s is owned by %s; %s may not change it (%s -> %s)",
-				p.Name, r.path.text, r.writers.display, ev.req.User.Name, showValues(old), showValues(cur)),
-		})
-	}
-	return nil
-}
-
-func (ev *fieldEvaluation) checkImmutables(p *Policy, scope matchScope, d *Decision) error {
-	for i := range p.immutables {
-		r := &p.immutables[i]
-		if scope == replicasOnly && !r.path.pathIs("spec", "replicas") {
-			continue
-		}
-		old, cur, err := ev.values(r.path)
-		if err != nil {
-			return err
-		}
-		if sameValues(old, cur) || (r.mode == v1alpha1.ImmutableOnceSet && len(old) == 0) {
-			continue
-		}
-		what := "immutable"
-		if r.mode == v1alpha1.ImmutableOnceSet {
-			what = "immutable once set"
-		}
-		d.Violations = append(d.Violations, Violation{
-			Policy: p.Name, Rule: RuleImmutableField, Index: r.index, Action: r.action,
-			Path: r.path.text, Writer: ev.req.User.Name,
-			Message: fmt.Sprintf("ConcurrencyPolicy %q: %s is %s; %s may not change it (%s -> %s)",
-				p.Name, r.path.text, what, ev.req.User.Name, showValues(old), showValues(cur)),
-		})
-	}
-	return nil
-}
-
-func (ev *fieldEvaluation) checkDelete(p *Policy, d *Decision) error {
-	r := p.delete
-	if r == nil {
-		return nil
-	}
-	if slices.Contains(r.exemptUsers, ev.req.User.Name) {
-		return nil
-	}
-	if ev.req.Name == "" && r.collectionExempt {
-		return nil // an item of a deletecollection: it cannot carry preconditions
-	}
-	uid, rv, err := preconditions(ev.req.Options)
-	if err != nil {
-		return err
-	}
-	want, have := "uid", uid
-	if r.require == v1alpha1.DeletePreconditionResourceVersion {
-		want, have = "resourceVersion", rv
-	}
-	if have != "" {
-		return nil
-	}
-	d.Violations = append(d.Violations, Violation{
-		Policy: p.Name, Rule: RuleDeletePrecondition, Index: -1, Action: r.action,
-		Path: "preconditions." + want, Writer: ev.req.User.Name,
-		Message: fmt.Sprintf("ConcurrencyPolicy %q: deletes of %s must carry a %s precondition; %s sent none",
-			p.Name, resourceName(ev.req.Group, ev.req.Resource), want, ev.req.User.Name),
-	})
-	return nil
-}
-
-func preconditions(options []byte) (uid, rv string, err error) {
-	if rawjson.Kind(options) != '{' {
-		return "", "", nil
-	}
-	pre, ok, err := rawjson.Member(options, "preconditions")
-	if err != nil || !ok || rawjson.Kind(pre) != '{' {
-		return "", "", err
-	}
-	err = rawjson.ObjectEach(pre, func(k, v []byte) bool {
-		switch {
-		case rawjson.KeyIs(k, "uid"):
-			uid, err = rawjson.String(v)
-		case rawjson.KeyIs(k, "resourceVersion"):
-			rv, err = rawjson.String(v)
-		}
-		return err == nil
-	})
-	if err != nil {
-		return "", "", fmt.Errorf("read delete preconditions: %w", err)
-	}
-	return uid, rv, nil
-}
-
 func resourceName(group, resource string) string {
 	if group == "" {
 		return resource
@@ -526,4 +378,68 @@ func mustPath(s string) FieldPath {
 		panic(err) // only for constant paths in this package
 	}
 	return p
+}
+
+// RuleRef names one rule of one policy, as a Violation does.
+type RuleRef struct {
+	Policy string
+	Rule   RuleKind
+	// Index is the rule's position in fieldOwners or immutableFields, -1
+	// for the stamp and delete rules.
+	Index  int
+	Action v1alpha1.Action
+}
+
+// RuleName is the rule's name in the spec's words, as Violation.RuleName.
+func (r RuleRef) RuleName() string {
+	return Violation{Rule: r.Rule, Index: r.Index}.RuleName()
+}
+
+// StampRules lists the rules CheckStamp evaluates for req, in its order.
+func (s *Set) StampRules(req *Request, env *Environment) []RuleRef {
+	var out []RuleRef
+	if req.Operation != Update {
+		return nil
+	}
+	for _, p := range s.policies {
+		if p.stamp != nil && p.applies(req, env) != noMatch {
+			out = append(out, RuleRef{Policy: p.Name, Rule: RuleStampMissing, Index: -1, Action: p.stamp.action})
+		}
+	}
+	return out
+}
+
+// FieldRules lists the rules CheckFields evaluates for req, in its order:
+// what a replay that lacks the objects counts as undecidable, and what it
+// counts as allowed when they break nothing.
+func (s *Set) FieldRules(req *Request, env *Environment) []RuleRef {
+	var out []RuleRef
+	for _, p := range s.policies {
+		scope := p.applies(req, env)
+		if scope == noMatch {
+			continue
+		}
+		switch req.Operation {
+		case Update, Create:
+			for _, r := range p.owners {
+				if !r.checks(req.Operation, scope) {
+					continue
+				}
+				out = append(out, RuleRef{Policy: p.Name, Rule: RuleFieldOwner, Index: r.index, Action: r.action})
+			}
+			if req.Operation == Update {
+				for _, r := range p.immutables {
+					if !r.checks(scope) {
+						continue
+					}
+					out = append(out, RuleRef{Policy: p.Name, Rule: RuleImmutableField, Index: r.index, Action: r.action})
+				}
+			}
+		case Delete:
+			if scope == fullMatch && p.delete != nil {
+				out = append(out, RuleRef{Policy: p.Name, Rule: RuleDeletePrecondition, Index: -1, Action: p.delete.action})
+			}
+		}
+	}
+	return out
 }

@@ -10,8 +10,6 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/util/validation"
-
-	"github.com/stampguard/stampguard/policy/api/v1alpha1"
 )
 
 // The pre-filter: a policy set compiled into what a webhook configuration
@@ -125,7 +123,7 @@ func (c *prefilterCompiler) stamp(ps []*Policy) WebhookFilter {
 	c.narrowNamespaces(&f, ps)
 	var terms []string
 	for _, p := range ps {
-		terms = append(terms, c.policyMatch(p))
+		terms = append(terms, and(c.policyMatch(p), stampCondition(p.stamp)))
 	}
 	c.finish(&f, terms, terms)
 	return f
@@ -139,14 +137,8 @@ func (c *prefilterCompiler) fields(ps []*Policy) WebhookFilter {
 		for _, p := range ps {
 			if p.matchesResource(gr.Group, gr.Resource, "") {
 				top = true
-				if len(p.owners) > 0 || len(p.immutables) > 0 {
-					ops[Update] = true
-				}
-				if slices.ContainsFunc(p.owners, func(r ownerRule) bool { return r.onCreate }) {
-					ops[Create] = true
-				}
-				if p.delete != nil {
-					ops[Delete] = true
+				for _, op := range p.fieldOperations() {
+					ops[op] = true
 				}
 			}
 			if isScalableWorkload(gr.Group, gr.Resource) && (p.matchesResource(gr.Group, gr.Resource, "scale") ||
@@ -298,71 +290,6 @@ func groupIs(g string) string {
 		return "true"
 	}
 	return reqGroup + " == " + celString(g)
-}
-
-// ownerCondition: the field changed and the writer is not an owner.
-func ownerCondition(r ownerRule) string {
-	v, ok := compilePath(r.path)
-	if !ok {
-		return "true"
-	}
-	changed := and("request.operation == 'UPDATE'", v.old+" != "+v.cur)
-	if r.onCreate {
-		changed = or([]string{changed, and("request.operation == 'CREATE'", v.curSet)})
-	}
-	return and(changed, "!("+writersCondition(r.writers)+")")
-}
-
-// immutableCondition: the field changed (and, for OnceSet, was set before).
-func immutableCondition(r immutableRule) string {
-	v, ok := compilePath(r.path)
-	if !ok {
-		return "true"
-	}
-	terms := []string{"request.operation == 'UPDATE'", v.old + " != " + v.cur}
-	if r.mode == v1alpha1.ImmutableOnceSet {
-		terms = append(terms, v.oldSet)
-	}
-	return and(terms...)
-}
-
-// deleteCondition: a delete by someone not exempt without the precondition.
-func deleteCondition(r *deleteRule) string {
-	terms := []string{"request.operation == 'DELETE'"}
-	if len(r.exemptUsers) > 0 {
-		terms = append(terms, "!("+reqUser+" in "+celList(r.exemptUsers)+")")
-	}
-	if r.collectionExempt {
-		terms = append(terms, reqName+" != ''")
-	}
-	key := "uid"
-	if r.require == v1alpha1.DeletePreconditionResourceVersion {
-		key = "resourceVersion"
-	}
-	v := "request.?options.?preconditions.?" + key + ".orValue('')"
-	// Anything but a non-empty string counts as missing: the evaluator
-	// refuses what it cannot read.
-	terms = append(terms, "(type("+v+") != string || "+v+" == '')")
-	return and(terms...)
-}
-
-// writersCondition is true exactly when writers.allows would be.
-func writersCondition(w writers) string {
-	var terms []string
-	var id []string
-	if len(w.users) > 0 {
-		id = append(id, reqUser+" in "+celList(w.users))
-	}
-	if len(w.groups) > 0 {
-		id = append(id, reqGroups+".exists(g, g in "+celList(w.groups)+")")
-	}
-	if len(id) > 0 {
-		terms = append(terms, or(id))
-	}
-	if len(w.managers) > 0 {
-		terms = append(terms, "request.?options.?fieldManager.orValue('') in "+celList(w.managers))
-	}
-	return and(terms...)
 }
 
 // pathExprs are CEL expressions over the values a path selects.

@@ -6,6 +6,8 @@ import (
 	"net/url"
 	"strings"
 	"time"
+
+	"github.com/stampguard/stampguard/policy/api/annotation"
 )
 
 // Decoder flattens raw audit.k8s.io/v1 Event JSON into Rows. The zero value
@@ -17,7 +19,7 @@ type Decoder struct {
 	// KeepRaw keeps the redacted raw event in Row.Raw.
 	KeepRaw bool
 	// AnnotationMatch selects the audit annotations kept in the row: keys
-	// containing this string. Defaults to "stampguard".
+	// containing this string. Defaults to annotation.Kept ("stampguard").
 	AnnotationMatch string
 }
 
@@ -49,7 +51,7 @@ func (d *Decoder) Decode(raw string, r *Row) error {
 		ignoreHolder bool
 	)
 	if annotMatch == "" {
-		annotMatch = "stampguard"
+		annotMatch = annotation.Kept
 	}
 	if p.peek() != '{' {
 		return fmt.Errorf("event is not a JSON object")

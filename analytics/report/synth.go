@@ -9,6 +9,8 @@ import (
 	"github.com/ClickHouse/clickhouse-go/v2/lib/driver"
 
 	asql "github.com/stampguard/stampguard/analytics/sql"
+
+	"github.com/stampguard/stampguard/policy/api/annotation"
 )
 
 // Synthesize inserts n realistic audit rows for cluster into db.events,
@@ -67,7 +69,7 @@ FROM (
 		CAST([] AS Array(String)) AS cause_reasons,
 		if(verb = 'update' AND NOT stampless, toString(h3 %% 100000), '') AS stamp,
 		if(is_lease, concat('holder-', toString((intDiv(number * 20, @n) + toUInt64(h4 %% 100 = 0)) %% 3)), '') AS holder,
-		if(h3 %% 1000 = 0, ['fields.stampguard.dev/field-owner'], CAST([] AS Array(String))) AS ann_keys,
+		if(h3 %% 1000 = 0, ['`+annotation.FieldOwnerKey+`'], CAST([] AS Array(String))) AS ann_keys,
 		if(h3 %% 1000 = 0, [concat('[{"policy":"p', toString(h4 %% 3), '","rule":"fieldOwners[0]","action":"', ['Deny', 'Warn', 'Audit'][1 + h5 %% 3], '","path":"spec.replicas","writer":"x"}]')], CAST([] AS Array(String))) AS ann_values
 	FROM system.numbers LIMIT @n
 )`, db)

@@ -2,6 +2,8 @@ package sql
 
 import (
 	"strings"
+
+	"github.com/stampguard/stampguard/policy/api/annotation"
 )
 
 // Building blocks, shared by the statements below.
@@ -335,7 +337,7 @@ LIMIT @top`}
 var decisions = `(
 	SELECT visitParamExtractString(entry, 'policy') AS policy, kind, lower(visitParamExtractString(entry, 'action')) AS action, event_time
 	FROM (
-		SELECT event_time, arrayJoin(arrayFilter(x -> like(tupleElement(x, 1), '%.stampguard.dev/%'), arrayMap((k, v) -> (k, v), annotation_keys, annotation_values))) AS kv,
+		SELECT event_time, arrayJoin(arrayFilter(x -> like(tupleElement(x, 1), '%` + annotation.Match + `%'), arrayMap((k, v) -> (k, v), annotation_keys, annotation_values))) AS kv,
 			splitByChar('/', tupleElement(kv, 1))[2] AS kind,
 			arrayJoin(extractAll(tupleElement(kv, 2), '\\{[^{}]*\\}')) AS entry
 		FROM ` + DistinctEvents(`event_time, annotation_keys, annotation_values`, `notEmpty(annotation_keys)`, requests) + `

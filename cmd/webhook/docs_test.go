@@ -14,26 +14,32 @@ import (
 // stray word, fails here.
 func TestDocumentedCommandLinesParse(t *testing.T) {
 	lines := doccheck.Invocations(t, filepath.Join("..", ".."), "webhook")
-	var serve, configs int
+	var serve, configs, replays int
 	for _, inv := range lines {
 		var fs *flag.FlagSet
 		args := inv.Args
+		maxOperands := 0
 		if len(args) > 0 && args[0] == "configurations" {
 			fs, _ = configurationsFlags()
 			args = args[1:]
 			configs++
+		} else if len(args) > 0 && args[0] == "replay" {
+			fs, _ = replayFlags()
+			args = args[1:]
+			maxOperands = -1 // the audit logs
+			replays++
 		} else {
 			fs, _ = serveFlags()
 			serve++
 		}
 		fs.SetOutput(io.Discard)
-		if err := doccheck.Check(fs, inv, args, 0); err != nil {
+		if err := doccheck.Check(fs, inv, args, maxOperands); err != nil {
 			t.Errorf("%s: %v", inv, err)
 		}
 	}
 	// The README's flag listing alone has 17 lines; the register examples
 	// at least two. Finding fewer means the scan broke, not the docs.
-	if serve < 17 || configs < 3 {
-		t.Errorf("found %d webhook and %d webhook configurations command lines; the scan missed some", serve, configs)
+	if serve < 17 || configs < 3 || replays < 2 {
+		t.Errorf("found %d webhook, %d webhook configurations and %d webhook replay command lines; the scan missed some", serve, configs, replays)
 	}
 }

@@ -4,8 +4,11 @@
 //
 //	webhook [flags]                 serve the admission webhook
 //	webhook configurations [flags]  print the webhook configurations as YAML
+//	webhook replay [flags] LOG...   what the policies would have refused,
+//	                                from the apiserver's audit log
 //
-// The flags are policy/admission's (ServeFlags, RegisterConfigFlags), which
+// The flags are policy/admission's (ServeFlags, RegisterConfigFlags) and
+// policy/replay's (Flags), which
 // validate everything before the webhook starts: exit code 2 for a bad
 // command line, 1 for a failure while running (internal/cli).
 package main
@@ -18,11 +21,13 @@ import (
 	"os"
 	"os/signal"
 	"syscall"
+	"time"
 
 	ctrllog "sigs.k8s.io/controller-runtime/pkg/log"
 
 	"github.com/stampguard/stampguard/internal/cli"
 	"github.com/stampguard/stampguard/policy/admission"
+	"github.com/stampguard/stampguard/policy/replay"
 )
 
 func main() {
@@ -35,12 +40,18 @@ func main() {
 const usage = `usage: webhook [flags]                 serve the admission webhook
        webhook configurations [flags]  print the MutatingWebhookConfiguration and
                                        ValidatingWebhookConfiguration as YAML
+       webhook replay --policy-file FILE [flags] AUDIT_LOG...
+                                       what the policies would have refused, replayed
+                                       from the apiserver's audit log by the webhook's code
 Exit codes: 0 done, 2 a bad command line (nothing was started), 1 a failure while running.
 `
 
 func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	if len(args) > 0 && args[0] == "configurations" {
 		return configurations(args[1:], stdout, stderr)
+	}
+	if len(args) > 0 && args[0] == "replay" {
+		return replayLogs(ctx, args[1:], stdout, stderr)
 	}
 	if len(args) > 0 && args[0] == "help" {
 		args = []string{"-h"}
@@ -120,6 +131,39 @@ func configurations(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "webhook configurations: %v\n", err)
 		if code == cli.ExitUsage {
 			fmt.Fprintln(stderr, "Run 'webhook configurations -h' for its flags.")
+		}
+	}
+	return code
+}
+
+// replayFlags is the flag set of `webhook replay`.
+func replayFlags() (*flag.FlagSet, *replay.Flags) {
+	fs := flag.NewFlagSet("webhook replay", flag.ContinueOnError)
+	cli.SetUsage(fs, "webhook replay --policy-file FILE | --policies-from-cluster [--kubeconfig FILE] [--since T] [--until T] [--format table|json] AUDIT_LOG...")
+	var f replay.Flags
+	f.Register(fs)
+	return fs, &f
+}
+
+// replayLogs runs `webhook replay`: policy/replay's flags in, its Run out.
+func replayLogs(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	fs, f := replayFlags()
+	err := func() error {
+		paths, err := cli.Parse(fs, args, -1, stdout)
+		if err != nil {
+			return err
+		}
+		r, err := f.Resolve(paths, time.Now())
+		if err != nil {
+			return err
+		}
+		return r.Execute(ctx, stdout)
+	}()
+	code := cli.ExitCode(err)
+	if code != cli.ExitOK {
+		fmt.Fprintf(stderr, "webhook replay: %v\n", err)
+		if code == cli.ExitUsage {
+			fmt.Fprintln(stderr, "Run 'webhook replay -h' for its flags.")
 		}
 	}
 	return code

@@ -10,20 +10,23 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/stampguard/stampguard/policy"
+	"github.com/stampguard/stampguard/policy/api/annotation"
 )
 
 // Names and paths of the two webhooks. The apiserver prefixes audit
-// annotation keys with the webhook name, so the audit sink looks for these.
+// annotation keys with the webhook name (package annotation defines both
+// for the audit sink).
 const (
-	StampWebhookName  = "stamp.stampguard.dev"
-	FieldsWebhookName = "fields.stampguard.dev"
+	StampWebhookName  = annotation.StampWebhook
+	FieldsWebhookName = annotation.FieldsWebhook
 	StampPath         = "/stamp"
 	FieldsPath        = "/fields"
 )
 
 // StamplessCondition lets the apiserver skip the mutating call for every
-// update that carries a resourceVersion, which is nearly all of them.
-const StamplessCondition = `!has(object.metadata.resourceVersion) || object.metadata.resourceVersion == ''`
+// update that carries a resourceVersion, which is nearly all of them: the
+// stamp rule's matchCondition (policy.StamplessCondition).
+const StamplessCondition = policy.StamplessCondition
 
 // HelmReleaseCondition keeps Helm's release records away from both
 // webhooks. Helm stores each release in a Secret of type helm.sh/release.v1
@@ -37,7 +40,7 @@ const HelmReleaseCondition = `!(request.resource.group == '' && (request.resourc
 
 // ExemptLabel on a namespace, with the value "true", keeps every write in
 // it away from both webhooks, whatever the policies say.
-const ExemptLabel = "stampguard.dev/exempt"
+const ExemptLabel = annotation.Domain + "/exempt"
 
 // DefaultExcludedNamespaces are never sent to the webhook: the cluster's own
 // machinery lives there. The webhook's own namespace is added (see

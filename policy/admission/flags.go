@@ -192,6 +192,10 @@ func (f *ServeFlags) Resolve(w io.Writer) (Options, error) {
 	return o, nil
 }
 
+// RestConfig finds the cluster as the webhook does: kubeconfig, else
+// $KUBECONFIG, else the in-cluster config. Errors are cli.UsageErrors.
+func RestConfig(kubeconfig string) (*rest.Config, error) { return restConfig(kubeconfig) }
+
 // restConfig finds the cluster: --kubeconfig, else $KUBECONFIG, else the
 // in-cluster config.
 func restConfig(kubeconfig string) (*rest.Config, error) {

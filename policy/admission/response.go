@@ -1,7 +1,6 @@
 package admission
 
 import (
-	"encoding/json"
 	"net/http"
 	"strings"
 
@@ -9,6 +8,7 @@ import (
 	"k8s.io/apimachinery/pkg/util/validation/field"
 
 	"github.com/stampguard/stampguard/policy"
+	"github.com/stampguard/stampguard/policy/api/annotation"
 	"github.com/stampguard/stampguard/policy/api/v1alpha1"
 	"github.com/stampguard/stampguard/policy/internal/rawjson"
 )
@@ -55,36 +55,7 @@ type causeOut struct {
 
 // annotationValue is one entry of an audit annotation; the value of each
 // annotation key is a JSON array of these, in evaluation order.
-type annotationValue struct {
-	Policy string          `json:"policy"`
-	Rule   string          `json:"rule"`
-	Action v1alpha1.Action `json:"action"`
-	Path   string          `json:"path"`
-	Writer string          `json:"writer"`
-}
-
-// ruleName identifies a rule inside its policy, in the spec's own words.
-func ruleName(v policy.Violation) string {
-	switch v.Rule {
-	case policy.RuleStampMissing:
-		return "requireResourceVersion"
-	case policy.RuleDeletePrecondition:
-		return "requireDeletePreconditions"
-	case policy.RuleFieldOwner:
-		return "fieldOwners[" + itoa(v.Index) + "]"
-	case policy.RuleImmutableField:
-		return "immutableFields[" + itoa(v.Index) + "]"
-	}
-	return string(v.Rule)
-}
-
-func itoa(i int) string {
-	if i >= 0 && i < 10 {
-		return string(rune('0' + i))
-	}
-	b, _ := json.Marshal(i)
-	return string(b)
-}
+type annotationValue = annotation.Entry
 
 // answer turns a decision into the AdmissionResponse for one phase.
 func answer(uid string, ph phase, d policy.Decision) responseOut {
@@ -183,12 +154,12 @@ func auditAnnotations(d policy.Decision) map[string]string {
 }
 
 // appendEntry writes {"policy","rule","action","path","writer"}: the fields
-// and order that annotationValue documents.
+// and order of annotationValue.
 func appendEntry(b []byte, v policy.Violation) []byte {
 	b = append(b, `{"policy":`...)
 	b = rawjson.AppendString(b, v.Policy)
 	b = append(b, `,"rule":`...)
-	b = rawjson.AppendString(b, ruleName(v))
+	b = rawjson.AppendString(b, v.RuleName())
 	b = append(b, `,"action":`...)
 	b = rawjson.AppendString(b, string(v.Action))
 	b = append(b, `,"path":`...)

@@ -190,7 +190,7 @@ func (d *demo) start(ctx context.Context) error {
 		BinDir:             filepath.Join(d.root, "bin"),
 		CRDDirs:            []string{filepath.Join(d.root, "charts", "stampguard", "crds")},
 		Dir:                filepath.Join(d.state, "kube"),
-		AuditPolicy:        wl.AuditPolicy,
+		AuditPolicy:        wl.RequestResponseAuditPolicy,
 		AuditLog:           true,
 		AuditWebhookURL:    "https://" + d.sink.addr + "/clusters/" + cluster + "/events",
 		AuditWebhookCAFile: d.sink.caFile,

@@ -33,8 +33,10 @@ import (
 // must stop those first. After each full run the report it printed (and
 // wrote as JSON) must equal the report computed from what the workload's
 // clients saw (run/requests.json, with the retry loops' times from the
-// apiserver's audit log); after every run but the killed one no process of
-// the demo and none of its ports may remain.
+// apiserver's audit log), and a replay of the demo's policies over its
+// audit log must decide every write as its webhook did
+// (replayEqualsEnforcement); after every run but the killed one no process
+// of the demo and none of its ports may remain.
 func TestDemo(t *testing.T) {
 	testenv.SkipIfShort(t, "runs the demo: etcd, kube-apiserver, clickhouse-server, the webhook and the audit sink")
 	root := kubetest.RepoRoot(t)
@@ -84,6 +86,8 @@ func TestDemo(t *testing.T) {
 		}
 		storyHappened(t, want)
 		nothingLeft(t, state)
+		// The demo's own audit log, written while its webhook decided.
+		replayEqualsEnforcement(t, root, filepath.Join(dir, "bin", "webhook"), state)
 		return out
 	}
 

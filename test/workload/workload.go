@@ -64,6 +64,18 @@ rules:
 - level: None
 `
 
+// RequestResponseAuditPolicy is AuditPolicy at level RequestResponse, the
+// level docs/audit-policy.yaml recommends for writes: each event holds the
+// object as stored too, from which `webhook replay` rebuilds the objects'
+// states. The demo logs so.
+const RequestResponseAuditPolicy = `apiVersion: audit.k8s.io/v1
+kind: Policy
+rules:
+- level: RequestResponse
+  users: ["` + DriverUser + `"]
+- level: None
+`
+
 // CompactionInterval is the etcd compaction interval KubetestOptions sets,
 // short so that the script can list at a compacted resourceVersion.
 const CompactionInterval = time.Second

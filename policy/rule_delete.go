@@ -1,0 +1,133 @@
+package policy
+
+import (
+	"fmt"
+	"slices"
+
+	"k8s.io/apimachinery/pkg/util/validation/field"
+
+	"github.com/stampguard/stampguard/policy/api/annotation"
+	"github.com/stampguard/stampguard/policy/api/v1alpha1"
+	"github.com/stampguard/stampguard/policy/internal/rawjson"
+)
+
+// The delete rule (spec.requireDeletePreconditions): a delete must carry a
+// uid or resourceVersion precondition. It reads the DeleteOptions only.
+
+// RuleDeletePrecondition is the delete rule's kind and audit annotation key.
+const RuleDeletePrecondition RuleKind = annotation.DeletePrecondition
+
+// deleteRuleName names the rule in the spec's words.
+const deleteRuleName = "requireDeletePreconditions"
+
+// Default exemptions from requireDeletePreconditions: these controllers
+// delete by name in bulk and cannot know a uid for every object.
+var defaultDeleteExemptUsers = []string{
+	"system:serviceaccount:kube-system:namespace-controller",
+	"system:serviceaccount:kube-system:generic-garbage-collector",
+}
+
+type deleteRule struct {
+	require          v1alpha1.DeletePrecondition
+	action           v1alpha1.Action
+	exemptUsers      []string
+	collectionExempt bool
+}
+
+func compileDelete(spec *v1alpha1.ConcurrencyPolicySpec, inherited v1alpha1.Action, path *field.Path, errs *field.ErrorList) *deleteRule {
+	switch d := spec.RequireDeletePreconditions; d {
+	case "", v1alpha1.DeletePreconditionNone:
+		return nil
+	case v1alpha1.DeletePreconditionUID, v1alpha1.DeletePreconditionResourceVersion:
+		rule := &deleteRule{
+			require:          d,
+			action:           checkAction(spec.DeletePreconditionsAction, inherited, path.Child("deletePreconditionsAction"), errs),
+			exemptUsers:      defaultDeleteExemptUsers,
+			collectionExempt: spec.DeleteCollectionExempt == nil || *spec.DeleteCollectionExempt,
+		}
+		if spec.DeletePreconditionExemptUsers != nil {
+			rule.exemptUsers = sortedCopy(*spec.DeletePreconditionExemptUsers)
+		}
+		return rule
+	default:
+		*errs = append(*errs, field.NotSupported(path.Child("requireDeletePreconditions"), d, []string{"none", "uid", "resourceVersion"}))
+		return nil
+	}
+}
+
+func (ev *fieldEvaluation) checkDelete(p *Policy, d *Decision) error {
+	r := p.delete
+	if r == nil {
+		return nil
+	}
+	if slices.Contains(r.exemptUsers, ev.req.User.Name) {
+		return nil
+	}
+	if ev.req.Name == "" && r.collectionExempt {
+		return nil // an item of a deletecollection: it cannot carry preconditions
+	}
+	uid, rv, err := preconditions(ev.req.Options)
+	if err != nil {
+		return err
+	}
+	want, have := "uid", uid
+	if r.require == v1alpha1.DeletePreconditionResourceVersion {
+		want, have = "resourceVersion", rv
+	}
+	if have != "" {
+		return nil
+	}
+	d.Violations = append(d.Violations, Violation{
+		Policy: p.Name, Rule: RuleDeletePrecondition, Index: -1, Action: r.action,
+		Path: "preconditions." + want, Writer: ev.req.User.Name,
+		Message: fmt.Sprintf("ConcurrencyPolicy %q: deletes of %s must carry a %s precondition; %s sent none",
+			p.Name, resourceName(ev.req.Group, ev.req.Resource), want, ev.req.User.Name),
+	})
+	return nil
+}
+
+func preconditions(options []byte) (uid, rv string, err error) {
+	if rawjson.Kind(options) != '{' {
+		return "", "", nil
+	}
+	pre, ok, err := rawjson.Member(options, "preconditions")
+	if err != nil || !ok || rawjson.Kind(pre) != '{' {
+		return "", "", err
+	}
+	err = rawjson.ObjectEach(pre, func(k, v []byte) bool {
+		switch {
+		case rawjson.KeyIs(k, "uid"):
+			uid, err = rawjson.String(v)
+		case rawjson.KeyIs(k, "resourceVersion"):
+			rv, err = rawjson.String(v)
+		}
+		return err == nil
+	})
+	if err != nil {
+		return "", "", fmt.Errorf("read delete preconditions: %w", err)
+	}
+	return uid, rv, nil
+}
+
+// deleteCondition: a delete by someone not exempt without the precondition.
+func deleteCondition(r *deleteRule) string {
+	terms := []string{"request.operation == 'DELETE'"}
+	if len(r.exemptUsers) > 0 {
+		terms = append(terms, "!("+reqUser+" in "+celList(r.exemptUsers)+")")
+	}
+	if r.collectionExempt {
+		terms = append(terms, reqName+" != ''")
+	}
+	key := "uid"
+	if r.require == v1alpha1.DeletePreconditionResourceVersion {
+		key = "resourceVersion"
+	}
+	v := "request.?options.?preconditions.?" + key + ".orValue('')"
+	// Anything but a non-empty string counts as missing: the evaluator
+	// refuses what it cannot read.
+	terms = append(terms, "(type("+v+") != string || "+v+" == '')")
+	return and(terms...)
+}
+
+// operations are what the rule checks: deletes.
+func (*deleteRule) operations() []Operation { return []Operation{Delete} }

@@ -1,0 +1,169 @@
+package policy
+
+import (
+	"fmt"
+	"slices"
+	"strconv"
+	"strings"
+
+	"k8s.io/apimachinery/pkg/util/validation/field"
+
+	"github.com/stampguard/stampguard/policy/api/annotation"
+	"github.com/stampguard/stampguard/policy/api/v1alpha1"
+)
+
+// The field owner rule (spec.fieldOwners[i]): only the named writers may
+// change the field; with onCreate, only they may set it on a create.
+
+// RuleFieldOwner is the field owner rule's kind and audit annotation key.
+const RuleFieldOwner RuleKind = annotation.FieldOwner
+
+// ownerRuleName names the rule in the spec's words.
+func ownerRuleName(i int) string { return "fieldOwners[" + strconv.Itoa(i) + "]" }
+
+type ownerRule struct {
+	index    int
+	path     FieldPath
+	writers  writers
+	onCreate bool
+	action   v1alpha1.Action
+}
+
+type writers struct {
+	users    []string // usernames, service accounts expanded
+	groups   []string
+	managers []string
+	display  string
+}
+
+func compileOwner(i int, fo v1alpha1.FieldOwner, inherited v1alpha1.Action, fp *field.Path, errs *field.ErrorList) ownerRule {
+	path, err := ParseFieldPath(fo.Path)
+	if err != nil {
+		*errs = append(*errs, field.Invalid(fp.Child("path"), fo.Path, err.Error()))
+	}
+	w, werrs := compileWriters(fo.Writers, fp.Child("writers"))
+	*errs = append(*errs, werrs...)
+	return ownerRule{
+		index: i, path: path, writers: w, onCreate: fo.OnCreate,
+		action: checkAction(fo.Action, inherited, fp.Child("action"), errs),
+	}
+}
+
+func compileWriters(w v1alpha1.Writers, path *field.Path) (writers, field.ErrorList) {
+	var errs field.ErrorList
+	var out writers
+	var shown []string
+	for i, sa := range w.ServiceAccounts {
+		ns, name, ok := strings.Cut(sa, "/")
+		if !ok || ns == "" || name == "" || strings.Contains(name, "/") {
+			errs = append(errs, field.Invalid(path.Child("serviceAccounts").Index(i), sa, "want namespace/name"))
+			continue
+		}
+		u := "system:serviceaccount:" + ns + ":" + name
+		out.users = append(out.users, u)
+		shown = append(shown, u)
+	}
+	for _, u := range w.Users {
+		out.users = append(out.users, u)
+		shown = append(shown, u)
+	}
+	for _, g := range w.Groups {
+		out.groups = append(out.groups, g)
+		shown = append(shown, "group "+g)
+	}
+	for _, m := range w.FieldManagers {
+		out.managers = append(out.managers, m)
+		shown = append(shown, "field manager "+m)
+	}
+	if len(shown) == 0 {
+		errs = append(errs, field.Required(path, "a field owner needs at least one writer; use immutableFields for a field nobody may change"))
+	}
+	slices.Sort(out.users)
+	slices.Sort(out.groups)
+	slices.Sort(out.managers)
+	out.display = strings.Join(shown, ", ")
+	return out, errs
+}
+
+// allows reports whether the writer may change a field these writers own.
+// Identity decides; field managers, asserted by the client, only narrow it.
+func (w writers) allows(u UserInfo, fieldManager string) bool {
+	hasIdentity := len(w.users) > 0 || len(w.groups) > 0
+	if hasIdentity && !u.in(w.users, w.groups) {
+		return false
+	}
+	if len(w.managers) > 0 {
+		_, ok := slices.BinarySearch(w.managers, fieldManager)
+		return ok
+	}
+	return true
+}
+
+// checks reports whether the rule is evaluated for an operation: a create
+// only with onCreate, a workload's scale subresource only for spec.replicas.
+func (r *ownerRule) checks(op Operation, scope matchScope) bool {
+	return (op != Create || r.onCreate) && (scope != replicasOnly || r.path.pathIs("spec", "replicas"))
+}
+
+func (ev *fieldEvaluation) checkOwners(p *Policy, scope matchScope, d *Decision) error {
+	for i := range p.owners {
+		r := &p.owners[i]
+		if !r.checks(ev.req.Operation, scope) {
+			continue
+		}
+		old, cur, err := ev.values(r.path)
+		if err != nil {
+			return err
+		}
+		if sameValues(old, cur) || r.writers.allows(ev.req.User, ev.manager()) {
+			continue
+		}
+		d.Violations = append(d.Violations, Violation{
+			Policy: p.Name, Rule: RuleFieldOwner, Index: r.index, Action: r.action,
+			Path: r.path.text, Writer: ev.req.User.Name,
+			Message: fmt.Sprintf("ConcurrencyPolicy %q: %s is owned by %s; %s may not change it (%s -> %s)",
+				p.Name, r.path.text, r.writers.display, ev.req.User.Name, showValues(old), showValues(cur)),
+		})
+	}
+	return nil
+}
+
+// ownerCondition: the field changed and the writer is not an owner.
+func ownerCondition(r ownerRule) string {
+	v, ok := compilePath(r.path)
+	if !ok {
+		return "true"
+	}
+	changed := and("request.operation == 'UPDATE'", v.old+" != "+v.cur)
+	if r.onCreate {
+		changed = or([]string{changed, and("request.operation == 'CREATE'", v.curSet)})
+	}
+	return and(changed, "!("+writersCondition(r.writers)+")")
+}
+
+// writersCondition is true exactly when writers.allows would be.
+func writersCondition(w writers) string {
+	var terms []string
+	var id []string
+	if len(w.users) > 0 {
+		id = append(id, reqUser+" in "+celList(w.users))
+	}
+	if len(w.groups) > 0 {
+		id = append(id, reqGroups+".exists(g, g in "+celList(w.groups)+")")
+	}
+	if len(id) > 0 {
+		terms = append(terms, or(id))
+	}
+	if len(w.managers) > 0 {
+		terms = append(terms, "request.?options.?fieldManager.orValue('') in "+celList(w.managers))
+	}
+	return and(terms...)
+}
+
+// operations are what the rule checks: updates, and creates with onCreate.
+func (r *ownerRule) operations() []Operation {
+	if r.onCreate {
+		return []Operation{Update, Create}
+	}
+	return []Operation{Update}
+}
