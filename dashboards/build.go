@@ -160,6 +160,15 @@ func (bd *board) id() uint32 {
 	return bd.nextID
 }
 
+// titled is id() for a panel with a title, which rules can link to.
+func (bd *board) titled(title string) uint32 {
+	id := bd.id()
+	if _, ok := bd.g.panels[bd.uid+"/"+title]; !ok {
+		bd.g.panels[bd.uid+"/"+title] = id
+	}
+	return id
+}
+
 func legend() *common.VizLegendOptionsBuilder {
 	return common.NewVizLegendOptionsBuilder().
 		DisplayMode(common.LegendDisplayModeTable).
@@ -186,7 +195,7 @@ func thresholds(steps ...any) *dashboard.ThresholdsConfigBuilder {
 
 // series is a time-series panel over s.
 func (bd *board) series(title, description string, s asql.Statement, unit string, w, h uint32) *timeseries.PanelBuilder {
-	id := bd.id()
+	id := bd.titled(title)
 	p := timeseries.NewPanelBuilder().Id(id).Title(title).Description(description).
 		Datasource(bd.ds).WithTarget(bd.target(id, s)).
 		Unit(unit).Span(w).Height(h).
@@ -198,7 +207,7 @@ func (bd *board) series(title, description string, s asql.Statement, unit string
 
 // table is a table panel over s.
 func (bd *board) table(title, description string, s asql.Statement, w, h uint32) *table.PanelBuilder {
-	id := bd.id()
+	id := bd.titled(title)
 	p := table.NewPanelBuilder().Id(id).Title(title).Description(description).
 		Datasource(bd.ds).WithTarget(bd.target(id, s)).
 		Span(w).Height(h).Filterable(true).
@@ -214,7 +223,7 @@ func (bd *board) table(title, description string, s asql.Statement, w, h uint32)
 
 // stat is a stat panel showing one column of s.
 func (bd *board) stat(title, description string, s asql.Statement, column, unit string, w, h uint32, th *dashboard.ThresholdsConfigBuilder) *stat.PanelBuilder {
-	id := bd.id()
+	id := bd.titled(title)
 	return stat.NewPanelBuilder().Id(id).Title(title).Description(description).
 		Datasource(bd.ds).WithTarget(bd.target(id, s)).
 		Unit(unit).Span(w).Height(h).
@@ -246,7 +255,7 @@ func (g *generator) promBoard(uid, title, description string, tags ...string) *b
 // promSeries is a time-series panel of PromQL expressions, each with its
 // legend.
 func (bd *board) promSeries(title, description, unit string, w, h uint32, exprs ...string) *timeseries.PanelBuilder {
-	p := timeseries.NewPanelBuilder().Id(bd.id()).Title(title).Description(description).
+	p := timeseries.NewPanelBuilder().Id(bd.titled(title)).Title(title).Description(description).
 		Datasource(bd.ds).Unit(unit).Span(w).Height(h).
 		Legend(legend()).Tooltip(tooltip()).LineWidth(1).FillOpacity(10).
 		Thresholds(thresholds(nil, "green"))

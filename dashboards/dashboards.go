@@ -28,6 +28,9 @@ type generator struct {
 	o       Options
 	queries []Query
 	errs    []error
+	// panels are the panels' ids by "<dashboard uid>/<title>", the first
+	// of a title: what a rule links to.
+	panels map[string]uint32
 }
 
 // Generated is the generator's output.
@@ -52,7 +55,7 @@ func Generate(o Options) (*Generated, error) {
 		return nil, fmt.Errorf("conflict rates are fractions of the writes, below 1: storm %g, climb minimum %g, baseline %g",
 			o.Alerts.StormRate, o.Alerts.ClimbMinRate, o.BaselineConflictRate)
 	}
-	g := &generator{o: o}
+	g := &generator{o: o, panels: map[string]uint32{}}
 	var out Generated
 	out.Options = o
 	for _, build := range []func() *board{g.conflicts, g.hotObjects, g.policy, g.leases, g.health} {

@@ -126,16 +126,32 @@ LIMIT @top`}
 SELECT if(sum(write_attempts) >= greatest(toInt64(@min_writes), 1), sum(version_conflicts) / sum(write_attempts), 0) AS conflict_rate
 FROM ` + counted}
 
-	// StaleRetryLoops counts the unresolved retry loops whose last conflict
-	// is more than @stale_us before the window's end: the writer stopped
-	// without a success since.
-	StaleRetryLoops = Statement{Name: "stale_retry_loops", Title: "Stale unresolved retry loops", Shape: Number,
-		Params: with(RetryLoops.Params, StaleUs), Time: []Window{RollupHours, RawEdges, Whole, End},
-		Columns: []string{"loops"},
+	// WriteAttempts is the window's write attempts: the climbing rule's
+	// guard on its baseline (a rate of a quiet hour says nothing).
+	WriteAttempts = Statement{Name: "write_attempts", Title: "Write attempts", Shape: Number,
+		Params: filtered, Time: countedTime,
+		Columns: []string{"write_attempts"},
 		SQL: `
-SELECT count() AS loops
+SELECT toUInt64(sum(write_attempts)) AS write_attempts
+FROM ` + counted}
+
+	// StaleRetryLoops are the writers that gave up in a retry loop: per
+	// writer and object, the version conflicts of its unresolved retry
+	// loops whose last conflict is more than @stale_us before the window's
+	// end (no success by that writer on that object since). One row per
+	// (writer, object), so that an alert rule makes one alert instance of
+	// each, labelled with its string columns. A loop stays here until the
+	// writer succeeds on the object or its conflicts leave the window.
+	StaleRetryLoops = Statement{Name: "stale_retry_loops", Title: "Stale unresolved retry loops", Shape: Rows,
+		Params: with(RetryLoops.Params, StaleUs), Time: []Window{RollupHours, RawEdges, Whole, End},
+		Columns: []string{"writer", "namespace", "object", "conflicts"},
+		SQL: `
+SELECT user AS writer, namespace, concat(resource, if(api_group = '', '', concat('.', api_group)), '/', name) AS object,
+	toUInt64(sum(conflicts)) AS conflicts
 FROM (` + retryLoops + `)
-WHERE resolved = 0 AND last_us + @stale_us < {end_us}`}
+WHERE resolved = 0 AND last_us + @stale_us < {end_us}
+GROUP BY writer, namespace, object
+ORDER BY conflicts DESC, writer, namespace, object`}
 
 	// AuditedStamplessWrites counts the stampless writes that a policy in
 	// Audit mode let through on a guarded kind (it would have denied them).
@@ -164,4 +180,4 @@ var All = append(append([]Statement{}, ReportStatements...),
 	ConflictRateSeries, ConflictKindsSeries, StamplessGoneSeries, WriteLatencySeries,
 	ConflictsByNamespace, ConflictsByUserAgent, UnresolvedRetryLoops, ResolvedRetryLoops,
 	StamplessByWriter, PolicyDecisionsSeries, LeaseConflicts,
-	ConflictRate, StaleRetryLoops, AuditedStamplessWrites)
+	ConflictRate, WriteAttempts, StaleRetryLoops, AuditedStamplessWrites)
