@@ -371,13 +371,23 @@ func TestDashboardQueriesOnClickHouse(t *testing.T) {
 			if tot.WriteAttempts >= uint64(o.Alerts.MinWrites) {
 				wantRate = tot.ConflictRate
 			}
-			var stale uint64
+			// The stale loops: per writer and object, the conflicts of
+			// its unresolved loops that ended LoopStale before the end.
+			staleConflicts := map[string]uint64{}
 			until := w.to.Add(time.Second)
 			for _, l := range want.RetryLoops {
 				last, _ := time.Parse(report.TimeFormat, l.Last)
 				if !l.Resolved && last.Add(o.Alerts.LoopStale).Before(until) {
-					stale++
+					object := l.Resource
+					if l.APIGroup != "" {
+						object += "." + l.APIGroup
+					}
+					staleConflicts[l.User+" | "+l.Namespace+" | "+object+"/"+l.Name] += l.Conflicts
 				}
+			}
+			var stale []string
+			for k, n := range staleConflicts {
+				stale = append(stale, fmt.Sprintf("%s | %d", k, n))
 			}
 			for _, q := range gen.Queries {
 				if !q.Alert {
@@ -389,7 +399,10 @@ func TestDashboardQueriesOnClickHouse(t *testing.T) {
 				case asql.ConflictRate.Name:
 					want = fmt.Sprint(wantRate)
 				case asql.StaleRetryLoops.Name:
-					want = fmt.Sprint(stale)
+					assertEqual(t, q.Name, sorted(r.table(asql.StaleRetryLoops.Columns...)), sorted(stale))
+					continue
+				case asql.WriteAttempts.Name:
+					want = fmt.Sprint(tot.WriteAttempts)
 				case asql.AuditedStamplessWrites.Name:
 					want = fmt.Sprint(audited)
 				default:
