@@ -111,7 +111,7 @@ ORDER BY ` + col
 	}
 	bd.queryVariable("cluster", "Cluster", false, recent("cluster", ""))
 	in := func(col string) string {
-		return recent(col, ` AND cluster = ${cluster:singlequote} AND `+col+` != ''`)
+		return recent(col, ` AND cluster = `+asql.VariableText("cluster")+` AND `+col+` != ''`)
 	}
 	bd.queryVariable("namespace", "Namespace", true, in("namespace"))
 	bd.queryVariable("resource", "Resource", true, in("resource"))
@@ -235,9 +235,9 @@ func (bd *board) stat(title, description string, s asql.Statement, column, unit 
 // link filters this dashboard to one object or one writer: the url's
 // variables come from the clicked row.
 func (bd *board) link(title string, vars ...string) dashboard.DynamicConfigValue {
-	q := []string{"${__url_time_range}", "var-datasource=${datasource}", "var-cluster=${cluster}"}
+	q := []string{"${__url_time_range}", "var-datasource=${datasource:percentencode}", "var-cluster=${cluster:percentencode}"}
 	for i := 0; i+1 < len(vars); i += 2 {
-		q = append(q, "var-"+vars[i]+"=${__data.fields."+vars[i+1]+"}")
+		q = append(q, "var-"+vars[i]+"=${__data.fields."+vars[i+1]+":percentencode}")
 	}
 	return dashboard.DynamicConfigValue{Id: "links", Value: []map[string]any{{
 		"title": title, "url": "/d/" + bd.uid + "?" + strings.Join(q, "&"),
