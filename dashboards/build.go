@@ -87,8 +87,13 @@ func (g *generator) newBoard(uid, title, description string, tags ...string) *bo
 
 // clickHouseBoard is a dashboard on the ClickHouse data source with the
 // variables datasource, cluster, namespace, resource, user and name.
+// PluginRequirement is said in every ClickHouse dashboard's description:
+// before 4.0.3 the plugin expands $__fromTime to toDateTime64, which
+// ClickHouse 18.16 lacks.
+const PluginRequirement = "Needs grafana-clickhouse-datasource 4.0.3 or later."
+
 func (g *generator) clickHouseBoard(uid, title, description string, tags ...string) *board {
-	bd := g.newBoard(uid, title, description, tags...)
+	bd := g.newBoard(uid, title, description+" "+PluginRequirement, tags...)
 	bd.ds = ref(PluginID, "${datasource}")
 	bd.binder = asql.Grafana{Database: g.o.Database, Variables: clickHouseVariables, Values: map[string]string{
 		asql.Top.Name:       fmt.Sprint(g.o.Top),
@@ -131,7 +136,9 @@ func (bd *board) queryVariable(name, label string, multi bool, sql string) {
 		Label(label).
 		Datasource(bd.ds).
 		Query(dashboard.StringOrMap{Map: map[string]any{"refId": name, "queryType": "sql", "rawSql": sql}}).
-		Refresh(dashboard.VariableRefreshOnTimeRangeChanged).
+		// The lists read the last week whatever the range: once per
+		// load, not on every change of the time range.
+		Refresh(dashboard.VariableRefreshOnDashboardLoad).
 		Sort(dashboard.VariableSortAlphabeticalAsc)
 	if multi {
 		all := "$__all"

@@ -179,15 +179,16 @@ func (g *generator) health() *board {
 	bd.add(bd.promSeries("Evaluation latency", "Time from reading an AdmissionReview to writing the answer.", units.Seconds, 12, 8,
 		`histogram_quantile(0.5, sum by (le, endpoint) (rate(stampguard_admission_evaluation_seconds_bucket[$__rate_interval])))`, "p50 {{endpoint}}",
 		`histogram_quantile(0.99, sum by (le, endpoint) (rate(stampguard_admission_evaluation_seconds_bucket[$__rate_interval])))`, "p99 {{endpoint}}"))
-	bd.add(bd.promSeries("Errors and policies", "Reviews that could not be evaluated, by reason; and the policies known, by state.", units.Short, 12, 8,
-		`sum by (endpoint, reason) (rate(stampguard_admission_errors_total[$__rate_interval]))`, "error {{endpoint}} {{reason}}",
-		`sum by (state) (stampguard_policies)`, "policies {{state}}"))
+	bd.add(bd.promSeries("Evaluation errors", "Reviews per second that could not be evaluated, by endpoint and reason.", units.RequestsPerSecond, 6, 8,
+		`sum by (endpoint, reason) (rate(stampguard_admission_errors_total[$__rate_interval]))`, "{{endpoint}} {{reason}}"))
+	bd.add(bd.promSeries("Policies", "The ConcurrencyPolicies the webhook knows, by state.", units.Short, 6, 8,
+		`sum by (state) (stampguard_policies)`, "{{state}}"))
 	bd.row("Audit sink")
-	bd.add(bd.promSeries("Events accepted and stored", "Events accepted by source, stored into ClickHouse, and dropped as already stored.", units.Short, 12, 8,
+	bd.add(bd.promSeries("Events accepted and stored", "Events per second accepted by source, stored into ClickHouse, and dropped as already stored.", units.OpsPerSecond, 12, 8,
 		`sum by (source) (rate(auditsink_events_accepted_total[$__rate_interval]))`, "accepted {{source}}",
 		`sum(rate(auditsink_events_stored_total[$__rate_interval]))`, "stored",
 		`sum(rate(auditsink_events_deduplicated_total[$__rate_interval]))`, "deduplicated"))
-	bd.add(bd.promSeries("Refused and dead-lettered", "Webhook batches refused (answered non-2xx, by reason) and inputs stored as dead letters (by source).", units.Short, 12, 8,
+	bd.add(bd.promSeries("Refused and dead-lettered", "Webhook batches refused per second (answered non-2xx, by reason) and inputs stored as dead letters per second (by source).", units.OpsPerSecond, 12, 8,
 		`sum by (reason) (rate(auditsink_batches_refused_total[$__rate_interval]))`, "refused batches {{reason}}",
 		`sum by (source) (rate(auditsink_events_dead_lettered_total[$__rate_interval]))`, "dead-lettered {{source}}"))
 	bd.add(bd.promSeries("Insert lag", fmt.Sprintf("Age of the oldest spool record not yet confirmed stored in ClickHouse; the alert fires above %s.", duration(g.o.Alerts.InsertLag)), units.Seconds, 8, 8,
@@ -196,8 +197,9 @@ func (g *generator) health() *board {
 		ThresholdsStyle(common.NewGraphThresholdsStyleConfigBuilder().Mode(common.GraphThresholdsStyleModeLine)))
 	bd.add(bd.promSeries("Spool bytes", "Bytes of spool segments on disk, per sink.", units.BytesIEC, 8, 8,
 		`auditsink_spool_bytes`, "{{instance}}"))
-	bd.add(bd.promSeries("ClickHouse inserts", "Insert duration (p99) and failed ClickHouse operations, by operation.", units.Seconds, 8, 8,
-		`histogram_quantile(0.99, sum by (le) (rate(auditsink_flush_duration_seconds_bucket[$__rate_interval])))`, "flush p99",
-		`sum by (op) (rate(auditsink_clickhouse_errors_total[$__rate_interval]))`, "errors {{op}} (per second)"))
+	bd.add(bd.promSeries("ClickHouse inserts", "Insert (flush) duration, p99.", units.Seconds, 4, 8,
+		`histogram_quantile(0.99, sum by (le) (rate(auditsink_flush_duration_seconds_bucket[$__rate_interval])))`, "flush p99"))
+	bd.add(bd.promSeries("ClickHouse errors", "Failed ClickHouse operations per second, by operation.", units.OpsPerSecond, 4, 8,
+		`sum by (op) (rate(auditsink_clickhouse_errors_total[$__rate_interval]))`, "{{op}}"))
 	return bd
 }
