@@ -3,6 +3,7 @@ package dashboards
 import (
 	"fmt"
 	"strings"
+	"time"
 
 	"github.com/grafana/grafana-foundation-sdk/go/cog"
 	"github.com/grafana/grafana-foundation-sdk/go/cog/variants"
@@ -24,7 +25,8 @@ const Tag = "stampguard"
 // target, a template variable's query, or an alert rule's data query.
 type Query struct {
 	// Name is "<dashboard uid>/<panel id>/<statement>",
-	// "<dashboard uid>/var/<variable>" or "alert/<rule uid>/<refId>".
+	// "<dashboard uid>/var/<variable>", "<dashboard uid>/annotation/<statement>"
+	// or "alert/<rule uid base>/<refId>".
 	Name string
 	// Statement is the analytics statement the query renders; zero for a
 	// variable's query.
@@ -99,6 +101,9 @@ func (g *generator) clickHouseBoard(uid, title, description string, tags ...stri
 		asql.Top.Name:       fmt.Sprint(g.o.Top),
 		asql.GapUs.Name:     fmt.Sprint(g.o.LoopGap.Microseconds()),
 		asql.Threshold.Name: fmt.Sprint(g.o.LoopThreshold),
+		asql.MinWrites.Name: fmt.Sprint(g.o.Alerts.MinWrites),
+		asql.StormS.Name:    fmt.Sprint(int64(g.o.Alerts.StormWindow / time.Second)),
+		asql.StormRate.Name: fmt.Sprint(g.o.Alerts.StormRate),
 	}}
 	bd.b.WithVariable(dashboard.NewDatasourceVariableBuilder("datasource").
 		Label("ClickHouse").
@@ -153,13 +158,25 @@ func strPtr(s string) *string { return &s }
 
 // target renders s as the panel's query and records it.
 func (bd *board) target(id uint32, s asql.Statement) cog.Builder[variants.Dataquery] {
+	return bd.query(fmt.Sprintf("%s/%d/%s", bd.uid, id, s.Name), "A", s)
+}
+
+func (bd *board) query(name, refID string, s asql.Statement) clickHouseQuery {
 	sql, err := bd.binder.Bind(s)
 	if err != nil {
 		bd.g.errs = append(bd.g.errs, err)
 	}
 	sql = strings.TrimSpace(sql)
-	bd.g.queries = append(bd.g.queries, Query{Name: fmt.Sprintf("%s/%d/%s", bd.uid, id, s.Name), Statement: s, Shape: s.Shape, SQL: sql})
-	return newClickHouseQuery("A", bd.ds, s.Shape == asql.Series, sql)
+	bd.g.queries = append(bd.g.queries, Query{Name: name, Statement: s, Shape: s.Shape, SQL: sql})
+	return newClickHouseQuery(refID, bd.ds, s.Shape == asql.Series, sql)
+}
+
+// annotation adds an annotation query over s (columns time, timeEnd and
+// text), shown on every time series of the dashboard.
+func (bd *board) annotation(name, color string, s asql.Statement) {
+	bd.b.Annotation(dashboard.NewAnnotationQueryBuilder().
+		Name(name).Datasource(bd.ds).Enable(true).IconColor(color).
+		Target(bd.query(bd.uid+"/annotation/"+s.Name, "Annotations", s)))
 }
 
 func (bd *board) id() uint32 {

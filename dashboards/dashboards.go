@@ -85,6 +85,7 @@ func (g *generator) rateThresholds() *dashboard.ThresholdsConfigBuilder {
 func (g *generator) conflicts() *board {
 	bd := g.clickHouseBoard(UIDConflicts, "stampguard: conflicts overview",
 		"Version conflicts (409) and their kinds, stampless updates, expired lists and write latency, from the apiserver's audit log.", "conflicts")
+	bd.annotation("Version-conflict storms", "red", asql.StormIntervals)
 	bd.add(bd.stat("Version-conflict rate", "Version conflicts per write attempt over the range.", asql.Totals, "conflict_rate", units.PercentUnit, 6, 4, g.rateThresholds()))
 	bd.add(bd.stat("Write attempts", "Create, update, patch and delete requests (dry runs excluded).", asql.Totals, "write_attempts", units.Short, 6, 4, thresholds(nil, "blue")))
 	bd.add(bd.stat("Version conflicts", "409 Conflict answers for a stale resourceVersion.", asql.Totals, "version_conflicts", units.Short, 6, 4, thresholds(nil, "green", 1.0, "orange")))

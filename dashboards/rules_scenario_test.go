@@ -9,6 +9,7 @@ import (
 
 	"github.com/stampguard/stampguard/analytics"
 	"github.com/stampguard/stampguard/analytics/audit"
+	asql "github.com/stampguard/stampguard/analytics/sql"
 	"github.com/stampguard/stampguard/dashboards"
 	"github.com/stampguard/stampguard/internal/chtest"
 )
@@ -166,6 +167,28 @@ func TestAlertRulesOnScenarios(t *testing.T) {
 			dashboards.UIDStaleRetryLoop: {0: none, 30 * time.Minute: none, 45 * time.Minute: none},
 		}
 		checkTimeline(t, e, rules, every, at, midnight, checks)
+
+		// The conflicts overview marks the storm's 10m windows.
+		gen, err := dashboards.Generate(dashboards.Options{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		sqls, err := gen.Expanded(asql.Expansion{From: midnight.Add(-time.Hour), To: midnight.Add(time.Hour), Interval: time.Minute,
+			Vars: map[string][]string{"cluster": {"storm"}, "name": {""}}, All: map[string]bool{"namespace": true, "resource": true, "user": true}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		name := dashboards.UIDConflicts + "/annotation/" + asql.StormIntervals.Name
+		if sqls[name] == "" {
+			t.Fatalf("no annotation %s", name)
+		}
+		out, err := srv.QueryText(t, "", "SELECT toUInt32(time) - "+fmt.Sprint(midnight.Unix())+", toUInt32(timeEnd) - toUInt32(time) FROM ("+sqls[name]+")", "")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if want := "-600\t600\n0\t600\n600\t600\n1200\t600\n"; out != want {
+			t.Errorf("storm annotations (seconds from midnight, length): %q, want %q", out, want)
+		}
 	})
 
 	t.Run("quiet night then a morning ramp", func(t *testing.T) {

@@ -153,6 +153,24 @@ WHERE resolved = 0 AND last_us + @stale_us < {end_us}
 GROUP BY writer, namespace, object
 ORDER BY conflicts DESC, writer, namespace, object`}
 
+	// StormIntervals are the storm rule's windows that were storms: every
+	// @storm_s of the range (aligned to the epoch) whose version-conflict
+	// rate was above @storm_rate over at least @min_writes write attempts,
+	// as time, timeEnd and text for a dashboard annotation.
+	StormIntervals = Statement{Name: "storm_intervals", Title: "Version-conflict storms", Shape: Rows,
+		Params: with(filtered, MinWrites, StormS, StormRate), Time: []Window{EventsWhole},
+		Columns: []string{"time", "timeEnd", "text"},
+		SQL: `
+SELECT toDateTime(b) AS time, toDateTime(b + @storm_s) AS timeEnd,
+	concat('Version-conflict storm: ', toString(conflicts), ' of ', toString(attempts), ' writes') AS text
+FROM (
+	SELECT intDiv(toUInt32(event_time), @storm_s) * @storm_s AS b, countIf(is_write AND class = 'version') AS conflicts, countIf(is_write) AS attempts
+	FROM ` + classified + `
+	GROUP BY b
+)
+WHERE attempts >= greatest(toUInt64(@min_writes), 1) AND conflicts > @storm_rate * attempts
+ORDER BY time`}
+
 	// AuditedStamplessWrites counts the stampless writes that a policy in
 	// Audit mode let through on a guarded kind (it would have denied them).
 	AuditedStamplessWrites = Statement{Name: "audited_stampless_writes", Title: "Stampless writes let through by Audit", Shape: Number,
@@ -180,4 +198,4 @@ var All = append(append([]Statement{}, ReportStatements...),
 	ConflictRateSeries, ConflictKindsSeries, StamplessGoneSeries, WriteLatencySeries,
 	ConflictsByNamespace, ConflictsByUserAgent, UnresolvedRetryLoops, ResolvedRetryLoops,
 	StamplessByWriter, PolicyDecisionsSeries, LeaseConflicts,
-	ConflictRate, WriteAttempts, StaleRetryLoops, AuditedStamplessWrites)
+	ConflictRate, WriteAttempts, StaleRetryLoops, AuditedStamplessWrites, StormIntervals)

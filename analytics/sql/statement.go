@@ -15,6 +15,7 @@ const (
 	TypeString Type = "String"
 	TypeUInt64 Type = "UInt64"
 	TypeInt    Type = "Int"
+	TypeFloat  Type = "Float64"
 )
 
 // Param is one @name parameter of a statement.
@@ -43,6 +44,8 @@ var (
 	IntervalS = Param{Name: "interval_s", Type: TypeUInt64, Meaning: "the width of a series' time bucket, in seconds"}
 	MinWrites = Param{Name: "min_writes", Type: TypeUInt64, Meaning: "the fewest write attempts for a conflict rate other than 0"}
 	StaleUs   = Param{Name: "stale_us", Type: TypeUInt64, Meaning: "how long after its last conflict an unresolved retry loop counts as stale, in microseconds"}
+	StormS    = Param{Name: "storm_s", Type: TypeUInt64, Meaning: "the window of the conflict-storm rate, in seconds"}
+	StormRate = Param{Name: "storm_rate", Type: TypeFloat, Meaning: "the version-conflict rate above which a window is a storm"}
 )
 
 // Filters are the filter parameters, in the order {filters} writes them.
