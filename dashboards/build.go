@@ -223,11 +223,18 @@ func (bd *board) series(title, description string, s asql.Statement, unit string
 	p := timeseries.NewPanelBuilder().Id(id).Title(title).Description(description).
 		Datasource(bd.ds).WithTarget(bd.target(id, s)).
 		Unit(unit).Span(w).Height(h).
+		// Buckets of at least a minute: narrower ones hold a handful of
+		// requests, and their rates jump between 0 and 100 %.
+		Interval(MinInterval).
 		Legend(legend()).Tooltip(tooltip()).
 		LineWidth(1).FillOpacity(10).
 		Thresholds(thresholds(nil, "green"))
 	return p
 }
+
+// MinInterval is the ClickHouse time series' minimum interval: their
+// $__interval_s is never below it.
+const MinInterval = "1m"
 
 // table is a table panel over s.
 func (bd *board) table(title, description string, s asql.Statement, w, h uint32) *table.PanelBuilder {

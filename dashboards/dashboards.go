@@ -112,6 +112,8 @@ func (g *generator) conflicts() *board {
 	bd.add(bd.table("By writer", "Write attempts and version conflicts per writer (the impersonated user, else the user).", asql.ConflictsByUser, 12, 8).
 		OverrideByName("user", []dashboard.DynamicConfigValue{bd.link("Filter to this writer", "user", "user")}))
 	bd.add(bd.table("By user agent", "Write attempts and version conflicts per client user agent.", asql.ConflictsByUserAgent, 12, 8))
+	bd.add(bd.table("410 Gone by writer", "Who gets 410 Gone: lists and watches whose resourceVersion had expired, per writer and resource (each is a relist from scratch).", asql.GoneByWriter, 24, 8).
+		OverrideByName("user", []dashboard.DynamicConfigValue{bd.link("Filter to this writer", "user", "user")}))
 	return bd
 }
 
@@ -137,6 +139,7 @@ func (g *generator) hotObjects() *board {
 	bd.add(bd.series("Version-conflict rate", "Version conflicts per write attempt, for the filtered object or writer.", asql.ConflictRateSeries, units.PercentUnit, 24, 7).
 		Thresholds(thresholds(nil, "transparent", g.o.BaselineConflictRate, "red")).
 		ThresholdsStyle(common.NewGraphThresholdsStyleConfigBuilder().Mode(common.GraphThresholdsStyleModeLine)))
+	bd.add(bd.table("Audit events", "The requests themselves, newest first (at most 500): click a hot object, a loop's object or a writer above to see what the audit log recorded for it. Filter the verb or code in the table's column headers.", asql.RawEvents, 24, 12))
 	return bd
 }
 
@@ -165,6 +168,8 @@ func (g *generator) leases() *board {
 		OverrideByName("changes", []dashboard.DynamicConfigValue{{Id: "custom.cellOptions", Value: map[string]any{"type": "color-background"}}}).
 		Thresholds(thresholds(nil, "green", 2.0, "orange", 10.0, "red")))
 	bd.add(bd.table("Version conflicts on leases", "Write attempts and version conflicts per lease: candidates racing, or renewing from a stale read.", asql.LeaseConflicts, 12, 10))
+	bd.add(bd.series("Lease holder changes over time", "Holder changes per interval, per lease (as in the table: a holder other than the lease's previous one in the range).", asql.LeaseChangesSeries, units.Short, 24, 8).
+		DrawStyle(common.GraphDrawStyleBars).Stacking(common.NewStackingConfigBuilder().Mode(common.StackingModeNormal)))
 	return bd
 }
 

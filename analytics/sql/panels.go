@@ -153,6 +153,56 @@ WHERE resolved = 0 AND last_us + @stale_us < {end_us}
 GROUP BY writer, namespace, object
 ORDER BY conflicts DESC, writer, namespace, object`}
 
+	// GoneByWriter is who gets 410 Gone: lists and watches whose
+	// resourceVersion had expired, per writer and resource. A client that
+	// gets many relists from scratch.
+	GoneByWriter = Statement{Name: "gone_by_writer", Title: "410 Gone by writer", Shape: Rows,
+		Params: with(filtered, Top), Time: countedTime,
+		Columns: []string{"user", "api_group", "resource", "gone"},
+		SQL: `
+SELECT writer AS user, api_group, resource, toUInt64(sum(gone)) AS gone
+FROM ` + counted + `
+WHERE gone != 0
+GROUP BY user, api_group, resource
+HAVING gone > 0
+ORDER BY gone DESC, user, api_group, resource
+LIMIT @top`}
+
+	// LeaseChangesSeries is lease holder changes over time: each change
+	// of LeaseHolderChanges (a holder other than the lease's previous
+	// non-empty holder in the range) in its bucket, per lease.
+	LeaseChangesSeries = Statement{Name: "lease_changes_series", Title: "Lease holder changes over time", Shape: Series,
+		Params: with(filtered, IntervalS), Time: []Window{EventsWhole, Bucket},
+		Columns: []string{"time", "lease", "changes"},
+		SQL: `
+SELECT {bucket} AS time, lease, count() AS changes
+FROM (
+	SELECT concat(namespace, '/', name) AS lease,
+		arrayMap(x -> tupleElement(x, 2), arraySort(groupArray((event_time_us, lease_holder)))) AS hs,
+		arrayMap(x -> tupleElement(x, 1), arraySort(groupArray((event_time_us, lease_holder)))) AS ts,
+		arrayJoin(arrayFilter((t, h, p) -> h != p AND p != '', ts, hs, arrayPushFront(arrayPopBack(hs), ''))) AS changed_us,
+		toDateTime(intDiv(changed_us, 1000000)) AS event_time
+	FROM {db}.events
+	WHERE ` + requests + ` AND api_group = 'coordination.k8s.io' AND resource = 'leases' AND subresource = ''
+		AND ` + IsWrite + ` AND ` + IsSuccess + ` AND lease_holder != ''
+	GROUP BY namespace, name
+)
+GROUP BY time, lease
+ORDER BY time, lease`}
+
+	// RawEvents are the requests themselves, newest first: the drill-down
+	// from a hot object, a retry loop or a writer (set the filters) to
+	// what the audit log recorded.
+	RawEvents = Statement{Name: "raw_events", Title: "Audit events", Shape: Rows,
+		Params: filtered, Time: []Window{EventsWhole},
+		Columns: []string{"time", "writer", "user_agent", "verb", "code", "reason", "message", "stamp", "field_manager", "namespace", "resource", "name", "audit_id"},
+		SQL: `
+SELECT event_time AS time, writer, user_agent, verb, code, reason, message, stamp, field_manager, namespace, resource, name, audit_id
+FROM ` + DistinctEvents(`event_time, event_time_us, writer, user_agent, verb, code, reason, message, stamp, field_manager, namespace, resource, name, audit_id`,
+			`{events_window}`, Request+` AND cluster = @cluster AND {filters}`) + `
+ORDER BY event_time_us DESC, audit_id
+LIMIT 500`}
+
 	// StormIntervals are the storm rule's windows that were storms: every
 	// @storm_s of the range (aligned to the epoch) whose version-conflict
 	// rate was above @storm_rate over at least @min_writes write attempts,
@@ -198,4 +248,5 @@ var All = append(append([]Statement{}, ReportStatements...),
 	ConflictRateSeries, ConflictKindsSeries, StamplessGoneSeries, WriteLatencySeries,
 	ConflictsByNamespace, ConflictsByUserAgent, UnresolvedRetryLoops, ResolvedRetryLoops,
 	StamplessByWriter, PolicyDecisionsSeries, LeaseConflicts,
+	GoneByWriter, LeaseChangesSeries, RawEvents,
 	ConflictRate, WriteAttempts, StaleRetryLoops, AuditedStamplessWrites, StormIntervals)

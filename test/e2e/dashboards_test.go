@@ -357,6 +357,19 @@ func TestDashboardQueriesOnClickHouse(t *testing.T) {
 			if n := byStatement(asql.PolicyDecisionsSeries)[0].sum("count"); n != decided {
 				t.Errorf("decisions series sums to %d, the report counts %d", n, decided)
 			}
+			if n := byStatement(asql.GoneByWriter)[0].sum("gone"); n != tot.Gone {
+				t.Errorf("410 Gone by writer sums to %d, the report counts %d", n, tot.Gone)
+			}
+			var leaseChanges uint64
+			for _, l := range want.LeaseHolderChanges {
+				leaseChanges += l.Changes
+			}
+			if n := byStatement(asql.LeaseChangesSeries)[0].sum("changes"); n != leaseChanges {
+				t.Errorf("lease changes series sums to %d, the report counts %d", n, leaseChanges)
+			}
+			if n := uint64(len(byStatement(asql.RawEvents)[0].rows)); n != min(tot.Requests, 500) {
+				t.Errorf("the audit events table has %d rows, the report counts %d requests (the table shows at most 500)", n, tot.Requests)
+			}
 			// One bucket holds the whole window: its rate is the report's.
 			oneBucket := expand(nil, all, 1_000_000_000*time.Second)
 			for _, q := range gen.Queries {
