@@ -158,14 +158,14 @@ ORDER BY conflicts DESC, writer, namespace, object`}
 	// gets many relists from scratch.
 	GoneByWriter = Statement{Name: "gone_by_writer", Title: "410 Gone by writer", Shape: Rows,
 		Params: with(filtered, Top), Time: countedTime,
-		Columns: []string{"user", "api_group", "resource", "gone"},
+		Columns: []string{"user", "api_group", "resource", "count"},
 		SQL: `
-SELECT writer AS user, api_group, resource, toUInt64(sum(gone)) AS gone
+SELECT writer AS user, api_group, resource, toUInt64(sum(gone)) AS count
 FROM ` + counted + `
 WHERE gone != 0
 GROUP BY user, api_group, resource
-HAVING gone > 0
-ORDER BY gone DESC, user, api_group, resource
+HAVING count > 0
+ORDER BY count DESC, user, api_group, resource
 LIMIT @top`}
 
 	// LeaseChangesSeries is lease holder changes over time: each change

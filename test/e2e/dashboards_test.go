@@ -357,7 +357,7 @@ func TestDashboardQueriesOnClickHouse(t *testing.T) {
 			if n := byStatement(asql.PolicyDecisionsSeries)[0].sum("count"); n != decided {
 				t.Errorf("decisions series sums to %d, the report counts %d", n, decided)
 			}
-			if n := byStatement(asql.GoneByWriter)[0].sum("gone"); n != tot.Gone {
+			if n := byStatement(asql.GoneByWriter)[0].sum("count"); n != tot.Gone {
 				t.Errorf("410 Gone by writer sums to %d, the report counts %d", n, tot.Gone)
 			}
 			var leaseChanges uint64
