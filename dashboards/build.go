@@ -9,6 +9,7 @@ import (
 	"github.com/grafana/grafana-foundation-sdk/go/cog/variants"
 	"github.com/grafana/grafana-foundation-sdk/go/common"
 	"github.com/grafana/grafana-foundation-sdk/go/dashboard"
+	"github.com/grafana/grafana-foundation-sdk/go/datasource"
 	"github.com/grafana/grafana-foundation-sdk/go/prometheus"
 	"github.com/grafana/grafana-foundation-sdk/go/stat"
 	"github.com/grafana/grafana-foundation-sdk/go/table"
@@ -257,6 +258,19 @@ func (bd *board) stat(title, description string, s asql.Statement, column, unit 
 	id := bd.titled(title)
 	return stat.NewPanelBuilder().Id(id).Title(title).Description(description).
 		Datasource(bd.ds).WithTarget(bd.target(id, s)).
+		Unit(unit).Span(w).Height(h).
+		ReduceOptions(common.NewReduceDataOptionsBuilder().Calcs([]string{"lastNotNull"}).Fields("/^" + column + "$/")).
+		ColorMode(common.BigValueColorModeValue).GraphMode(common.BigValueGraphModeNone).
+		Thresholds(th)
+}
+
+// sharedStat is a stat panel showing one column of panel source's
+// results, through the "-- Dashboard --" data source: no query of its own.
+func (bd *board) sharedStat(title, description string, source uint32, column, unit string, w, h uint32, th *dashboard.ThresholdsConfigBuilder) *stat.PanelBuilder {
+	id := bd.titled(title)
+	ds := ref("datasource", DashboardDatasource)
+	return stat.NewPanelBuilder().Id(id).Title(title).Description(description).
+		Datasource(ds).WithTarget(datasource.NewDataqueryBuilder().RefId("A").Datasource(ds).PanelId(source).WithTransforms(false)).
 		Unit(unit).Span(w).Height(h).
 		ReduceOptions(common.NewReduceDataOptionsBuilder().Calcs([]string{"lastNotNull"}).Fields("/^" + column + "$/")).
 		ColorMode(common.BigValueColorModeValue).GraphMode(common.BigValueGraphModeNone).

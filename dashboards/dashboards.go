@@ -86,10 +86,12 @@ func (g *generator) conflicts() *board {
 	bd := g.clickHouseBoard(UIDConflicts, "stampguard: conflicts overview",
 		"Version conflicts (409) and their kinds, stampless updates, expired lists and write latency, from the apiserver's audit log.", "conflicts")
 	bd.annotation("Version-conflict storms", "red", asql.StormIntervals)
+	// One totals query: the first stat's; the others show its columns.
 	bd.add(bd.stat("Version-conflict rate", "Version conflicts per write attempt over the range.", asql.Totals, "conflict_rate", units.PercentUnit, 6, 4, g.rateThresholds()))
-	bd.add(bd.stat("Write attempts", "Create, update, patch and delete requests (dry runs excluded).", asql.Totals, "write_attempts", units.Short, 6, 4, thresholds(nil, "blue")))
-	bd.add(bd.stat("Version conflicts", "409 Conflict answers for a stale resourceVersion.", asql.Totals, "version_conflicts", units.Short, 6, 4, thresholds(nil, "green", 1.0, "orange")))
-	bd.add(bd.stat("Stampless updates", "Successful updates that sent no resourceVersion: they overwrite whatever was there.", asql.Totals, "stampless_updates", units.Short, 6, 4, thresholds(nil, "green", 1.0, "orange")))
+	totals := bd.nextID
+	bd.add(bd.sharedStat("Write attempts", "Create, update, patch and delete requests (dry runs excluded).", totals, "write_attempts", units.Short, 6, 4, thresholds(nil, "blue")))
+	bd.add(bd.sharedStat("Version conflicts", "409 Conflict answers for a stale resourceVersion.", totals, "version_conflicts", units.Short, 6, 4, thresholds(nil, "green", 1.0, "orange")))
+	bd.add(bd.sharedStat("Stampless updates", "Successful updates that sent no resourceVersion: they overwrite whatever was there.", totals, "stampless_updates", units.Short, 6, 4, thresholds(nil, "green", 1.0, "orange")))
 
 	rate := bd.series("Version-conflict rate",
 		fmt.Sprintf("Version conflicts per write attempt in each interval; the line is the healthy baseline (%g).", g.o.BaselineConflictRate),

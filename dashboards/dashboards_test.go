@@ -19,6 +19,7 @@ import (
 	"github.com/grafana/grafana-foundation-sdk/go/cog/plugins"
 	"github.com/grafana/grafana-foundation-sdk/go/cog/variants"
 	"github.com/grafana/grafana-foundation-sdk/go/dashboard"
+	"github.com/grafana/grafana-foundation-sdk/go/datasource"
 	"sigs.k8s.io/yaml"
 
 	asql "github.com/stampguard/stampguard/analytics/sql"
@@ -186,6 +187,7 @@ func checkDashboard(t *testing.T, d dashboard.Dashboard) { //nolint:staticcheck 
 		}
 	}
 	ids := map[uint32]bool{}
+	ownQuery := map[uint32]bool{}
 	var placed []rect
 	for _, p := range d.Panels {
 		var id uint32
@@ -197,6 +199,14 @@ func checkDashboard(t *testing.T, d dashboard.Dashboard) { //nolint:staticcheck 
 				continue
 			}
 			id, pos = *p.Panel.Id, p.Panel.GridPos
+			if shared, ok := sharedQuery(p.Panel); ok {
+				// A panel on "-- Dashboard --" shows an earlier panel's
+				// results: one that runs its own query.
+				if !ownQuery[shared] {
+					t.Errorf("panel %d reuses panel %d, which runs no query of its own", id, shared)
+				}
+				break
+			}
 			if p.Panel.Datasource == nil {
 				t.Errorf("panel %d has no datasource", id)
 			} else {
@@ -218,6 +228,7 @@ func checkDashboard(t *testing.T, d dashboard.Dashboard) { //nolint:staticcheck 
 					}
 				}
 			}
+			ownQuery[id] = true
 		case p.RowPanel != nil:
 			id, pos = p.RowPanel.Id, p.RowPanel.GridPos
 		}
@@ -237,6 +248,19 @@ func checkDashboard(t *testing.T, d dashboard.Dashboard) { //nolint:staticcheck 
 		}
 		placed = append(placed, r)
 	}
+}
+
+// sharedQuery is the panel whose results p shows through the
+// "-- Dashboard --" data source, if p is on it.
+func sharedQuery(p *dashboard.Panel) (uint32, bool) {
+	if p.Datasource == nil || deref(p.Datasource.Uid) != DashboardDatasource || deref(p.Datasource.Type) != "datasource" || len(p.Targets) != 1 {
+		return 0, false
+	}
+	q, ok := p.Targets[0].(*datasource.Dataquery)
+	if !ok {
+		return 0, false
+	}
+	return q.PanelId, true
 }
 
 func deref(s *string) string {
