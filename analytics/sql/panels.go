@@ -177,15 +177,17 @@ LIMIT @top`}
 		SQL: `
 SELECT {bucket} AS time, lease, count() AS changes
 FROM (
-	SELECT concat(namespace, '/', name) AS lease,
-		arrayMap(x -> tupleElement(x, 2), arraySort(groupArray((event_time_us, lease_holder)))) AS hs,
-		arrayMap(x -> tupleElement(x, 1), arraySort(groupArray((event_time_us, lease_holder)))) AS ts,
-		arrayJoin(arrayFilter((t, h, p) -> h != p AND p != '', ts, hs, arrayPushFront(arrayPopBack(hs), ''))) AS changed_us,
-		toDateTime(intDiv(changed_us, 1000000)) AS event_time
-	FROM {db}.events
-	WHERE ` + requests + ` AND api_group = 'coordination.k8s.io' AND resource = 'leases' AND subresource = ''
-		AND ` + IsWrite + ` AND ` + IsSuccess + ` AND lease_holder != ''
-	GROUP BY namespace, name
+	SELECT lease, toDateTime(intDiv(changed_us, 1000000)) AS event_time
+	FROM (
+		SELECT concat(namespace, '/', name) AS lease,
+			arraySort(groupArray((event_time_us, lease_holder))) AS held,
+			arrayMap(x -> tupleElement(x, 2), held) AS hs,
+			arrayJoin(arrayFilter((t, h, p) -> h != p AND p != '', arrayMap(x -> tupleElement(x, 1), held), hs, arrayPushFront(arrayPopBack(hs), ''))) AS changed_us
+		FROM {db}.events
+		WHERE ` + requests + ` AND api_group = 'coordination.k8s.io' AND resource = 'leases' AND subresource = ''
+			AND ` + IsWrite + ` AND ` + IsSuccess + ` AND lease_holder != ''
+		GROUP BY namespace, name
+	)
 )
 GROUP BY time, lease
 ORDER BY time, lease`}
