@@ -315,8 +315,8 @@ func (p *mathParser) operand() ([]number, error) {
 	if p.pos >= len(p.src) {
 		return nil, fmt.Errorf("expression ends early")
 	}
-	switch c := p.src[p.pos]; {
-	case c == '(':
+	switch p.src[p.pos] {
+	case '(':
 		p.pos++
 		v, err := p.binary(1)
 		if err != nil {
@@ -327,7 +327,7 @@ func (p *mathParser) operand() ([]number, error) {
 		}
 		p.pos++
 		return v, nil
-	case c == '$':
+	case '$':
 		p.pos++
 		start := p.pos
 		for p.pos < len(p.src) && (unicode.IsLetter(rune(p.src[p.pos])) || unicode.IsDigit(rune(p.src[p.pos]))) {
@@ -439,7 +439,6 @@ type scheduler struct {
 	rule      provRule
 	forDur    time.Duration
 	instances map[string]*instance
-	last      time.Time
 }
 
 func newScheduler(t *testing.T, r provRule) *scheduler {
@@ -488,7 +487,6 @@ func (s *scheduler) step(now time.Time, cond []number) []string {
 		}
 	}
 	sort.Strings(firing)
-	s.last = now
 	return firing
 }
 
