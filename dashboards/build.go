@@ -99,12 +99,13 @@ func (g *generator) clickHouseBoard(uid, title, description string, tags ...stri
 	bd := g.newBoard(uid, title, description+" "+PluginRequirement, tags...)
 	bd.ds = ref(PluginID, "${datasource}")
 	bd.binder = asql.Grafana{Database: g.o.Database, Variables: clickHouseVariables, Values: map[string]string{
-		asql.Top.Name:       fmt.Sprint(g.o.Top),
-		asql.GapUs.Name:     fmt.Sprint(g.o.LoopGap.Microseconds()),
-		asql.Threshold.Name: fmt.Sprint(g.o.LoopThreshold),
-		asql.MinWrites.Name: fmt.Sprint(g.o.Alerts.MinWrites),
-		asql.StormS.Name:    fmt.Sprint(int64(g.o.Alerts.StormWindow / time.Second)),
-		asql.StormRate.Name: fmt.Sprint(g.o.Alerts.StormRate),
+		asql.Top.Name:             fmt.Sprint(g.o.Top),
+		asql.GapUs.Name:           fmt.Sprint(g.o.LoopGap.Microseconds()),
+		asql.Threshold.Name:       fmt.Sprint(g.o.LoopThreshold),
+		asql.MinWrites.Name:       fmt.Sprint(g.o.Alerts.MinWrites),
+		asql.MinBucketWrites.Name: fmt.Sprint(g.o.MinBucketWrites),
+		asql.StormS.Name:          fmt.Sprint(int64(g.o.Alerts.StormWindow / time.Second)),
+		asql.StormRate.Name:       fmt.Sprint(g.o.Alerts.StormRate),
 	}}
 	bd.b.WithVariable(dashboard.NewDatasourceVariableBuilder("datasource").
 		Label("ClickHouse").

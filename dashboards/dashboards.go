@@ -94,7 +94,7 @@ func (g *generator) conflicts() *board {
 	bd.add(bd.sharedStat("Stampless updates", "Successful updates that sent no resourceVersion: they overwrite whatever was there.", totals, "stampless_updates", units.Short, 6, 4, thresholds(nil, "green", 1.0, "orange")))
 
 	rate := bd.series("Version-conflict rate",
-		fmt.Sprintf("Version conflicts per write attempt in each interval; the line is the healthy baseline (%g).", g.o.BaselineConflictRate),
+		fmt.Sprintf("Version conflicts per write attempt in each interval (of at least %s, with at least %d write attempts); the line is the healthy baseline (%g).", MinInterval, g.o.MinBucketWrites, g.o.BaselineConflictRate),
 		asql.ConflictRateSeries, units.PercentUnit, 24, 8).
 		Thresholds(thresholds(nil, "transparent", g.o.BaselineConflictRate, "red")).
 		ThresholdsStyle(common.NewGraphThresholdsStyleConfigBuilder().Mode(common.GraphThresholdsStyleModeLine)).
@@ -138,7 +138,7 @@ func (g *generator) hotObjects() *board {
 	loops("Unresolved retry loops", fmt.Sprintf("Runs of at least %d version conflicts by one writer on one object, no pause longer than %s, with no success by that writer on that object after the last conflict.",
 		g.o.LoopThreshold, duration(g.o.LoopGap)), asql.UnresolvedRetryLoops)
 	loops("Resolved retry loops", "Retry loops that ended with a success by the same writer on the same object.", asql.ResolvedRetryLoops)
-	bd.add(bd.series("Version-conflict rate", "Version conflicts per write attempt, for the filtered object or writer.", asql.ConflictRateSeries, units.PercentUnit, 24, 7).
+	bd.add(bd.series("Version-conflict rate", fmt.Sprintf("Version conflicts per write attempt, for the filtered object or writer (intervals with at least %d write attempts).", g.o.MinBucketWrites), asql.ConflictRateSeries, units.PercentUnit, 24, 7).
 		Thresholds(thresholds(nil, "transparent", g.o.BaselineConflictRate, "red")).
 		ThresholdsStyle(common.NewGraphThresholdsStyleConfigBuilder().Mode(common.GraphThresholdsStyleModeLine)))
 	bd.add(bd.table("Audit events", "The requests themselves, newest first (at most 500): click a hot object, a loop's object or a writer above to see what the audit log recorded for it. Filter the verb or code in the table's column headers.", asql.RawEvents, 24, 12))

@@ -25,6 +25,9 @@ type Options struct {
 	// BaselineConflictRate is the healthy version-conflict rate: the
 	// threshold line on the rate panels. Defaults to 0.02 (2 % of writes).
 	BaselineConflictRate float64
+	// MinBucketWrites is the fewest write attempts in a bucket of the
+	// conflict-rate series for it to show a rate. Defaults to 10.
+	MinBucketWrites int
 	// Alerts are the alert rules' parameters.
 	Alerts AlertOptions
 }
@@ -119,6 +122,9 @@ func (o *Options) setDefaults() {
 		o.LoopThreshold = 5
 	}
 	defNum(&o.BaselineConflictRate, 0.02)
+	if o.MinBucketWrites <= 0 {
+		o.MinBucketWrites = 10
+	}
 	a := &o.Alerts
 	def(&a.ClickHouseUID, "clickhouse")
 	def(&a.PrometheusUID, "prometheus")

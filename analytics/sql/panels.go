@@ -4,8 +4,11 @@ package sql
 // series over buckets narrower than the rollup's hours, the columns the
 // rollup lacks (user agent, latency), and single numbers for alerts.
 var (
+	// ConflictRateSeries is the rate per bucket; a bucket with fewer than
+	// @min_bucket_writes write attempts has none (a handful of writes
+	// makes a rate that jumps between 0 and 100 %).
 	ConflictRateSeries = Statement{Name: "conflict_rate_series", Title: "Version-conflict rate", Shape: Series,
-		Params: with(filtered, IntervalS), Time: []Window{EventsWhole, Bucket},
+		Params: with(filtered, IntervalS, MinBucketWrites), Time: []Window{EventsWhole, Bucket},
 		Columns: []string{"time", "conflict_rate"},
 		SQL: `
 SELECT time, conflict_rate
@@ -14,6 +17,7 @@ FROM (
 	FROM ` + classified + `
 	GROUP BY time
 )
+WHERE attempts >= greatest(toUInt64(@min_bucket_writes), 1)
 ORDER BY time`}
 
 	ConflictKindsSeries = Statement{Name: "conflict_kinds_series", Title: "Conflicts by kind", Shape: Series,
