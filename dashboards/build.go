@@ -3,11 +3,13 @@ package dashboards
 import (
 	"fmt"
 	"strings"
+	"time"
 
 	"github.com/grafana/grafana-foundation-sdk/go/cog"
 	"github.com/grafana/grafana-foundation-sdk/go/cog/variants"
 	"github.com/grafana/grafana-foundation-sdk/go/common"
 	"github.com/grafana/grafana-foundation-sdk/go/dashboard"
+	"github.com/grafana/grafana-foundation-sdk/go/datasource"
 	"github.com/grafana/grafana-foundation-sdk/go/prometheus"
 	"github.com/grafana/grafana-foundation-sdk/go/stat"
 	"github.com/grafana/grafana-foundation-sdk/go/table"
@@ -24,7 +26,8 @@ const Tag = "stampguard"
 // target, a template variable's query, or an alert rule's data query.
 type Query struct {
 	// Name is "<dashboard uid>/<panel id>/<statement>",
-	// "<dashboard uid>/var/<variable>" or "alert/<rule uid>/<refId>".
+	// "<dashboard uid>/var/<variable>", "<dashboard uid>/annotation/<statement>"
+	// or "alert/<rule uid base>/<refId>".
 	Name string
 	// Statement is the analytics statement the query renders; zero for a
 	// variable's query.
@@ -87,13 +90,22 @@ func (g *generator) newBoard(uid, title, description string, tags ...string) *bo
 
 // clickHouseBoard is a dashboard on the ClickHouse data source with the
 // variables datasource, cluster, namespace, resource, user and name.
+// PluginRequirement is said in every ClickHouse dashboard's description:
+// before 4.0.3 the plugin expands $__fromTime to toDateTime64, which
+// ClickHouse 18.16 lacks.
+const PluginRequirement = "Needs grafana-clickhouse-datasource 4.0.3 or later."
+
 func (g *generator) clickHouseBoard(uid, title, description string, tags ...string) *board {
-	bd := g.newBoard(uid, title, description, tags...)
+	bd := g.newBoard(uid, title, description+" "+PluginRequirement, tags...)
 	bd.ds = ref(PluginID, "${datasource}")
 	bd.binder = asql.Grafana{Database: g.o.Database, Variables: clickHouseVariables, Values: map[string]string{
-		asql.Top.Name:       fmt.Sprint(g.o.Top),
-		asql.GapUs.Name:     fmt.Sprint(g.o.LoopGap.Microseconds()),
-		asql.Threshold.Name: fmt.Sprint(g.o.LoopThreshold),
+		asql.Top.Name:             fmt.Sprint(g.o.Top),
+		asql.GapUs.Name:           fmt.Sprint(g.o.LoopGap.Microseconds()),
+		asql.Threshold.Name:       fmt.Sprint(g.o.LoopThreshold),
+		asql.MinWrites.Name:       fmt.Sprint(g.o.Alerts.MinWrites),
+		asql.MinBucketWrites.Name: fmt.Sprint(g.o.MinBucketWrites),
+		asql.StormS.Name:          fmt.Sprint(int64(g.o.Alerts.StormWindow / time.Second)),
+		asql.StormRate.Name:       fmt.Sprint(g.o.Alerts.StormRate),
 	}}
 	bd.b.WithVariable(dashboard.NewDatasourceVariableBuilder("datasource").
 		Label("ClickHouse").
@@ -113,7 +125,7 @@ ORDER BY ` + col
 	}
 	bd.queryVariable("cluster", "Cluster", false, recent("cluster", ""))
 	in := func(col string) string {
-		return recent(col, ` AND cluster = ${cluster:singlequote} AND `+col+` != ''`)
+		return recent(col, ` AND cluster = `+asql.VariableText("cluster")+` AND `+col+` != ''`)
 	}
 	bd.queryVariable("namespace", "Namespace", true, in("namespace"))
 	bd.queryVariable("resource", "Resource", true, in("resource"))
@@ -133,7 +145,9 @@ func (bd *board) queryVariable(name, label string, multi bool, sql string) {
 		Label(label).
 		Datasource(bd.ds).
 		Query(dashboard.StringOrMap{Map: map[string]any{"refId": name, "queryType": "sql", "rawSql": sql}}).
-		Refresh(dashboard.VariableRefreshOnTimeRangeChanged).
+		// The lists read the last week whatever the range: once per
+		// load, not on every change of the time range.
+		Refresh(dashboard.VariableRefreshOnDashboardLoad).
 		Sort(dashboard.VariableSortAlphabeticalAsc)
 	if multi {
 		all := "$__all"
@@ -148,18 +162,39 @@ func strPtr(s string) *string { return &s }
 
 // target renders s as the panel's query and records it.
 func (bd *board) target(id uint32, s asql.Statement) cog.Builder[variants.Dataquery] {
+	return bd.query(fmt.Sprintf("%s/%d/%s", bd.uid, id, s.Name), "A", s)
+}
+
+func (bd *board) query(name, refID string, s asql.Statement) clickHouseQuery {
 	sql, err := bd.binder.Bind(s)
 	if err != nil {
 		bd.g.errs = append(bd.g.errs, err)
 	}
 	sql = strings.TrimSpace(sql)
-	bd.g.queries = append(bd.g.queries, Query{Name: fmt.Sprintf("%s/%d/%s", bd.uid, id, s.Name), Statement: s, Shape: s.Shape, SQL: sql})
-	return newClickHouseQuery("A", bd.ds, s.Shape == asql.Series, sql)
+	bd.g.queries = append(bd.g.queries, Query{Name: name, Statement: s, Shape: s.Shape, SQL: sql})
+	return newClickHouseQuery(refID, bd.ds, s.Shape == asql.Series, sql)
+}
+
+// annotation adds an annotation query over s (columns time, timeEnd and
+// text), shown on every time series of the dashboard.
+func (bd *board) annotation(name, color string, s asql.Statement) {
+	bd.b.Annotation(dashboard.NewAnnotationQueryBuilder().
+		Name(name).Datasource(bd.ds).Enable(true).IconColor(color).
+		Target(bd.query(bd.uid+"/annotation/"+s.Name, "Annotations", s)))
 }
 
 func (bd *board) id() uint32 {
 	bd.nextID++
 	return bd.nextID
+}
+
+// titled is id() for a panel with a title, which rules can link to.
+func (bd *board) titled(title string) uint32 {
+	id := bd.id()
+	if _, ok := bd.g.panels[bd.uid+"/"+title]; !ok {
+		bd.g.panels[bd.uid+"/"+title] = id
+	}
+	return id
 }
 
 func legend() *common.VizLegendOptionsBuilder {
@@ -188,19 +223,26 @@ func thresholds(steps ...any) *dashboard.ThresholdsConfigBuilder {
 
 // series is a time-series panel over s.
 func (bd *board) series(title, description string, s asql.Statement, unit string, w, h uint32) *timeseries.PanelBuilder {
-	id := bd.id()
+	id := bd.titled(title)
 	p := timeseries.NewPanelBuilder().Id(id).Title(title).Description(description).
 		Datasource(bd.ds).WithTarget(bd.target(id, s)).
 		Unit(unit).Span(w).Height(h).
+		// Buckets of at least a minute: narrower ones hold a handful of
+		// requests, and their rates jump between 0 and 100 %.
+		Interval(MinInterval).
 		Legend(legend()).Tooltip(tooltip()).
 		LineWidth(1).FillOpacity(10).
 		Thresholds(thresholds(nil, "green"))
 	return p
 }
 
+// MinInterval is the ClickHouse time series' minimum interval: their
+// $__interval_s is never below it.
+const MinInterval = "1m"
+
 // table is a table panel over s.
 func (bd *board) table(title, description string, s asql.Statement, w, h uint32) *table.PanelBuilder {
-	id := bd.id()
+	id := bd.titled(title)
 	p := table.NewPanelBuilder().Id(id).Title(title).Description(description).
 		Datasource(bd.ds).WithTarget(bd.target(id, s)).
 		Span(w).Height(h).Filterable(true).
@@ -216,9 +258,22 @@ func (bd *board) table(title, description string, s asql.Statement, w, h uint32)
 
 // stat is a stat panel showing one column of s.
 func (bd *board) stat(title, description string, s asql.Statement, column, unit string, w, h uint32, th *dashboard.ThresholdsConfigBuilder) *stat.PanelBuilder {
-	id := bd.id()
+	id := bd.titled(title)
 	return stat.NewPanelBuilder().Id(id).Title(title).Description(description).
 		Datasource(bd.ds).WithTarget(bd.target(id, s)).
+		Unit(unit).Span(w).Height(h).
+		ReduceOptions(common.NewReduceDataOptionsBuilder().Calcs([]string{"lastNotNull"}).Fields("/^" + column + "$/")).
+		ColorMode(common.BigValueColorModeValue).GraphMode(common.BigValueGraphModeNone).
+		Thresholds(th)
+}
+
+// sharedStat is a stat panel showing one column of panel source's
+// results, through the "-- Dashboard --" data source: no query of its own.
+func (bd *board) sharedStat(title, description string, source uint32, column, unit string, w, h uint32, th *dashboard.ThresholdsConfigBuilder) *stat.PanelBuilder {
+	id := bd.titled(title)
+	ds := ref("datasource", DashboardDatasource)
+	return stat.NewPanelBuilder().Id(id).Title(title).Description(description).
+		Datasource(ds).WithTarget(datasource.NewDataqueryBuilder().RefId("A").Datasource(ds).PanelId(source).WithTransforms(false)).
 		Unit(unit).Span(w).Height(h).
 		ReduceOptions(common.NewReduceDataOptionsBuilder().Calcs([]string{"lastNotNull"}).Fields("/^" + column + "$/")).
 		ColorMode(common.BigValueColorModeValue).GraphMode(common.BigValueGraphModeNone).
@@ -228,9 +283,9 @@ func (bd *board) stat(title, description string, s asql.Statement, column, unit 
 // link filters this dashboard to one object or one writer: the url's
 // variables come from the clicked row.
 func (bd *board) link(title string, vars ...string) dashboard.DynamicConfigValue {
-	q := []string{"${__url_time_range}", "var-datasource=${datasource}", "var-cluster=${cluster}"}
+	q := []string{"${__url_time_range}", "var-datasource=${datasource:percentencode}", "var-cluster=${cluster:percentencode}"}
 	for i := 0; i+1 < len(vars); i += 2 {
-		q = append(q, "var-"+vars[i]+"=${__data.fields."+vars[i+1]+"}")
+		q = append(q, "var-"+vars[i]+"=${__data.fields."+vars[i+1]+":percentencode}")
 	}
 	return dashboard.DynamicConfigValue{Id: "links", Value: []map[string]any{{
 		"title": title, "url": "/d/" + bd.uid + "?" + strings.Join(q, "&"),
@@ -248,7 +303,7 @@ func (g *generator) promBoard(uid, title, description string, tags ...string) *b
 // promSeries is a time-series panel of PromQL expressions, each with its
 // legend.
 func (bd *board) promSeries(title, description, unit string, w, h uint32, exprs ...string) *timeseries.PanelBuilder {
-	p := timeseries.NewPanelBuilder().Id(bd.id()).Title(title).Description(description).
+	p := timeseries.NewPanelBuilder().Id(bd.titled(title)).Title(title).Description(description).
 		Datasource(bd.ds).Unit(unit).Span(w).Height(h).
 		Legend(legend()).Tooltip(tooltip()).LineWidth(1).FillOpacity(10).
 		Thresholds(thresholds(nil, "green"))

@@ -129,3 +129,8 @@ func newClickHouseQuery(refID string, ds common.DataSourceRef, series bool, sql 
 	}
 	return clickHouseQuery{q}
 }
+
+// DashboardDatasource is Grafana's "-- Dashboard --" data source (type
+// "datasource", the SDK's datasource.Dataquery): a panel on it shows
+// another panel's query results, so that one query feeds several panels.
+const DashboardDatasource = "-- Dashboard --"

@@ -28,6 +28,9 @@ type generator struct {
 	o       Options
 	queries []Query
 	errs    []error
+	// panels are the panels' ids by "<dashboard uid>/<title>", the first
+	// of a title: what a rule links to.
+	panels map[string]uint32
 }
 
 // Generated is the generator's output.
@@ -52,7 +55,7 @@ func Generate(o Options) (*Generated, error) {
 		return nil, fmt.Errorf("conflict rates are fractions of the writes, below 1: storm %g, climb minimum %g, baseline %g",
 			o.Alerts.StormRate, o.Alerts.ClimbMinRate, o.BaselineConflictRate)
 	}
-	g := &generator{o: o}
+	g := &generator{o: o, panels: map[string]uint32{}}
 	var out Generated
 	out.Options = o
 	for _, build := range []func() *board{g.conflicts, g.hotObjects, g.policy, g.leases, g.health} {
@@ -82,13 +85,16 @@ func (g *generator) rateThresholds() *dashboard.ThresholdsConfigBuilder {
 func (g *generator) conflicts() *board {
 	bd := g.clickHouseBoard(UIDConflicts, "stampguard: conflicts overview",
 		"Version conflicts (409) and their kinds, stampless updates, expired lists and write latency, from the apiserver's audit log.", "conflicts")
+	bd.annotation("Version-conflict storms", "red", asql.StormIntervals)
+	// One totals query: the first stat's; the others show its columns.
 	bd.add(bd.stat("Version-conflict rate", "Version conflicts per write attempt over the range.", asql.Totals, "conflict_rate", units.PercentUnit, 6, 4, g.rateThresholds()))
-	bd.add(bd.stat("Write attempts", "Create, update, patch and delete requests (dry runs excluded).", asql.Totals, "write_attempts", units.Short, 6, 4, thresholds(nil, "blue")))
-	bd.add(bd.stat("Version conflicts", "409 Conflict answers for a stale resourceVersion.", asql.Totals, "version_conflicts", units.Short, 6, 4, thresholds(nil, "green", 1.0, "orange")))
-	bd.add(bd.stat("Stampless updates", "Successful updates that sent no resourceVersion: they overwrite whatever was there.", asql.Totals, "stampless_updates", units.Short, 6, 4, thresholds(nil, "green", 1.0, "orange")))
+	totals := bd.nextID
+	bd.add(bd.sharedStat("Write attempts", "Create, update, patch and delete requests (dry runs excluded).", totals, "write_attempts", units.Short, 6, 4, thresholds(nil, "blue")))
+	bd.add(bd.sharedStat("Version conflicts", "409 Conflict answers for a stale resourceVersion.", totals, "version_conflicts", units.Short, 6, 4, thresholds(nil, "green", 1.0, "orange")))
+	bd.add(bd.sharedStat("Stampless updates", "Successful updates that sent no resourceVersion: they overwrite whatever was there.", totals, "stampless_updates", units.Short, 6, 4, thresholds(nil, "green", 1.0, "orange")))
 
 	rate := bd.series("Version-conflict rate",
-		fmt.Sprintf("Version conflicts per write attempt in each interval; the line is the healthy baseline (%g).", g.o.BaselineConflictRate),
+		fmt.Sprintf("Version conflicts per write attempt in each interval (of at least %s, with at least %d write attempts); the line is the healthy baseline (%g).", MinInterval, g.o.MinBucketWrites, g.o.BaselineConflictRate),
 		asql.ConflictRateSeries, units.PercentUnit, 24, 8).
 		Thresholds(thresholds(nil, "transparent", g.o.BaselineConflictRate, "red")).
 		ThresholdsStyle(common.NewGraphThresholdsStyleConfigBuilder().Mode(common.GraphThresholdsStyleModeLine)).
@@ -108,6 +114,8 @@ func (g *generator) conflicts() *board {
 	bd.add(bd.table("By writer", "Write attempts and version conflicts per writer (the impersonated user, else the user).", asql.ConflictsByUser, 12, 8).
 		OverrideByName("user", []dashboard.DynamicConfigValue{bd.link("Filter to this writer", "user", "user")}))
 	bd.add(bd.table("By user agent", "Write attempts and version conflicts per client user agent.", asql.ConflictsByUserAgent, 12, 8))
+	bd.add(bd.table("410 Gone by writer", "Who gets 410 Gone: lists and watches whose resourceVersion had expired, per writer and resource (each is a relist from scratch).", asql.GoneByWriter, 24, 8).
+		OverrideByName("user", []dashboard.DynamicConfigValue{bd.link("Filter to this writer", "user", "user")}))
 	return bd
 }
 
@@ -130,9 +138,10 @@ func (g *generator) hotObjects() *board {
 	loops("Unresolved retry loops", fmt.Sprintf("Runs of at least %d version conflicts by one writer on one object, no pause longer than %s, with no success by that writer on that object after the last conflict.",
 		g.o.LoopThreshold, duration(g.o.LoopGap)), asql.UnresolvedRetryLoops)
 	loops("Resolved retry loops", "Retry loops that ended with a success by the same writer on the same object.", asql.ResolvedRetryLoops)
-	bd.add(bd.series("Version-conflict rate", "Version conflicts per write attempt, for the filtered object or writer.", asql.ConflictRateSeries, units.PercentUnit, 24, 7).
+	bd.add(bd.series("Version-conflict rate", fmt.Sprintf("Version conflicts per write attempt, for the filtered object or writer (intervals with at least %d write attempts).", g.o.MinBucketWrites), asql.ConflictRateSeries, units.PercentUnit, 24, 7).
 		Thresholds(thresholds(nil, "transparent", g.o.BaselineConflictRate, "red")).
 		ThresholdsStyle(common.NewGraphThresholdsStyleConfigBuilder().Mode(common.GraphThresholdsStyleModeLine)))
+	bd.add(bd.table("Audit events", "The requests themselves, newest first (at most 500): click a hot object, a loop's object or a writer above to see what the audit log recorded for it. Filter the verb or code in the table's column headers.", asql.RawEvents, 24, 12))
 	return bd
 }
 
@@ -161,6 +170,8 @@ func (g *generator) leases() *board {
 		OverrideByName("changes", []dashboard.DynamicConfigValue{{Id: "custom.cellOptions", Value: map[string]any{"type": "color-background"}}}).
 		Thresholds(thresholds(nil, "green", 2.0, "orange", 10.0, "red")))
 	bd.add(bd.table("Version conflicts on leases", "Write attempts and version conflicts per lease: candidates racing, or renewing from a stale read.", asql.LeaseConflicts, 12, 10))
+	bd.add(bd.series("Lease holder changes over time", "Holder changes per interval, per lease (as in the table: a holder other than the lease's previous one in the range).", asql.LeaseChangesSeries, units.Short, 24, 8).
+		DrawStyle(common.GraphDrawStyleBars).Stacking(common.NewStackingConfigBuilder().Mode(common.StackingModeNormal)))
 	return bd
 }
 
@@ -176,15 +187,16 @@ func (g *generator) health() *board {
 	bd.add(bd.promSeries("Evaluation latency", "Time from reading an AdmissionReview to writing the answer.", units.Seconds, 12, 8,
 		`histogram_quantile(0.5, sum by (le, endpoint) (rate(stampguard_admission_evaluation_seconds_bucket[$__rate_interval])))`, "p50 {{endpoint}}",
 		`histogram_quantile(0.99, sum by (le, endpoint) (rate(stampguard_admission_evaluation_seconds_bucket[$__rate_interval])))`, "p99 {{endpoint}}"))
-	bd.add(bd.promSeries("Errors and policies", "Reviews that could not be evaluated, by reason; and the policies known, by state.", units.Short, 12, 8,
-		`sum by (endpoint, reason) (rate(stampguard_admission_errors_total[$__rate_interval]))`, "error {{endpoint}} {{reason}}",
-		`sum by (state) (stampguard_policies)`, "policies {{state}}"))
+	bd.add(bd.promSeries("Evaluation errors", "Reviews per second that could not be evaluated, by endpoint and reason.", units.RequestsPerSecond, 6, 8,
+		`sum by (endpoint, reason) (rate(stampguard_admission_errors_total[$__rate_interval]))`, "{{endpoint}} {{reason}}"))
+	bd.add(bd.promSeries("Policies", "The ConcurrencyPolicies the webhook knows, by state.", units.Short, 6, 8,
+		`sum by (state) (stampguard_policies)`, "{{state}}"))
 	bd.row("Audit sink")
-	bd.add(bd.promSeries("Events accepted and stored", "Events accepted by source, stored into ClickHouse, and dropped as already stored.", units.Short, 12, 8,
+	bd.add(bd.promSeries("Events accepted and stored", "Events per second accepted by source, stored into ClickHouse, and dropped as already stored.", units.OpsPerSecond, 12, 8,
 		`sum by (source) (rate(auditsink_events_accepted_total[$__rate_interval]))`, "accepted {{source}}",
 		`sum(rate(auditsink_events_stored_total[$__rate_interval]))`, "stored",
 		`sum(rate(auditsink_events_deduplicated_total[$__rate_interval]))`, "deduplicated"))
-	bd.add(bd.promSeries("Refused and dead-lettered", "Webhook batches refused (answered non-2xx, by reason) and inputs stored as dead letters (by source).", units.Short, 12, 8,
+	bd.add(bd.promSeries("Refused and dead-lettered", "Webhook batches refused per second (answered non-2xx, by reason) and inputs stored as dead letters per second (by source).", units.OpsPerSecond, 12, 8,
 		`sum by (reason) (rate(auditsink_batches_refused_total[$__rate_interval]))`, "refused batches {{reason}}",
 		`sum by (source) (rate(auditsink_events_dead_lettered_total[$__rate_interval]))`, "dead-lettered {{source}}"))
 	bd.add(bd.promSeries("Insert lag", fmt.Sprintf("Age of the oldest spool record not yet confirmed stored in ClickHouse; the alert fires above %s.", duration(g.o.Alerts.InsertLag)), units.Seconds, 8, 8,
@@ -193,8 +205,9 @@ func (g *generator) health() *board {
 		ThresholdsStyle(common.NewGraphThresholdsStyleConfigBuilder().Mode(common.GraphThresholdsStyleModeLine)))
 	bd.add(bd.promSeries("Spool bytes", "Bytes of spool segments on disk, per sink.", units.BytesIEC, 8, 8,
 		`auditsink_spool_bytes`, "{{instance}}"))
-	bd.add(bd.promSeries("ClickHouse inserts", "Insert duration (p99) and failed ClickHouse operations, by operation.", units.Seconds, 8, 8,
-		`histogram_quantile(0.99, sum by (le) (rate(auditsink_flush_duration_seconds_bucket[$__rate_interval])))`, "flush p99",
-		`sum by (op) (rate(auditsink_clickhouse_errors_total[$__rate_interval]))`, "errors {{op}} (per second)"))
+	bd.add(bd.promSeries("ClickHouse inserts", "Insert (flush) duration, p99.", units.Seconds, 4, 8,
+		`histogram_quantile(0.99, sum by (le) (rate(auditsink_flush_duration_seconds_bucket[$__rate_interval])))`, "flush p99"))
+	bd.add(bd.promSeries("ClickHouse errors", "Failed ClickHouse operations per second, by operation.", units.OpsPerSecond, 4, 8,
+		`sum by (op) (rate(auditsink_clickhouse_errors_total[$__rate_interval]))`, "{{op}}"))
 	return bd
 }

@@ -19,6 +19,7 @@ import (
 	"github.com/grafana/grafana-foundation-sdk/go/cog/plugins"
 	"github.com/grafana/grafana-foundation-sdk/go/cog/variants"
 	"github.com/grafana/grafana-foundation-sdk/go/dashboard"
+	"github.com/grafana/grafana-foundation-sdk/go/datasource"
 	"sigs.k8s.io/yaml"
 
 	asql "github.com/stampguard/stampguard/analytics/sql"
@@ -186,6 +187,7 @@ func checkDashboard(t *testing.T, d dashboard.Dashboard) { //nolint:staticcheck 
 		}
 	}
 	ids := map[uint32]bool{}
+	ownQuery := map[uint32]bool{}
 	var placed []rect
 	for _, p := range d.Panels {
 		var id uint32
@@ -197,6 +199,14 @@ func checkDashboard(t *testing.T, d dashboard.Dashboard) { //nolint:staticcheck 
 				continue
 			}
 			id, pos = *p.Panel.Id, p.Panel.GridPos
+			if shared, ok := sharedQuery(p.Panel); ok {
+				// A panel on "-- Dashboard --" shows an earlier panel's
+				// results: one that runs its own query.
+				if !ownQuery[shared] {
+					t.Errorf("panel %d reuses panel %d, which runs no query of its own", id, shared)
+				}
+				break
+			}
 			if p.Panel.Datasource == nil {
 				t.Errorf("panel %d has no datasource", id)
 			} else {
@@ -218,6 +228,7 @@ func checkDashboard(t *testing.T, d dashboard.Dashboard) { //nolint:staticcheck 
 					}
 				}
 			}
+			ownQuery[id] = true
 		case p.RowPanel != nil:
 			id, pos = p.RowPanel.Id, p.RowPanel.GridPos
 		}
@@ -237,6 +248,19 @@ func checkDashboard(t *testing.T, d dashboard.Dashboard) { //nolint:staticcheck 
 		}
 		placed = append(placed, r)
 	}
+}
+
+// sharedQuery is the panel whose results p shows through the
+// "-- Dashboard --" data source, if p is on it.
+func sharedQuery(p *dashboard.Panel) (uint32, bool) {
+	if p.Datasource == nil || deref(p.Datasource.Uid) != DashboardDatasource || deref(p.Datasource.Type) != "datasource" || len(p.Targets) != 1 {
+		return 0, false
+	}
+	q, ok := p.Targets[0].(*datasource.Dataquery)
+	if !ok {
+		return 0, false
+	}
+	return q.PanelId, true
 }
 
 func deref(s *string) string {
@@ -292,6 +316,16 @@ func TestAlertRulesStructure(t *testing.T) {
 			t.Fatal(err)
 		}
 		fields["orgID"], fields["folderUID"], fields["ruleGroup"] = grp.OrgID, grp.Folder, grp.Name
+		// dashboardUid and panelId are the file format's (Grafana sets
+		// the rule's __dashboardUid__ and __panelId__ from them), not
+		// the SDK's: each must name a panel of a generated dashboard.
+		dash, _ := fields["dashboardUid"].(string)
+		panel, _ := fields["panelId"].(float64)
+		if !panelExists(t, dash, int(panel)) {
+			t.Errorf("rule %d (%v): dashboardUid %q panelId %v is no generated panel", i, fields["title"], dash, panel)
+		}
+		delete(fields, "dashboardUid")
+		delete(fields, "panelId")
 		rawRule, _ = json.Marshal(fields)
 		var r alerting.Rule
 		if err := strict(r.UnmarshalJSONStrict(rawRule)); err != nil {
@@ -362,6 +396,65 @@ func TestAlertRulesStructure(t *testing.T) {
 	}
 	if uids["stampguard-sink-insert-lag"] {
 		t.Error("a Grafana insert-lag rule pages beside the chart's AuditsinkInsertLag")
+	}
+}
+
+// panelExists says whether the committed dashboard uid has a panel id.
+func panelExists(t *testing.T, uid string, id int) bool {
+	t.Helper()
+	raw, err := os.ReadFile(filepath.Join(OutputDir, uid+".json"))
+	if err != nil {
+		return false
+	}
+	var d struct{ Panels []struct{ ID int } }
+	if err := json.Unmarshal(raw, &d); err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range d.Panels {
+		if p.ID == id {
+			return true
+		}
+	}
+	return false
+}
+
+// TestRuleFilesForTwoClustersProvisionSideBySide generates the rules for
+// -cluster prod and -cluster staging: no rule UID and no group is in both
+// (Grafana's provisioning would refuse or overwrite them), and every rule
+// carries its cluster as a label.
+func TestRuleFilesForTwoClustersProvisionSideBySide(t *testing.T) {
+	uids := map[string]string{}
+	groups := map[string]string{}
+	for _, cluster := range []string{"prod", "staging"} {
+		g, err := Generate(Options{Alerts: AlertOptions{Cluster: cluster}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		p := g.Rules.Provisioning()
+		for _, grp := range p.Groups {
+			if c, ok := groups[grp.Name+"/"+grp.Folder]; ok {
+				t.Errorf("group %s in folder %s for both %s and %s", grp.Name, grp.Folder, c, cluster)
+			}
+			groups[grp.Name+"/"+grp.Folder] = cluster
+			for _, r := range grp.Rules {
+				if c, ok := uids[r.UID]; ok {
+					t.Errorf("rule %q: UID %s for both %s and %s", r.Title, r.UID, c, cluster)
+				}
+				uids[r.UID] = cluster
+				if len(r.UID) > 40 {
+					t.Errorf("rule %q: UID %s is longer than Grafana's 40 characters", r.Title, r.UID)
+				}
+				if r.Labels["cluster"] != cluster {
+					t.Errorf("rule %q: labels %v, want cluster %s", r.Title, r.Labels, cluster)
+				}
+				if r.DashboardUID == "" || r.PanelID == 0 {
+					t.Errorf("rule %q links to no panel", r.Title)
+				}
+			}
+		}
+	}
+	if len(uids) != 10 {
+		t.Errorf("%d rule UIDs over two clusters, want 10", len(uids))
 	}
 }
 

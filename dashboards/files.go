@@ -42,6 +42,10 @@ type ProvisionedRule struct {
 	Annotations  map[string]string         `json:"annotations,omitempty"`
 	Labels       map[string]string         `json:"labels,omitempty"`
 	IsPaused     bool                      `json:"isPaused"`
+	// DashboardUID and PanelID link the rule to its panel: Grafana sets
+	// the __dashboardUid__ and __panelId__ annotations from them.
+	DashboardUID string `json:"dashboardUid,omitempty"`
+	PanelID      int64  `json:"panelId,omitempty"`
 }
 
 // Provisioning is the rule group as a provisioning file.
@@ -53,6 +57,8 @@ func (r RuleGroup) Provisioning() ProvisioningFile {
 			Annotations: rule.Annotations, Labels: rule.Labels}
 		if rule.Uid != nil {
 			p.UID = *rule.Uid
+			link := r.Panels[p.UID]
+			p.DashboardUID, p.PanelID = link.DashboardUID, link.PanelID
 		}
 		g.Rules = append(g.Rules, p)
 	}

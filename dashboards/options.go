@@ -25,6 +25,9 @@ type Options struct {
 	// BaselineConflictRate is the healthy version-conflict rate: the
 	// threshold line on the rate panels. Defaults to 0.02 (2 % of writes).
 	BaselineConflictRate float64
+	// MinBucketWrites is the fewest write attempts in a bucket of the
+	// conflict-rate series for it to show a rate. Defaults to 10.
+	MinBucketWrites int
 	// Alerts are the alert rules' parameters.
 	Alerts AlertOptions
 }
@@ -63,11 +66,19 @@ type AlertOptions struct {
 	// ClimbMinRate is the lowest current rate that can climb (so that 0.1 %
 	// after 0.01 % stays quiet). Defaults to 0.05.
 	ClimbMinRate float64
+	// ClimbBaseline is the window before StormWindow whose rate the
+	// current one is compared with; it needs MinWrites write attempts, or
+	// the rule stays quiet (a quiet night's rate is no baseline).
+	// Defaults to 1h.
+	ClimbBaseline time.Duration
 
 	// LoopStale is how long after its last conflict an unresolved retry
 	// loop alerts. Defaults to 15m.
 	LoopStale time.Duration
-	// LoopLookback is the window the retry-loop rule searches. Defaults to 3h.
+	// LoopLookback is the window the retry-loop rule searches, from the
+	// hour caches for its compacted hours: a loop fires until its writer
+	// succeeds on the object, or until its conflicts are older than this.
+	// Defaults to 7 days (168h).
 	LoopLookback time.Duration
 
 	// AuditWindow is the window of the stampless-writes-under-Audit rule:
@@ -111,6 +122,9 @@ func (o *Options) setDefaults() {
 		o.LoopThreshold = 5
 	}
 	defNum(&o.BaselineConflictRate, 0.02)
+	if o.MinBucketWrites <= 0 {
+		o.MinBucketWrites = 10
+	}
 	a := &o.Alerts
 	def(&a.ClickHouseUID, "clickhouse")
 	def(&a.PrometheusUID, "prometheus")
@@ -126,7 +140,8 @@ func (o *Options) setDefaults() {
 	defNum(&a.ClimbFactor, 3)
 	defNum(&a.ClimbMinRate, 0.05)
 	defDur(&a.LoopStale, 15*time.Minute)
-	defDur(&a.LoopLookback, 3*time.Hour)
+	defDur(&a.ClimbBaseline, time.Hour)
+	defDur(&a.LoopLookback, 7*24*time.Hour)
 	defDur(&a.AuditWindow, 15*time.Minute)
 	defDur(&a.InsertLag, 2*time.Minute)
 	defNum(&a.SpoolGrowth, 256<<20)

@@ -25,7 +25,7 @@ type Expansion struct {
 	// variable selected as "All" is absent from Vars and listed in All.
 	Vars map[string][]string
 	// All are the variables selected as "All": Grafana writes their
-	// custom all value (AllValue) as it is, without formatting.
+	// custom all value (AllValue), which percent-encoding leaves as it is.
 	All map[string]bool
 }
 
@@ -52,12 +52,12 @@ func (e Expansion) Expand(sql string) (string, error) {
 			return ref
 		}
 		switch format {
-		case "singlequote":
-			q := make([]string, len(vs))
-			for i, v := range vs {
-				q[i] = "'" + strings.ReplaceAll(v, "'", `\'`) + "'"
+		case "percentencode":
+			// Grafana encodes an array as {a,b}; one value as it is.
+			if len(vs) > 1 {
+				return PercentEncode("{" + strings.Join(vs, ",") + "}")
 			}
-			return strings.Join(q, ",")
+			return PercentEncode(vs[0])
 		case "":
 			if len(vs) > 1 {
 				errs = append(errs, "variable "+name+" has several values and no format")
@@ -81,4 +81,20 @@ func (e Expansion) Expand(sql string) (string, error) {
 		return "", fmt.Errorf("expand: %s", strings.Join(errs, "; "))
 	}
 	return sql, nil
+}
+
+// PercentEncode is Grafana's percentencode format of one value:
+// encodeURIComponent, which also encodes !'()*: every byte but the
+// letters, digits and -_.~ becomes %XX.
+func PercentEncode(v string) string {
+	var b strings.Builder
+	for i := 0; i < len(v); i++ {
+		c := v[i]
+		if c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '-' || c == '_' || c == '.' || c == '~' {
+			b.WriteByte(c)
+			continue
+		}
+		fmt.Fprintf(&b, "%%%02X", c)
+	}
+	return b.String()
 }

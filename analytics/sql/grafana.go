@@ -38,9 +38,29 @@ type Variable struct {
 	Multi bool
 }
 
-// AllValue is the custom "All" value of the filter variables: Grafana puts
-// it into the SQL as it is, and the filters read it as "any".
-const AllValue = `'__all__'`
+// AllValue is the custom "All" value of the filter variables, and the
+// filters read it as "any". Grafana puts it into the SQL as it is (before
+// Grafana 10) or percent-encoded (since), which leaves it unchanged.
+const AllValue = `__all__`
+
+// Every variable reaches the SQL percent-encoded (${name:percentencode},
+// JavaScript's encodeURIComponent that also encodes !'()*), inside single
+// quotes, and decoded there: an encoded value has only letters, digits,
+// -_.~ and %, so no value can end the string literal. Grafana's
+// singlequote format escapes ' but not \, which ClickHouse honours: a
+// value ending in \ would escape the closing quote. A multi-value
+// variable encodes {a,b}; its values are split at the commas, so a value
+// that holds a comma selects its parts.
+
+// VariableText is the SQL string of variable name's value.
+func VariableText(name string) string {
+	return "decodeURLComponent('${" + name + ":percentencode}')"
+}
+
+// variableValues is the SQL array of a multi-value variable's values.
+func variableValues(name string) string {
+	return "splitByChar(',', replaceRegexpOne(" + VariableText(name) + `, '^[{](.*)[}]$', '\\1'))`
+}
 
 // The window and its whole hours, from the plugin's macros. $__toTime
 // is inclusive, so the window ends a second after it.
@@ -89,15 +109,15 @@ func (g Grafana) Bind(s Statement) (string, error) {
 		}
 		switch {
 		case p.Column != "" && isVar && v.Multi:
-			ref := "${" + v.Name + ":singlequote}"
-			filters = append(filters, "("+AllValue+" IN ("+ref+") OR "+p.Column+" IN ("+ref+"))")
+			ref := variableValues(v.Name)
+			filters = append(filters, "(has("+ref+", '"+AllValue+"') OR has("+ref+", "+p.Column+"))")
 		case p.Column != "" && isVar:
-			ref := "${" + v.Name + ":singlequote}"
+			ref := VariableText(v.Name)
 			filters = append(filters, "("+ref+" = '' OR "+p.Column+" = "+ref+")")
 		case p.Column != "":
 			filters = append(filters, "("+lit+" = '' OR "+p.Column+" = "+lit+")")
 		case isVar && p.Type == TypeString:
-			params = append(params, "@"+p.Name, "${"+v.Name+":singlequote}")
+			params = append(params, "@"+p.Name, VariableText(v.Name))
 		case isVar:
 			params = append(params, "@"+p.Name, "${"+v.Name+"}")
 		default:

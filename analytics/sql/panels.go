@@ -4,8 +4,11 @@ package sql
 // series over buckets narrower than the rollup's hours, the columns the
 // rollup lacks (user agent, latency), and single numbers for alerts.
 var (
+	// ConflictRateSeries is the rate per bucket; a bucket with fewer than
+	// @min_bucket_writes write attempts has none (a handful of writes
+	// makes a rate that jumps between 0 and 100 %).
 	ConflictRateSeries = Statement{Name: "conflict_rate_series", Title: "Version-conflict rate", Shape: Series,
-		Params: with(filtered, IntervalS), Time: []Window{EventsWhole, Bucket},
+		Params: with(filtered, IntervalS, MinBucketWrites), Time: []Window{EventsWhole, Bucket},
 		Columns: []string{"time", "conflict_rate"},
 		SQL: `
 SELECT time, conflict_rate
@@ -14,6 +17,7 @@ FROM (
 	FROM ` + classified + `
 	GROUP BY time
 )
+WHERE attempts >= greatest(toUInt64(@min_bucket_writes), 1)
 ORDER BY time`}
 
 	ConflictKindsSeries = Statement{Name: "conflict_kinds_series", Title: "Conflicts by kind", Shape: Series,
@@ -126,16 +130,102 @@ LIMIT @top`}
 SELECT if(sum(write_attempts) >= greatest(toInt64(@min_writes), 1), sum(version_conflicts) / sum(write_attempts), 0) AS conflict_rate
 FROM ` + counted}
 
-	// StaleRetryLoops counts the unresolved retry loops whose last conflict
-	// is more than @stale_us before the window's end: the writer stopped
-	// without a success since.
-	StaleRetryLoops = Statement{Name: "stale_retry_loops", Title: "Stale unresolved retry loops", Shape: Number,
-		Params: with(RetryLoops.Params, StaleUs), Time: []Window{RollupHours, RawEdges, RawRange, Whole, End},
-		Columns: []string{"loops"},
+	// WriteAttempts is the window's write attempts: the climbing rule's
+	// guard on its baseline (a rate of a quiet hour says nothing).
+	WriteAttempts = Statement{Name: "write_attempts", Title: "Write attempts", Shape: Number,
+		Params: filtered, Time: countedTime,
+		Columns: []string{"write_attempts"},
 		SQL: `
-SELECT count() AS loops
+SELECT toUInt64(sum(write_attempts)) AS write_attempts
+FROM ` + counted}
+
+	// StaleRetryLoops are the writers that gave up in a retry loop: per
+	// writer and object, the version conflicts of its unresolved retry
+	// loops whose last conflict is more than @stale_us before the window's
+	// end (no success by that writer on that object since). One row per
+	// (writer, object), so that an alert rule makes one alert instance of
+	// each, labelled with its string columns. A loop stays here until the
+	// writer succeeds on the object or its conflicts leave the window.
+	StaleRetryLoops = Statement{Name: "stale_retry_loops", Title: "Stale unresolved retry loops", Shape: Rows,
+		Params: with(RetryLoops.Params, StaleUs), Time: []Window{RollupHours, RawEdges, RawRange, Whole, End},
+		Columns: []string{"writer", "namespace", "object", "conflicts"},
+		SQL: `
+SELECT user AS writer, namespace, concat(resource, if(api_group = '', '', concat('.', api_group)), '/', name) AS object,
+	toUInt64(sum(conflicts)) AS conflicts
 FROM (` + retryLoops + `)
-WHERE resolved = 0 AND last_us + @stale_us < {end_us}`}
+WHERE resolved = 0 AND last_us + @stale_us < {end_us}
+GROUP BY writer, namespace, object
+ORDER BY conflicts DESC, writer, namespace, object`}
+
+	// GoneByWriter is who gets 410 Gone: lists and watches whose
+	// resourceVersion had expired, per writer and resource. A client that
+	// gets many relists from scratch.
+	GoneByWriter = Statement{Name: "gone_by_writer", Title: "410 Gone by writer", Shape: Rows,
+		Params: with(filtered, Top), Time: countedTime,
+		Columns: []string{"user", "api_group", "resource", "count"},
+		SQL: `
+SELECT writer AS user, api_group, resource, toUInt64(sum(gone)) AS count
+FROM ` + counted + `
+WHERE gone != 0
+GROUP BY user, api_group, resource
+HAVING count > 0
+ORDER BY count DESC, user, api_group, resource
+LIMIT @top`}
+
+	// LeaseChangesSeries is lease holder changes over time: each change
+	// of LeaseHolderChanges (a holder other than the lease's previous
+	// non-empty holder in the range) in its bucket, per lease.
+	LeaseChangesSeries = Statement{Name: "lease_changes_series", Title: "Lease holder changes over time", Shape: Series,
+		Params: with(filtered, IntervalS), Time: []Window{EventsWhole, Bucket},
+		Columns: []string{"time", "lease", "changes"},
+		SQL: `
+SELECT {bucket} AS time, lease, count() AS changes
+FROM (
+	SELECT lease, toDateTime(intDiv(changed_us, 1000000)) AS event_time
+	FROM (
+		SELECT concat(namespace, '/', name) AS lease,
+			arraySort(groupArray((event_time_us, lease_holder))) AS held,
+			arrayMap(x -> tupleElement(x, 2), held) AS hs,
+			arrayJoin(arrayFilter((t, h, p) -> h != p AND p != '', arrayMap(x -> tupleElement(x, 1), held), hs, arrayPushFront(arrayPopBack(hs), ''))) AS changed_us
+		FROM ` + AllEvents(`{events_window}`) + `
+		WHERE ` + requests + ` AND api_group = 'coordination.k8s.io' AND resource = 'leases' AND subresource = ''
+			AND ` + IsWrite + ` AND ` + IsSuccess + ` AND lease_holder != ''
+		GROUP BY namespace, name
+	)
+)
+GROUP BY time, lease
+ORDER BY time, lease`}
+
+	// RawEvents are the requests themselves, newest first: the drill-down
+	// from a hot object, a retry loop or a writer (set the filters) to
+	// what the audit log recorded.
+	RawEvents = Statement{Name: "raw_events", Title: "Audit events", Shape: Rows,
+		Params: filtered, Time: []Window{EventsWhole},
+		Columns: []string{"time", "writer", "user_agent", "verb", "code", "reason", "message", "stamp", "field_manager", "namespace", "resource", "name", "audit_id"},
+		SQL: `
+SELECT event_time AS time, writer, user_agent, verb, code, reason, message, stamp, field_manager, namespace, resource, name, audit_id
+FROM ` + DistinctEvents(`event_time, event_time_us, writer, user_agent, verb, code, reason, message, stamp, field_manager, namespace, resource, name, audit_id`,
+			`{events_window}`, Request+` AND cluster = @cluster AND {filters}`) + `
+ORDER BY event_time_us DESC, audit_id
+LIMIT 500`}
+
+	// StormIntervals are the storm rule's windows that were storms: every
+	// @storm_s of the range (aligned to the epoch) whose version-conflict
+	// rate was above @storm_rate over at least @min_writes write attempts,
+	// as time, timeEnd and text for a dashboard annotation.
+	StormIntervals = Statement{Name: "storm_intervals", Title: "Version-conflict storms", Shape: Rows,
+		Params: with(filtered, MinWrites, StormS, StormRate), Time: []Window{EventsWhole},
+		Columns: []string{"time", "timeEnd", "text"},
+		SQL: `
+SELECT toDateTime(b) AS time, toDateTime(b + @storm_s) AS timeEnd,
+	concat('Version-conflict storm: ', toString(conflicts), ' of ', toString(attempts), ' writes') AS text
+FROM (
+	SELECT intDiv(toUInt32(event_time), @storm_s) * @storm_s AS b, countIf(is_write AND class = 'version') AS conflicts, countIf(is_write) AS attempts
+	FROM ` + classified + `
+	GROUP BY b
+)
+WHERE attempts >= greatest(toUInt64(@min_writes), 1) AND conflicts > @storm_rate * attempts
+ORDER BY time`}
 
 	// AuditedStamplessWrites counts the stampless writes that a policy in
 	// Audit mode let through on a guarded kind (it would have denied them).
@@ -164,4 +254,5 @@ var All = append(append([]Statement{}, ReportStatements...),
 	ConflictRateSeries, ConflictKindsSeries, StamplessGoneSeries, WriteLatencySeries,
 	ConflictsByNamespace, ConflictsByUserAgent, UnresolvedRetryLoops, ResolvedRetryLoops,
 	StamplessByWriter, PolicyDecisionsSeries, LeaseConflicts,
-	ConflictRate, StaleRetryLoops, AuditedStamplessWrites)
+	GoneByWriter, LeaseChangesSeries, RawEvents,
+	ConflictRate, WriteAttempts, StaleRetryLoops, AuditedStamplessWrites, StormIntervals)

@@ -42,7 +42,7 @@ func TestValidateNamesTheProblem(t *testing.T) {
 // dashboardBinder binds as the dashboards do.
 var dashboardBinder = Grafana{Database: "stampguard",
 	Variables: map[string]Variable{"cluster": {Name: "cluster"}, "namespace": {Name: "namespace", Multi: true}, "resource": {Name: "resource", Multi: true}, "user": {Name: "user", Multi: true}, "name": {Name: "name"}},
-	Values:    map[string]string{"top": "20", "gap_us": "300000000", "threshold": "5", "min_writes": "20", "stale_us": "600000000"}}
+	Values:    map[string]string{"top": "20", "gap_us": "300000000", "threshold": "5", "min_writes": "20", "stale_us": "600000000", "storm_s": "600", "storm_rate": "0.2", "min_bucket_writes": "10"}}
 
 var leftover = regexp.MustCompile(`@[a-z_]+|\{[a-z_]+\}`)
 
@@ -75,21 +75,22 @@ func TestReportBindsEveryPlaceholder(t *testing.T) {
 
 func TestExpandAsGrafanaAndThePlugin(t *testing.T) {
 	from, to := time.Unix(1700000000, 0), time.Unix(1700003600, 999_000_000)
-	sql := `cluster = ${cluster:singlequote} AND ns IN (${namespace:singlequote}) AND u IN (${user:singlequote}) AND $__timeFilter(event_time) AND d >= toDate($__fromTime) AND e <= $__toTime AND b = $__interval_s`
+	sql := `cluster = '${cluster:percentencode}' AND ns = '${namespace:percentencode}' AND u = '${user:percentencode}' AND $__timeFilter(event_time) AND d >= toDate($__fromTime) AND e <= $__toTime AND b = $__interval_s`
 	e := Expansion{From: from, To: to, Interval: 300 * time.Millisecond,
-		Vars: map[string][]string{"cluster": {"prod"}, "namespace": {"a", "o'b"}}, All: map[string]bool{"user": true}}
+		Vars: map[string][]string{"cluster": {`DOMAIN\prod`}, "namespace": {"a", "o'b (x)!*~é"}}, All: map[string]bool{"user": true}}
 	got, err := e.Expand(sql)
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := `cluster = 'prod' AND ns IN ('a','o\'b') AND u IN ('__all__') AND event_time >= toDateTime(1700000000) AND event_time <= toDateTime(1700003600) AND d >= toDate(toDateTime(1700000000)) AND e <= toDateTime(1700003600) AND b = 1`
+	want := `cluster = 'DOMAIN%5Cprod' AND ns = '%7Ba%2Co%27b%20%28x%29%21%2A~%C3%A9%7D' AND u = '__all__' AND event_time >= toDateTime(1700000000) AND event_time <= toDateTime(1700003600) AND d >= toDate(toDateTime(1700000000)) AND e <= toDateTime(1700003600) AND b = 1`
 	if got != want {
 		t.Errorf("got\n%s\nwant\n%s", got, want)
 	}
 	for name, bad := range map[string]string{
-		"a variable without a value": "${resource:singlequote}",
-		"an unknown macro":           "$__timeInterval(event_time)",
-		"several values unformatted": "${namespace}",
+		"a variable without a value":   "${resource:percentencode}",
+		"a format that can be escaped": "${cluster:singlequote}",
+		"an unknown macro":             "$__timeInterval(event_time)",
+		"several values unformatted":   "${namespace}",
 	} {
 		if _, err := e.Expand(bad); err == nil {
 			t.Errorf("%s: no error", name)

@@ -15,6 +15,7 @@ const (
 	TypeString Type = "String"
 	TypeUInt64 Type = "UInt64"
 	TypeInt    Type = "Int"
+	TypeFloat  Type = "Float64"
 )
 
 // Param is one @name parameter of a statement.
@@ -32,17 +33,20 @@ type Param struct {
 
 // The parameters of the statements.
 var (
-	Cluster   = Param{Name: "cluster", Type: TypeString, Meaning: "the source cluster whose events are read"}
-	Namespace = Param{Name: "namespace", Type: TypeString, Meaning: "narrows to one namespace (empty: any)", Column: "namespace"}
-	Resource  = Param{Name: "resource", Type: TypeString, Meaning: "narrows to one resource, such as configmaps (empty: any)", Column: "resource"}
-	User      = Param{Name: "user", Type: TypeString, Meaning: "narrows to one writer: the impersonated user, else the user (empty: any)", Column: "writer"}
-	Name      = Param{Name: "name", Type: TypeString, Meaning: "narrows to objects of one name (empty: any)", Column: "name"}
-	Top       = Param{Name: "top", Type: TypeInt, Meaning: "bounds every list"}
-	GapUs     = Param{Name: "gap_us", Type: TypeUInt64, Meaning: "the longest pause inside a retry loop, in microseconds"}
-	Threshold = Param{Name: "threshold", Type: TypeInt, Meaning: "the fewest version conflicts that make a retry loop"}
-	IntervalS = Param{Name: "interval_s", Type: TypeUInt64, Meaning: "the width of a series' time bucket, in seconds"}
-	MinWrites = Param{Name: "min_writes", Type: TypeUInt64, Meaning: "the fewest write attempts for a conflict rate other than 0"}
-	StaleUs   = Param{Name: "stale_us", Type: TypeUInt64, Meaning: "how long after its last conflict an unresolved retry loop counts as stale, in microseconds"}
+	Cluster         = Param{Name: "cluster", Type: TypeString, Meaning: "the source cluster whose events are read"}
+	Namespace       = Param{Name: "namespace", Type: TypeString, Meaning: "narrows to one namespace (empty: any)", Column: "namespace"}
+	Resource        = Param{Name: "resource", Type: TypeString, Meaning: "narrows to one resource, such as configmaps (empty: any)", Column: "resource"}
+	User            = Param{Name: "user", Type: TypeString, Meaning: "narrows to one writer: the impersonated user, else the user (empty: any)", Column: "writer"}
+	Name            = Param{Name: "name", Type: TypeString, Meaning: "narrows to objects of one name (empty: any)", Column: "name"}
+	Top             = Param{Name: "top", Type: TypeInt, Meaning: "bounds every list"}
+	GapUs           = Param{Name: "gap_us", Type: TypeUInt64, Meaning: "the longest pause inside a retry loop, in microseconds"}
+	Threshold       = Param{Name: "threshold", Type: TypeInt, Meaning: "the fewest version conflicts that make a retry loop"}
+	IntervalS       = Param{Name: "interval_s", Type: TypeUInt64, Meaning: "the width of a series' time bucket, in seconds"}
+	MinWrites       = Param{Name: "min_writes", Type: TypeUInt64, Meaning: "the fewest write attempts for a conflict rate other than 0"}
+	StaleUs         = Param{Name: "stale_us", Type: TypeUInt64, Meaning: "how long after its last conflict an unresolved retry loop counts as stale, in microseconds"}
+	MinBucketWrites = Param{Name: "min_bucket_writes", Type: TypeUInt64, Meaning: "the fewest write attempts in a series' bucket for it to have a conflict rate"}
+	StormS          = Param{Name: "storm_s", Type: TypeUInt64, Meaning: "the window of the conflict-storm rate, in seconds"}
+	StormRate       = Param{Name: "storm_rate", Type: TypeFloat, Meaning: "the version-conflict rate above which a window is a storm"}
 )
 
 // Filters are the filter parameters, in the order {filters} writes them.

@@ -70,6 +70,29 @@ func Start(tb testing.TB) *Server {
 // Debian's: for tests of ClickHouse users and their rights.
 func StartWithUsers(tb testing.TB, users string) *Server {
 	tb.Helper()
+	return start(tb, users, "")
+}
+
+// timeZoneName is an IANA zone name as tzdata spells it.
+var timeZoneName = regexp.MustCompile(`^[A-Za-z][A-Za-z0-9_+-]*(/[A-Za-z0-9_+-]+)*$`)
+
+// StartInTimeZone is Start with the server's time zone set to tz (an IANA
+// name such as America/New_York) in config.d: toDate, toDateTime and
+// today() without a zone argument then compute in tz, as they do on a
+// server deployed outside UTC.
+func StartInTimeZone(tb testing.TB, tz string) *Server {
+	tb.Helper()
+	if !timeZoneName.MatchString(tz) {
+		tb.Fatalf("time zone %q: want an IANA name such as America/New_York", tz)
+	}
+	if _, err := time.LoadLocation(tz); err != nil {
+		tb.Fatalf("time zone %q: %v", tz, err)
+	}
+	return start(tb, "", "<yandex>\n\t<timezone>"+tz+"</timezone>\n</yandex>\n")
+}
+
+func start(tb testing.TB, users, extra string) *Server {
+	tb.Helper()
 	testenv.SkipIfShort(tb, "starts a real clickhouse-server")
 	bin, err := exec.LookPath(Binary)
 	if err != nil {
@@ -79,7 +102,7 @@ func StartWithUsers(tb testing.TB, users string) *Server {
 	if err != nil {
 		tb.Fatalf("read %s (%v): run `make clickhouse` to install Debian's clickhouse-server", systemConfig, err)
 	}
-	s := newServer(tb, bin, string(tmpl), tb.TempDir(), freePorts(tb, 3), users, "")
+	s := newServer(tb, bin, string(tmpl), tb.TempDir(), freePorts(tb, 3), users, extra)
 	tb.Cleanup(s.Stop)
 	s.Start()
 	return s

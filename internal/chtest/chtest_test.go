@@ -99,3 +99,18 @@ func TestStartSkipsUnderShort(t *testing.T) {
 		t.Fatalf("under -short the server test was not skipped:\n%s", out)
 	}
 }
+
+// TestStartInTimeZone runs a server at UTC-5: its own zone is the one
+// given, and toDate without a zone computes there (02:00 UTC on 2 December
+// is still 1 December in New York), while toDate(x, 'UTC') does not.
+func TestStartInTimeZone(t *testing.T) {
+	testenv.SkipIfShort(t, "starts clickhouse-server")
+	srv := chtest.StartInTimeZone(t, "America/New_York")
+	got, err := srv.QueryText(t, "", "SELECT timezone(), toDate(toDateTime(1796176800)), toDate(toDateTime(1796176800), 'UTC')", "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := "America/New_York\t2026-12-01\t2026-12-02\n"; got != want {
+		t.Errorf("got %q, want %q", got, want)
+	}
+}

@@ -255,13 +255,23 @@ func TestDashboardQueriesOnClickHouse(t *testing.T) {
 			if tot.WriteAttempts >= uint64(o.Alerts.MinWrites) {
 				wantRate = tot.ConflictRate
 			}
-			var stale uint64
+			// The stale loops: per writer and object, the conflicts of
+			// its unresolved loops that ended LoopStale before the end.
+			staleConflicts := map[string]uint64{}
 			until := w.to.Add(time.Second)
 			for _, l := range want.RetryLoops {
 				last, _ := time.Parse(report.TimeFormat, l.Last)
 				if !l.Resolved && last.Add(o.Alerts.LoopStale).Before(until) {
-					stale++
+					object := l.Resource
+					if l.APIGroup != "" {
+						object += "." + l.APIGroup
+					}
+					staleConflicts[l.User+" | "+l.Namespace+" | "+object+"/"+l.Name] += l.Conflicts
 				}
+			}
+			var stale []string
+			for k, n := range staleConflicts {
+				stale = append(stale, fmt.Sprintf("%s | %d", k, n))
 			}
 			for _, q := range gen.Queries {
 				if !q.Alert {
@@ -273,7 +283,10 @@ func TestDashboardQueriesOnClickHouse(t *testing.T) {
 				case asql.ConflictRate.Name:
 					want = fmt.Sprint(wantRate)
 				case asql.StaleRetryLoops.Name:
-					want = fmt.Sprint(stale)
+					assertEqual(t, q.Name, sorted(r.table(asql.StaleRetryLoops.Columns...)), sorted(stale))
+					continue
+				case asql.WriteAttempts.Name:
+					want = fmt.Sprint(tot.WriteAttempts)
 				case asql.AuditedStamplessWrites.Name:
 					want = fmt.Sprint(audited)
 				default:
@@ -478,6 +491,19 @@ func panelsMatch(t *testing.T, gen *dashboards.Generated, got map[string]result,
 	}
 	if n := byStatement(asql.PolicyDecisionsSeries)[0].sum("count"); n != decided {
 		t.Errorf("decisions series sums to %d, the report counts %d", n, decided)
+	}
+	if n := byStatement(asql.GoneByWriter)[0].sum("count"); n != tot.Gone {
+		t.Errorf("410 Gone by writer sums to %d, the report counts %d", n, tot.Gone)
+	}
+	var leaseChanges uint64
+	for _, l := range want.LeaseHolderChanges {
+		leaseChanges += l.Changes
+	}
+	if n := byStatement(asql.LeaseChangesSeries)[0].sum("changes"); n != leaseChanges {
+		t.Errorf("lease changes series sums to %d, the report counts %d", n, leaseChanges)
+	}
+	if n := uint64(len(byStatement(asql.RawEvents)[0].rows)); n != min(tot.Requests, 500) {
+		t.Errorf("the audit events table has %d rows, the report counts %d requests (the table shows at most 500)", n, tot.Requests)
 	}
 	return audited
 }
