@@ -187,9 +187,8 @@ FROM (
 			arraySort(groupArray((event_time_us, lease_holder))) AS held,
 			arrayMap(x -> tupleElement(x, 2), held) AS hs,
 			arrayJoin(arrayFilter((t, h, p) -> h != p AND p != '', arrayMap(x -> tupleElement(x, 1), held), hs, arrayPushFront(arrayPopBack(hs), ''))) AS changed_us
-		FROM ` + AllEvents(`{events_window}`) + `
-		WHERE ` + requests + ` AND api_group = 'coordination.k8s.io' AND resource = 'leases' AND subresource = ''
-			AND ` + IsWrite + ` AND ` + IsSuccess + ` AND lease_holder != ''
+		FROM ` + AllEvents(`{events_window}`, requests+` AND api_group = 'coordination.k8s.io' AND resource = 'leases' AND subresource = ''
+			AND `+IsWrite+` AND `+IsSuccess+` AND lease_holder != ''`) + `
 		GROUP BY namespace, name
 	)
 )

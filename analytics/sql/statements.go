@@ -31,31 +31,37 @@ const (
 )
 
 // DistinctEvents reads columns from the events that pass prewhere and
-// where, one row per identity. prewhere, a plain condition (no subquery:
+// where, one row per identity. Both are plain conditions (no subquery:
 // 18.16 can hang when the two tables' branches build the same IN set at
-// once), narrows each table's read; where, any condition, is applied to
-// their union. Both event tables are ReplacingMergeTrees on
+// once), applied to each table's read, where the primary key can use
+// them. Both event tables are ReplacingMergeTrees on
 // the identity, so copies of an event in one table (a redelivery, racing
 // writers, an insert retried after it was applied in part) collapse when
 // parts merge; until then, and across the two tables, LIMIT 1 BY keeps one.
 // Every copy has the same columns: they are one event, decoded by one
 // code.
 func DistinctEvents(columns, prewhere, where string) string {
+	return distinctEvents(columns, prewhere, where, "1")
+}
+
+// distinctEvents is DistinctEvents with outer, any condition (one with a
+// subquery too), applied to the union of the two tables.
+func distinctEvents(columns, prewhere, where, outer string) string {
 	return `(
-	SELECT ` + columns + ` FROM ` + AllEvents(prewhere) + `
-	WHERE ` + where + `
+	SELECT ` + columns + ` FROM ` + AllEvents(prewhere, where) + `
+	WHERE ` + outer + `
 	LIMIT 1 BY ` + Identity + `)`
 }
 
-// AllEvents is every stored copy of the events that pass prewhere (a
-// plain condition, see DistinctEvents), from both event tables: a
+// AllEvents is every stored copy of the events that pass prewhere and
+// where (plain conditions, see DistinctEvents), from both event tables: a
 // subquery whose columns are the events columns (ClickHouse reads only
 // those the outer query names).
-func AllEvents(prewhere string) string {
+func AllEvents(prewhere, where string) string {
 	return `(
-		SELECT * FROM {db}.` + EventsTable + ` PREWHERE ` + prewhere + `
+		SELECT * FROM {db}.` + EventsTable + ` PREWHERE ` + prewhere + ` WHERE ` + where + `
 		UNION ALL
-		SELECT * FROM {db}.` + LegacyEventsTable + ` PREWHERE ` + prewhere + `)`
+		SELECT * FROM {db}.` + LegacyEventsTable + ` PREWHERE ` + prewhere + ` WHERE ` + where + `)`
 }
 
 // HourKey is events_by_hour's hour in its sorting key.
@@ -113,7 +119,7 @@ var counted = `(
 	WHERE cluster = @cluster AND {rollup_window} AND {filters}
 	UNION ALL
 	SELECT api_group, resource, namespace, name, writer, ` + counterValues + `
-	FROM ` + DistinctEvents(requestColumns, `{raw_range}`, `{raw_window} AND `+Request+` AND cluster = @cluster AND {filters}`) + `
+	FROM ` + distinctEvents(requestColumns, `{raw_range}`, Request+` AND cluster = @cluster AND {filters}`, `{raw_window}`) + `
 )`
 
 // classified is the window's requests in events with their class and
@@ -142,15 +148,15 @@ const (
 // condition on events' columns) within span (a plain range that holds
 // it: DistinctEvents' prewhere), one row per request.
 func LoopConflictRows(span, window string) string {
-	return DistinctEvents(loopConflictColumns, `code = 409 AND `+span,
-		window+` AND `+Request+` AND `+IsWrite+` AND `+VersionConflict)
+	return distinctEvents(loopConflictColumns, `code = 409 AND `+span,
+		Request+` AND `+IsWrite+` AND `+VersionConflict, window)
 }
 
 // LoopSuccessRows are the successful writes of events in window within
 // span, one row per request.
 func LoopSuccessRows(span, window string) string {
-	return DistinctEvents(`event_date, cluster, `+LoopPair+` AS pair, event_time_us`, span,
-		window+` AND `+Request+` AND `+IsWrite+` AND `+IsSuccess)
+	return distinctEvents(`event_date, cluster, `+LoopPair+` AS pair, event_time_us`, span,
+		Request+` AND `+IsWrite+` AND `+IsSuccess, window)
 }
 
 var (
@@ -310,9 +316,8 @@ FROM (
 	SELECT namespace, name,
 		arrayMap(x -> tupleElement(x, 2), arraySort(groupArray((event_time_us, lease_holder)))) AS hs,
 		arrayFilter((h, p) -> h != p, hs, arrayPushFront(arrayPopBack(hs), '')) AS runs
-	FROM ` + AllEvents(`{events_window}`) + `
-	WHERE ` + requests + ` AND api_group = 'coordination.k8s.io' AND resource = 'leases' AND subresource = ''
-		AND ` + IsWrite + ` AND ` + IsSuccess + ` AND lease_holder != ''
+	FROM ` + AllEvents(`{events_window}`, requests+` AND api_group = 'coordination.k8s.io' AND resource = 'leases' AND subresource = ''
+		AND `+IsWrite+` AND `+IsSuccess+` AND lease_holder != ''`) + `
 	GROUP BY namespace, name
 )
 WHERE changes > 0
