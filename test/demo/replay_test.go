@@ -3,7 +3,6 @@ package main
 import (
 	"bytes"
 	"encoding/json"
-	"os"
 	"os/exec"
 	"path/filepath"
 	"slices"
@@ -95,24 +94,3 @@ func replayEqualsEnforcement(t *testing.T, root, webhookBin, state string) {
 
 // demoWebhookNamespace is the --namespace the demo gives the webhook.
 const demoWebhookNamespace = "stampguard-system"
-
-// TestReplayOfAKeptDemo checks replayEqualsEnforcement on the state of a
-// demo that ran before (DEMO_DIR, e.g. .demo after `make demo`), without
-// running one; TestDemo checks it on each of its own runs.
-func TestReplayOfAKeptDemo(t *testing.T) {
-	dir := os.Getenv("DEMO_DIR")
-	if dir == "" {
-		t.Skip("DEMO_DIR names no kept demo directory")
-	}
-	root, err := filepath.Abs("../..")
-	if err != nil {
-		t.Fatal(err)
-	}
-	bin := filepath.Join(t.TempDir(), "webhook")
-	build := exec.Command("go", "build", "-o", bin, "./cmd/webhook")
-	build.Dir = root
-	if out, err := build.CombinedOutput(); err != nil {
-		t.Fatalf("go build ./cmd/webhook: %v\n%s", err, out)
-	}
-	replayEqualsEnforcement(t, root, bin, filepath.Join(dir, "run"))
-}
