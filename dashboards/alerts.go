@@ -51,6 +51,21 @@ const (
 	UIDSinkSpoolGrowth   = "stampguard-spool-growth"
 )
 
+// RetiredRuleUIDs are the UIDs of the rules that files generated before
+// the per-cluster UIDs (RuleUID) provisioned: each rule had one fixed UID,
+// and the sink's insert lag had a Grafana rule too. Every generated file
+// deletes them (deleteRules), so that an upgrade leaves no rule of the old
+// file evaluating beside its successor. No current UID is among them: a
+// current one ends in the cluster's hash.
+var RetiredRuleUIDs = []string{
+	"stampguard-conflict-storm",
+	"stampguard-climbing-conflicts",
+	"stampguard-stale-retry-loop",
+	"stampguard-audited-stampless-writes",
+	"stampguard-sink-insert-lag",
+	"stampguard-sink-spool-growth",
+}
+
 // RuleUID is the UID of the rule with UID base for cluster: base, a dash
 // and 8 hex digits of the cluster name's FNV-1a hash. Grafana's UIDs are
 // at most 40 characters of [A-Za-z0-9_-], which a cluster name need not

@@ -294,6 +294,7 @@ func TestAlertRulesStructure(t *testing.T) {
 			Interval string            `json:"interval"`
 			Rules    []json.RawMessage `json:"rules"`
 		} `json:"groups"`
+		DeleteRules []RuleDeletion `json:"deleteRules"`
 	}
 	dec := json.NewDecoder(bytes.NewReader(js))
 	dec.DisallowUnknownFields()
@@ -396,6 +397,53 @@ func TestAlertRulesStructure(t *testing.T) {
 	}
 	if uids["stampguard-sink-insert-lag"] {
 		t.Error("a Grafana insert-lag rule pages beside the chart's AuditsinkInsertLag")
+	}
+}
+
+// TestUpgradeDeletesTheRetiredRules reads the committed provisioning file:
+// it deletes every rule UID that files before the per-cluster UIDs
+// provisioned, in org 1, and no UID that a file generated now for any of
+// several clusters provisions.
+func TestUpgradeDeletesTheRetiredRules(t *testing.T) {
+	raw, err := os.ReadFile(filepath.Join(OutputDir, AlertRulesFile))
+	if err != nil {
+		t.Fatal(err)
+	}
+	js, err := yaml.YAMLToJSON(raw)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var file struct {
+		DeleteRules []RuleDeletion `json:"deleteRules"`
+	}
+	if err := json.Unmarshal(js, &file); err != nil {
+		t.Fatal(err)
+	}
+	deleted := map[string]bool{}
+	for _, d := range file.DeleteRules {
+		if d.OrgID != 1 || d.UID == "" {
+			t.Errorf("deleteRules entry %+v, want orgId 1 and a uid", d)
+		}
+		deleted[d.UID] = true
+	}
+	// The first generated file's UIDs (commit 01d7363), and the Grafana
+	// insert-lag rule that the chart's AuditsinkInsertLag replaced.
+	for _, uid := range []string{"stampguard-conflict-storm", "stampguard-climbing-conflicts", "stampguard-stale-retry-loop",
+		"stampguard-audited-stampless-writes", "stampguard-sink-insert-lag", "stampguard-sink-spool-growth"} {
+		if !deleted[uid] {
+			t.Errorf("the file does not delete the retired rule %s", uid)
+		}
+	}
+	for _, cluster := range []string{"", "default", "prod", "staging", "stampguard"} {
+		g, err := Generate(Options{Alerts: AlertOptions{Cluster: cluster}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, r := range g.Rules.Rules {
+			if deleted[*r.Uid] {
+				t.Errorf("cluster %q: the file deletes the current rule %s (%s)", cluster, *r.Uid, r.Title)
+			}
+		}
 	}
 }
 

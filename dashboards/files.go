@@ -18,6 +18,15 @@ const AlertRulesFile = "alert-rules.yaml"
 type ProvisioningFile struct {
 	APIVersion int                `json:"apiVersion"`
 	Groups     []ProvisionedGroup `json:"groups"`
+	// DeleteRules are rules Grafana deletes when it reads the file: the
+	// UIDs that earlier versions provisioned (RetiredRuleUIDs).
+	DeleteRules []RuleDeletion `json:"deleteRules,omitempty"`
+}
+
+// RuleDeletion is one entry of a provisioning file's deleteRules.
+type RuleDeletion struct {
+	OrgID int64  `json:"orgId"`
+	UID   string `json:"uid"`
 }
 
 // ProvisionedGroup is one rule group of a provisioning file.
@@ -62,7 +71,11 @@ func (r RuleGroup) Provisioning() ProvisioningFile {
 		}
 		g.Rules = append(g.Rules, p)
 	}
-	return ProvisioningFile{APIVersion: 1, Groups: []ProvisionedGroup{g}}
+	f := ProvisioningFile{APIVersion: 1, Groups: []ProvisionedGroup{g}}
+	for _, uid := range RetiredRuleUIDs {
+		f.DeleteRules = append(f.DeleteRules, RuleDeletion{OrgID: 1, UID: uid})
+	}
+	return f
 }
 
 // Files are the generated files by name: one <uid>.json per dashboard and
