@@ -78,6 +78,10 @@ func Generate(o Options) (*Generated, error) {
 	return &out, nil
 }
 
+// countsPerSecond is Grafana's unit "counts/sec": the SDK's units have
+// no constant for it.
+const countsPerSecond = "cps"
+
 func (g *generator) rateThresholds() *dashboard.ThresholdsConfigBuilder {
 	return thresholds(nil, "green", g.o.BaselineConflictRate, "orange", g.o.Alerts.StormRate, "red")
 }
@@ -100,11 +104,11 @@ func (g *generator) conflicts() *board {
 		ThresholdsStyle(common.NewGraphThresholdsStyleConfigBuilder().Mode(common.GraphThresholdsStyleModeLine)).
 		AxisSoftMin(0)
 	bd.add(rate)
-	bd.add(bd.series("Conflicts by kind", "Every 409, classified once: version (stale resourceVersion), field (server-side apply manager conflict), delete precondition, already exists, other.",
-		asql.ConflictKindsSeries, units.Short, 12, 8).
+	bd.add(bd.series("Conflicts by kind", "409 answers per second in each interval, every 409 classified once: version (stale resourceVersion), field (server-side apply manager conflict), delete precondition, already exists, other.",
+		asql.ConflictKindsSeries, units.RequestsPerSecond, 12, 8).
 		DrawStyle(common.GraphDrawStyleBars).Stacking(common.NewStackingConfigBuilder().Mode(common.StackingModeNormal)))
-	bd.add(bd.series("Stampless updates and 410 Gone", "Updates without a resourceVersion that succeeded, and lists or watches whose resourceVersion had expired.",
-		asql.StamplessGoneSeries, units.Short, 12, 8).DrawStyle(common.GraphDrawStyleBars))
+	bd.add(bd.series("Stampless updates and 410 Gone", "Per second in each interval: updates without a resourceVersion that succeeded, and lists or watches whose resourceVersion had expired.",
+		asql.StamplessGoneSeries, units.RequestsPerSecond, 12, 8).DrawStyle(common.GraphDrawStyleBars))
 	bd.add(bd.series("Write latency by resource (p50, p99)", "From requestReceivedTimestamp to the stage timestamp of each write, per resource.",
 		asql.WriteLatencySeries, units.Seconds, 24, 8))
 
@@ -153,7 +157,7 @@ func (g *generator) policy() *board {
 		"warn":  {Text: strPtr("warned"), Color: strPtr("orange")},
 		"audit": {Text: strPtr("would have denied (Audit)"), Color: strPtr("yellow")},
 	}}}}
-	bd.add(bd.series("Decisions by action", "stampguard decisions per interval: denied, warned, and would have denied (Audit).", asql.PolicyDecisionsSeries, units.Short, 24, 8).
+	bd.add(bd.series("Decisions by action", "stampguard decisions per second in each interval: denied, warned, and would have denied (Audit).", asql.PolicyDecisionsSeries, countsPerSecond, 24, 8).
 		DrawStyle(common.GraphDrawStyleBars).Stacking(common.NewStackingConfigBuilder().Mode(common.StackingModeNormal)))
 	bd.add(bd.table("Decisions by policy, rule kind and action", "One row per policy, rule kind (stamp-missing, field-owner, immutable-field, delete-precondition) and action.", asql.PolicyDecisions, 14, 9).
 		OverrideByName("action", []dashboard.DynamicConfigValue{{Id: "mappings", Value: actions}, {Id: "custom.cellOptions", Value: map[string]any{"type": "color-text"}}}))
@@ -170,7 +174,7 @@ func (g *generator) leases() *board {
 		OverrideByName("changes", []dashboard.DynamicConfigValue{{Id: "custom.cellOptions", Value: map[string]any{"type": "color-background"}}}).
 		Thresholds(thresholds(nil, "green", 2.0, "orange", 10.0, "red")))
 	bd.add(bd.table("Version conflicts on leases", "Write attempts and version conflicts per lease: candidates racing, or renewing from a stale read.", asql.LeaseConflicts, 12, 10))
-	bd.add(bd.series("Lease holder changes over time", "Holder changes per interval, per lease (as in the table: a holder other than the lease's previous one in the range).", asql.LeaseChangesSeries, units.Short, 24, 8).
+	bd.add(bd.series("Lease holder changes over time", "Holder changes per second in each interval, per lease (as in the table: a holder other than the lease's previous one in the range).", asql.LeaseChangesSeries, countsPerSecond, 24, 8).
 		DrawStyle(common.GraphDrawStyleBars).Stacking(common.NewStackingConfigBuilder().Mode(common.StackingModeNormal)))
 	return bd
 }

@@ -20,13 +20,17 @@ FROM (
 WHERE attempts >= greatest(toUInt64(@min_bucket_writes), 1)
 ORDER BY time`}
 
+	// ConflictKindsSeries is each kind's 409s per second in each bucket
+	// (the bucket's count over its @interval_s seconds), so that a zoom,
+	// which changes the buckets' width, does not change the values; so are
+	// the other count series.
 	ConflictKindsSeries = Statement{Name: "conflict_kinds_series", Title: "Conflicts by kind", Shape: Series,
 		Params: with(filtered, IntervalS), Time: []Window{EventsWhole, Bucket},
 		Columns: []string{"time", "version", "field", "delete_precondition", "already_exists", "other"},
 		SQL: `
-SELECT {bucket} AS time, countIf(class = 'version') AS version, countIf(class = 'field') AS field,
-	countIf(class = 'delete_precondition') AS delete_precondition, countIf(class = 'already_exists') AS already_exists,
-	countIf(class = 'other') AS other
+SELECT {bucket} AS time, countIf(class = 'version') / @interval_s AS version, countIf(class = 'field') / @interval_s AS field,
+	countIf(class = 'delete_precondition') / @interval_s AS delete_precondition, countIf(class = 'already_exists') / @interval_s AS already_exists,
+	countIf(class = 'other') / @interval_s AS other
 FROM ` + classified + `
 GROUP BY time
 ORDER BY time`}
@@ -35,7 +39,7 @@ ORDER BY time`}
 		Params: with(filtered, IntervalS), Time: []Window{EventsWhole, Bucket},
 		Columns: []string{"time", "stampless_updates", "gone"},
 		SQL: `
-SELECT {bucket} AS time, countIf(verb = 'update' AND ` + IsSuccess + ` AND stamp = '') AS stampless_updates, countIf(code = 410) AS gone
+SELECT {bucket} AS time, countIf(verb = 'update' AND ` + IsSuccess + ` AND stamp = '') / @interval_s AS stampless_updates, countIf(code = 410) / @interval_s AS gone
 FROM ` + classified + `
 GROUP BY time
 ORDER BY time`}
@@ -102,7 +106,7 @@ LIMIT @top`}
 		Params: with(filtered, IntervalS), Time: []Window{EventsWhole, Bucket},
 		Columns: []string{"time", "action", "count"},
 		SQL: `
-SELECT {bucket} AS time, action, count() AS count
+SELECT {bucket} AS time, action, count() / @interval_s AS count
 FROM ` + decisions + `
 GROUP BY time, action
 ORDER BY time, action`}
@@ -172,14 +176,15 @@ HAVING count > 0
 ORDER BY count DESC, user, api_group, resource
 LIMIT @top`}
 
-	// LeaseChangesSeries is lease holder changes over time: each change
-	// of LeaseHolderChanges (a holder other than the lease's previous
-	// non-empty holder in the range) in its bucket, per lease.
+	// LeaseChangesSeries is lease holder changes over time, per second of
+	// each bucket: each change of LeaseHolderChanges (a holder other than
+	// the lease's previous non-empty holder in the range) in its bucket,
+	// per lease.
 	LeaseChangesSeries = Statement{Name: "lease_changes_series", Title: "Lease holder changes over time", Shape: Series,
 		Params: with(filtered, IntervalS), Time: []Window{EventsWhole, Bucket},
 		Columns: []string{"time", "lease", "changes"},
 		SQL: `
-SELECT {bucket} AS time, lease, count() AS changes
+SELECT {bucket} AS time, lease, count() / @interval_s AS changes
 FROM (
 	SELECT lease, toDateTime(intDiv(changed_us, 1000000)) AS event_time
 	FROM (

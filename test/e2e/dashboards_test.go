@@ -98,6 +98,23 @@ func (r result) sum(c string) uint64 {
 	return n
 }
 
+// counted is the count behind a per-second series' column c: its values
+// times the buckets' seconds, summed over the rows, to the nearest integer.
+func (r result) counted(c string, interval time.Duration) uint64 {
+	var sum float64
+	for _, v := range r.col(c) {
+		var x float64
+		if _, err := fmt.Sscan(v, &x); err != nil {
+			return math.MaxUint64 // not a number: no expectation matches
+		}
+		sum += x * interval.Seconds()
+	}
+	return uint64(math.Round(sum))
+}
+
+// seriesInterval is the panel interval the proofs expand the series for.
+const seriesInterval = 10 * time.Second
+
 // table is the rows as text lines of the given columns, in order.
 func (r result) table(cols ...string) []string {
 	var out []string
@@ -224,7 +241,7 @@ func TestDashboardQueriesOnClickHouse(t *testing.T) {
 			answers := map[string]map[string]result{}
 			for _, sel := range selections {
 				answers[sel.name] = map[string]result{}
-				sqls := expand(sel.vars, sel.all, 10*time.Second)
+				sqls := expand(sel.vars, sel.all, seriesInterval)
 				for _, q := range gen.Queries {
 					r := run(t, conn, q.Name, sqls[q.Name])
 					answers[sel.name][q.Name] = r
@@ -455,13 +472,13 @@ func panelsMatch(t *testing.T, gen *dashboards.Generated, got map[string]result,
 	sums := map[string]uint64{"version": tot.VersionConflicts, "field": tot.FieldConflicts, "delete_precondition": tot.DeletePreconditionConflicts,
 		"already_exists": tot.AlreadyExists, "other": tot.OtherConflicts}
 	for c, n := range sums {
-		if kinds.sum(c) != n {
-			t.Errorf("conflict kinds: %s sums to %d, the report counts %d", c, kinds.sum(c), n)
+		if kinds.counted(c, seriesInterval) != n {
+			t.Errorf("conflict kinds: %s sums to %d, the report counts %d", c, kinds.counted(c, seriesInterval), n)
 		}
 	}
 	sg := byStatement(asql.StamplessGoneSeries)[0]
-	if sg.sum("stampless_updates") != tot.StamplessUpdates || sg.sum("gone") != tot.Gone {
-		t.Errorf("stampless/gone series sum to %d/%d, the report counts %d/%d", sg.sum("stampless_updates"), sg.sum("gone"), tot.StamplessUpdates, tot.Gone)
+	if sg.counted("stampless_updates", seriesInterval) != tot.StamplessUpdates || sg.counted("gone", seriesInterval) != tot.Gone {
+		t.Errorf("stampless/gone series sum to %d/%d, the report counts %d/%d", sg.counted("stampless_updates", seriesInterval), sg.counted("gone", seriesInterval), tot.StamplessUpdates, tot.Gone)
 	}
 	var writeConflicts uint64
 	for _, u := range want.ConflictsByUser {
@@ -489,7 +506,7 @@ func panelsMatch(t *testing.T, gen *dashboards.Generated, got map[string]result,
 	for _, p := range want.PolicyDecisions {
 		decided += p.Count
 	}
-	if n := byStatement(asql.PolicyDecisionsSeries)[0].sum("count"); n != decided {
+	if n := byStatement(asql.PolicyDecisionsSeries)[0].counted("count", seriesInterval); n != decided {
 		t.Errorf("decisions series sums to %d, the report counts %d", n, decided)
 	}
 	if n := byStatement(asql.GoneByWriter)[0].sum("count"); n != tot.Gone {
@@ -499,7 +516,7 @@ func panelsMatch(t *testing.T, gen *dashboards.Generated, got map[string]result,
 	for _, l := range want.LeaseHolderChanges {
 		leaseChanges += l.Changes
 	}
-	if n := byStatement(asql.LeaseChangesSeries)[0].sum("changes"); n != leaseChanges {
+	if n := byStatement(asql.LeaseChangesSeries)[0].counted("changes", seriesInterval); n != leaseChanges {
 		t.Errorf("lease changes series sums to %d, the report counts %d", n, leaseChanges)
 	}
 	if n := uint64(len(byStatement(asql.RawEvents)[0].rows)); n != min(tot.Requests, 500) {
@@ -666,8 +683,8 @@ func TestPolicyPanelsOnClickHouse(t *testing.T) {
 		case asql.PolicyDecisions.Name:
 			assertEqual(t, q.Name, r.table(asql.PolicyDecisions.Columns...), decisions)
 		case asql.PolicyDecisionsSeries.Name:
-			if r.sum("count") != total {
-				t.Errorf("%s sums to %d, the report counts %d", q.Name, r.sum("count"), total)
+			if r.counted("count", time.Second) != total {
+				t.Errorf("%s sums to %d, the report counts %d", q.Name, r.counted("count", time.Second), total)
 			}
 		case asql.AuditedStamplessWrites.Name:
 			assertEqual(t, q.Name, r.col("writes"), []string{fmt.Sprint(audited)})
