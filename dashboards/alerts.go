@@ -88,6 +88,7 @@ func (g *generator) alertBinder() asql.Grafana {
 	return asql.Grafana{Database: g.o.Database, Values: map[string]string{
 		asql.Cluster.Name:   "'" + strings.NewReplacer(`\`, `\\`, `'`, `\'`).Replace(a.Cluster) + "'",
 		asql.Namespace.Name: "''", asql.Resource.Name: "''", asql.User.Name: "''", asql.Name.Name: "''",
+		asql.Verb.Name: "''", asql.Code.Name: "''", asql.HideSystem.Name: "'no'",
 		asql.Top.Name:       "1000",
 		asql.GapUs.Name:     fmt.Sprint(g.o.LoopGap.Microseconds()),
 		asql.Threshold.Name: fmt.Sprint(g.o.LoopThreshold),

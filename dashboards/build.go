@@ -2,6 +2,7 @@ package dashboards
 
 import (
 	"fmt"
+	"slices"
 	"strings"
 	"time"
 
@@ -52,6 +53,8 @@ type board struct {
 	ds     common.DataSourceRef
 	nextID uint32
 	binder asql.Grafana
+	// statements are the statement of each panel with a query, by id.
+	statements map[uint32]asql.Statement
 }
 
 func ref(typ, uid string) common.DataSourceRef {
@@ -61,12 +64,22 @@ func ref(typ, uid string) common.DataSourceRef {
 // clickHouseVariables are the filter variables of every ClickHouse
 // dashboard, by parameter name.
 var clickHouseVariables = map[string]asql.Variable{
-	asql.Cluster.Name:   {Name: "cluster"},
-	asql.Namespace.Name: {Name: "namespace", Multi: true},
-	asql.Resource.Name:  {Name: "resource", Multi: true},
-	asql.User.Name:      {Name: "user", Multi: true},
-	asql.Name.Name:      {Name: "name"},
+	asql.Cluster.Name:    {Name: "cluster"},
+	asql.Namespace.Name:  {Name: "namespace", Multi: true},
+	asql.Resource.Name:   {Name: "resource", Multi: true},
+	asql.User.Name:       {Name: "user", Multi: true},
+	asql.Name.Name:       {Name: "name"},
+	asql.Verb.Name:       {Name: "verb", Multi: true},
+	asql.Code.Name:       {Name: "code", Multi: true},
+	asql.HideSystem.Name: {Name: "hide_system"},
 }
+
+// Verbs are the verb variable's values: the apiserver's request verbs.
+var Verbs = []string{"create", "update", "patch", "delete", "deletecollection", "get", "list", "watch"}
+
+// RequestFiltersNote ends the description of every ClickHouse panel that
+// the verb and code variables do not narrow.
+const RequestFiltersNote = "The verb and code filters do not apply to this panel: it reads the hour caches, which keep neither."
 
 func (g *generator) newBoard(uid, title, description string, tags ...string) *board {
 	// The classic dashboard model (deprecated in the SDK for dashboardv2):
@@ -85,7 +98,7 @@ func (g *generator) newBoard(uid, title, description string, tags ...string) *bo
 		Link(dashboard.NewDashboardLinkBuilder("stampguard").
 			Type(dashboard.DashboardLinkTypeDashboards).
 			Tags([]string{Tag}).AsDropdown(true).IncludeVars(true).KeepTime(true))
-	return &board{g: g, uid: uid, b: b}
+	return &board{g: g, uid: uid, b: b, statements: map[uint32]asql.Statement{}}
 }
 
 // clickHouseBoard is a dashboard on the ClickHouse data source with the
@@ -130,6 +143,27 @@ ORDER BY ` + col
 	bd.queryVariable("namespace", "Namespace", true, in("namespace"))
 	bd.queryVariable("resource", "Resource", true, in("resource"))
 	bd.queryVariable("user", "Writer", true, in("writer"))
+	all := "$__all"
+	allOption := dashboard.VariableOption{Text: dashboard.StringOrArrayOfString{String: strPtr("All")}, Value: dashboard.StringOrArrayOfString{String: &all}}
+	verbs := strings.Join(Verbs, ",")
+	bd.b.WithVariable(dashboard.NewCustomVariableBuilder("verb").
+		Label("Verb").
+		Description("Narrows the panels that read raw events (each other panel says so) to these verbs").
+		Values(dashboard.StringOrMap{String: &verbs}).
+		Multi(true).IncludeAll(true).AllValue(asql.AllValue).Current(allOption))
+	// The codes answered over the last day: only events keep them.
+	codes := `SELECT DISTINCT toString(code) AS code FROM (
+	SELECT code FROM ` + db + `.` + asql.EventsTable + ` WHERE event_date >= today() - 1 AND event_time >= now() - 86400 AND cluster = ` + asql.VariableText("cluster") + `
+	UNION ALL
+	SELECT code FROM ` + db + `.` + asql.LegacyEventsTable + ` WHERE event_date >= today() - 1 AND event_time >= now() - 86400 AND cluster = ` + asql.VariableText("cluster") + `)
+ORDER BY code`
+	bd.queryVariable("code", "Response code", true, codes)
+	no, yes := "no", "yes"
+	bd.b.WithVariable(dashboard.NewCustomVariableBuilder("hide_system").
+		Label("Hide Kubernetes' own writers").
+		Description("yes hides the control plane's and the nodes' system: users and kube-system's service accounts; other service accounts stay").
+		Values(dashboard.StringOrMap{String: strPtr(no + "," + yes)}).
+		Current(dashboard.VariableOption{Text: dashboard.StringOrArrayOfString{String: &no}, Value: dashboard.StringOrArrayOfString{String: &no}}))
 	empty := ""
 	bd.b.WithVariable(dashboard.NewTextBoxVariableBuilder("name").
 		Label("Object name").
@@ -162,6 +196,7 @@ func strPtr(s string) *string { return &s }
 
 // target renders s as the panel's query and records it.
 func (bd *board) target(id uint32, s asql.Statement) cog.Builder[variants.Dataquery] {
+	bd.statements[id] = s
 	return bd.query(fmt.Sprintf("%s/%d/%s", bd.uid, id, s.Name), "A", s)
 }
 
@@ -221,10 +256,19 @@ func thresholds(steps ...any) *dashboard.ThresholdsConfigBuilder {
 	return dashboard.NewThresholdsConfigBuilder().Mode(dashboard.ThresholdsModeAbsolute).Steps(ts)
 }
 
+// describe is the description of a panel over s: with RequestFiltersNote
+// when the verb and code filters do not narrow s.
+func describe(description string, s asql.Statement) string {
+	if slices.Contains(s.Params, asql.Verb) {
+		return description
+	}
+	return description + " " + RequestFiltersNote
+}
+
 // series is a time-series panel over s.
 func (bd *board) series(title, description string, s asql.Statement, unit string, w, h uint32) *timeseries.PanelBuilder {
 	id := bd.titled(title)
-	p := timeseries.NewPanelBuilder().Id(id).Title(title).Description(description).
+	p := timeseries.NewPanelBuilder().Id(id).Title(title).Description(describe(description, s)).
 		Datasource(bd.ds).WithTarget(bd.target(id, s)).
 		Unit(unit).Span(w).Height(h).
 		// Buckets of at least a minute: narrower ones hold a handful of
@@ -243,7 +287,7 @@ const MinInterval = "1m"
 // table is a table panel over s.
 func (bd *board) table(title, description string, s asql.Statement, w, h uint32) *table.PanelBuilder {
 	id := bd.titled(title)
-	p := table.NewPanelBuilder().Id(id).Title(title).Description(description).
+	p := table.NewPanelBuilder().Id(id).Title(title).Description(describe(description, s)).
 		Datasource(bd.ds).WithTarget(bd.target(id, s)).
 		Span(w).Height(h).Filterable(true).
 		Footer(common.NewTableFooterOptionsBuilder().Show(false).Reducer([]string{"sum"})).
@@ -259,7 +303,7 @@ func (bd *board) table(title, description string, s asql.Statement, w, h uint32)
 // stat is a stat panel showing one column of s.
 func (bd *board) stat(title, description string, s asql.Statement, column, unit string, w, h uint32, th *dashboard.ThresholdsConfigBuilder) *stat.PanelBuilder {
 	id := bd.titled(title)
-	return stat.NewPanelBuilder().Id(id).Title(title).Description(description).
+	return stat.NewPanelBuilder().Id(id).Title(title).Description(describe(description, s)).
 		Datasource(bd.ds).WithTarget(bd.target(id, s)).
 		Unit(unit).Span(w).Height(h).
 		ReduceOptions(common.NewReduceDataOptionsBuilder().Calcs([]string{"lastNotNull"}).Fields("/^" + column + "$/")).
@@ -272,7 +316,7 @@ func (bd *board) stat(title, description string, s asql.Statement, column, unit 
 func (bd *board) sharedStat(title, description string, source uint32, column, unit string, w, h uint32, th *dashboard.ThresholdsConfigBuilder) *stat.PanelBuilder {
 	id := bd.titled(title)
 	ds := ref("datasource", DashboardDatasource)
-	return stat.NewPanelBuilder().Id(id).Title(title).Description(description).
+	return stat.NewPanelBuilder().Id(id).Title(title).Description(describe(description, bd.statements[source])).
 		Datasource(ds).WithTarget(datasource.NewDataqueryBuilder().RefId("A").Datasource(ds).PanelId(source).WithTransforms(false)).
 		Unit(unit).Span(w).Height(h).
 		ReduceOptions(common.NewReduceDataOptionsBuilder().Calcs([]string{"lastNotNull"}).Fields("/^" + column + "$/")).

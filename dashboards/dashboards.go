@@ -145,7 +145,7 @@ func (g *generator) hotObjects() *board {
 	bd.add(bd.series("Version-conflict rate", fmt.Sprintf("Version conflicts per write attempt, for the filtered object or writer (intervals with at least %d write attempts).", g.o.MinBucketWrites), asql.ConflictRateSeries, units.PercentUnit, 24, 7).
 		Thresholds(thresholds(nil, "transparent", g.o.BaselineConflictRate, "red")).
 		ThresholdsStyle(common.NewGraphThresholdsStyleConfigBuilder().Mode(common.GraphThresholdsStyleModeLine)))
-	bd.add(bd.table("Audit events", "The requests themselves, newest first (at most 500): click a hot object, a loop's object or a writer above to see what the audit log recorded for it. Filter the verb or code in the table's column headers.", asql.RawEvents, 24, 12))
+	bd.add(bd.table("Audit events", "The requests themselves, newest first (at most 500): click a hot object, a loop's object or a writer above to see what the audit log recorded for it; the verb and code variables narrow it.", asql.RawEvents, 24, 12))
 	return bd
 }
 

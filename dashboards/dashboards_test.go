@@ -532,7 +532,7 @@ func TestImportsNoDriver(t *testing.T) {
 func TestEveryQueryExpands(t *testing.T) {
 	g, _ := generated(t)
 	e := asql.Expansion{From: time.Unix(1700000000, 0), To: time.Unix(1700003600, 0), Interval: time.Minute,
-		Vars: map[string][]string{"cluster": {"c"}, "namespace": {"a", "b"}, "name": {""}}, All: map[string]bool{"resource": true, "user": true}}
+		Vars: map[string][]string{"cluster": {"c"}, "namespace": {"a", "b"}, "name": {""}, "verb": {"update"}, "hide_system": {"yes"}}, All: map[string]bool{"resource": true, "user": true, "code": true}}
 	sqls, err := g.Expanded(e)
 	if err != nil {
 		t.Fatal(err)
@@ -620,5 +620,64 @@ func TestMetricsExist(t *testing.T) {
 	}
 	if used < 10 {
 		t.Errorf("only %d metric references found", used)
+	}
+}
+
+// TestPanelsSayWhereTheRequestFiltersDoNotApply requires of every panel of
+// the ClickHouse dashboards that the verb and code variables narrow its
+// statement, or that its description says they do not (RequestFiltersNote):
+// no filter silently does nothing.
+func TestPanelsSayWhereTheRequestFiltersDoNotApply(t *testing.T) {
+	g, files := generated(t)
+	statements := map[string]asql.Statement{}
+	for _, q := range g.Queries {
+		if parts := strings.Split(q.Name, "/"); len(parts) == 3 && regexp.MustCompile(`^[0-9]+$`).MatchString(parts[1]) {
+			statements[parts[0]+"/"+parts[1]] = q.Statement
+		}
+	}
+	narrowed, noted := 0, 0
+	for _, uid := range []string{UIDConflicts, UIDHotObjects, UIDPolicy, UIDLeases} {
+		var d struct {
+			Panels []struct {
+				ID          int
+				Type        string
+				Title       string
+				Description string
+				Targets     []struct {
+					PanelID int `json:"panelId"`
+				}
+			}
+		}
+		if err := json.Unmarshal(files[uid+".json"], &d); err != nil {
+			t.Fatal(err)
+		}
+		for _, p := range d.Panels {
+			if p.Type == "row" {
+				continue
+			}
+			s, ok := statements[fmt.Sprintf("%s/%d", uid, p.ID)]
+			if !ok && len(p.Targets) == 1 { // a panel showing another's results
+				s, ok = statements[fmt.Sprintf("%s/%d", uid, p.Targets[0].PanelID)]
+			}
+			if !ok {
+				t.Errorf("%s panel %d %q: no statement", uid, p.ID, p.Title)
+				continue
+			}
+			takes := slices.Contains(s.Params, asql.Verb) && slices.Contains(s.Params, asql.Code)
+			says := strings.HasSuffix(p.Description, RequestFiltersNote)
+			switch {
+			case takes && says:
+				t.Errorf("%s panel %q: the verb and code filters narrow %s, but the description says they do not apply", uid, p.Title, s.Name)
+			case !takes && !says:
+				t.Errorf("%s panel %q: the verb and code filters do not narrow %s, and the description does not say so", uid, p.Title, s.Name)
+			case takes:
+				narrowed++
+			default:
+				noted++
+			}
+		}
+	}
+	if narrowed < 5 || noted < 5 {
+		t.Errorf("%d panels narrowed by verb and code, %d that say they are not", narrowed, noted)
 	}
 }

@@ -174,7 +174,7 @@ func TestAlertRulesOnScenarios(t *testing.T) {
 			t.Fatal(err)
 		}
 		sqls, err := gen.Expanded(asql.Expansion{From: midnight.Add(-time.Hour), To: midnight.Add(time.Hour), Interval: time.Minute,
-			Vars: map[string][]string{"cluster": {"storm"}, "name": {""}}, All: map[string]bool{"namespace": true, "resource": true, "user": true}})
+			Vars: map[string][]string{"cluster": {"storm"}, "name": {""}, "hide_system": {"no"}}, All: map[string]bool{"namespace": true, "resource": true, "user": true, "verb": true, "code": true}})
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -13,7 +13,7 @@
 // correction applied to it.
 //
 // A statement is SQL text with placeholders for what a binder places: the
-// database ({db}), the filters ({filters}), time ({window},
+// database ({db}), the filters ({filters}, {request_filters}), time ({window},
 // {events_window}, {raw_window}, {rollup_window}, {bucket}, {end_us}) and
 // the retry-loop rows ({loop_conflicts}, {loop_successes}); everything
 // else is plain SQL, so a change of meaning is an edit of that text, and
@@ -57,6 +57,14 @@ const (
 
 	// LoopPair identifies a (writer, object) pair in the success rows.
 	LoopPair = `cityHash64(writer, api_group, resource, namespace, name)`
+
+	// SystemWriter is a writer of Kubernetes itself: the control plane's
+	// and the nodes' users (system:kube-controller-manager,
+	// system:node:…, system:apiserver, …) and the service accounts of
+	// kube-system, where the built-in controllers run. Service accounts of
+	// other namespaces (operators, workloads) are not: their conflicts
+	// are what the dashboards are for.
+	SystemWriter = `startsWith(writer, 'system:') AND NOT (startsWith(writer, 'system:serviceaccount:') AND NOT startsWith(writer, 'system:serviceaccount:kube-system:'))`
 
 	// ObjectHash identifies an object in GROUP BY and IN.
 	ObjectHash = `cityHash64(api_group, resource, namespace, name)`

@@ -2,6 +2,7 @@ package sql
 
 import (
 	"fmt"
+	"slices"
 	"strings"
 )
 
@@ -95,7 +96,7 @@ var (
 // Bind renders s for a Grafana panel or alert query. It fails when a
 // parameter has neither a variable nor a value.
 func (g Grafana) Bind(s Statement) (string, error) {
-	var filters []string
+	var filters, requestFilters []string
 	params := []string{}
 	for _, p := range s.Params {
 		if p == IntervalS {
@@ -107,15 +108,27 @@ func (g Grafana) Bind(s Statement) (string, error) {
 		if !isVar && !isLit {
 			return "", fmt.Errorf("statement %s: parameter %s has neither a variable nor a value", s.Name, p.Name)
 		}
+		into := &filters
+		if slices.Contains(RequestFilters, p) {
+			into = &requestFilters
+		}
 		switch {
+		case p.Hides != "" && isVar && v.Multi:
+			return "", fmt.Errorf("statement %s: toggle %s has the multi-value variable %s", s.Name, p.Name, v.Name)
+		case p.Hides != "":
+			ref := lit
+			if isVar {
+				ref = VariableText(v.Name)
+			}
+			*into = append(*into, "("+ref+" != 'yes' OR NOT ("+p.Hides+"))")
 		case p.Column != "" && isVar && v.Multi:
 			ref := variableValues(v.Name)
-			filters = append(filters, "(has("+ref+", '"+AllValue+"') OR has("+ref+", "+p.Column+"))")
+			*into = append(*into, "(has("+ref+", '"+AllValue+"') OR has("+ref+", "+p.Column+"))")
 		case p.Column != "" && isVar:
 			ref := VariableText(v.Name)
-			filters = append(filters, "("+ref+" = '' OR "+p.Column+" = "+ref+")")
+			*into = append(*into, "("+ref+" = '' OR "+p.Column+" = "+ref+")")
 		case p.Column != "":
-			filters = append(filters, "("+lit+" = '' OR "+p.Column+" = "+lit+")")
+			*into = append(*into, "("+lit+" = '' OR "+p.Column+" = "+lit+")")
 		case isVar && p.Type == TypeString:
 			params = append(params, "@"+p.Name, VariableText(v.Name))
 		case isVar:
@@ -126,7 +139,7 @@ func (g Grafana) Bind(s Statement) (string, error) {
 	}
 	sql := replace(s.SQL,
 		"{loop_conflicts}", loopConflicts, "{loop_successes}", loopSuccesses,
-		"{filters}", "("+strings.Join(filters, " AND ")+")",
+		"{filters}", "("+strings.Join(filters, " AND ")+")", "{request_filters}", "("+strings.Join(requestFilters, " AND ")+")",
 		"{raw_window}", grafanaRaw, "{raw_range}", grafanaWindow, "{rollup_window}", grafanaRollup, "{window}", grafanaWindow, "{events_window}", grafanaEventsWindow,
 		"{bucket}", "toDateTime(intDiv(toUInt32(event_time), @interval_s) * @interval_s)",
 		"{end_us}", endUs,

@@ -8,7 +8,7 @@ var (
 	// @min_bucket_writes write attempts has none (a handful of writes
 	// makes a rate that jumps between 0 and 100 %).
 	ConflictRateSeries = Statement{Name: "conflict_rate_series", Title: "Version-conflict rate", Shape: Series,
-		Params: with(filtered, IntervalS, MinBucketWrites), Time: []Window{EventsWhole, Bucket},
+		Params: with(requestFiltered, IntervalS, MinBucketWrites), Time: []Window{EventsWhole, Bucket},
 		Columns: []string{"time", "conflict_rate"},
 		SQL: `
 SELECT time, conflict_rate
@@ -25,7 +25,7 @@ ORDER BY time`}
 	// which changes the buckets' width, does not change the values; so are
 	// the other count series.
 	ConflictKindsSeries = Statement{Name: "conflict_kinds_series", Title: "Conflicts by kind", Shape: Series,
-		Params: with(filtered, IntervalS), Time: []Window{EventsWhole, Bucket},
+		Params: with(requestFiltered, IntervalS), Time: []Window{EventsWhole, Bucket},
 		Columns: []string{"time", "version", "field", "delete_precondition", "already_exists", "other"},
 		SQL: `
 SELECT {bucket} AS time, countIf(class = 'version') / @interval_s AS version, countIf(class = 'field') / @interval_s AS field,
@@ -36,7 +36,7 @@ GROUP BY time
 ORDER BY time`}
 
 	StamplessGoneSeries = Statement{Name: "stampless_gone_series", Title: "Stampless updates and 410 Gone", Shape: Series,
-		Params: with(filtered, IntervalS), Time: []Window{EventsWhole, Bucket},
+		Params: with(requestFiltered, IntervalS), Time: []Window{EventsWhole, Bucket},
 		Columns: []string{"time", "stampless_updates", "gone"},
 		SQL: `
 SELECT {bucket} AS time, countIf(verb = 'update' AND ` + IsSuccess + ` AND stamp = '') / @interval_s AS stampless_updates, countIf(code = 410) / @interval_s AS gone
@@ -47,7 +47,7 @@ ORDER BY time`}
 	// WriteLatencySeries measures write latency from the audit timestamps
 	// (the stage timestamp minus requestReceivedTimestamp), per resource.
 	WriteLatencySeries = Statement{Name: "write_latency_series", Title: "Write latency by resource", Shape: Series,
-		Params: with(filtered, IntervalS), Time: []Window{EventsWhole, Bucket},
+		Params: with(requestFiltered, IntervalS), Time: []Window{EventsWhole, Bucket},
 		Columns: []string{"time", "resource", "p50", "p99"},
 		SQL: `
 SELECT {bucket} AS time, resource, quantileExact(0.5)(latency_us) / 1000000 AS p50, quantileExact(0.99)(latency_us) / 1000000 AS p99
@@ -70,7 +70,7 @@ LIMIT @top`}
 
 	// ConflictsByUserAgent reads raw events: the rollup has no user agent.
 	ConflictsByUserAgent = Statement{Name: "conflicts_by_user_agent", Title: "Version conflicts by user agent", Shape: Rows,
-		Params: with(filtered, Top), Time: []Window{EventsWhole},
+		Params: with(requestFiltered, Top), Time: []Window{EventsWhole},
 		Columns: []string{"user_agent", "attempts", "conflicts", "conflict_rate"},
 		SQL: `
 SELECT user_agent, countIf(is_write) AS attempts, countIf(is_write AND class = 'version') AS conflicts, ` + rateOfAttempts + `
@@ -103,7 +103,7 @@ ORDER BY count DESC, user
 LIMIT @top`}
 
 	PolicyDecisionsSeries = Statement{Name: "policy_decisions_series", Title: "stampguard decisions by action", Shape: Series,
-		Params: with(filtered, IntervalS), Time: []Window{EventsWhole, Bucket},
+		Params: with(requestFiltered, IntervalS), Time: []Window{EventsWhole, Bucket},
 		Columns: []string{"time", "action", "count"},
 		SQL: `
 SELECT {bucket} AS time, action, count() / @interval_s AS count
@@ -181,7 +181,7 @@ LIMIT @top`}
 	// the lease's previous non-empty holder in the range) in its bucket,
 	// per lease.
 	LeaseChangesSeries = Statement{Name: "lease_changes_series", Title: "Lease holder changes over time", Shape: Series,
-		Params: with(filtered, IntervalS), Time: []Window{EventsWhole, Bucket},
+		Params: with(requestFiltered, IntervalS), Time: []Window{EventsWhole, Bucket},
 		Columns: []string{"time", "lease", "changes"},
 		SQL: `
 SELECT {bucket} AS time, lease, count() / @interval_s AS changes
@@ -204,12 +204,12 @@ ORDER BY time, lease`}
 	// from a hot object, a retry loop or a writer (set the filters) to
 	// what the audit log recorded.
 	RawEvents = Statement{Name: "raw_events", Title: "Audit events", Shape: Rows,
-		Params: filtered, Time: []Window{EventsWhole},
+		Params: requestFiltered, Time: []Window{EventsWhole},
 		Columns: []string{"time", "writer", "user_agent", "verb", "code", "reason", "message", "stamp", "field_manager", "namespace", "resource", "name", "audit_id"},
 		SQL: `
 SELECT event_time AS time, writer, user_agent, verb, code, reason, message, stamp, field_manager, namespace, resource, name, audit_id
 FROM ` + DistinctEvents(`event_time, event_time_us, writer, user_agent, verb, code, reason, message, stamp, field_manager, namespace, resource, name, audit_id`,
-			`{events_window}`, Request+` AND cluster = @cluster AND {filters}`) + `
+			`{events_window}`, Request+` AND cluster = @cluster AND {filters} AND {request_filters}`) + `
 ORDER BY event_time_us DESC, audit_id
 LIMIT 500`}
 
@@ -218,7 +218,7 @@ LIMIT 500`}
 	// rate was above @storm_rate over at least @min_writes write attempts,
 	// as time, timeEnd and text for a dashboard annotation.
 	StormIntervals = Statement{Name: "storm_intervals", Title: "Version-conflict storms", Shape: Rows,
-		Params: with(filtered, MinWrites, StormS, StormRate), Time: []Window{EventsWhole},
+		Params: with(requestFiltered, MinWrites, StormS, StormRate), Time: []Window{EventsWhole},
 		Columns: []string{"time", "timeEnd", "text"},
 		SQL: `
 SELECT toDateTime(b) AS time, toDateTime(b + @storm_s) AS timeEnd,
@@ -234,7 +234,7 @@ ORDER BY time`}
 	// AuditedStamplessWrites counts the stampless writes that a policy in
 	// Audit mode let through on a guarded kind (it would have denied them).
 	AuditedStamplessWrites = Statement{Name: "audited_stampless_writes", Title: "Stampless writes let through by Audit", Shape: Number,
-		Params: filtered, Time: []Window{EventsWhole},
+		Params: requestFiltered, Time: []Window{EventsWhole},
 		Columns: []string{"writes"},
 		SQL: `
 SELECT count() AS writes

@@ -102,10 +102,14 @@ func (p Plan) rawWindow() string {
 	return "(" + strings.Join(rs, " OR ") + ")"
 }
 
-// reportFilters narrows by each filter parameter; empty means any.
+// reportFilters narrows by each filter parameter; empty means any. The
+// report has no toggle: it hides nothing.
 var reportFilters = func() string {
 	var fs []string
 	for _, f := range Filters {
+		if f.Hides != "" {
+			continue
+		}
 		fs = append(fs, "(@"+f.Name+" = '' OR "+f.Column+" = @"+f.Name+")")
 	}
 	return "(" + strings.Join(fs, " AND ") + ")"
@@ -115,7 +119,7 @@ var reportFilters = func() string {
 func (r Report) Bind(s Statement) string {
 	return replace(s.SQL,
 		"{loop_conflicts}", loopConflicts, "{loop_successes}", loopSuccesses,
-		"{filters}", reportFilters,
+		"{filters}", reportFilters, "{request_filters}", "1", // the report narrows by no verb or code
 		"{raw_window}", r.Plan.rawWindow(), "{raw_range}", r.Plan.rawWindow(), "{rollup_window}", r.Plan.rollupWindow(), "{window}", reportWindow, "{events_window}", reportWindow,
 		"{bucket}", "toDateTime(intDiv(toUInt32(event_time), @interval_s) * @interval_s)",
 		"{end_us}", "@until_us",

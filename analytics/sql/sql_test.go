@@ -41,7 +41,8 @@ func TestValidateNamesTheProblem(t *testing.T) {
 
 // dashboardBinder binds as the dashboards do.
 var dashboardBinder = Grafana{Database: "stampguard",
-	Variables: map[string]Variable{"cluster": {Name: "cluster"}, "namespace": {Name: "namespace", Multi: true}, "resource": {Name: "resource", Multi: true}, "user": {Name: "user", Multi: true}, "name": {Name: "name"}},
+	Variables: map[string]Variable{"cluster": {Name: "cluster"}, "namespace": {Name: "namespace", Multi: true}, "resource": {Name: "resource", Multi: true}, "user": {Name: "user", Multi: true}, "name": {Name: "name"},
+		"verb": {Name: "verb", Multi: true}, "code": {Name: "code", Multi: true}, "hide_system": {Name: "hide_system"}},
 	Values:    map[string]string{"top": "20", "gap_us": "300000000", "threshold": "5", "min_writes": "20", "stale_us": "600000000", "storm_s": "600", "storm_rate": "0.2", "min_bucket_writes": "10"}}
 
 var leftover = regexp.MustCompile(`@[a-z_]+|\{[a-z_]+\}`)
@@ -61,6 +62,42 @@ func TestGrafanaBindsEveryPlaceholder(t *testing.T) {
 	}
 	if _, err := (Grafana{Database: "db"}).Bind(Totals); err == nil || !strings.Contains(err.Error(), "parameter cluster has neither") {
 		t.Errorf("a missing parameter: %v", err)
+	}
+}
+
+// TestRequestFiltersOnlyWhereEventsAreRead binds every statement for the
+// dashboards: the verb and code filters appear in exactly the statements
+// that declare them, and those read no hour cache (which keep neither);
+// the toggle reaches every statement with the other filters.
+func TestRequestFiltersOnlyWhereEventsAreRead(t *testing.T) {
+	declaring := 0
+	for _, s := range All {
+		sql, err := dashboardBinder.Bind(s)
+		if err != nil {
+			t.Fatal(err)
+		}
+		declares := slices.Contains(s.Params, Verb)
+		if declares != slices.Contains(s.Params, Code) {
+			t.Errorf("%s declares one of verb and code", s.Name)
+		}
+		if got := strings.Contains(sql, "${verb:percentencode}") && strings.Contains(sql, "${code:percentencode}"); got != declares {
+			t.Errorf("%s: filters by verb and code %v, declares them %v", s.Name, got, declares)
+		}
+		if declares {
+			declaring++
+			if strings.Contains(sql, ".hour_") {
+				t.Errorf("%s filters by verb and code but reads an hour cache", s.Name)
+			}
+		}
+		if slices.Contains(s.Params, User) != strings.Contains(sql, "${hide_system:percentencode}") {
+			t.Errorf("%s: the writer filter and the system-writer toggle do not go together", s.Name)
+		}
+	}
+	if declaring < 5 {
+		t.Errorf("only %d statements filter by verb and code", declaring)
+	}
+	if _, err := (Grafana{Database: "db", Variables: map[string]Variable{"hide_system": {Name: "hide_system", Multi: true}}, Values: map[string]string{"cluster": "''", "namespace": "''", "resource": "''", "user": "''", "name": "''"}}).Bind(Totals); err == nil || !strings.Contains(err.Error(), "toggle hide_system") {
+		t.Errorf("a multi-value toggle: %v", err)
 	}
 }
 

@@ -26,9 +26,13 @@ type Param struct {
 	// Meaning says what the parameter selects, for readers and the
 	// generated dashboards.
 	Meaning string
-	// Column is the column a filter narrows; empty for other parameters.
-	// Filters are placed by {filters}, and empty means any value.
+	// Column is the column (or expression) a filter narrows; empty for
+	// other parameters. Filters are placed by {filters} or
+	// {request_filters}, and empty means any value.
 	Column string
+	// Hides makes the parameter a toggle of {filters}: the value yes
+	// hides the rows that match this condition, any other hides nothing.
+	Hides string
 }
 
 // The parameters of the statements.
@@ -44,13 +48,23 @@ var (
 	IntervalS       = Param{Name: "interval_s", Type: TypeUInt64, Meaning: "the width of a series' time bucket, in seconds"}
 	MinWrites       = Param{Name: "min_writes", Type: TypeUInt64, Meaning: "the fewest write attempts for a conflict rate other than 0"}
 	StaleUs         = Param{Name: "stale_us", Type: TypeUInt64, Meaning: "how long after its last conflict an unresolved retry loop counts as stale, in microseconds"}
+	Verb            = Param{Name: "verb", Type: TypeString, Meaning: "narrows to requests of one verb, such as update (empty: any); only events keep it", Column: "verb"}
+	Code            = Param{Name: "code", Type: TypeString, Meaning: "narrows to requests answered with one HTTP status code, such as 409 (empty: any); only events keep it", Column: "toString(code)"}
+	HideSystem      = Param{Name: "hide_system", Type: TypeString, Meaning: "yes hides the writers of Kubernetes itself (SystemWriter); anything else hides nothing", Hides: SystemWriter}
 	MinBucketWrites = Param{Name: "min_bucket_writes", Type: TypeUInt64, Meaning: "the fewest write attempts in a series' bucket for it to have a conflict rate"}
 	StormS          = Param{Name: "storm_s", Type: TypeUInt64, Meaning: "the window of the conflict-storm rate, in seconds"}
 	StormRate       = Param{Name: "storm_rate", Type: TypeFloat, Meaning: "the version-conflict rate above which a window is a storm"}
 )
 
-// Filters are the filter parameters, in the order {filters} writes them.
-var Filters = []Param{Namespace, Resource, User, Name}
+// Filters are the filter parameters, in the order {filters} writes them:
+// on columns that events, the hour caches and the retry-loop rows all
+// keep. The report has no toggle (HideSystem): it hides nothing.
+var Filters = []Param{Namespace, Resource, User, Name, HideSystem}
+
+// RequestFilters narrow requests by columns that only events keep, not
+// the hour caches: {request_filters} writes them, and only statements that
+// read events alone use it. The report narrows by neither.
+var RequestFilters = []Param{Verb, Code}
 
 // Source is where a part of the window is read from.
 type Source string
@@ -126,7 +140,8 @@ type Statement struct {
 	Time []Window
 	// Columns are the result's column names, in order.
 	Columns []string
-	// SQL is the text with placeholders: {db}, {filters}, the windows,
+	// SQL is the text with placeholders: {db}, {filters},
+	// {request_filters}, the windows,
 	// and {loop_conflicts} and {loop_successes} (the retry-loop rows,
 	// which place time with {rollup_window}, {raw_window} and {raw_range}).
 	SQL string
@@ -149,6 +164,11 @@ func (s Statement) Validate() error {
 			used = append(used, f.Name)
 		}
 	}
+	if strings.Contains(s.SQL, "{request_filters}") {
+		for _, f := range RequestFilters {
+			used = append(used, f.Name)
+		}
+	}
 	if strings.Contains(s.SQL, Bucket.Placeholder) {
 		used = append(used, IntervalS.Name)
 	}
@@ -162,7 +182,7 @@ func (s Statement) Validate() error {
 	var places, windows []string
 	for _, p := range placeholderRef.FindAllString(s.SQL, -1) {
 		switch p {
-		case "{db}", "{filters}":
+		case "{db}", "{filters}", "{request_filters}":
 		case "{loop_conflicts}", "{loop_successes}":
 			places = append(places, RollupHours.Placeholder, RawEdges.Placeholder, RawRange.Placeholder)
 		default:

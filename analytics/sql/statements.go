@@ -9,7 +9,7 @@ import (
 // Building blocks, shared by the statements below.
 const (
 	// requests are the window's requests in events, narrowed.
-	requests = Request + ` AND cluster = @cluster AND {events_window} AND {filters}`
+	requests = Request + ` AND cluster = @cluster AND {events_window} AND {filters} AND {request_filters}`
 
 	// rateOf is a conflict rate in SQL: conflicts per write attempt, 0
 	// without attempts.
@@ -127,7 +127,7 @@ var counted = `(
 // caches lack.
 var classified = DistinctEvents(
 	`event_time, user_agent, resource, verb, code, stamp, latency_us, `+ConflictClass+` AS class, `+IsWrite+` AS is_write`,
-	`{events_window}`, Request+` AND cluster = @cluster AND {filters}`)
+	`{events_window}`, Request+` AND cluster = @cluster AND {filters} AND {request_filters}`)
 
 // The retry-loop rows: version conflicts and successful writes, one row per
 // request, each with its writer and object. LoopConflictRows and
@@ -193,8 +193,11 @@ const fewConflictedObjects = `(SELECT uniqExact(` + ObjectHash + `) < @top FROM 
 
 // Parameter and window lists the statements share.
 var (
-	filtered    = []Param{Cluster, Namespace, Resource, User, Name}
-	countedTime = []Window{RollupHours, RawEdges, RawRange}
+	filtered = []Param{Cluster, Namespace, Resource, User, Name, HideSystem}
+	// requestFiltered are filtered and RequestFilters: a statement that
+	// reads events alone.
+	requestFiltered = with(filtered, Verb, Code)
+	countedTime     = []Window{RollupHours, RawEdges, RawRange}
 )
 
 func with(ps []Param, more ...Param) []Param {
@@ -308,7 +311,7 @@ LIMIT @top`}
 	// (same instant, same holder) and so extends a run without starting
 	// one: no dedup needed.
 	LeaseHolderChanges = Statement{Name: "lease_holder_changes", Title: "Lease holder changes", Shape: Rows,
-		Params: with(filtered, Top), Time: []Window{EventsWhole},
+		Params: with(requestFiltered, Top), Time: []Window{EventsWhole},
 		Columns: []string{"namespace", "name", "changes", "holders"},
 		SQL: `
 SELECT namespace, name, toUInt64(length(runs) - 1) AS changes, runs AS holders
@@ -327,7 +330,7 @@ LIMIT @top`}
 	// PolicyDecisions counts stampguard's audit annotations. Each value is
 	// a JSON array of {"policy","rule","action","path","writer"} objects.
 	PolicyDecisions = Statement{Name: "policy_decisions", Title: "stampguard policy decisions", Shape: Rows,
-		Params: with(filtered, Top), Time: []Window{EventsWhole},
+		Params: with(requestFiltered, Top), Time: []Window{EventsWhole},
 		Columns: []string{"policy", "kind", "action", "count"},
 		SQL: `
 SELECT policy, kind, action, count() AS count
