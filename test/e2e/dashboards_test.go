@@ -3,6 +3,7 @@ package e2e
 import (
 	"encoding/json"
 	"fmt"
+	"maps"
 	"math"
 	"os"
 	"reflect"
@@ -201,6 +202,7 @@ func TestDashboardQueriesOnClickHouse(t *testing.T) {
 	}
 
 	all := map[string]bool{"namespace": true, "resource": true, "user": true}
+	allRequests := map[string]bool{"namespace": true, "resource": true, "user": true, "verb": true, "code": true}
 	for _, w := range windows {
 		t.Run(w.name, func(t *testing.T) {
 			o := gen.Options
@@ -217,10 +219,13 @@ func TestDashboardQueriesOnClickHouse(t *testing.T) {
 			}
 			expand := func(vars map[string][]string, all map[string]bool, interval time.Duration) map[string]string {
 				t.Helper()
-				v := map[string][]string{"cluster": {cluster}, "name": {""}}
+				v := map[string][]string{"cluster": {cluster}, "name": {""}, "hide_system": {"no"}}
 				for k, x := range vars {
 					v[k] = x
 				}
+				// Every verb and code, as the variables' "All".
+				all = maps.Clone(all)
+				all["verb"], all["code"] = true, true
 				sqls, err := gen.Expanded(asql.Expansion{From: w.from, To: w.to, Interval: interval, Vars: v, All: all})
 				if err != nil {
 					t.Fatal(err)
@@ -366,7 +371,7 @@ func TestDashboardQueriesOnClickHouse(t *testing.T) {
 		var stmts []enginetest.Statement
 		for _, w := range windows {
 			sqls, err := gen.Expanded(asql.Expansion{From: w.from, To: w.to, Interval: 10 * time.Second,
-				Vars: map[string][]string{"cluster": {cluster}, "name": {""}}, All: all})
+				Vars: map[string][]string{"cluster": {cluster}, "name": {""}, "hide_system": {"no"}}, All: allRequests})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -671,7 +676,7 @@ func TestPolicyPanelsOnClickHouse(t *testing.T) {
 		t.Fatalf("the report counts %d stampless writes under Audit, alice made %d: %+v", auditedStamps, audited, want.PolicyDecisions)
 	}
 	sqls, err := gen.Expanded(asql.Expansion{From: from, To: to, Interval: time.Second,
-		Vars: map[string][]string{"cluster": {cluster}, "name": {""}}, All: map[string]bool{"namespace": true, "resource": true, "user": true}})
+		Vars: map[string][]string{"cluster": {cluster}, "name": {""}, "hide_system": {"no"}}, All: map[string]bool{"namespace": true, "resource": true, "user": true, "verb": true, "code": true}})
 	if err != nil {
 		t.Fatal(err)
 	}

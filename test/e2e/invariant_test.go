@@ -351,7 +351,7 @@ func (iv *invariant) panels(t *testing.T, db, cluster, when string) {
 		t.Fatal(err)
 	}
 	sqls, err := gen.Expanded(asql.Expansion{From: from, To: to, Interval: 10 * time.Second,
-		Vars: map[string][]string{"cluster": {cluster}, "name": {""}}, All: map[string]bool{"namespace": true, "resource": true, "user": true}})
+		Vars: map[string][]string{"cluster": {cluster}, "name": {""}, "hide_system": {"no"}}, All: map[string]bool{"namespace": true, "resource": true, "user": true, "verb": true, "code": true}})
 	if err != nil {
 		t.Fatal(err)
 	}
