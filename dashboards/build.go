@@ -162,7 +162,7 @@ ORDER BY code`
 	bd.b.WithVariable(dashboard.NewCustomVariableBuilder("hide_system").
 		Label("Hide Kubernetes' own writers").
 		Description("yes hides the control plane's and the nodes' system: users and kube-system's service accounts; other service accounts stay").
-		Values(dashboard.StringOrMap{String: strPtr(no + "," + yes)}).
+		Values(dashboard.StringOrMap{String: strPtr(no + "," + yes)}).AllowCustomValue(false).
 		Current(dashboard.VariableOption{Text: dashboard.StringOrArrayOfString{String: &no}, Value: dashboard.StringOrArrayOfString{String: &no}}))
 	empty := ""
 	bd.b.WithVariable(dashboard.NewTextBoxVariableBuilder("name").
