@@ -277,14 +277,7 @@ var exprRef = regexp.MustCompile(`\$([A-Z])\b`)
 // validated; each condition and expression names a refId of its rule.
 func TestAlertRulesStructure(t *testing.T) {
 	registerVariants()
-	raw, err := os.ReadFile(filepath.Join(OutputDir, AlertRulesFile))
-	if err != nil {
-		t.Fatal(err)
-	}
-	js, err := yaml.YAMLToJSON(raw)
-	if err != nil {
-		t.Fatal(err)
-	}
+	js := committedRules(t)
 	var file struct {
 		APIVersion int `json:"apiVersion"`
 		Groups     []struct {
@@ -400,11 +393,9 @@ func TestAlertRulesStructure(t *testing.T) {
 	}
 }
 
-// TestUpgradeDeletesTheRetiredRules reads the committed provisioning file:
-// it deletes every rule UID that files before the per-cluster UIDs
-// provisioned, in org 1, and no UID that a file generated now for any of
-// several clusters provisions.
-func TestUpgradeDeletesTheRetiredRules(t *testing.T) {
+// committedRules is the committed alert provisioning file, as JSON.
+func committedRules(t *testing.T) []byte {
+	t.Helper()
 	raw, err := os.ReadFile(filepath.Join(OutputDir, AlertRulesFile))
 	if err != nil {
 		t.Fatal(err)
@@ -413,6 +404,15 @@ func TestUpgradeDeletesTheRetiredRules(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	return js
+}
+
+// TestUpgradeDeletesTheRetiredRules reads the committed provisioning file:
+// it deletes every rule UID that files before the per-cluster UIDs
+// provisioned, in org 1, and no UID that a file generated now for any of
+// several clusters provisions.
+func TestUpgradeDeletesTheRetiredRules(t *testing.T) {
+	js := committedRules(t)
 	var file struct {
 		DeleteRules []RuleDeletion `json:"deleteRules"`
 	}

@@ -16,6 +16,20 @@ import (
 
 const optimisticLock = `Operation cannot be fulfilled on configmaps "x": the object has been modified; please apply your changes to the latest version and try again`
 
+// migrated is the store of the database stampguard on srv, migrated.
+func migrated(t *testing.T, srv *chtest.Server) *analytics.Store {
+	t.Helper()
+	store, err := analytics.OpenStore(t.Context(), analytics.StoreOptions{DSN: srv.DSN(), Database: "stampguard"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { store.Close() })
+	if _, err := store.Migrate(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	return store
+}
+
 // events builds audit rows the way the sink stores them.
 type events struct {
 	cluster string
@@ -65,14 +79,7 @@ func (ev *events) steady(from, to time.Time, perMinute func(time.Time) int, writ
 func TestAlertRulesOnScenarios(t *testing.T) {
 	srv := chtest.StartInTimeZone(t, "America/New_York")
 	ctx := t.Context()
-	store, err := analytics.OpenStore(ctx, analytics.StoreOptions{DSN: srv.DSN(), Database: "stampguard"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { store.Close() })
-	if _, err := store.Migrate(ctx); err != nil {
-		t.Fatal(err)
-	}
+	store := migrated(t, srv)
 	// UTC midnight, 19:00 in New York. The scenarios lie in the past, so
 	// that every hour of them can be compacted.
 	midnight := time.Date(2026, 11, 21, 0, 0, 0, 0, time.UTC)

@@ -8,7 +8,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/stampguard/stampguard/analytics"
 	"github.com/stampguard/stampguard/analytics/audit"
 	asql "github.com/stampguard/stampguard/analytics/sql"
 	"github.com/stampguard/stampguard/dashboards"
@@ -24,14 +23,7 @@ import (
 func TestCountSeriesDoNotChangeWithZoom(t *testing.T) {
 	srv := chtest.Start(t)
 	ctx := t.Context()
-	store, err := analytics.OpenStore(ctx, analytics.StoreOptions{DSN: srv.DSN(), Database: "stampguard"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { store.Close() })
-	if _, err := store.Migrate(ctx); err != nil {
-		t.Fatal(err)
-	}
+	store := migrated(t, srv)
 	t0 := time.Date(2026, 11, 20, 10, 0, 0, 0, time.UTC)
 	ev := &events{cluster: "c"}
 	// Over 20 minutes, a rate that varies minute by minute: updates (every

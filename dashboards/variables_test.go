@@ -7,7 +7,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/stampguard/stampguard/analytics"
 	"github.com/stampguard/stampguard/analytics/audit"
 	asql "github.com/stampguard/stampguard/analytics/sql"
 	"github.com/stampguard/stampguard/dashboards"
@@ -26,14 +25,7 @@ import (
 func TestVariablesCannotInjectSQL(t *testing.T) {
 	srv := chtest.Start(t)
 	ctx := t.Context()
-	store, err := analytics.OpenStore(ctx, analytics.StoreOptions{DSN: srv.DSN(), Database: "stampguard"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { store.Close() })
-	if _, err := store.Migrate(ctx); err != nil {
-		t.Fatal(err)
-	}
+	store := migrated(t, srv)
 	t0 := time.Date(2026, 11, 20, 10, 0, 0, 0, time.UTC)
 	ev := &events{cluster: "c"}
 	for i := range 3 {
