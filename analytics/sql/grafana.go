@@ -24,8 +24,9 @@ type Grafana struct {
 	// parameter name.
 	Variables map[string]Variable
 	// Values are literal SQL for the parameters without a variable (a
-	// number, or a quoted string; a filter's '' means any). interval_s
-	// needs neither: it is always $__interval_s.
+	// number, or a quoted string; a filter's '' means any, a toggle's
+	// 'yes' hides and any other value does not). interval_s needs
+	// neither: it is always $__interval_s.
 	Values map[string]string
 }
 
