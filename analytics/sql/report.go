@@ -146,7 +146,7 @@ func (p Plan) rollupWindow() string {
 // column's SQL value. "0" (nothing) without any.
 func (p Plan) partialWindow(bound func(us int64) string, column string) string {
 	if len(p.Partial) == 0 {
-		return "0"
+		return noRows
 	}
 	var ps []string
 	for _, h := range p.Partial {
@@ -166,8 +166,18 @@ func (p Plan) minuteWindow() string {
 // loopRollupWindow selects the loop caches' rows of the plan's clean
 // hours and of its partial hours' whole minutes.
 func (p Plan) loopRollupWindow() string {
+	switch {
+	case len(p.Partial) == 0:
+		return p.rollupWindow()
+	case len(p.Clean) == 0:
+		return p.partialWindow(func(us int64) string { return strconv.FormatInt(us, 10) }, "event_time_us")
+	}
 	return "(" + p.rollupWindow() + " OR " + p.partialWindow(func(us int64) string { return strconv.FormatInt(us, 10) }, "event_time_us") + ")"
 }
+
+// noRows selects nothing, by a day that holds no partition, so that 18.16
+// reads no part of the table (a plain 0 still reads its columns).
+const noRows = "(event_date = toDate('1970-01-01') AND 0)"
 
 // rawWindow selects the plan's raw ranges of events, each with the day
 // partitions it spans; "0" (nothing) without any.
