@@ -397,6 +397,42 @@ var Migrations = []Migration{
 			GROUP BY event_date, hour`,
 		},
 	},
+	{
+		Version: 7,
+		Name:    "minute_requests: the request counters per minute",
+		Statements: []string{
+			// hour_requests per minute, written by the same compaction
+			// under the same version: a window that cuts a clean hour
+			// reads the whole minutes it holds from here and only the
+			// seconds at its edges from events. Versions compacted before
+			// have no rows here, and a window cutting their hours reads
+			// them from events as before.
+			`CREATE TABLE IF NOT EXISTS {db}.minute_requests (
+				event_date                    Date,
+				hour                          DateTime,
+				version                       UInt64,
+				minute                        DateTime,
+				cluster                       LowCardinality(String),
+				api_group                     LowCardinality(String),
+				resource                      LowCardinality(String),
+				namespace                     LowCardinality(String),
+				name                          String,
+				writer                        LowCardinality(String),
+				requests                      UInt64,
+				write_attempts                UInt64,
+				version_conflicts             UInt64,
+				write_version_conflicts       UInt64,
+				field_conflicts               UInt64,
+				already_exists                UInt64,
+				delete_precondition_conflicts UInt64,
+				stampless_updates             UInt64,
+				other_conflicts               UInt64,
+				gone                          UInt64
+			) ENGINE = MergeTree()
+			PARTITION BY event_date
+			ORDER BY (cluster, hour, version, minute, api_group, resource, namespace, name, writer)`,
+		},
+	},
 }
 
 // epoch records from which hour a table fed by a view holds every event:
@@ -456,7 +492,7 @@ const eventsColumnsDDL = `(
 			)`
 
 // Tables whose day partitions retention drops.
-var retentionTables = []string{asql.EventsTable, asql.LegacyEventsTable, "hour_marks", "hour_compactions", "hour_requests", "hour_loop_conflicts", "hour_loop_successes", "dead_letters",
+var retentionTables = []string{asql.EventsTable, asql.LegacyEventsTable, "hour_marks", "hour_compactions", "hour_requests", "minute_requests", "hour_loop_conflicts", "hour_loop_successes", "dead_letters",
 	// unfed since migration 5
 	"event_keys", "stored_keys", "duplicate_events", "request_rollup", "loop_conflicts", "loop_successes"}
 

@@ -119,18 +119,24 @@ func BenchmarkReport(b *testing.B) {
 				}
 			}
 		})
-		if err := o.split(ctx, store.Conn()); err != nil {
-			b.Fatal(err)
-		}
-		q := o.querier(ctx, store.Conn())
-		for _, query := range All {
-			b.Run(mode.name+"/"+query.Name, func(b *testing.B) {
-				for b.Loop() {
-					if err := q.each(query, func(rows driverRows) error { return nil }); err != nil {
-						b.Fatal(err)
+		// Each query alone, over the whole day and over the cut window.
+		for _, w := range []struct {
+			name string
+			o    Options
+		}{{"", o}, {"cut-hours/", cut}} {
+			if err := w.o.split(ctx, store.Conn()); err != nil {
+				b.Fatal(err)
+			}
+			q := w.o.querier(ctx, store.Conn())
+			for _, query := range All {
+				b.Run(mode.name+"/"+w.name+query.Name, func(b *testing.B) {
+					for b.Loop() {
+						if err := q.each(query, func(rows driverRows) error { return nil }); err != nil {
+							b.Fatal(err)
+						}
 					}
-				}
-			})
+				})
+			}
 		}
 	}
 }

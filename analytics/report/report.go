@@ -140,38 +140,76 @@ func Build(ctx context.Context, conn driver.Conn, o Options) (*Report, error) {
 	return r, nil
 }
 
-// split decides where the window is read from: the whole hours of the
-// window that are clean from their caches, the rest from events (all of
+// split decides where the window is read from: the clean hours of the
+// window from their caches (the whole minutes of the hours it cuts, too,
+// when their versions have minute caches), the rest from events (all of
 // it with NoRollup).
 func (o *Options) split(ctx context.Context, conn driver.Conn) error {
 	if o.NoRollup {
 		o.plan = asql.PlanReport(o.Since, o.Until, nil)
 		return nil
 	}
-	from, to := ceilHour(o.Since), o.Until.UTC().Truncate(time.Hour)
+	from, to := o.Since.UTC().Truncate(time.Hour), ceilHour(o.Until)
 	var clean []asql.CleanHour
 	if from.Before(to) {
 		q := "SELECT toUInt32(hour), version FROM " + strings.ReplaceAll(asql.CleanHours(strconv.FormatInt(from.Unix(), 10), strconv.FormatInt(to.Unix(), 10)), "{db}", o.Database) + " ORDER BY hour"
-		rows, err := conn.Query(ctx, q)
-		if err != nil {
-			return fmt.Errorf("read the clean hours: %w", err)
-		}
-		defer rows.Close()
-		for rows.Next() {
+		if err := scanAll(ctx, conn, q, func(rows driver.Rows) error {
 			var h uint32
 			var c asql.CleanHour
 			if err := rows.Scan(&h, &c.Version); err != nil {
-				return fmt.Errorf("read the clean hours: %w", err)
+				return err
 			}
 			c.Hour = time.Unix(int64(h), 0).UTC()
 			clean = append(clean, c)
-		}
-		if err := rows.Err(); err != nil {
+			return nil
+		}); err != nil {
 			return fmt.Errorf("read the clean hours: %w", err)
+		}
+	}
+	// Only the hours the window cuts (the first and the last) can use
+	// minute caches: ask whether their versions have any.
+	var cut []asql.CleanHour
+	for _, c := range clean {
+		if c.Hour.Before(o.Since) || c.Hour.Add(time.Hour).After(o.Until) {
+			cut = append(cut, c)
+		}
+	}
+	if len(cut) > 0 {
+		q := strings.ReplaceAll(asql.MinuteVersions(cut), "{db}", o.Database)
+		minutes := map[asql.CleanHour]bool{}
+		if err := scanAll(ctx, conn, q, func(rows driver.Rows) error {
+			var h uint32
+			var c asql.CleanHour
+			if err := rows.Scan(&h, &c.Version); err != nil {
+				return err
+			}
+			c.Hour = time.Unix(int64(h), 0).UTC()
+			minutes[c] = true
+			return nil
+		}); err != nil {
+			return fmt.Errorf("read the minute caches: %w", err)
+		}
+		for i := range clean {
+			clean[i].Minutes = minutes[clean[i]]
 		}
 	}
 	o.plan = asql.PlanReport(o.Since, o.Until, clean)
 	return nil
+}
+
+// scanAll runs q and hands each row to scan.
+func scanAll(ctx context.Context, conn driver.Conn, q string, scan func(driver.Rows) error) error {
+	rows, err := conn.Query(ctx, q)
+	if err != nil {
+		return err
+	}
+	defer rows.Close()
+	for rows.Next() {
+		if err := scan(rows); err != nil {
+			return err
+		}
+	}
+	return rows.Err()
 }
 
 // ceilHour is t rounded up to a whole UTC hour.

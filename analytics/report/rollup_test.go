@@ -88,6 +88,15 @@ func rollupUsed(t *testing.T, conn driver.Conn, o Options) bool {
 	return len(o.plan.Clean) > 0
 }
 
+// minutesUsed says whether the report over o reads minute caches.
+func minutesUsed(t *testing.T, conn driver.Conn, o Options) bool {
+	t.Helper()
+	if err := o.split(t.Context(), conn); err != nil {
+		t.Fatal(err)
+	}
+	return len(o.plan.Partial) > 0
+}
+
 // compact builds the caches of every hour the test stored.
 func compact(t *testing.T, store *analytics.Store) {
 	t.Helper()
@@ -170,12 +179,15 @@ func TestRollupEqualsRaw(t *testing.T) {
 		b := a.Add(time.Duration(rnd.Int64N(int64(3*time.Hour/time.Microsecond))) * time.Microsecond)
 		windows = append(windows, [2]time.Time{a, b})
 	}
-	split := 0
+	split, minutes := 0, 0
 	for _, w := range windows {
 		o := base
 		o.Since, o.Until = w[0], w[1]
 		if rollupUsed(t, store.Conn(), o) {
 			split++
+		}
+		if minutesUsed(t, store.Conn(), o) {
+			minutes++
 		}
 		assertSameReports(t, ctx, store.Conn(), o)
 		for _, f := range []Options{{User: "user-0"}, {Namespace: "ns-1", Resource: "deployments"}, {Namespace: "shop", Resource: "configmaps", User: "dave"}} {
@@ -183,8 +195,8 @@ func TestRollupEqualsRaw(t *testing.T) {
 			assertSameReports(t, ctx, store.Conn(), f)
 		}
 	}
-	if split < 4 {
-		t.Fatalf("only %d windows read the rollup", split)
+	if split < 4 || minutes < 4 {
+		t.Fatalf("only %d windows read the rollup, %d the minute caches", split, minutes)
 	}
 
 	// The scenario's expectations hold on the rollup path too, over a
@@ -224,6 +236,40 @@ func TestRollupEqualsRawOnSynthetic(t *testing.T) {
 		o.Resource = "configmaps"
 		assertSameReports(t, ctx, store.Conn(), o)
 	}
+}
+
+// TestCutHoursOfEarlierCompactionsAreReadRaw: an hour compacted by an
+// earlier release has no minute caches; a window cutting it reads it from
+// events and says the same as one reading the minute caches.
+func TestCutHoursOfEarlierCompactionsAreReadRaw(t *testing.T) {
+	store, db := migrated(t)
+	ctx := t.Context()
+	if err := Synthesize(ctx, store.Conn(), db, "bench", 50_000, 7, t0, 3*time.Hour); err != nil {
+		t.Fatal(err)
+	}
+	compact(t, store)
+	o := Options{Database: db, Cluster: "bench", Top: 50, Since: t0.Add(10*time.Minute + 3*time.Second), Until: t0.Add(2*time.Hour + 50*time.Minute + 1)}
+	if !minutesUsed(t, store.Conn(), o) {
+		t.Fatal("the window does not read the minute caches")
+	}
+	withMinutes, err := Build(ctx, store.Conn(), o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := store.Conn().Exec(ctx, "TRUNCATE TABLE "+db+".minute_requests"); err != nil {
+		t.Fatal(err)
+	}
+	if minutesUsed(t, store.Conn(), o) || !rollupUsed(t, store.Conn(), o) {
+		t.Fatal("without minute caches the window should read its whole hours from the caches and its cut hours from events")
+	}
+	without, err := Build(ctx, store.Conn(), o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !reflect.DeepEqual(withMinutes, without) {
+		t.Errorf("with minute caches:\n%+v\nwithout:\n%+v", withMinutes, without)
+	}
+	assertSameReports(t, ctx, store.Conn(), o)
 }
 
 // TestHotObjectsMatchPlainRanking checks the contender shortcut of

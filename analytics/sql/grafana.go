@@ -141,7 +141,7 @@ func (g Grafana) Bind(s Statement) (string, error) {
 	sql := replace(s.SQL,
 		"{loop_conflicts}", loopConflicts, "{loop_successes}", loopSuccesses,
 		"{filters}", "("+strings.Join(filters, " AND ")+")", "{request_filters}", "("+strings.Join(requestFilters, " AND ")+")",
-		"{raw_window}", grafanaRaw, "{raw_range}", grafanaWindow, "{rollup_window}", grafanaRollup, "{window}", grafanaWindow, "{events_window}", grafanaEventsWindow,
+		"{raw_window}", grafanaRaw, "{raw_range}", grafanaWindow, "{rollup_window}", grafanaRollup, "{loop_rollup_window}", grafanaRollup, "{minute_window}", noRows, "{window}", grafanaWindow, "{events_window}", grafanaEventsWindow,
 		"{bucket}", "toDateTime(intDiv(toUInt32(event_time), @interval_s) * @interval_s)",
 		"{end_us}", endUs,
 		"{db}", g.Database)

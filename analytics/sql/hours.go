@@ -1,6 +1,7 @@
 package sql
 
 import (
+	"strconv"
 	"strings"
 )
 
@@ -29,6 +30,30 @@ func CleanHours(from, to string) string {
 	GROUP BY hour)`
 }
 
+// MinuteVersions is a query of (hour, version): those of hours, clean
+// hours, whose versions have minute caches. A compactor of an earlier
+// release wrote none; a compaction writes its minute caches before its
+// record, so a recorded version with any minute row has all of them. (A
+// version of an hour without requests has none and is read from events,
+// which hold none of its requests either.)
+func MinuteVersions(hours []CleanHour) string {
+	var ts []string
+	for _, c := range hours {
+		ts = append(ts, "(toDateTime("+strconv.FormatInt(c.Hour.Unix(), 10)+"), toUInt64("+strconv.FormatUint(c.Version, 10)+"))")
+	}
+	if len(ts) == 1 { // ((a, b)) would be one tuple, not a set of one
+		ts = append(ts, ts[0])
+	}
+	first, last := hours[0].Hour.Unix(), hours[0].Hour.Unix()
+	for _, c := range hours {
+		first, last = min(first, c.Hour.Unix()), max(last, c.Hour.Unix())
+	}
+	return `SELECT toUInt32(hour), version FROM {db}.minute_requests
+	WHERE event_date >= toDate(toDateTime(` + strconv.FormatInt(first, 10) + `), 'UTC') AND event_date <= toDate(toDateTime(` + strconv.FormatInt(last, 10) + `), 'UTC')
+		AND (hour, version) IN (` + strings.Join(ts, ", ") + `)
+	LIMIT 1 BY hour, version`
+}
+
 // hourRows are the events of the hour @hour_s (Unix seconds) of a
 // compaction.
 var hourRows = TimeRange("@hour_s * 1000000", "(@hour_s + 3600) * 1000000")
@@ -46,6 +71,10 @@ var (
 	SELECT toDate(toDateTime(@hour_s), 'UTC'), toDateTime(@hour_s), toUInt64(@version), cluster, api_group, resource, namespace, name, writer, ` + counterSums + `
 	FROM ` + DistinctEvents(requestColumns, hourRows, Request) + `
 	GROUP BY cluster, api_group, resource, namespace, name, writer`,
+		`INSERT INTO {db}.minute_requests (event_date, hour, version, minute, cluster, api_group, resource, namespace, name, writer, ` + counterNames + `)
+	SELECT toDate(toDateTime(@hour_s), 'UTC'), toDateTime(@hour_s), toUInt64(@version), minute, cluster, api_group, resource, namespace, name, writer, ` + counterSums + `
+	FROM ` + DistinctEvents(requestColumns+`, toDateTime(intDiv(event_time_us, 60000000) * 60) AS minute`, hourRows, Request) + `
+	GROUP BY minute, cluster, api_group, resource, namespace, name, writer`,
 		`INSERT INTO {db}.hour_loop_conflicts (event_date, hour, version, ` + loopConflictColumnsNoDate + `)
 	SELECT event_date, toDateTime(@hour_s), toUInt64(@version), ` + loopConflictColumnsNoDate + `
 	FROM ` + LoopConflictRows(hourRows, "1"),

@@ -151,7 +151,7 @@ FROM ` + counted}
 	// each, labelled with its string columns. A loop stays here until the
 	// writer succeeds on the object or its conflicts leave the window.
 	StaleRetryLoops = Statement{Name: "stale_retry_loops", Title: "Stale unresolved retry loops", Shape: Rows,
-		Params: with(RetryLoops.Params, StaleUs), Time: []Window{RollupHours, RawEdges, RawRange, Whole, End},
+		Params: with(RetryLoops.Params, StaleUs), Time: []Window{LoopRollupHours, RawEdges, RawRange, Whole, End},
 		Columns: []string{"writer", "namespace", "object", "conflicts"},
 		SQL: `
 SELECT user AS writer, namespace, concat(resource, if(api_group = '', '', concat('.', api_group)), '/', name) AS object,

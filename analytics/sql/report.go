@@ -1,7 +1,6 @@
 package sql
 
 import (
-	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -19,43 +18,95 @@ type Report struct {
 	Plan Plan
 }
 
-// Plan is where a window is read from: clean hours from the hour caches,
-// each with its version, and the rest, as half-open ranges of Unix
-// microseconds, from events.
+// Plan is where a window is read from: clean whole hours from the hour
+// caches, each with its version; the whole minutes of clean hours the
+// window cuts from the minute caches (and the loop caches); and the rest,
+// as half-open ranges of Unix microseconds, from events.
 type Plan struct {
-	Clean []CleanHour
-	Raw   [][2]int64
+	Clean   []CleanHour
+	Partial []PartialHour
+	Raw     [][2]int64
 }
 
 // CleanHour is a clean hour (its start) and the version of its caches.
+// Minutes says that the version has minute caches too (a compactor of an
+// earlier release wrote none): only then can a window that cuts the hour
+// read its whole minutes from the caches.
 type CleanHour struct {
 	Hour    time.Time
 	Version uint64
+	Minutes bool
 }
 
-// PlanReport splits [since, until) into its whole hours that clean (as
-// CleanHours reads them) lists, and the rest. Without clean hours all of
-// the window is read from events.
+// PartialHour is a clean hour that the window cuts, and the whole minutes
+// [From, Until) (Unix microseconds) of it that the window holds.
+type PartialHour struct {
+	CleanHour
+	From, Until int64
+}
+
+// PlanReport splits [since, until) between the caches of the clean hours
+// that clean lists (as CleanHours reads them), and events: a clean hour
+// inside the window is read from its hour caches; of a clean hour the
+// window cuts, the whole minutes in the window are read from its minute
+// caches when its version has them; everything else (dirty hours, the
+// seconds before the first and after the last whole minute) from events.
+// Without clean hours all of the window is read from events.
 func PlanReport(since, until time.Time, clean []CleanHour) Plan {
 	var p Plan
-	clean = slices.SortedFunc(slices.Values(clean), func(a, b CleanHour) int { return a.Hour.Compare(b.Hour) })
-	at := since.UnixMicro()
-	end := until.UnixMicro()
+	byHour := make(map[int64]CleanHour, len(clean))
 	for _, c := range clean {
-		h := c.Hour.UnixMicro()
-		if h < at || h+time.Hour.Microseconds() > end {
-			continue // not a whole hour of the window, or out of order
-		}
-		if h > at {
-			p.Raw = append(p.Raw, [2]int64{at, h})
-		}
-		p.Clean = append(p.Clean, c)
-		at = h + time.Hour.Microseconds()
+		byHour[c.Hour.UnixMicro()] = c
 	}
-	if at < end {
-		p.Raw = append(p.Raw, [2]int64{at, end})
+	raw := func(from, to int64) {
+		switch {
+		case from >= to:
+		case len(p.Raw) > 0 && p.Raw[len(p.Raw)-1][1] == from:
+			p.Raw[len(p.Raw)-1][1] = to
+		default:
+			p.Raw = append(p.Raw, [2]int64{from, to})
+		}
+	}
+	const hourUs, minuteUs = int64(time.Hour / time.Microsecond), int64(time.Minute / time.Microsecond)
+	at, end := since.UnixMicro(), until.UnixMicro()
+	for at < end {
+		h := floorTo(at, hourUs)
+		to := min(end, h+hourUs)
+		c, ok := byHour[h]
+		switch {
+		case !ok:
+			raw(at, to)
+		case at == h && to == h+hourUs:
+			p.Clean = append(p.Clean, c)
+		case c.Minutes && ceilTo(at, minuteUs) < floorTo(to, minuteUs):
+			from, until := ceilTo(at, minuteUs), floorTo(to, minuteUs)
+			raw(at, from)
+			p.Partial = append(p.Partial, PartialHour{CleanHour: c, From: from, Until: until})
+			raw(until, to)
+		default:
+			raw(at, to)
+		}
+		at = to
 	}
 	return p
+}
+
+// floorTo and ceilTo round Unix microseconds down and up to a multiple of
+// unit (times before 1970 included).
+func floorTo(us, unit int64) int64 {
+	f := us / unit * unit
+	if f > us {
+		f -= unit
+	}
+	return f
+}
+
+func ceilTo(us, unit int64) int64 {
+	f := floorTo(us, unit)
+	if f < us {
+		f += unit
+	}
+	return f
 }
 
 // The report's window parameters, bound by the caller beside the
@@ -89,6 +140,45 @@ func (p Plan) rollupWindow() string {
 		strconv.FormatInt(last, 10) + "), 'UTC') AND (hour, version) IN (" + strings.Join(ts, ", ") + "))"
 }
 
+// partialWindow selects the plan's partial hours, each with its version
+// and its whole minutes, in a table with event_date, hour, version and the
+// time column column; bound writes a bound (Unix microseconds) as that
+// column's SQL value. "0" (nothing) without any.
+func (p Plan) partialWindow(bound func(us int64) string, column string) string {
+	if len(p.Partial) == 0 {
+		return noRows
+	}
+	var ps []string
+	for _, h := range p.Partial {
+		ps = append(ps, "(event_date = toDate(toDateTime("+strconv.FormatInt(h.Hour.Unix(), 10)+"), 'UTC') AND hour = toDateTime("+
+			strconv.FormatInt(h.Hour.Unix(), 10)+") AND version = toUInt64("+strconv.FormatUint(h.Version, 10)+") AND "+
+			column+" >= "+bound(h.From)+" AND "+column+" < "+bound(h.Until)+")")
+	}
+	return "(" + strings.Join(ps, " OR ") + ")"
+}
+
+// minuteWindow selects the partial hours' whole minutes in the minute
+// caches.
+func (p Plan) minuteWindow() string {
+	return p.partialWindow(func(us int64) string { return "toDateTime(" + strconv.FormatInt(us/1_000_000, 10) + ")" }, "minute")
+}
+
+// loopRollupWindow selects the loop caches' rows of the plan's clean
+// hours and of its partial hours' whole minutes.
+func (p Plan) loopRollupWindow() string {
+	switch {
+	case len(p.Partial) == 0:
+		return p.rollupWindow()
+	case len(p.Clean) == 0:
+		return p.partialWindow(func(us int64) string { return strconv.FormatInt(us, 10) }, "event_time_us")
+	}
+	return "(" + p.rollupWindow() + " OR " + p.partialWindow(func(us int64) string { return strconv.FormatInt(us, 10) }, "event_time_us") + ")"
+}
+
+// noRows selects nothing, by a day that holds no partition, so that 18.16
+// reads no part of the table (a plain 0 still reads its columns).
+const noRows = "(event_date = toDate('1970-01-01') AND 0)"
+
 // rawWindow selects the plan's raw ranges of events, each with the day
 // partitions it spans; "0" (nothing) without any.
 func (p Plan) rawWindow() string {
@@ -120,7 +210,7 @@ func (r Report) Bind(s Statement) string {
 	return replace(s.SQL,
 		"{loop_conflicts}", loopConflicts, "{loop_successes}", loopSuccesses,
 		"{filters}", reportFilters, "{request_filters}", "1", // the report narrows by no verb or code
-		"{raw_window}", r.Plan.rawWindow(), "{raw_range}", r.Plan.rawWindow(), "{rollup_window}", r.Plan.rollupWindow(), "{window}", reportWindow, "{events_window}", reportWindow,
+		"{raw_window}", r.Plan.rawWindow(), "{raw_range}", r.Plan.rawWindow(), "{rollup_window}", r.Plan.rollupWindow(), "{minute_window}", r.Plan.minuteWindow(), "{loop_rollup_window}", r.Plan.loopRollupWindow(), "{window}", reportWindow, "{events_window}", reportWindow,
 		"{bucket}", "toDateTime(intDiv(toUInt32(event_time), @interval_s) * @interval_s)",
 		"{end_us}", "@until_us",
 		"{db}", r.Database)

@@ -159,38 +159,63 @@ func TestBothBindersPlaceEveryWindow(t *testing.T) {
 func TestPlanReportSplitsTheWindow(t *testing.T) {
 	h := func(n int) time.Time { return time.Date(2026, 12, 1, n, 0, 0, 0, time.UTC) }
 	us := func(t time.Time) int64 { return t.UnixMicro() }
-	min := func(n, m int) time.Time { return h(n).Add(time.Duration(m) * time.Minute) }
+	at := func(n, m int, s ...int) time.Time {
+		t := h(n).Add(time.Duration(m) * time.Minute)
+		if len(s) > 0 {
+			t = t.Add(time.Duration(s[0]) * time.Second)
+		}
+		return t
+	}
+	c := func(n int, v uint64) CleanHour { return CleanHour{Hour: h(n), Version: v} }
+	cm := func(n int, v uint64) CleanHour { return CleanHour{Hour: h(n), Version: v, Minutes: true} }
+	part := func(c CleanHour, from, until time.Time) PartialHour {
+		return PartialHour{CleanHour: c, From: us(from), Until: us(until)}
+	}
 	cases := []struct {
 		name         string
 		since, until time.Time
 		clean        []CleanHour
 		wantClean    int
+		wantPartial  []PartialHour
 		wantRaw      [][2]int64
 	}{
-		{"without clean hours the whole window is raw", min(1, 20), min(5, 10), nil, 0,
-			[][2]int64{{us(min(1, 20)), us(min(5, 10))}}},
-		{"clean whole hours are cut out, the edges stay raw", min(1, 20), min(5, 10),
-			[]CleanHour{{h(2), 7}, {h(3), 8}, {h(4), 9}}, 3,
-			[][2]int64{{us(min(1, 20)), us(h(2))}, {us(h(5)), us(min(5, 10))}}},
+		{"without clean hours the whole window is raw", at(1, 20), at(5, 10), nil, 0, nil,
+			[][2]int64{{us(at(1, 20)), us(at(5, 10))}}},
+		{"clean whole hours are cut out, the edges stay raw", at(1, 20), at(5, 10),
+			[]CleanHour{c(2, 7), c(3, 8), c(4, 9)}, 3, nil,
+			[][2]int64{{us(at(1, 20)), us(h(2))}, {us(h(5)), us(at(5, 10))}}},
 		{"a dirty hour between clean ones is read raw", h(1), h(5),
-			[]CleanHour{{h(3), 2}, {h(1), 1}, {h(4), 3}}, 3,
+			[]CleanHour{c(3, 2), c(1, 1), c(4, 3)}, 3, nil,
 			[][2]int64{{us(h(2)), us(h(3))}}},
-		{"an hour the window cuts is never read from its cache", min(1, 30), min(2, 30),
-			[]CleanHour{{h(1), 1}, {h(2), 2}}, 0,
-			[][2]int64{{us(min(1, 30)), us(min(2, 30))}}},
+		{"a cut hour without minute caches is read raw", at(1, 30), at(2, 30),
+			[]CleanHour{c(1, 1), c(2, 2)}, 0, nil,
+			[][2]int64{{us(at(1, 30)), us(at(2, 30))}}},
+		{"a cut hour with minute caches reads its whole minutes from them", at(1, 30, 5), at(2, 30, 7),
+			[]CleanHour{cm(1, 1), cm(2, 2)}, 0,
+			[]PartialHour{part(cm(1, 1), at(1, 31), h(2)), part(cm(2, 2), h(2), at(2, 30))},
+			[][2]int64{{us(at(1, 30, 5)), us(at(1, 31))}, {us(at(2, 30)), us(at(2, 30, 7))}}},
+		{"a window inside one minute of a clean hour is raw", at(1, 30, 5), at(1, 30, 50),
+			[]CleanHour{cm(1, 1)}, 0, nil,
+			[][2]int64{{us(at(1, 30, 5)), us(at(1, 30, 50))}}},
+		{"whole hours, partial hours and dirty hours together", at(0, 59, 59), at(4, 0, 1),
+			[]CleanHour{cm(0, 1), cm(1, 2), cm(3, 4), cm(4, 5)}, 2, nil,
+			[][2]int64{{us(at(0, 59, 59)), us(h(1))}, {us(h(2)), us(h(3))}, {us(h(4)), us(at(4, 0, 1))}}},
 		{"a window of clean hours reads nothing raw", h(1), h(3),
-			[]CleanHour{{h(1), 1}, {h(2), 2}}, 2, nil},
+			[]CleanHour{c(1, 1), c(2, 2)}, 2, nil, nil},
 	}
 	for _, c := range cases {
 		p := PlanReport(c.since, c.until, c.clean)
-		if len(p.Clean) != c.wantClean || !slices.Equal(p.Raw, c.wantRaw) {
-			t.Errorf("%s: %d clean hours and raw %v, want %d and %v", c.name, len(p.Clean), p.Raw, c.wantClean, c.wantRaw)
+		if len(p.Clean) != c.wantClean || !slices.Equal(p.Partial, c.wantPartial) || !slices.Equal(p.Raw, c.wantRaw) {
+			t.Errorf("%s: %d clean hours, partial %v and raw %v, want %d, %v and %v", c.name, len(p.Clean), p.Partial, p.Raw, c.wantClean, c.wantPartial, c.wantRaw)
 		}
-		// The parts cover the window once: the clean hours and the raw
-		// ranges add up to it.
+		// The parts cover the window once: the clean hours, the partial
+		// hours' minutes and the raw ranges add up to it.
 		var covered int64
 		for _, r := range p.Raw {
 			covered += r[1] - r[0]
+		}
+		for _, m := range p.Partial {
+			covered += m.Until - m.From
 		}
 		covered += int64(len(p.Clean)) * time.Hour.Microseconds()
 		if covered != us(c.until)-us(c.since) {

@@ -106,6 +106,12 @@ var (
 	// RollupHours is the clean whole hours inside the window, each with
 	// the version of its caches to read.
 	RollupHours = Window{"{rollup_window}", "hour", Rollup, "the clean whole hours, from the hour caches"}
+	// MinuteSpans is the whole minutes of the clean hours the window cuts,
+	// from the minute caches, each hour with its version.
+	MinuteSpans = Window{"{minute_window}", "minute", Rollup, "the whole minutes of the clean hours the window cuts, from the minute caches"}
+	// LoopRollupHours is the clean hours and MinuteSpans, from the
+	// retry-loop caches (whose rows each hold their time).
+	LoopRollupHours = Window{"{loop_rollup_window}", "hour", Rollup, "the clean hours and the whole minutes of the clean hours the window cuts, from the retry-loop caches"}
 	// Bucket is the start of a series' time bucket, as a DateTime.
 	Bucket = Window{"{bucket}", "event_time", Raw, "the time bucket of a series"}
 	// End is the window's end (exclusive) in microseconds.
@@ -113,7 +119,7 @@ var (
 )
 
 // Windows lists every window a binder must place.
-var Windows = []Window{Whole, EventsWhole, RawEdges, RawRange, RollupHours, Bucket, End}
+var Windows = []Window{Whole, EventsWhole, RawEdges, RawRange, RollupHours, MinuteSpans, LoopRollupHours, Bucket, End}
 
 // Shape is what a statement returns.
 type Shape string
@@ -143,7 +149,8 @@ type Statement struct {
 	// SQL is the text with placeholders: {db}, {filters},
 	// {request_filters}, the windows,
 	// and {loop_conflicts} and {loop_successes} (the retry-loop rows,
-	// which place time with {rollup_window}, {raw_window} and {raw_range}).
+	// which place time with {loop_rollup_window}, {raw_window} and
+	// {raw_range}).
 	SQL string
 }
 
@@ -184,7 +191,7 @@ func (s Statement) Validate() error {
 		switch p {
 		case "{db}", "{filters}", "{request_filters}":
 		case "{loop_conflicts}", "{loop_successes}":
-			places = append(places, RollupHours.Placeholder, RawEdges.Placeholder, RawRange.Placeholder)
+			places = append(places, LoopRollupHours.Placeholder, RawEdges.Placeholder, RawRange.Placeholder)
 		default:
 			places = append(places, p)
 		}

@@ -110,13 +110,19 @@ var counterNames = func() string {
 }()
 
 // counted is the window's requests as counter rows: the clean hours of
-// the window from their caches (hour_requests, one version per hour), and
-// one row per request, read from events, for the rest ({raw_window}).
-// Together they are the window, each request once.
+// the window from their caches (hour_requests, one version per hour), the
+// whole minutes of the clean hours it cuts from their minute caches
+// (minute_requests, {minute_window}), and one row per request, read from
+// events, for the rest ({raw_window}). Together they are the window, each
+// request once.
 var counted = `(
 	SELECT api_group, resource, namespace, name, writer, ` + counterNames + `
 	FROM {db}.hour_requests
 	WHERE cluster = @cluster AND {rollup_window} AND {filters}
+	UNION ALL
+	SELECT api_group, resource, namespace, name, writer, ` + counterNames + `
+	FROM {db}.minute_requests
+	WHERE cluster = @cluster AND {minute_window} AND {filters}
 	UNION ALL
 	SELECT api_group, resource, namespace, name, writer, ` + counterValues + `
 	FROM ` + distinctEvents(requestColumns, `{raw_range}`, Request+` AND cluster = @cluster AND {filters}`, `{raw_window}`) + `
@@ -133,7 +139,9 @@ var classified = DistinctEvents(
 // request, each with its writer and object. LoopConflictRows and
 // LoopSuccessRows derive them from events (one row per identity); the
 // hour caches hold the same rows for their clean hours. {loop_conflicts}
-// and {loop_successes} are both together: the caches for {rollup_window},
+// and {loop_successes} are both together: the caches for
+// {loop_rollup_window} (the clean hours, and the whole minutes of the
+// clean hours the window cuts; every reader narrows the rows to {window}),
 // events for {raw_window}.
 const (
 	// loopConflictColumns are the columns of a conflict row.
@@ -161,11 +169,11 @@ func LoopSuccessRows(span, window string) string {
 
 var (
 	loopConflicts = `(
-	SELECT ` + loopConflictColumns + ` FROM {db}.hour_loop_conflicts WHERE {rollup_window}
+	SELECT ` + loopConflictColumns + ` FROM {db}.hour_loop_conflicts WHERE {loop_rollup_window}
 	UNION ALL
 	SELECT ` + loopConflictColumns + ` FROM ` + LoopConflictRows(`{raw_range}`, `{raw_window}`) + `)`
 	loopSuccesses = `(
-	SELECT ` + loopSuccessColumns + ` FROM {db}.hour_loop_successes WHERE {rollup_window}
+	SELECT ` + loopSuccessColumns + ` FROM {db}.hour_loop_successes WHERE {loop_rollup_window}
 	UNION ALL
 	SELECT ` + loopSuccessColumns + ` FROM ` + LoopSuccessRows(`{raw_range}`, `{raw_window}`) + `)`
 )
@@ -197,7 +205,7 @@ var (
 	// requestFiltered are filtered and RequestFilters: a statement that
 	// reads events alone.
 	requestFiltered = with(filtered, Verb, Code)
-	countedTime     = []Window{RollupHours, RawEdges, RawRange}
+	countedTime     = []Window{RollupHours, MinuteSpans, RawEdges, RawRange}
 )
 
 func with(ps []Param, more ...Param) []Param {
@@ -253,7 +261,7 @@ LIMIT @top`}
 	// When fewer than @top objects have a conflict, every object contends,
 	// so the ranking stays exact.
 	HotObjects = Statement{Name: "hot_objects", Title: "Hot objects", Shape: Rows,
-		Params: with(filtered, Top), Time: []Window{RollupHours, RawEdges, RawRange, Whole},
+		Params: with(filtered, Top), Time: []Window{RollupHours, MinuteSpans, LoopRollupHours, RawEdges, RawRange, Whole},
 		Columns: []string{"g", "r", "ns", "n", "attempts", "distinct_writers", "conflicts", "conflict_rate"},
 		SQL: `
 SELECT any(wg) AS g, any(wr) AS r, any(wns) AS ns, any(wn) AS n,
@@ -288,7 +296,7 @@ LIMIT @top`}
 	// releases refuse a joined subquery without an alias (Code 206), and
 	// 18.16 has no setting that relaxes it, so both sides are named.
 	RetryLoops = Statement{Name: "retry_loops", Title: "Retry loops", Shape: Rows,
-		Params: with(filtered, Top, GapUs, Threshold), Time: []Window{RollupHours, RawEdges, RawRange, Whole},
+		Params: with(filtered, Top, GapUs, Threshold), Time: []Window{LoopRollupHours, RawEdges, RawRange, Whole},
 		Columns: []string{"user", "api_group", "resource", "namespace", "name", "conflicts", "first_us", "last_us", "resolved"},
 		SQL:     retryLoops}
 
