@@ -82,10 +82,7 @@ type Request struct {
 // ResourceName is the request's resource as logs and reports name it:
 // resource[.group][/subresource], "deployments.apps/scale".
 func (r *Request) ResourceName() string {
-	s := r.Resource
-	if r.Group != "" {
-		s += "." + r.Group
-	}
+	s := resourceName(r.Group, r.Resource)
 	if r.SubResource != "" {
 		s += "/" + r.SubResource
 	}
