@@ -5,7 +5,11 @@
 package replaytest
 
 import (
+	"bytes"
+	"encoding/json"
+	"os/exec"
 	"slices"
+	"strings"
 	"testing"
 
 	"github.com/stampguard/stampguard/policy/replay"
@@ -80,4 +84,29 @@ func EqualsEnforcement(t testing.TB, o replay.Options, undecidableOK func(*repla
 		t.Fatalf("the logs hold %d writes, %d of them decided by the webhook: nothing was compared", res.Writes, res.Decided)
 	}
 	return r, res
+}
+
+// CommandPrintsReport runs the built webhook binary with args (a `replay`
+// command line with `--format json`) and requires it to print want, the
+// library's report over the same logs and options (trimmed to the
+// command's --top). It returns the report printed.
+func CommandPrintsReport(t testing.TB, want *replay.Report, webhookBin string, args ...string) *replay.Report {
+	t.Helper()
+	cmd := exec.CommandContext(t.Context(), webhookBin, args...)
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	out, err := cmd.Output()
+	if err != nil {
+		t.Fatalf("webhook %s: %v\n%s", strings.Join(args, " "), err, stderr.String())
+	}
+	var got replay.Report
+	if err := json.Unmarshal(out, &got); err != nil {
+		t.Fatalf("webhook %s printed no report: %v\n%s", strings.Join(args, " "), err, out)
+	}
+	wantJSON, _ := json.MarshalIndent(want, "", "  ")
+	gotJSON, _ := json.MarshalIndent(&got, "", "  ")
+	if !bytes.Equal(wantJSON, gotJSON) {
+		t.Errorf("webhook %s differs from the library's report\nwant %s\ngot  %s", strings.Join(args, " "), wantJSON, gotJSON)
+	}
+	return &got
 }

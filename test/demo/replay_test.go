@@ -1,9 +1,6 @@
 package main
 
 import (
-	"bytes"
-	"encoding/json"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -33,22 +30,8 @@ func replayEqualsEnforcement(t *testing.T, root, webhookBin, state string) {
 	want := r.Report()
 	want.Trim(replay.DefaultTop)
 
-	cmd := exec.CommandContext(t.Context(), webhookBin, "replay", "--policy-file", policies, "--namespace", demoWebhookNamespace, "--format", "json", auditLog)
-	var stderr bytes.Buffer
-	cmd.Stderr = &stderr
-	out, err := cmd.Output()
-	if err != nil {
-		t.Fatalf("webhook replay: %v\n%s", err, stderr.String())
-	}
-	var got replay.Report
-	if err := json.Unmarshal(out, &got); err != nil {
-		t.Fatalf("webhook replay --format json printed no report: %v\n%s", err, out)
-	}
-	wantJSON, _ := json.MarshalIndent(want, "", "  ")
-	gotJSON, _ := json.MarshalIndent(&got, "", "  ")
-	if !bytes.Equal(wantJSON, gotJSON) {
-		t.Errorf("webhook replay --format json differs from the library's report\nwant %s\ngot  %s", wantJSON, gotJSON)
-	}
+	got := replaytest.CommandPrintsReport(t, want, webhookBin,
+		"replay", "--policy-file", policies, "--namespace", demoWebhookNamespace, "--format", "json", auditLog)
 	if len(got.Refused) == 0 || !strings.Contains(got.Refused[0].Message, "ConcurrencyPolicy") {
 		t.Errorf("no refused write with the webhook's message: %+v", got.Refused)
 	}

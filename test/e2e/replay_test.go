@@ -2,9 +2,7 @@ package e2e
 
 import (
 	"bytes"
-	"encoding/json"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -116,23 +114,8 @@ func replayEqualsEnforcement(t *testing.T, env *webhookEnv, since, until time.Ti
 
 	webhook := bintest.Build(t, "./cmd/webhook")
 	kubeconfig := writeKubeconfig(t, env.Config, filepath.Join(t.TempDir(), "kubeconfig"))
-	cmd := exec.CommandContext(ctx, webhook, "replay", "--policies-from-cluster", "--kubeconfig", kubeconfig,
+	replaytest.CommandPrintsReport(t, want, webhook, "replay", "--policies-from-cluster", "--kubeconfig", kubeconfig,
 		"--namespace", "stampguard-system", "--since", sinceArg, "--until", untilArg, "--format", "json", auditLog)
-	var stderr bytes.Buffer
-	cmd.Stderr = &stderr
-	out, err := cmd.Output()
-	if err != nil {
-		t.Fatalf("webhook replay: %v\n%s", err, stderr.String())
-	}
-	var got replay.Report
-	if err := json.Unmarshal(out, &got); err != nil {
-		t.Fatalf("webhook replay --format json printed no report: %v\n%s", err, out)
-	}
-	wantJSON, _ := json.MarshalIndent(want, "", "  ")
-	gotJSON, _ := json.MarshalIndent(&got, "", "  ")
-	if !bytes.Equal(wantJSON, gotJSON) {
-		t.Errorf("webhook replay --policies-from-cluster --format json differs from the library's report\nwant %s\ngot  %s", wantJSON, gotJSON)
-	}
 }
 
 // workloadAfterScale excuses the write to a workload that follows a write
