@@ -1,6 +1,11 @@
 package policy
 
-import "slices"
+import (
+	"errors"
+	"slices"
+
+	"github.com/stampguard/stampguard/policy/internal/rawjson"
+)
 
 // Operation is the admission operation.
 type Operation string
@@ -16,6 +21,28 @@ const (
 type UserInfo struct {
 	Name   string
 	Groups []string
+}
+
+// DecodeUserInfo reads an authentication.k8s.io UserInfo (an
+// AdmissionRequest's userInfo, an audit event's user or impersonatedUser)
+// from raw JSON: its username and groups. Null is the empty user; anything
+// else that is not an object is an error.
+func DecodeUserInfo(v []byte) (UserInfo, error) {
+	var u UserInfo
+	if rawjson.IsNull(v) {
+		return u, nil
+	}
+	var err error
+	walkErr := rawjson.ObjectEach(v, func(k, v []byte) bool {
+		switch {
+		case rawjson.KeyIs(k, "username"):
+			u.Name, err = rawjson.String(v)
+		case rawjson.KeyIs(k, "groups"):
+			u.Groups, err = rawjson.Strings(v)
+		}
+		return err == nil
+	})
+	return u, errors.Join(walkErr, err)
 }
 
 func (u UserInfo) in(users, groups []string) bool {
@@ -50,6 +77,16 @@ type Request struct {
 	// Values extracted by ScanObject while the review was decoded.
 	scanned   [2]bool
 	extracted [2][]valueRef
+}
+
+// ResourceName is the request's resource as logs and reports name it:
+// resource[.group][/subresource], "deployments.apps/scale".
+func (r *Request) ResourceName() string {
+	s := resourceName(r.Group, r.Resource)
+	if r.SubResource != "" {
+		s += "/" + r.SubResource
+	}
+	return s
 }
 
 const (

@@ -3,6 +3,7 @@ package policy
 import (
 	"fmt"
 	"slices"
+	"strconv"
 
 	"k8s.io/apimachinery/pkg/util/validation/field"
 
@@ -80,8 +81,8 @@ func (ev *fieldEvaluation) checkDelete(p *Policy, d *Decision) error {
 	d.Violations = append(d.Violations, Violation{
 		Policy: p.Name, Rule: RuleDeletePrecondition, Index: -1, Action: r.action,
 		Path: "preconditions." + want, Writer: ev.req.User.Name,
-		Message: fmt.Sprintf("ConcurrencyPolicy %q: deletes of %s must carry a %s precondition; %s sent none",
-			p.Name, resourceName(ev.req.Group, ev.req.Resource), want, ev.req.User.Name),
+		Message: "ConcurrencyPolicy " + strconv.Quote(p.Name) + ": deletes of " + resourceName(ev.req.Group, ev.req.Resource) +
+			" must carry a " + want + " precondition; " + ev.req.User.Name + " sent none",
 	})
 	return nil
 }

@@ -1,7 +1,6 @@
 package policy
 
 import (
-	"fmt"
 	"slices"
 	"strconv"
 	"strings"
@@ -121,8 +120,8 @@ func (ev *fieldEvaluation) checkOwners(p *Policy, scope matchScope, d *Decision)
 		d.Violations = append(d.Violations, Violation{
 			Policy: p.Name, Rule: RuleFieldOwner, Index: r.index, Action: r.action,
 			Path: r.path.text, Writer: ev.req.User.Name,
-			Message: fmt.Sprintf("ConcurrencyPolicy %q: %s is owned by %s; %s may not change it (%s -> %s)",
-				p.Name, r.path.text, r.writers.display, ev.req.User.Name, showValues(old), showValues(cur)),
+			Message: "ConcurrencyPolicy " + strconv.Quote(p.Name) + ": " + r.path.text + " is owned by " + r.writers.display + "; " +
+				ev.req.User.Name + " may not change it (" + showValues(old) + " -> " + showValues(cur) + ")",
 		})
 	}
 	return nil

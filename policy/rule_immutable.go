@@ -1,7 +1,6 @@
 package policy
 
 import (
-	"fmt"
 	"strconv"
 
 	"k8s.io/apimachinery/pkg/util/validation/field"
@@ -72,8 +71,8 @@ func (ev *fieldEvaluation) checkImmutables(p *Policy, scope matchScope, d *Decis
 		d.Violations = append(d.Violations, Violation{
 			Policy: p.Name, Rule: RuleImmutableField, Index: r.index, Action: r.action,
 			Path: r.path.text, Writer: ev.req.User.Name,
-			Message: fmt.Sprintf("ConcurrencyPolicy %q: %s is %s; %s may not change it (%s -> %s)",
-				p.Name, r.path.text, what, ev.req.User.Name, showValues(old), showValues(cur)),
+			Message: "ConcurrencyPolicy " + strconv.Quote(p.Name) + ": " + r.path.text + " is " + what + "; " +
+				ev.req.User.Name + " may not change it (" + showValues(old) + " -> " + showValues(cur) + ")",
 		})
 	}
 	return nil

@@ -2,6 +2,7 @@ package policy
 
 import (
 	"fmt"
+	"strconv"
 
 	"k8s.io/apimachinery/pkg/util/validation/field"
 
@@ -66,7 +67,7 @@ func (s *Set) CheckStamp(req *Request, env *Environment) (Decision, error) {
 		d.Violations = append(d.Violations, Violation{
 			Policy: p.Name, Rule: RuleStampMissing, Index: -1, Action: p.stamp.action,
 			Path: "metadata.resourceVersion", Writer: req.User.Name,
-			Message: fmt.Sprintf("ConcurrencyPolicy %q: metadata.resourceVersion: Invalid value: \"\": must be specified for an update", p.Name),
+			Message: "ConcurrencyPolicy " + strconv.Quote(p.Name) + `: metadata.resourceVersion: Invalid value: "": must be specified for an update`,
 		})
 	}
 	return d, nil

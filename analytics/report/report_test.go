@@ -252,25 +252,6 @@ func TestBuild(t *testing.T) {
 	})
 }
 
-func TestParseTime(t *testing.T) {
-	now := time.Date(2026, 11, 29, 12, 0, 0, 0, time.UTC)
-	cases := map[string]time.Time{
-		"2h":                   now.Add(-2 * time.Hour),
-		"7d":                   now.Add(-7 * 24 * time.Hour),
-		"2026-11-29T08:00:00Z": time.Date(2026, 11, 29, 8, 0, 0, 0, time.UTC),
-	}
-	for in, want := range cases {
-		if got, err := ParseTime(in, now); err != nil || !got.Equal(want) {
-			t.Errorf("ParseTime(%q) = %v, %v; want %v", in, got, err, want)
-		}
-	}
-	for _, bad := range []string{"", "yesterday", "-2h", "1.5d", "2026-11-29"} {
-		if _, err := ParseTime(bad, now); err == nil {
-			t.Errorf("ParseTime(%q) accepted", bad)
-		}
-	}
-}
-
 func TestWriteTableFitsAndSaysWhenEmpty(t *testing.T) {
 	var b strings.Builder
 	o := Options{Cluster: "prod", Since: t0, Until: t0.Add(time.Hour)}

@@ -495,11 +495,11 @@ func (r *ReportConfig) Resolve(now time.Time, w io.Writer) (*Report, error) {
 	o := report.Options{Cluster: r.Cluster, Top: r.Top, Namespace: r.Namespace, Resource: r.Resource, User: r.User,
 		LoopGap: r.LoopGap, LoopThreshold: r.LoopThreshold, Until: now}
 	var err error
-	if o.Since, err = report.ParseTime(r.Since, now); err != nil {
+	if o.Since, err = cli.ParseTime(r.Since, now); err != nil {
 		return nil, cli.Usagef("--since: %w", err)
 	}
 	if r.Until != "" {
-		if o.Until, err = report.ParseTime(r.Until, now); err != nil {
+		if o.Until, err = cli.ParseTime(r.Until, now); err != nil {
 			return nil, cli.Usagef("--until: %w", err)
 		}
 	}

@@ -3,7 +3,10 @@ package main
 import (
 	"flag"
 	"io"
+	"os/exec"
 	"path/filepath"
+	"slices"
+	"strings"
 	"testing"
 
 	"github.com/stampguard/stampguard/internal/doccheck"
@@ -41,5 +44,25 @@ func TestDocumentedCommandLinesParse(t *testing.T) {
 	// at least two. Finding fewer means the scan broke, not the docs.
 	if serve < 17 || configs < 3 || replays < 2 {
 		t.Errorf("found %d webhook, %d webhook configurations and %d webhook replay command lines; the scan missed some", serve, configs, replays)
+	}
+}
+
+// TestLinksNoClickHouseDriver keeps the webhook binary free of the
+// ClickHouse driver: it runs in the admission path of every write and
+// never talks to ClickHouse, so the driver would only add size and
+// attack surface (replay reads audit logs, not the store).
+func TestLinksNoClickHouseDriver(t *testing.T) {
+	out, err := exec.Command("go", "list", "-deps", ".").Output()
+	if err != nil {
+		t.Fatalf("go list: %v", err)
+	}
+	deps := strings.Fields(string(out))
+	for _, dep := range deps {
+		if strings.HasPrefix(dep, "github.com/ClickHouse/") {
+			t.Errorf("the webhook links %s", dep)
+		}
+	}
+	if !slices.Contains(deps, "github.com/stampguard/stampguard/policy/replay") {
+		t.Error("go list -deps does not list policy/replay: the check looks at the wrong package")
 	}
 }

@@ -265,19 +265,8 @@ func (h *handler) requestAttrs(rv *review, endpoint string, more ...any) []any {
 	r := &rv.req
 	return append([]any{
 		"endpoint", endpoint, "uid", rv.uid, "operation", string(r.Operation), "user", r.User.Name,
-		"resource", resourceWithSub(r), "namespace", r.Namespace, "name", r.Name, "dryRun", r.DryRun,
+		"resource", r.ResourceName(), "namespace", r.Namespace, "name", r.Name, "dryRun", r.DryRun,
 	}, more...)
-}
-
-func resourceWithSub(r *policy.Request) string {
-	s := r.Resource
-	if r.Group != "" {
-		s += "." + r.Group
-	}
-	if r.SubResource != "" {
-		s += "/" + r.SubResource
-	}
-	return s
 }
 
 // cannotEvaluate is the denial of a review the webhook cannot evaluate.

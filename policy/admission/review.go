@@ -104,7 +104,7 @@ func decodeRequest(request []byte, rv *review, set *policy.Set) (int, error) {
 			op, err = rawjson.String(v)
 			r.Operation = policy.Operation(op)
 		case "userInfo":
-			err = decodeUserInfo(v, &r.User)
+			r.User, err = policy.DecodeUserInfo(v)
 		case "object":
 			r.Object = nullToNil(v)
 		case "oldObject":
@@ -141,26 +141,6 @@ func decodeGroupAnd(v []byte, name string, group, value *string) error {
 			*group, err = rawjson.String(v)
 		case rawjson.KeyIs(k, name):
 			*value, err = rawjson.String(v)
-		}
-		return err == nil
-	})
-	if walkErr != nil {
-		return walkErr
-	}
-	return err
-}
-
-func decodeUserInfo(v []byte, u *policy.UserInfo) error {
-	if rawjson.IsNull(v) {
-		return nil
-	}
-	var err error
-	walkErr := rawjson.ObjectEach(v, func(k, v []byte) bool {
-		switch {
-		case rawjson.KeyIs(k, "username"):
-			u.Name, err = rawjson.String(v)
-		case rawjson.KeyIs(k, "groups"):
-			u.Groups, err = rawjson.Strings(v)
 		}
 		return err == nil
 	})

@@ -68,10 +68,12 @@ func parseEvent(line []byte, ev *event) error {
 		case rawjson.KeyIs(k, "requestReceivedTimestamp"):
 			return str(v, &receivedTS)
 		case rawjson.KeyIs(k, "user"):
-			authn, err = parseUser(v)
+			if rawjson.Kind(v) == '{' {
+				authn, err = policy.DecodeUserInfo(v)
+			}
 		case rawjson.KeyIs(k, "impersonatedUser"):
 			if rawjson.Kind(v) == '{' {
-				imp, err = parseUser(v)
+				imp, err = policy.DecodeUserInfo(v)
 				impersonated = true
 			}
 		case rawjson.KeyIs(k, "objectRef"):
@@ -127,26 +129,6 @@ func parseEvent(line []byte, ev *event) error {
 		return fmt.Errorf("%w: stageTimestamp: %w", errNotEvent, err)
 	}
 	return nil
-}
-
-func parseUser(v []byte) (policy.UserInfo, error) {
-	var u policy.UserInfo
-	if rawjson.Kind(v) != '{' {
-		return u, nil
-	}
-	var err error
-	walkErr := rawjson.ObjectEach(v, func(k, v []byte) bool {
-		switch {
-		case rawjson.KeyIs(k, "username"):
-			u.Name, err = rawjson.String(v)
-		case rawjson.KeyIs(k, "groups"):
-			if !rawjson.IsNull(v) {
-				u.Groups, err = rawjson.Strings(v)
-			}
-		}
-		return err == nil
-	})
-	return u, errors.Join(walkErr, err)
 }
 
 func parseObjectRef(v []byte, ev *event) error {

@@ -15,7 +15,6 @@ import (
 	"k8s.io/client-go/rest"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
-	"github.com/stampguard/stampguard/analytics/report"
 	"github.com/stampguard/stampguard/internal/cli"
 	"github.com/stampguard/stampguard/policy"
 	"github.com/stampguard/stampguard/policy/admission"
@@ -122,12 +121,12 @@ func (f *Flags) Resolve(paths []string, now time.Time) (*Run, error) {
 		}
 	}
 	if f.Since != "" {
-		if r.Options.Since, err = report.ParseTime(f.Since, now); err != nil {
+		if r.Options.Since, err = cli.ParseTime(f.Since, now); err != nil {
 			return nil, cli.Usagef("--since: %w", err)
 		}
 	}
 	if f.Until != "" {
-		if r.Options.Until, err = report.ParseTime(f.Until, now); err != nil {
+		if r.Options.Until, err = cli.ParseTime(f.Until, now); err != nil {
 			return nil, cli.Usagef("--until: %w", err)
 		}
 	}

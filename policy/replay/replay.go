@@ -221,7 +221,7 @@ func (r *Replayer) observe(ev *event) {
 func (r *Replayer) write(ev *event) {
 	w := &r.w
 	*w = Write{
-		AuditID: ev.auditID, Time: ev.time, User: ev.user.Name, Verb: ev.verb, Resource: resourceText(ev),
+		AuditID: ev.auditID, Time: ev.time, User: ev.user.Name, Verb: ev.verb,
 		Namespace: ev.ns, Name: ev.name, Code: ev.code,
 		Violations: w.Violations[:0], Undecidable: w.Undecidable[:0], Live: w.Live[:0],
 	}
@@ -231,6 +231,7 @@ func (r *Replayer) write(ev *event) {
 	req := policy.Request{
 		Group: ev.group, Resource: ev.resource, SubResource: ev.sub, Namespace: ev.ns, Name: ev.name, User: ev.user,
 	}
+	w.Resource = req.ResourceName()
 	switch ev.verb {
 	case "create":
 		req.Operation = policy.Create
@@ -511,15 +512,4 @@ func scaleOf(obj []byte) []byte {
 		}
 	}
 	return append(b, "}}"...)
-}
-
-func resourceText(ev *event) string {
-	s := ev.resource
-	if ev.group != "" {
-		s += "." + ev.group
-	}
-	if ev.sub != "" {
-		s += "/" + ev.sub
-	}
-	return s
 }

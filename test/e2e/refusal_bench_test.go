@@ -3,6 +3,7 @@ package e2e
 import (
 	"bytes"
 	"fmt"
+	"net"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -38,22 +39,30 @@ import (
 //   - vap-immutable: bench-vap, the same change refused by a
 //     ValidatingAdmissionPolicy (CEL in the apiserver);
 //   - webhook-stampless: bench-guard, a free write without a
-//     resourceVersion, refused by the mutating webhook.
+//     resourceVersion, refused by the mutating webhook;
+//   - floor-immutable: bench-floor, the immutable write refused by
+//     floorhook (./test/e2e/floorhook), a webhook server set up as
+//     stampguard's whose handler only reads the review and answers a fixed
+//     denial: the CPU of net/http, TLS and the Go runtime per call, which
+//     no handler can go below.
 //
 // Reported: each variant's latency p50/p90/p99 and what it adds to none's
 // (µs), then CPU per call of the webhook process and of kube-apiserver,
-// measured over blocks of calls of one variant at a time (rotating too),
-// what each adds to none's, and the webhook's new connections per call
+// measured over blocks of calls of one variant at a time (rotating too;
+// "webhook" is the process that answers the variant's calls: floorhook
+// for floor-immutable, stampguard's webhook for the others), what each
+// adds to none's, and the webhook's new connections per call
 // (each one is a TLS handshake). WEBHOOK_BENCH_PROFILE=FILE writes the
 // webhook's CPU profile there (--cpu-profile).
 func BenchmarkRefusal(b *testing.B) {
 	webhook := bintest.Build(b, "./cmd/webhook")
+	floorhook := bintest.Build(b, "./test/e2e/floorhook")
 	env := kubetest.Start(b, kubetest.Options{})
 	apiserver := childProcess(b, "kube-apiserver")
 	cs := kubernetes.NewForConfigOrDie(env.Config)
 	alice := kubernetes.NewForConfigOrDie(env.As("alice"))
 	ctx := b.Context()
-	namespaces := []string{"bench-none", "bench-guard", "bench-vap"}
+	namespaces := []string{"bench-none", "bench-guard", "bench-vap", "bench-floor"}
 	for _, ns := range namespaces {
 		if _, err := cs.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns, Labels: map[string]string{"bench": ns}}}, metav1.CreateOptions{}); err != nil {
 			b.Fatal(err)
@@ -82,6 +91,12 @@ func BenchmarkRefusal(b *testing.B) {
 		b.Fatal(err)
 	}
 	createBenchVAP(b, cs, "bench-vap")
+	_, floorPort, err := net.SplitHostPort(freeAddr(b))
+	if err != nil {
+		b.Fatal(err)
+	}
+	floorAddr := net.JoinHostPort(env.WebhookHost, floorPort)
+	createFloorWebhook(b, cs, "https://"+floorAddr+admission.FieldsPath, env.CAData, "bench-floor")
 
 	dir := b.TempDir()
 	kubeconfig := writeKubeconfig(b, env.Config, filepath.Join(dir, "kubeconfig"))
@@ -93,10 +108,18 @@ func BenchmarkRefusal(b *testing.B) {
 	}
 	var procEnv []string // nil: this process's environment
 	if e := os.Getenv("WEBHOOK_BENCH_ENV"); e != "" {
-		procEnv = append(os.Environ(), strings.Fields(e)...) // e.g. GOMAXPROCS=1, to compare
+		procEnv = append(os.Environ(), strings.Fields(e)...) // e.g. GOMAXPROCS=1, to compare (floorhook's too)
 	}
 	p := startProcess(b, procEnv, webhook, args...)
 	p.waitFor("/readyz answering 200", func() error { return httpStatus(http.DefaultClient, "http://"+probes+"/readyz", 200) })
+	floor := startProcess(b, procEnv, floorhook, "--addr", floorAddr, "--cert-dir", env.CertDir)
+	floor.waitFor("floorhook listening", func() error {
+		c, err := net.Dial("tcp", floorAddr)
+		if err == nil {
+			c.Close()
+		}
+		return err
+	})
 
 	cms := map[string]*corev1.ConfigMap{}
 	for _, ns := range namespaces {
@@ -113,13 +136,22 @@ func BenchmarkRefusal(b *testing.B) {
 	type variant struct {
 		name, ns string
 		edit     func(cm *corev1.ConfigMap, n int)
-		refusal  string // in the error of a refused write; "" for an allowed one
+		refusal  string   // in the error of a refused write; "" for an allowed one
+		server   *process // answers its calls: CPU per call is this process's; nil: stampguard's webhook
 	}
 	variants := []variant{
-		{"none", "bench-none", func(cm *corev1.ConfigMap, n int) { cm.Data["free"] = strconv.Itoa(n) }, ""},
-		{"webhook-immutable", "bench-guard", func(cm *corev1.ConfigMap, n int) { cm.Labels["team"] = "b" + strconv.Itoa(n) }, `admission webhook "fields.stampguard.dev" denied the request`},
-		{"vap-immutable", "bench-vap", func(cm *corev1.ConfigMap, n int) { cm.Labels["team"] = "b" + strconv.Itoa(n) }, `ValidatingAdmissionPolicy 'bench' with binding 'bench' denied request`},
-		{"webhook-stampless", "bench-guard", func(cm *corev1.ConfigMap, n int) { cm.Data["free"] = strconv.Itoa(n); cm.ResourceVersion = "" }, `admission webhook "stamp.stampguard.dev" denied the request`},
+		{"none", "bench-none", func(cm *corev1.ConfigMap, n int) { cm.Data["free"] = strconv.Itoa(n) }, "", nil},
+		{"webhook-immutable", "bench-guard", func(cm *corev1.ConfigMap, n int) { cm.Labels["team"] = "b" + strconv.Itoa(n) }, `admission webhook "fields.stampguard.dev" denied the request`, nil},
+		{"vap-immutable", "bench-vap", func(cm *corev1.ConfigMap, n int) { cm.Labels["team"] = "b" + strconv.Itoa(n) }, `ValidatingAdmissionPolicy 'bench' with binding 'bench' denied request`, nil},
+		{"webhook-stampless", "bench-guard", func(cm *corev1.ConfigMap, n int) { cm.Data["free"] = strconv.Itoa(n); cm.ResourceVersion = "" }, `admission webhook "stamp.stampguard.dev" denied the request`, nil},
+		// The apiserver speaks HTTP/1.1 to a server set up as stampguard's:
+		// floorhook names the protocol in its answer.
+		{"floor-immutable", "bench-floor", func(cm *corev1.ConfigMap, n int) { cm.Labels["team"] = "b" + strconv.Itoa(n) }, `admission webhook "floor.stampguard.dev" denied the request: floorhook refuses every write (HTTP/1.1)`, floor},
+	}
+	for i := range variants {
+		if variants[i].server == nil {
+			variants[i].server = p
+		}
 	}
 	call := func(v variant, n int) error {
 		cm := cms[v.ns].DeepCopy()
@@ -207,7 +239,7 @@ func BenchmarkRefusal(b *testing.B) {
 		for r := range rounds {
 			for k := range variants {
 				i := (k + r) % len(variants)
-				w0, a0 := processCPU(b, p.cmd.Process.Pid), processCPU(b, apiserver)
+				w0, a0 := processCPU(b, variants[i].server.cmd.Process.Pid), processCPU(b, apiserver)
 				errs := make(chan error, writers)
 				for w := range writers {
 					go func() {
@@ -225,7 +257,7 @@ func BenchmarkRefusal(b *testing.B) {
 						b.Fatal(err)
 					}
 				}
-				webhookCPU[i] += processCPU(b, p.cmd.Process.Pid) - w0
+				webhookCPU[i] += processCPU(b, variants[i].server.cmd.Process.Pid) - w0
 				apiserverCPU[i] += processCPU(b, apiserver) - a0
 			}
 		}
@@ -243,6 +275,8 @@ func BenchmarkRefusal(b *testing.B) {
 		}
 	}
 	b.ReportMetric(0, "ns/op")
+	_ = floor.cmd.Process.Kill() // it has no shutdown of its own
+	<-floor.done
 	if code := p.stop(); code != 0 {
 		b.Fatalf("the webhook exited %d; output:\n%s", code, p.out.String())
 	}
@@ -282,6 +316,31 @@ func createBenchVAP(b *testing.B, cs *kubernetes.Clientset, ns string) {
 		},
 	}
 	if _, err := cs.AdmissionregistrationV1().ValidatingAdmissionPolicyBindings().Create(ctx, binding, metav1.CreateOptions{}); err != nil {
+		b.Fatal(err)
+	}
+}
+
+// createFloorWebhook sends the UPDATEs of configmaps in namespace ns to
+// floorhook at url, as stampguard's validating webhook is sent its own.
+func createFloorWebhook(b *testing.B, cs *kubernetes.Clientset, url string, caBundle []byte, ns string) {
+	b.Helper()
+	fail, none := admissionregistrationv1.Fail, admissionregistrationv1.SideEffectClassNone
+	cfg := &admissionregistrationv1.ValidatingWebhookConfiguration{
+		ObjectMeta: metav1.ObjectMeta{Name: "floor"},
+		Webhooks: []admissionregistrationv1.ValidatingWebhook{{
+			Name:                    "floor.stampguard.dev",
+			ClientConfig:            admissionregistrationv1.WebhookClientConfig{URL: &url, CABundle: caBundle},
+			AdmissionReviewVersions: []string{"v1"},
+			SideEffects:             &none,
+			FailurePolicy:           &fail,
+			NamespaceSelector:       &metav1.LabelSelector{MatchLabels: map[string]string{"bench": ns}},
+			Rules: []admissionregistrationv1.RuleWithOperations{{
+				Operations: []admissionregistrationv1.OperationType{admissionregistrationv1.Update},
+				Rule:       admissionregistrationv1.Rule{APIGroups: []string{""}, APIVersions: []string{"v1"}, Resources: []string{"configmaps"}},
+			}},
+		}},
+	}
+	if _, err := cs.AdmissionregistrationV1().ValidatingWebhookConfigurations().Create(b.Context(), cfg, metav1.CreateOptions{}); err != nil {
 		b.Fatal(err)
 	}
 }
