@@ -10,9 +10,10 @@ import (
 	"unsafe"
 
 	"github.com/stampguard/stampguard/analytics/audit"
+	"github.com/stampguard/stampguard/analytics/record"
 )
 
-// Accepter turns a stream of raw events into encoded Batch records: it
+// Accepter turns a stream of raw events into records (package record): it
 // decodes each item, keeps the configured stages, and turns the rest into
 // dead letters. It holds no state between calls and is safe for concurrent
 // use.
@@ -60,7 +61,7 @@ func (a *Accepter) AcceptTally(cluster, source string, items audit.ItemReader, t
 	}
 	buf := recPool.Get().(*[]byte)
 	defer recPool.Put(buf)
-	rec := AppendBatchHeader((*buf)[:0], cluster)
+	rec := record.AppendHeader((*buf)[:0], cluster)
 	defer func() { *buf = rec[:0] }()
 	header := len(rec)
 	n := 0
@@ -94,7 +95,7 @@ func (a *Accepter) AcceptTally(cluster, source string, items audit.ItemReader, t
 				if tally != nil {
 					tally.Add(&row)
 				}
-				rec = AppendRow(rec, &row)
+				rec = record.AppendRow(rec, &row)
 				res.Accepted++
 				if n++; n >= maxRows || len(rec) >= maxBytes {
 					if err := flush(); err != nil {
@@ -107,7 +108,7 @@ func (a *Accepter) AcceptTally(cluster, source string, items audit.ItemReader, t
 		}
 		d := audit.DeadLetter{Cluster: cluster, Source: source, Reason: it.Err.Error(),
 			Raw: a.deadRaw(it.Raw), ReceivedAt: time.Now().UnixMicro()}
-		rec = AppendDeadLetter(rec, &d)
+		rec = record.AppendDeadLetter(rec, &d)
 		res.Rejected++
 		if n++; n >= maxRows || len(rec) >= maxBytes {
 			if err := flush(); err != nil {

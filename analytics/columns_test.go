@@ -5,7 +5,6 @@ import (
 	"reflect"
 	"slices"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
@@ -13,6 +12,7 @@ import (
 	"github.com/ClickHouse/clickhouse-go/v2/lib/column"
 
 	"github.com/stampguard/stampguard/analytics/audit"
+	"github.com/stampguard/stampguard/analytics/record"
 )
 
 // wantColumns is what the events row of r holds, column by column in
@@ -79,28 +79,58 @@ func columnTestRows(t testing.TB, distinct int) []audit.Row {
 	return rows
 }
 
-// loadColumns builds columns from rows the way insertEvents does and loads
-// them into fresh driver columns of the events types.
+// Positions of the columns the tests read by name.
+var (
+	colCluster = col("cluster")
+	colAuditID = col("audit_id")
+	colDate    = col("event_date")
+	colTime    = col("event_time")
+)
+
+// eventColumnNames are the events insert's columns, in order.
+var eventColumnNames = strings.Split(record.EventColumns, ", ")
+
+// col is the position of the events column name.
+func col(name string) int {
+	i := slices.Index(eventColumnNames, name)
+	if i < 0 {
+		panic("no events column " + name)
+	}
+	return i
+}
+
+// eventsDDLTypes are the column types of the events tables' DDL
+// (eventsColumnsDDL), by name.
+func eventsDDLTypes(t *testing.T) map[string]string {
+	types := map[string]string{}
+	for _, l := range strings.Split(strings.Trim(strings.TrimSpace(eventsColumnsDDL), "()"), "\n") {
+		if f := strings.Fields(strings.TrimSuffix(strings.TrimSpace(l), ",")); len(f) == 2 {
+			types[f[0]] = f[1]
+		}
+	}
+	if len(types) != len(eventColumnNames) {
+		t.Fatalf("the events DDL has %d columns, the insert %d", len(types), len(eventColumnNames))
+	}
+	return types
+}
+
+// loadColumns builds the events columns of rows the way insertEvents does,
+// in one block, and loads them into fresh driver columns of the events
+// types (which the columns check).
 func loadColumns(t *testing.T, rows []audit.Row, keepRaw bool) []column.Interface {
 	t.Helper()
 	set, err := recordSetOf(rows, nil, true)
 	if err != nil {
 		t.Fatal(err)
 	}
-	cols := newEventColumns()
-	for i := range set.rows {
-		if err := cols.appendRow(&set.rows[i], keepRaw); err != nil {
+	types := eventsDDLTypes(t)
+	dst := make([]column.Interface, len(eventColumnNames))
+	for i, name := range eventColumnNames {
+		if dst[i], err = column.Type(types[name]).Column(name, &column.ServerContext{}); err != nil {
 			t.Fatal(err)
 		}
 	}
-	names := strings.Split(EventColumns, ",")
-	dst := make([]column.Interface, len(eventColumnTypes))
-	for i, typ := range eventColumnTypes {
-		if dst[i], err = column.Type(typ).Column(strings.TrimSpace(names[i]), &column.ServerContext{}); err != nil {
-			t.Fatal(err)
-		}
-	}
-	if err := cols.load(dst); err != nil {
+	if err := set.Events().Load(func() []column.Interface { return dst }, keepRaw, len(rows), func() error { return nil }); err != nil {
 		t.Fatal(err)
 	}
 	return dst
@@ -117,8 +147,6 @@ func TestNativeColumnsHoldEveryRowAsTheDriverReadsIt(t *testing.T) {
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			rows := columnTestRows(t, tt.distinct)
-			// The set groups rows by cluster; compare in that order.
-			set, _ := recordSetOf(rows, nil, true)
 			byKey := map[string]*audit.Row{}
 			for i := range rows {
 				byKey[rows[i].Cluster+"/"+rows[i].AuditID] = &rows[i]
@@ -142,13 +170,14 @@ func TestNativeColumnsHoldEveryRowAsTheDriverReadsIt(t *testing.T) {
 						t.Fatal(err)
 					}
 				}
-				if err := fresh.Decode(r, len(set.rows)); err != nil {
+				if err := fresh.Decode(r, len(rows)); err != nil {
 					t.Fatalf("column %s: %v", c.Name(), err)
 				}
 				dst[i] = fresh
 			}
-			for i, ref := range set.rows {
-				r := byKey[ref.key.cluster+"/"+ref.key.auditID]
+			for i := range rows {
+				// The block is in the table's order; find each row by key.
+				r := byKey[dst[colCluster].Row(i, false).(string)+"/"+dst[colAuditID].Row(i, false).(string)]
 				want := wantColumns(r, tt.keepRaw)
 				if wraps(r) {
 					want[colDate], want[colTime] = dst[colDate].Row(i, false).(time.Time).UTC(), dst[colTime].Row(i, false).(time.Time).UTC()
@@ -171,34 +200,13 @@ func TestNativeColumnsHoldEveryRowAsTheDriverReadsIt(t *testing.T) {
 // hold: those wrap around, as they did through the driver's own append.
 func wraps(r *audit.Row) bool { return r.StageMicros < 0 || r.StageMicros >= 1<<32*1e6 }
 
-func TestNativeColumnsUse32BitKeysForHugeDictionaries(t *testing.T) {
-	c := newEventColumns()
-	col := &c.cols[colUserAgent]
-	const n = 70_000
-	for i := range n {
-		col.lc(fmt.Sprint(i % (n - 1)))
-	}
-	dst, err := column.Type(lcString).Column("user_agent", &column.ServerContext{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := dst.Decode(proto.NewReader(col.reader(n, &c.scratch)), n); err != nil {
-		t.Fatal(err)
-	}
-	for _, i := range []int{0, 255, 256, 65535, 65536, n - 2, n - 1} {
-		if got, want := dst.Row(i, false), fmt.Sprint(i%(n-1)); got != want {
-			t.Errorf("row %d: %v, want %s", i, got, want)
-		}
-	}
-}
-
 func TestInsertedColumnsReadBackExactly(t *testing.T) {
 	st, _ := newStore(t, true)
 	rows := columnTestRows(t, 400)
 	if _, err := st.Insert(t.Context(), rows, nil); err != nil {
 		t.Fatal(err)
 	}
-	res, err := st.conn.Query(t.Context(), "SELECT "+EventColumns+" FROM "+st.db+".events_by_hour")
+	res, err := st.conn.Query(t.Context(), "SELECT "+record.EventColumns+" FROM "+st.db+".events_by_hour")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -245,68 +253,6 @@ func TestInsertedColumnsReadBackExactly(t *testing.T) {
 	if n != len(rows) {
 		t.Errorf("%d rows read back, want %d", n, len(rows))
 	}
-}
-
-// BenchmarkEventColumns builds the events blocks of a 40,960-row insert
-// from spool records (five blocks of 8,192 rows), loads each into the
-// driver's columns and encodes it as the driver sends it: the sink's CPU
-// per event between the spool and the socket.
-func BenchmarkEventColumns(b *testing.B) {
-	tmpl := decodeAll(b, "bench", realEvents(b)[:9])
-	rows := make([]audit.Row, 5*insertBlockRows)
-	for i := range rows {
-		rows[i] = tmpl[i%len(tmpl)]
-		rows[i].AuditID = fmt.Sprintf("bench-%d", i)
-		rows[i].Raw = ""
-	}
-	set, err := recordSetOf(rows, nil, false)
-	if err != nil {
-		b.Fatal(err)
-	}
-	names := strings.Split(EventColumns, ",")
-	cols := newEventColumns()
-	var buf proto.Buffer
-	b.ReportAllocs()
-	cpu0 := processCPU()
-	for b.Loop() {
-		// A new batch per insert, as PrepareBatch makes one.
-		dst := make([]column.Interface, len(eventColumnTypes))
-		for i, typ := range eventColumnTypes {
-			if dst[i], err = column.Type(typ).Column(strings.TrimSpace(names[i]), &column.ServerContext{}); err != nil {
-				b.Fatal(err)
-			}
-		}
-		for chunk := range slices.Chunk(set.rows, insertBlockRows) {
-			cols.reset()
-			for i := range chunk {
-				if err := cols.appendRow(&chunk[i], false); err != nil {
-					b.Fatal(err)
-				}
-			}
-			if err := cols.load(dst); err != nil {
-				b.Fatal(err)
-			}
-			buf.Reset()
-			for _, c := range dst {
-				if s, ok := c.(column.CustomSerialization); ok {
-					_ = s.WriteStatePrefix(&buf)
-				}
-				c.Encode(&buf)
-				c.Reset() // as batch.Flush does
-			}
-		}
-	}
-	b.ReportMetric((processCPU()-cpu0).Seconds()*1e6/float64(b.N*len(rows)), "cpu-µs/event")
-}
-
-// processCPU is the CPU time of this process (all threads, so GC counts),
-// which other jobs on a shared machine disturb less than wall time.
-func processCPU() time.Duration {
-	var ru syscall.Rusage
-	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
-		return 0
-	}
-	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }
 
 func TestInsertSendsEventsInTheTablesOrder(t *testing.T) {

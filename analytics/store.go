@@ -13,6 +13,7 @@ import (
 	"github.com/ClickHouse/clickhouse-go/v2/lib/driver"
 
 	"github.com/stampguard/stampguard/analytics/audit"
+	"github.com/stampguard/stampguard/analytics/record"
 	asql "github.com/stampguard/stampguard/analytics/sql"
 )
 
@@ -149,41 +150,33 @@ func (s *Store) Insert(ctx context.Context, rows []audit.Row, dead []audit.DeadL
 	return s.InsertRecords(ctx, set)
 }
 
-// InsertRecords stores the rows and dead letters of a record set. It does
-// not change the set, so a failed call can be repeated with it.
+// InsertRecords stores the rows and dead letters of a record set, each
+// row once (a row repeated in the set is sent once). It does not change
+// the set, so a failed call can be repeated with it.
 //
 // There is no lookup before the insert and no check after it: a copy of an
 // event (a redelivery, a racing writer, a retry of an insert that was
 // applied in part) is a second row with the same identity in events, which
 // every read deduplicates, and the insert's hour marks make any cache of
 // those hours stale until it is rebuilt from the deduplicated events.
-func (s *Store) InsertRecords(ctx context.Context, set *RecordSet) (InsertResult, error) {
+func (s *Store) InsertRecords(ctx context.Context, set *record.Set) (InsertResult, error) {
 	var res InsertResult
-	rows, _ := dedup(set.rows)
-	res.Duplicates = len(set.rows) - len(rows)
-	if len(rows) > 0 {
-		if err := s.insertEvents(ctx, rows); err != nil {
+	events := set.Events()
+	res.Duplicates = set.Rows() - events.Len()
+	if events.Len() > 0 {
+		if err := s.insertEvents(ctx, events); err != nil {
 			return res, err
 		}
 	}
-	res.Stored = len(rows)
-	if len(set.dead) > 0 {
-		if err := s.insertDead(ctx, set.dead); err != nil {
+	res.Stored = events.Len()
+	if dead := set.Dead(); len(dead) > 0 {
+		if err := s.insertDead(ctx, dead); err != nil {
 			return res, err
 		}
-		res.Dead = len(set.dead)
+		res.Dead = len(dead)
 	}
 	return res, nil
 }
-
-// EventColumns is the events insert column list, in the order insertEvents
-// appends.
-const EventColumns = `event_date, event_time, event_time_us, request_received_us, latency_us,
-	cluster, audit_id, stage, fingerprint, level, verb, request_uri, dry_run,
-	user, user_groups, impersonated_user, writer, user_agent, source_ip,
-	api_group, api_version, resource, subresource, namespace, name, object_uid,
-	stamp, field_manager, code, reason, message, cause_reasons, cause_fields,
-	authz_decision, annotation_keys, annotation_values, lease_holder, raw`
 
 // insertBlockRows is the most rows the sink encodes into one native block.
 // An insert of more rows sends several blocks in one INSERT, which the
@@ -194,38 +187,22 @@ const EventColumns = `event_date, event_time, event_time_us, request_received_us
 // than the rows in it.
 const insertBlockRows = 8 << 10
 
-func (s *Store) insertEvents(ctx context.Context, rows []rowRef) error {
-	// Send the rows in the table's order: the server then skips sorting
-	// the block (for 18.16 on a 2-core machine a third of its insert CPU).
-	order := eventOrder(rows)
-
-	b, err := s.conn.PrepareBatch(ctx, "INSERT INTO "+s.db+"."+s.events+" ("+EventColumns+")")
+// insertEvents sends the rows in the table's order (Set.Events): the
+// server then skips sorting the block (for 18.16 on a 2-core machine a
+// third of its insert CPU).
+func (s *Store) insertEvents(ctx context.Context, events record.Events) error {
+	b, err := s.conn.PrepareBatch(ctx, "INSERT INTO "+s.db+"."+s.events+" ("+record.EventColumns+")")
 	if err != nil {
 		return fmt.Errorf("prepare events insert: %w", err)
 	}
 	defer func() { _ = b.Abort() }() // after Send: a no-op that reports "already sent"
-	cols := columnsPool.Get().(*eventColumns)
-	defer func() {
-		cols.reset()
-		columnsPool.Put(cols)
-	}()
-	for len(order) > 0 {
-		chunk := order[:min(len(order), insertBlockRows)]
-		order = order[len(chunk):]
-		cols.reset()
-		for _, i := range chunk {
-			if err := cols.appendRow(&rows[i], s.raw); err != nil {
-				return err
-			}
+	if err := events.Load(b.Columns, s.raw, insertBlockRows, func() error {
+		if err := b.Flush(); err != nil {
+			return fmt.Errorf("insert events: %w", err)
 		}
-		if err := cols.load(b.Columns()); err != nil {
-			return err
-		}
-		if len(order) > 0 {
-			if err := b.Flush(); err != nil {
-				return fmt.Errorf("insert events: %w", err)
-			}
-		}
+		return nil
+	}); err != nil {
+		return err
 	}
 	if err := b.Send(); err != nil {
 		return fmt.Errorf("insert events: %w", err)
@@ -252,4 +229,33 @@ func (s *Store) insertDead(ctx context.Context, dead []audit.DeadLetter) error {
 		return fmt.Errorf("insert dead letters: %w", err)
 	}
 	return nil
+}
+
+// recordSetOf encodes rows and dead letters into records (one per cluster)
+// and parses them back: Insert takes Rows through the same path as the
+// spool's records.
+func recordSetOf(rows []audit.Row, dead []audit.DeadLetter, _ bool) (*record.Set, error) {
+	recs := map[string][]byte{}
+	var order []string
+	rec := func(cluster string) []byte {
+		r, ok := recs[cluster]
+		if !ok {
+			r = record.AppendHeader(nil, cluster)
+			order = append(order, cluster)
+		}
+		return r
+	}
+	for i := range rows {
+		recs[rows[i].Cluster] = record.AppendRow(rec(rows[i].Cluster), &rows[i])
+	}
+	for i := range dead {
+		recs[dead[i].Cluster] = record.AppendDeadLetter(rec(dead[i].Cluster), &dead[i])
+	}
+	set := record.NewSet(len(rows))
+	for _, c := range order {
+		if err := set.Add(string(recs[c])); err != nil {
+			return nil, err
+		}
+	}
+	return set, nil
 }

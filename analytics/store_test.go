@@ -232,35 +232,6 @@ func TestRetentionDropsWholeDays(t *testing.T) {
 	}
 }
 
-func TestBatchRecordRoundTrips(t *testing.T) {
-	rows := decodeAll(t, "prod", realEvents(t))
-	in := Batch{Cluster: "prod", Rows: rows, Dead: []audit.DeadLetter{{Cluster: "prod", Source: "file", Reason: "r", Raw: "x", ReceivedAt: 42}}}
-	rec := AppendBatch(nil, &in)
-	out, err := DecodeBatch(string(rec))
-	if err != nil {
-		t.Fatal(err)
-	}
-	for i := range rows {
-		normalize(&rows[i])
-		r := out.Rows[i]
-		r.Raw = ""
-		normalize(&r)
-		if fmt.Sprintf("%+v", r) != fmt.Sprintf("%+v", rows[i]) {
-			t.Errorf("row %d:\n got %+v\nwant %+v", i, r, rows[i])
-		}
-	}
-	if len(out.Dead) != 1 || out.Dead[0] != in.Dead[0] {
-		t.Errorf("dead letters %+v", out.Dead)
-	}
-	// The spool's checksums catch damage; a cut record still never
-	// decodes as the whole.
-	for cut := range len(rec) {
-		if b, err := DecodeBatch(string(rec[:cut])); err == nil && len(b.Rows)+len(b.Dead) >= len(rows)+1 {
-			t.Fatalf("a record cut at %d of %d decoded whole", cut, len(rec))
-		}
-	}
-}
-
 // processTB lets a server outlive the test that started it: its cleanups run
 // at process exit via TestMain.
 type processTB struct {
@@ -349,7 +320,7 @@ func TestMigration5CountsEventsStoredBefore(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	refs, _ := dedup(set.rows)
+	refs := set.Events()
 	st.events = asql.LegacyEventsTable // sinks of migration 4 stored there
 	// Two racing writers of migration 4, neither saw the other.
 	for range 2 {

@@ -10,6 +10,7 @@ import (
 	"unsafe"
 
 	"github.com/stampguard/stampguard/analytics/audit"
+	"github.com/stampguard/stampguard/analytics/record"
 	"github.com/stampguard/stampguard/analytics/spool"
 )
 
@@ -17,7 +18,7 @@ import (
 // *Store is one. InsertRecords must not change the set: a failed insert is
 // retried with it.
 type Inserter interface {
-	InsertRecords(ctx context.Context, set *RecordSet) (InsertResult, error)
+	InsertRecords(ctx context.Context, set *record.Set) (InsertResult, error)
 }
 
 var _ Inserter = (*Store)(nil)
@@ -167,7 +168,7 @@ func (w *Drainer) Run(ctx context.Context) error {
 			return stop(fmt.Errorf("read records: %w", err))
 		}
 		b = w.linger(ctx, b)
-		set := &RecordSet{rows: make([]rowRef, 0, len(b.Records)*w.rowsPerRecord*9/8)}
+		set := record.NewSet(len(b.Records) * w.rowsPerRecord * 9 / 8)
 		for _, rec := range b.Records {
 			// The records belong to us and are never changed: parse
 			// without copying.
@@ -213,7 +214,7 @@ func (w *Drainer) linger(ctx context.Context, b spool.Batch) spool.Batch {
 	return b
 }
 
-func (w *Drainer) insert(ctx context.Context, set *RecordSet) error {
+func (w *Drainer) insert(ctx context.Context, set *record.Set) error {
 	b := Backoff{Min: w.o.MinBackoff, Max: w.o.MaxBackoff}
 	log := w.o.Logger.With("rows", set.Rows())
 	return Retry(ctx, b, log, "ClickHouse insert", func(err error) {

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/stampguard/stampguard/analytics/audit"
+	"github.com/stampguard/stampguard/analytics/record"
 	"github.com/stampguard/stampguard/analytics/spool"
 	"github.com/stampguard/stampguard/internal/chtest"
 
@@ -77,18 +78,19 @@ func TestAcceptKeepsStagesAndDeadLettersInvalidNeighbours(t *testing.T) {
 	if res != (AcceptResult{Accepted: 2, Rejected: 2, Skipped: 1}) {
 		t.Fatalf("result %+v", res)
 	}
-	b, err := DecodeBatch(string(recs[0]))
-	if err != nil {
+	var set record.Set
+	if err := set.Add(string(recs[0])); err != nil {
 		t.Fatal(err)
 	}
-	if len(b.Rows) != 2 || len(b.Dead) != 2 || b.Rows[0].Cluster != "prod" {
-		t.Fatalf("record: %d rows, %d dead", len(b.Rows), len(b.Dead))
+	dead := set.Dead()
+	if set.Rows() != 2 || len(dead) != 2 || dead[0].Cluster != "prod" {
+		t.Fatalf("record: %d rows, %d dead", set.Rows(), len(dead))
 	}
-	if b.Dead[0].Reason != audit.ErrMissingAuditID.Error() || b.Dead[0].Raw != `{"stage":"ResponseComplete"}` {
-		t.Errorf("first dead letter %+v", b.Dead[0])
+	if dead[0].Reason != audit.ErrMissingAuditID.Error() || dead[0].Raw != `{"stage":"ResponseComplete"}` {
+		t.Errorf("first dead letter %+v", dead[0])
 	}
-	if strings.Contains(b.Dead[1].Raw, "c2VjcmV0") {
-		t.Errorf("a dead-lettered secret kept its data: %q", b.Dead[1].Raw)
+	if strings.Contains(dead[1].Raw, "c2VjcmV0") {
+		t.Errorf("a dead-lettered secret kept its data: %q", dead[1].Raw)
 	}
 }
 
@@ -108,12 +110,12 @@ func TestAcceptSplitsRecordsByRowsAndBytes(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			var chunks, rows int
 			_, err := tt.accepter.Accept("prod", "webhook", audit.NewListReader(strings.NewReader(body), 0), func(rec []byte) error {
-				b, err := DecodeBatch(string(rec))
-				if err != nil {
+				var set record.Set
+				if err := set.Add(string(rec)); err != nil {
 					return err
 				}
 				chunks++
-				rows += len(b.Rows)
+				rows += set.Rows()
 				return nil
 			})
 			if err != nil {
@@ -160,15 +162,13 @@ func TestWriterStoresSpooledEventsExactlyOnce(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		var rows []audit.Row
+		set := record.NewSet(0)
 		for _, rec := range b.Records {
-			bb, err := DecodeBatch(string(rec))
-			if err != nil {
+			if err := set.Add(string(rec)); err != nil {
 				t.Fatal(err)
 			}
-			rows = append(rows, bb.Rows...)
 		}
-		if _, err := st.Insert(t.Context(), rows, nil); err != nil {
+		if _, err := st.InsertRecords(t.Context(), set); err != nil {
 			t.Fatal(err)
 		}
 		sp.Close() // no Confirm: the "crash"
@@ -234,7 +234,7 @@ type blockingInserter struct {
 	release chan struct{}
 }
 
-func (b *blockingInserter) InsertRecords(ctx context.Context, set *RecordSet) (InsertResult, error) {
+func (b *blockingInserter) InsertRecords(ctx context.Context, set *record.Set) (InsertResult, error) {
 	close(b.started)
 	select {
 	case <-b.release:

@@ -12,6 +12,7 @@ import (
 
 	"github.com/stampguard/stampguard/analytics"
 	"github.com/stampguard/stampguard/analytics/audit"
+	"github.com/stampguard/stampguard/analytics/record"
 	"github.com/stampguard/stampguard/internal/chdbtest"
 	"github.com/stampguard/stampguard/internal/chtest"
 	"github.com/stampguard/stampguard/internal/enginetest"
@@ -113,7 +114,7 @@ func TestEnginesAgree(t *testing.T) {
 	}
 	// Every fifth event stored once more by a plain INSERT, as a retry of
 	// an insert applied in part would.
-	if err := conn.Exec(ctx, "INSERT INTO "+en.DB+".events_by_hour ("+analytics.EventColumns+") SELECT "+analytics.EventColumns+
+	if err := conn.Exec(ctx, "INSERT INTO "+en.DB+".events_by_hour ("+record.EventColumns+") SELECT "+record.EventColumns+
 		" FROM "+en.DB+".events_by_hour WHERE cityHash64(audit_id) % 5 = 0"); err != nil {
 		t.Fatal(err)
 	}

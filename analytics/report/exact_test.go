@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/stampguard/stampguard/analytics"
+	"github.com/stampguard/stampguard/analytics/record"
 	asql "github.com/stampguard/stampguard/analytics/sql"
 	"github.com/stampguard/stampguard/internal/chtest"
 )
@@ -50,7 +51,7 @@ func TestReportCountsDuplicatesOnce(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, mod := range []int{3, 9} {
-		q := "INSERT INTO " + twiceDB + ".events_by_hour (" + analytics.EventColumns + ") SELECT " + analytics.EventColumns +
+		q := "INSERT INTO " + twiceDB + ".events_by_hour (" + record.EventColumns + ") SELECT " + record.EventColumns +
 			" FROM " + twiceDB + ".events_by_hour WHERE cityHash64(audit_id) % ? = 0 LIMIT 1 BY cluster, audit_id, stage, fingerprint"
 		if err := conn.Exec(ctx, q, mod); err != nil {
 			t.Fatal(err)

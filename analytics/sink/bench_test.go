@@ -3,6 +3,7 @@ package sink
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -21,6 +22,7 @@ import (
 
 	"github.com/stampguard/stampguard/analytics"
 	"github.com/stampguard/stampguard/analytics/audit"
+	"github.com/stampguard/stampguard/analytics/record"
 	"github.com/stampguard/stampguard/internal/chtest"
 )
 
@@ -310,27 +312,32 @@ func ceiling(b *testing.B, ch *chtest.Server, bodies [][]byte) float64 {
 		b.Fatal(err)
 	}
 	var tsv bytes.Buffer
-	a := analytics.Accepter{}
+	// The rows the sink would store: each event decoded as the Accepter
+	// decodes it, of the stages it keeps.
+	var d audit.Decoder
 	n := 0
 	for _, body := range bodies {
-		_, err := a.Accept("bench", "webhook", audit.NewListReader(bytes.NewReader(body), 0), func(rec []byte) error {
-			batch, err := analytics.DecodeBatch(string(rec))
+		items := audit.NewListReader(bytes.NewReader(body), 0)
+		for {
+			it, err := items.Next()
+			if errors.Is(err, io.EOF) {
+				break
+			}
 			if err != nil {
-				return err
+				b.Fatal(err)
 			}
-			for i := range batch.Rows {
-				writeTSV(&tsv, &batch.Rows[i])
-				n++
+			var row audit.Row
+			if it.Err != nil || d.Decode(string(it.Raw), &row) != nil || !slices.Contains(audit.DefaultStages, row.Stage) {
+				continue
 			}
-			return nil
-		})
-		if err != nil {
-			b.Fatal(err)
+			row.Cluster = "bench"
+			writeTSV(&tsv, &row)
+			n++
 		}
 	}
 	start := time.Now()
 	cmd := exec.Command("clickhouse-client", "--port", strconv.Itoa(ch.Port), "--database", db,
-		"--query", "INSERT INTO ceiling ("+analytics.EventColumns+") FORMAT TabSeparated")
+		"--query", "INSERT INTO ceiling ("+record.EventColumns+") FORMAT TabSeparated")
 	cmd.Stdin = &tsv
 	if out, err := cmd.CombinedOutput(); err != nil {
 		b.Fatalf("clickhouse-client: %v: %s", err, out)

@@ -1,9 +1,8 @@
-package analytics
+package record
 
 import (
 	"cmp"
 	"encoding/binary"
-	"fmt"
 	"hash/maphash"
 	"slices"
 	"strings"
@@ -11,16 +10,20 @@ import (
 	"github.com/stampguard/stampguard/analytics/audit"
 )
 
-// RecordSet holds the rows and dead letters of encoded Batch records (spool
-// records), parsed only as far as deduplication needs: each row's key, its
-// stage time and where its fields start in its record. The Store builds the
-// ClickHouse columns straight from the records, so a row never becomes a Row
-// on its way from the spool to the insert. A RecordSet shares memory with
-// its records, which must not change while it is in use.
-type RecordSet struct {
+// Set holds the rows and dead letters of records (spool records), parsed
+// only as far as deduplication and the insert order need: each row's key,
+// its stage time, its object and where its fields start in its record.
+// The events columns are built straight from the records (Events.Load),
+// so a row never becomes an audit.Row on its way from the spool to the
+// insert. A Set shares memory with its records, which must not change
+// while it is in use.
+type Set struct {
 	rows []rowRef
 	dead []audit.DeadLetter
 }
+
+// NewSet returns an empty set with room for rows rows.
+func NewSet(rows int) *Set { return &Set{rows: make([]rowRef, 0, rows)} }
 
 // rowRef is one row of a record.
 type rowRef struct {
@@ -33,18 +36,19 @@ type rowRef struct {
 	apiGroup, resource, namespace, name string
 }
 
-// Rows is the number of rows in the set.
-func (s *RecordSet) Rows() int { return len(s.rows) }
+// Rows is the number of rows in the set, repeats included.
+func (s *Set) Rows() int { return len(s.rows) }
 
 // Dead are the set's dead letters.
-func (s *RecordSet) Dead() []audit.DeadLetter { return s.dead }
+func (s *Set) Dead() []audit.DeadLetter { return s.dead }
 
 // AddDead adds a dead letter.
-func (s *RecordSet) AddDead(d audit.DeadLetter) { s.dead = append(s.dead, d) }
+func (s *Set) AddDead(d audit.DeadLetter) { s.dead = append(s.dead, d) }
 
-// Add parses a record (AppendBatchHeader, then AppendRow and
-// AppendDeadLetter entries) and adds its rows and dead letters. A record that does not parse adds nothing.
-func (s *RecordSet) Add(rec string) error {
+// Add parses a record (AppendHeader, then AppendRow and AppendDeadLetter
+// entries) and adds its rows and dead letters. A record that does not
+// parse adds nothing.
+func (s *Set) Add(rec string) error {
 	nrows, ndead := len(s.rows), len(s.dead)
 	if err := s.add(rec); err != nil {
 		clear(s.rows[nrows:])
@@ -54,62 +58,62 @@ func (s *RecordSet) Add(rec string) error {
 	return nil
 }
 
-func (s *RecordSet) add(rec string) error {
-	d := recordReader{s: rec}
-	if v := d.byte(); v != recordVersion {
-		return fmt.Errorf("spool record version %d, want %d", v, recordVersion)
-	}
-	cluster := d.str()
-	for d.err == nil && d.i < len(d.s) {
-		switch tag := d.byte(); tag {
-		case tagRow:
-			r := rowRef{rec: rec, off: d.i}
-			r.key.cluster = cluster
-			for _, role := range &keyRoles {
-				if role == keySkip {
-					d.skipStr()
-					continue
-				}
-				switch role {
-				case keyAuditID:
-					r.key.auditID = d.str()
-				case keyStage:
-					r.key.stage = d.str()
-				case keyAPIGroup:
-					r.apiGroup = d.str()
-				case keyResource:
-					r.resource = d.str()
-				case keyNamespace:
-					r.namespace = d.str()
-				case keyName:
-					r.name = d.str()
-				}
+func (s *Set) add(rec string) error {
+	return readRecord(rec, func(cluster string, d *recordReader) {
+		r := rowRef{rec: rec, off: d.i}
+		r.key.cluster = cluster
+		for _, role := range &keyRoles {
+			if role == keySkip {
+				d.skipStr()
+				continue
 			}
-			for range rowLists {
-				for k := d.count(); k > 0; k-- {
-					d.skipStr()
-				}
-			}
-			t := d.tail()
-			r.micros = t.stage
-			r.key.fingerprint = t.fingerprint
-			r.hash = r.key.hash()
-			if d.err == nil {
-				s.rows = append(s.rows, r)
-			}
-		case tagDead:
-			dl := audit.DeadLetter{Cluster: cluster, Source: d.str(), Reason: d.str(), Raw: d.str(), ReceivedAt: d.varint()}
-			if d.err == nil {
-				s.dead = append(s.dead, dl)
-			}
-		default:
-			if d.err == nil {
-				d.err = fmt.Errorf("spool record: unknown entry tag %d", tag)
+			switch role {
+			case keyAuditID:
+				r.key.auditID = d.str()
+			case keyStage:
+				r.key.stage = d.str()
+			case keyAPIGroup:
+				r.apiGroup = d.str()
+			case keyResource:
+				r.resource = d.str()
+			case keyNamespace:
+				r.namespace = d.str()
+			case keyName:
+				r.name = d.str()
 			}
 		}
-	}
-	return d.err
+		for range rowLists {
+			for k := d.count(); k > 0; k-- {
+				d.skipStr()
+			}
+		}
+		t := d.tail()
+		r.micros = t.stage
+		r.key.fingerprint = t.fingerprint
+		r.hash = r.key.hash()
+		if d.err == nil {
+			s.rows = append(s.rows, r)
+		}
+	}, func(dl audit.DeadLetter) { s.dead = append(s.dead, dl) })
 }
+
+// Events are the rows of a Set without repeats, in the events table's
+// order: what one insert sends. They share memory with the set.
+type Events struct {
+	rows  []rowRef
+	order []int32 // positions in rows, in the events_by_hour sorting key's order
+}
+
+// Events returns the set's rows, each key once (the first row that holds
+// it), in the order of the events table's sorting key. It does not change
+// the set, so a failed insert can be repeated with it.
+func (s *Set) Events() Events {
+	rows, _ := dedup(s.rows)
+	return Events{rows: rows, order: eventOrder(rows)}
+}
+
+// Len is the number of distinct rows.
+func (e Events) Len() int { return len(e.rows) }
 
 // eventOrder returns the positions of rows in the order of the
 // events_by_hour table's sorting key (cluster, intDiv(event_time_us,
@@ -277,67 +281,4 @@ func dedup(rows []rowRef) ([]rowRef, keyIndex) {
 		return rows, idx
 	}
 	return kept, idx
-}
-
-// recordSetOf encodes rows and dead letters into records (one per cluster)
-// and parses them back: Store.Insert takes Rows through the same path as
-// the spool's records. Without keepRaw the rows' Raw is not encoded (the
-// store would not keep it).
-func recordSetOf(rows []audit.Row, dead []audit.DeadLetter, keepRaw bool) (*RecordSet, error) {
-	recs := map[string][]byte{}
-	var order []string
-	rec := func(cluster string) []byte {
-		r, ok := recs[cluster]
-		if !ok {
-			r = AppendBatchHeader(nil, cluster)
-			order = append(order, cluster)
-		}
-		return r
-	}
-	if len(rows) > 0 {
-		// Size the first cluster's record for all rows: nearly always
-		// there is one cluster, and growing a large record by doubling
-		// copies it over and over.
-		size := 0
-		for i := range rows {
-			size += encodedSize(&rows[i], keepRaw)
-		}
-		c := rows[0].Cluster
-		recs[c] = append(make([]byte, 0, size+len(c)+binary.MaxVarintLen64+1), rec(c)...)
-	}
-	for i := range rows {
-		r := &rows[i]
-		if !keepRaw && r.Raw != "" {
-			cp := *r
-			cp.Raw = ""
-			r = &cp
-		}
-		recs[r.Cluster] = AppendRow(rec(r.Cluster), r)
-	}
-	for i := range dead {
-		recs[dead[i].Cluster] = AppendDeadLetter(rec(dead[i].Cluster), &dead[i])
-	}
-	set := &RecordSet{rows: make([]rowRef, 0, len(rows))}
-	for _, c := range order {
-		if err := set.Add(string(recs[c])); err != nil {
-			return nil, err
-		}
-	}
-	return set, nil
-}
-
-// encodedSize is about the bytes AppendRow takes for r (an upper bound).
-func encodedSize(r *audit.Row, keepRaw bool) int {
-	n := 1 + rowStrings*binary.MaxVarintLen32 + rowLists*binary.MaxVarintLen32 + 5*binary.MaxVarintLen64 + 8
-	for _, f := range &rowStringFields {
-		if f.col != colRaw || keepRaw {
-			n += len(*f.str(r))
-		}
-	}
-	for _, f := range &rowListFields {
-		for _, s := range *f.list(r) {
-			n += binary.MaxVarintLen32 + len(s)
-		}
-	}
-	return n
 }

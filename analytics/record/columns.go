@@ -1,4 +1,4 @@
-package analytics
+package record
 
 import (
 	"bytes"
@@ -6,13 +6,14 @@ import (
 	"fmt"
 	"io"
 	"math"
+	"strings"
 	"sync"
 
 	"github.com/ClickHouse/ch-go/proto"
 	"github.com/ClickHouse/clickhouse-go/v2/lib/column"
 )
 
-// eventColumns builds the events insert block in ClickHouse's native
+// block builds one events insert block in ClickHouse's native
 // column format straight from spool records: no Row per event, no boxing
 // of values, and LowCardinality dictionaries kept in typed maps. The
 // driver's own append path costs about three times as much CPU per event
@@ -21,26 +22,71 @@ import (
 // The finished columns are loaded into the driver's batch with Decode, the
 // same call that reads a block from the server, so the driver sends exactly
 // the bytes built here. load checks the types the server asked for first.
-type eventColumns struct {
+type block struct {
 	n       int
-	cols    [len(eventColumnTypes)]nativeColumn
+	cols    [len(columnTable)]nativeColumn
 	scratch []byte // a LowCardinality column's encoding, one at a time
 }
 
-// eventColumnTypes are the types of EventColumns, in order, as the events
-// table declares them (migration 1).
-var eventColumnTypes = [...]string{
-	"Date", "DateTime", "UInt64", "UInt64", "UInt64",
-	lcString, "String", lcString, "UInt64", lcString, lcString, "String", "UInt8",
-	lcString, "Array(String)", lcString, lcString, lcString, "String",
-	lcString, lcString, lcString, lcString, lcString, "String", "String",
-	"String", lcString, "UInt16", lcString, "String", "Array(String)", "Array(String)",
-	lcString, "Array(String)", "Array(String)", "String", "String",
+// columnTable is the events insert's column table, defined here once:
+// each column's name and type as the events table declares them
+// (migration 1), in the order the insert sends them. The col* constants
+// below are positions in it, and layout.go says which of a row's fields
+// fills which column.
+var columnTable = [...]struct{ name, typ string }{
+	{"event_date", "Date"},
+	{"event_time", "DateTime"},
+	{"event_time_us", "UInt64"},
+	{"request_received_us", "UInt64"},
+	{"latency_us", "UInt64"},
+	{"cluster", lcString},
+	{"audit_id", "String"},
+	{"stage", lcString},
+	{"fingerprint", "UInt64"},
+	{"level", lcString},
+	{"verb", lcString},
+	{"request_uri", "String"},
+	{"dry_run", "UInt8"},
+	{"user", lcString},
+	{"user_groups", "Array(String)"},
+	{"impersonated_user", lcString},
+	{"writer", lcString},
+	{"user_agent", lcString},
+	{"source_ip", "String"},
+	{"api_group", lcString},
+	{"api_version", lcString},
+	{"resource", lcString},
+	{"subresource", lcString},
+	{"namespace", lcString},
+	{"name", "String"},
+	{"object_uid", "String"},
+	{"stamp", "String"},
+	{"field_manager", lcString},
+	{"code", "UInt16"},
+	{"reason", lcString},
+	{"message", "String"},
+	{"cause_reasons", "Array(String)"},
+	{"cause_fields", "Array(String)"},
+	{"authz_decision", lcString},
+	{"annotation_keys", "Array(String)"},
+	{"annotation_values", "Array(String)"},
+	{"lease_holder", "String"},
+	{"raw", "String"},
 }
+
+// EventColumns is the events insert's column list, in the order the blocks
+// hold them ("event_date, event_time, ...").
+var EventColumns = func() string {
+	names := make([]string, len(columnTable))
+	for i, c := range columnTable {
+		names[i] = c.name
+	}
+	return strings.Join(names, ", ")
+}()
 
 const lcString = "LowCardinality(String)"
 
-// Column positions in EventColumns.
+// Column positions in columnTable.
 const (
 	colDate = iota
 	colTime
@@ -86,28 +132,28 @@ const (
 // to a LowCardinality column.
 var recordStringLC = func() (lc [rowStrings]bool) {
 	for i, f := range rowStringFields {
-		lc[i] = eventColumnTypes[f.col] == lcString
+		lc[i] = columnTable[f.col].typ == lcString
 	}
 	return lc
 }()
 
-var columnsPool = sync.Pool{New: func() any { return newEventColumns() }}
+var columnsPool = sync.Pool{New: func() any { return newBlock() }}
 
-func newEventColumns() *eventColumns {
-	c := &eventColumns{}
-	for i, t := range eventColumnTypes {
-		switch t {
+func newBlock() *block {
+	b := &block{}
+	for i, c := range columnTable {
+		switch c.typ {
 		case lcString:
-			c.cols[i].dict = map[string]uint32{}
+			b.cols[i].dict = map[string]uint32{}
 		case "Array(String)":
-			c.cols[i].array = true
+			b.cols[i].array = true
 		}
 	}
-	return c
+	return b
 }
 
 // reset empties the columns and keeps their memory.
-func (c *eventColumns) reset() {
+func (c *block) reset() {
 	c.n = 0
 	for i := range c.cols {
 		c.cols[i].reset()
@@ -236,7 +282,7 @@ func (c *nativeColumn) reader(rows int, scratch *[]byte) io.Reader {
 
 // appendRow decodes one row of a record (its fields start at r.off) onto
 // the columns. keepRaw stores the raw column; without it raw is empty.
-func (c *eventColumns) appendRow(r *rowRef, keepRaw bool) error {
+func (c *block) appendRow(r *rowRef, keepRaw bool) error {
 	d := recordReader{s: r.rec, i: r.off}
 	var strs [rowStrings]string
 	for i := range strs {
@@ -302,16 +348,48 @@ func floorDiv(a, b int64) int64 {
 
 // load decodes the built columns into the driver's batch columns, after
 // checking that the server asked for the types built here.
-func (c *eventColumns) load(dst []column.Interface) error {
+func (c *block) load(dst []column.Interface) error {
 	if len(dst) != len(c.cols) {
 		return fmt.Errorf("events insert: the server asked for %d columns, want %d", len(dst), len(c.cols))
 	}
 	for i, col := range dst {
-		if got := string(col.Type()); got != eventColumnTypes[i] {
-			return fmt.Errorf("events insert: column %s is %s, want %s", col.Name(), got, eventColumnTypes[i])
+		if got := string(col.Type()); got != columnTable[i].typ {
+			return fmt.Errorf("events insert: column %s is %s, want %s", col.Name(), got, columnTable[i].typ)
 		}
 		if err := col.Decode(proto.NewReader(c.cols[i].reader(c.n, &c.scratch)), c.n); err != nil {
 			return fmt.Errorf("events insert: load column %s: %w", col.Name(), err)
+		}
+	}
+	return nil
+}
+
+// Load builds the events blocks of e, at most maxRows rows a block, and
+// loads each into the columns of the driver's batch (the server's types
+// checked first). Between blocks it calls flush, which sends the loaded
+// block. keepRaw stores the raw column; without it raw is empty.
+func (e Events) Load(dst func() []column.Interface, keepRaw bool, maxRows int, flush func() error) error {
+	cols := columnsPool.Get().(*block)
+	defer func() {
+		cols.reset()
+		columnsPool.Put(cols)
+	}()
+	order := e.order
+	for len(order) > 0 {
+		chunk := order[:min(len(order), maxRows)]
+		order = order[len(chunk):]
+		cols.reset()
+		for _, i := range chunk {
+			if err := cols.appendRow(&e.rows[i], keepRaw); err != nil {
+				return err
+			}
+		}
+		if err := cols.load(dst()); err != nil {
+			return err
+		}
+		if len(order) > 0 {
+			if err := flush(); err != nil {
+				return err
+			}
 		}
 	}
 	return nil

@@ -1,4 +1,4 @@
-package analytics
+package record
 
 import (
 	"encoding/binary"
@@ -8,15 +8,7 @@ import (
 	"github.com/stampguard/stampguard/analytics/audit"
 )
 
-// Batch is what one spool record holds: the rows and dead letters accepted
-// from one request (or one chunk of a file) for one cluster.
-type Batch struct {
-	Cluster string
-	Rows    []audit.Row
-	Dead    []audit.DeadLetter
-}
-
-// recordVersion is the first byte of every encoded Batch; a reader refuses
+// recordVersion is the first byte of every record; the reader refuses
 // versions it does not know rather than misreading them.
 const recordVersion = 1
 
@@ -31,8 +23,10 @@ const (
 	tagDead = 2
 )
 
-// AppendBatchHeader starts a record for cluster.
-func AppendBatchHeader(dst []byte, cluster string) []byte {
+// AppendHeader starts a record for cluster: the rows and dead letters
+// accepted from one request (or one chunk of a file) of one cluster
+// follow it, appended by AppendRow and AppendDeadLetter.
+func AppendHeader(dst []byte, cluster string) []byte {
 	dst = append(dst, recordVersion)
 	return appendString(dst, cluster)
 }
@@ -68,39 +62,26 @@ func appendString(dst []byte, s string) []byte {
 	return append(dst, s...)
 }
 
-// DecodeBatch decodes a record: AppendBatchHeader, then the entries that
-// AppendRow and AppendDeadLetter appended. The strings of the result share
-// memory with rec, which must not change afterwards.
-func DecodeBatch(rec string) (*Batch, error) {
+// readRecord is the one parser of a record's entries: it checks the
+// version and reads the cluster, then calls row with the reader at the
+// start of each row's fields (row must read them all, in the layout of
+// layout.go) and dead with each dead letter. Set.Add takes every record
+// through it; the columns read a row's fields again from where Set.Add
+// saw them start.
+func readRecord(rec string, row func(cluster string, d *recordReader), dead func(audit.DeadLetter)) error {
 	d := recordReader{s: rec}
 	if v := d.byte(); v != recordVersion {
-		return nil, fmt.Errorf("spool record version %d, want %d", v, recordVersion)
+		return fmt.Errorf("spool record version %d, want %d", v, recordVersion)
 	}
-	b := &Batch{Cluster: d.str()}
+	cluster := d.str()
 	for d.err == nil && d.i < len(d.s) {
 		switch tag := d.byte(); tag {
 		case tagRow:
-			r := audit.Row{Cluster: b.Cluster}
-			for _, f := range &rowStringFields {
-				*f.str(&r) = d.str()
-			}
-			for _, f := range &rowListFields {
-				if k := d.count(); k > 0 {
-					l := make([]string, k)
-					for i := range l {
-						l[i] = d.str()
-					}
-					*f.list(&r) = l
-				}
-			}
-			d.tail().setOn(&r)
-			if d.err == nil {
-				b.Rows = append(b.Rows, r)
-			}
+			row(cluster, &d)
 		case tagDead:
-			dl := audit.DeadLetter{Cluster: b.Cluster, Source: d.str(), Reason: d.str(), Raw: d.str(), ReceivedAt: d.varint()}
+			dl := audit.DeadLetter{Cluster: cluster, Source: d.str(), Reason: d.str(), Raw: d.str(), ReceivedAt: d.varint()}
 			if d.err == nil {
-				b.Dead = append(b.Dead, dl)
+				dead(dl)
 			}
 		default:
 			if d.err == nil {
@@ -108,7 +89,7 @@ func DecodeBatch(rec string) (*Batch, error) {
 			}
 		}
 	}
-	return b, d.err
+	return d.err
 }
 
 type recordReader struct {

@@ -1,4 +1,4 @@
-package analytics
+package record
 
 import (
 	"encoding/binary"
@@ -11,10 +11,9 @@ import (
 // A row's layout in its record is defined here, once: first its strings
 // (rowStringFields), then its string lists (rowListFields), in this order,
 // each with the Row field it holds and the events column it fills; then
-// its rowTail. AppendRow and DecodeBatch (Row and record), RecordSet.add
-// (record to key), encodedSize and eventColumns.appendRow (record to
-// columns) all follow these tables, so a new field is one row here (and
-// its column in columns.go).
+// its rowTail. AppendRow (Row to record), Set.add (record to key) and
+// block.appendRow (record to columns) all follow these tables, so a new
+// field is one row here (and its column in columns.go's columnTable).
 //
 // A string is its length (uvarint) and its bytes; a list is its length
 // and its strings.
@@ -25,7 +24,7 @@ import (
 // AppendRow's time); TestRowLayoutNamesRowFields checks each offset.
 type rowField struct {
 	off uintptr // of the field in audit.Row
-	col int     // its column in EventColumns
+	col int     // its column in columnTable
 }
 
 // str is the string field f of r.
@@ -115,7 +114,7 @@ func (t rowTail) setOn(r *audit.Row) {
 	r.Fingerprint = t.fingerprint
 }
 
-// What RecordSet.add keeps of a row's strings (keyRoles, by position).
+// What Set.add keeps of a row's strings (keyRoles, by position).
 const (
 	keySkip = iota
 	keyAuditID
@@ -134,7 +133,7 @@ var keyRoles = func() (roles [rowStrings]uint8) {
 	return roles
 }()
 
-// The positions of the strings eventColumns.appendRow reads by name.
+// The positions of the strings block.appendRow reads by name.
 var (
 	strUser         = stringPos(colUser)
 	strImpersonated = stringPos(colImpersonatedUser)
@@ -147,5 +146,5 @@ func stringPos(col int) int {
 			return i
 		}
 	}
-	panic(fmt.Sprintf("analytics: column %d is no string of a row's record", col))
+	panic(fmt.Sprintf("record: column %d is no string of a row's record", col))
 }

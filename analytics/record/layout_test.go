@@ -1,4 +1,4 @@
-package analytics
+package record
 
 import (
 	"reflect"
@@ -38,7 +38,7 @@ func TestRowLayoutNamesRowFields(t *testing.T) {
 			case cols[lf.col]:
 				t.Errorf("%s goes to column %d, which another field fills", f.Name, lf.col)
 			}
-			if ct := eventColumnTypes[lf.col]; !slices.Contains(colTypes, ct) {
+			if ct := columnTable[lf.col].typ; !slices.Contains(colTypes, ct) {
 				t.Errorf("%s goes to a column of type %s, want one of %q", f.Name, ct, colTypes)
 			}
 			seen[f.Name], cols[lf.col] = true, true

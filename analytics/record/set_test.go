@@ -1,4 +1,4 @@
-package analytics
+package record
 
 import (
 	"cmp"
@@ -12,8 +12,8 @@ import (
 func TestRecordSetFindsEveryRowsKeyAndAddsNothingOfABrokenRecord(t *testing.T) {
 	rows := decodeAll(t, "prod", realEvents(t))
 	dead := []audit.DeadLetter{{Cluster: "prod", Source: "webhook", Reason: "r", Raw: "x", ReceivedAt: 7}}
-	rec := string(AppendBatch(nil, &Batch{Cluster: "prod", Rows: rows, Dead: dead}))
-	var set RecordSet
+	rec := string(appendBatch(nil, &batch{cluster: "prod", rows: rows, dead: dead}))
+	var set Set
 	if err := set.Add(rec); err != nil {
 		t.Fatal(err)
 	}
@@ -117,24 +117,24 @@ func TestEventOrderIsTheEventsByHourSortingKey(t *testing.T) {
 	}
 }
 
-// FuzzRecordSet feeds arbitrary bytes to the writer's record parser, the
-// path of every spool record to ClickHouse: no panic; it accepts exactly
-// what DecodeBatch accepts, with the same rows and dead letters; and every
-// row it accepts builds its columns.
+// FuzzRecordSet feeds arbitrary bytes to Set.Add, the path of every spool
+// record to ClickHouse: no panic; it accepts exactly what the full decode
+// of the tests accepts, with the same rows and dead letters; and every row
+// it accepts builds its columns.
 func FuzzRecordSet(f *testing.F) {
 	rows := decodeAll(f, "prod", realEvents(f))
 	dead := []audit.DeadLetter{{Cluster: "prod", Source: "webhook", Reason: "r", Raw: "x", ReceivedAt: 7}}
-	rec := AppendBatch(nil, &Batch{Cluster: "prod", Rows: rows[:1], Dead: dead})
+	rec := appendBatch(nil, &batch{cluster: "prod", rows: rows[:1], dead: dead})
 	f.Add(rec)
 	f.Add(rec[:len(rec)/2])
-	f.Add(AppendBatch(nil, &Batch{Cluster: "c"}))
+	f.Add(appendBatch(nil, &batch{cluster: "c"}))
 	f.Fuzz(func(t *testing.T, data []byte) {
 		rec := string(data)
-		var set RecordSet
+		var set Set
 		err := set.Add(rec)
-		b, decErr := DecodeBatch(rec)
+		b, decErr := decode(rec)
 		if (err == nil) != (decErr == nil) {
-			t.Fatalf("RecordSet.Add: %v, DecodeBatch: %v", err, decErr)
+			t.Fatalf("Set.Add: %v, decode: %v", err, decErr)
 		}
 		if err != nil {
 			if set.Rows() != 0 || len(set.Dead()) != 0 {
@@ -142,10 +142,10 @@ func FuzzRecordSet(f *testing.F) {
 			}
 			return
 		}
-		if set.Rows() != len(b.Rows) || len(set.Dead()) != len(b.Dead) {
-			t.Fatalf("RecordSet has %d rows and %d dead letters, DecodeBatch %d and %d", set.Rows(), len(set.Dead()), len(b.Rows), len(b.Dead))
+		if set.Rows() != len(b.rows) || len(set.Dead()) != len(b.dead) {
+			t.Fatalf("Set has %d rows and %d dead letters, decode %d and %d", set.Rows(), len(set.Dead()), len(b.rows), len(b.dead))
 		}
-		cols := newEventColumns()
+		cols := newBlock()
 		for i := range set.rows {
 			if err := cols.appendRow(&set.rows[i], true); err != nil {
 				t.Fatalf("row %d of an accepted record: %v", i, err)
@@ -154,35 +154,20 @@ func FuzzRecordSet(f *testing.F) {
 	})
 }
 
-// AppendBatch encodes b onto dst (for tests: the product appends a
-// record entry by entry, AppendBatchHeader, AppendRow, AppendDeadLetter).
-func AppendBatch(dst []byte, b *Batch) []byte {
-	dst = AppendBatchHeader(dst, b.Cluster)
-	for i := range b.Rows {
-		dst = AppendRow(dst, &b.Rows[i])
-	}
-	for i := range b.Dead {
-		dst = AppendDeadLetter(dst, &b.Dead[i])
-	}
-	return dst
-}
-
 // BenchmarkRecordSetOf encodes 40,960 real-shaped rows (with their raw
-// JSON) into a record, AppendRow by AppendRow, and parses it into a
-// RecordSet: the record format's CPU per event on both sides of the
-// spool.
+// JSON) into a record, AppendRow by AppendRow, and parses it into a Set:
+// the record format's CPU per event on both sides of the spool.
 func BenchmarkRecordSetOf(b *testing.B) {
 	tmpl := decodeAll(b, "bench", realEvents(b)[:9])
-	rows := make([]audit.Row, 5*insertBlockRows)
+	rows := make([]audit.Row, 5*benchBlockRows)
 	for i := range rows {
 		rows[i] = tmpl[i%len(tmpl)]
 		rows[i].AuditID = fmt.Sprintf("bench-%d", i)
 	}
 	b.ReportAllocs()
 	for b.Loop() {
-		set, err := recordSetOf(rows, nil, true)
-		if err != nil || set.Rows() != len(rows) {
-			b.Fatalf("%d rows (%v), want %d", set.Rows(), err, len(rows))
+		if set := setOf(b, rows, nil); set.Rows() != len(rows) {
+			b.Fatalf("%d rows, want %d", set.Rows(), len(rows))
 		}
 	}
 	b.ReportMetric(float64(b.N*len(rows))/b.Elapsed().Seconds(), "rows/s")
