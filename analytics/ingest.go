@@ -15,6 +15,7 @@ import (
 
 	"github.com/stampguard/stampguard/analytics/audit"
 	"github.com/stampguard/stampguard/analytics/logfile"
+	"github.com/stampguard/stampguard/analytics/store"
 )
 
 // The log file itself is the durable buffer for `ingest` and `tail`, so
@@ -69,7 +70,7 @@ func (r IngestResult) String() string {
 
 // Compactor builds the hour caches (a Store).
 type Compactor interface {
-	Compact(ctx context.Context, since time.Time, after time.Duration) (CompactResult, error)
+	Compact(ctx context.Context, since time.Time, after time.Duration) (store.CompactResult, error)
 }
 
 // File records are the Accepter's (5,000 rows); an insert gathers up to
@@ -113,7 +114,7 @@ func IngestFiles(ctx context.Context, st Inserter, paths []string, o IngestOptio
 	defer cancel()
 	q := NewQueue(queueBytes, nil)
 	d := NewDrainer(q, st, DrainerOptions{MaxRecords: ingestMaxRecords, Parallel: o.Parallel, Logger: o.Logger,
-		Observe: func(r InsertResult) {
+		Observe: func(r store.InsertResult) {
 			n.stored.Add(int64(r.Stored))
 			n.duplicates.Add(int64(r.Duplicates))
 		}})
@@ -159,7 +160,7 @@ func IngestFiles(ctx context.Context, st Inserter, paths []string, o IngestOptio
 	if c, ok := st.(Compactor); ok && err == nil {
 		// The hours this ingest closed: a report right after it reads them
 		// from their caches. All days, for a backfill.
-		if _, cerr := c.Compact(ctx, time.Unix(0, 0), DefaultCompactAfter); cerr != nil {
+		if _, cerr := c.Compact(ctx, time.Unix(0, 0), store.DefaultCompactAfter); cerr != nil {
 			res.Uncompacted = cerr
 		}
 	}
@@ -428,7 +429,7 @@ const CompactDays = 7
 // an hour without one is read from events.
 func CompactEvery(ctx context.Context, c Compactor, every time.Duration, m *Metrics, log *slog.Logger) {
 	for {
-		if _, err := c.Compact(ctx, time.Now().AddDate(0, 0, -CompactDays), DefaultCompactAfter); err != nil && ctx.Err() == nil {
+		if _, err := c.Compact(ctx, time.Now().AddDate(0, 0, -CompactDays), store.DefaultCompactAfter); err != nil && ctx.Err() == nil {
 			m.CountCHError(OpCompact, err)
 			log.Warn("compaction of the hour caches failed; those hours are read from events meanwhile", "err", err, "retryIn", every.String())
 		}

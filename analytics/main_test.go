@@ -4,13 +4,14 @@ import (
 	"os"
 	"strings"
 	"testing"
-	"time"
 
 	dto "github.com/prometheus/client_model/go"
 
-	"github.com/stampguard/stampguard/analytics/audit"
+	asql "github.com/stampguard/stampguard/analytics/sql"
+	"github.com/stampguard/stampguard/analytics/store"
 	"github.com/stampguard/stampguard/internal/chdbtest"
 	"github.com/stampguard/stampguard/internal/chtest"
+	"github.com/stampguard/stampguard/internal/testenv"
 )
 
 // realEvents returns the JSON lines of testdata/events.jsonl, real
@@ -29,46 +30,8 @@ func eventList(events ...string) string {
 	return `{"kind":"EventList","apiVersion":"audit.k8s.io/v1","metadata":{},"items":[` + strings.Join(events, ",") + `]}`
 }
 
-// normalize drops what a stored row does not keep (Raw) and makes empty
-// lists nil, so that rows compare with reflect.DeepEqual.
-func normalize(r *audit.Row) {
-	r.Raw = ""
-	for _, p := range []*[]string{&r.UserGroups, &r.CauseReasons, &r.CauseFields, &r.AnnotationKeys, &r.AnnotationValues} {
-		if len(*p) == 0 {
-			*p = nil
-		}
-	}
-}
-
-// micros is the Unix microseconds of an RFC 3339 time.
-func micros(s string) int64 {
-	t, err := time.Parse(time.RFC3339Nano, s)
-	if err != nil {
-		panic(err)
-	}
-	return t.UnixMicro()
-}
-
-var tempDirs []string
-
-func mkTemp() string {
-	d, err := os.MkdirTemp("", "analytics-ch-")
-	if err != nil {
-		panic(err)
-	}
-	tempDirs = append(tempDirs, d)
-	return d
-}
-
 func TestMain(m *testing.M) {
-	code := chdbtest.Run(m)
-	for i := len(processCleanups) - 1; i >= 0; i-- {
-		processCleanups[i]()
-	}
-	for _, d := range tempDirs {
-		os.RemoveAll(d)
-	}
-	os.Exit(code)
+	os.Exit(chdbtest.Run(m))
 }
 
 func testutilValue(c interface{ Write(*dto.Metric) error }) float64 {
@@ -80,3 +43,33 @@ func testutilValue(c interface{ Write(*dto.Metric) error }) float64 {
 }
 
 func chtestStart(tb testing.TB) *chtest.Server { return chtest.Start(tb) }
+
+// newStore starts a ClickHouse server and returns a migrated store on it.
+func newStore(t *testing.T, keepRaw bool) (*store.Store, *chtest.Server) {
+	t.Helper()
+	testenv.SkipIfShort(t, "starts clickhouse-server")
+	srv := chtest.Start(t)
+	st, err := store.Open(t.Context(), store.Options{DSN: srv.DSN(), Database: srv.NewDatabase(t), KeepRaw: keepRaw})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { st.Close() })
+	if _, err := st.Migrate(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	return st, srv
+}
+
+// distinctEventsSQL counts the events of {db}.events_by_hour once each.
+// A WHERE may follow.
+const distinctEventsSQL = "SELECT count() FROM (SELECT cluster FROM {db}.events_by_hour LIMIT 1 BY " + asql.Identity + ")"
+
+// count runs a query of one UInt64 with {db} filled in.
+func count(t *testing.T, st *store.Store, query string, args ...any) uint64 {
+	t.Helper()
+	var n uint64
+	if err := st.Conn().QueryRow(t.Context(), strings.ReplaceAll(query, "{db}", st.Database()), args...).Scan(&n); err != nil {
+		t.Fatalf("%s: %v", query, err)
+	}
+	return n
+}

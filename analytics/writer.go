@@ -12,16 +12,17 @@ import (
 	"github.com/stampguard/stampguard/analytics/audit"
 	"github.com/stampguard/stampguard/analytics/record"
 	"github.com/stampguard/stampguard/analytics/spool"
+	"github.com/stampguard/stampguard/analytics/store"
 )
 
 // Inserter stores the rows and dead letters of spool records exactly once;
 // *Store is one. InsertRecords must not change the set: a failed insert is
 // retried with it.
 type Inserter interface {
-	InsertRecords(ctx context.Context, set *record.Set) (InsertResult, error)
+	InsertRecords(ctx context.Context, set *record.Set) (store.InsertResult, error)
 }
 
-var _ Inserter = (*Store)(nil)
+var _ Inserter = (*store.Store)(nil)
 
 // DrainerOptions configure a Drainer.
 type DrainerOptions struct {
@@ -41,7 +42,7 @@ type DrainerOptions struct {
 	// Observe, when set, is called with what each insert did, and with the
 	// rows dropped because an insert in flight holds them (as Duplicates);
 	// from several goroutines at once.
-	Observe func(InsertResult)
+	Observe func(store.InsertResult)
 	// Finish, when set, lets the inserts in flight when Run's ctx is done
 	// go on, their checks included, until Finish is done; what they
 	// stored is confirmed. Without it they are cancelled with ctx (and

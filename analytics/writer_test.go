@@ -9,9 +9,7 @@ import (
 	"github.com/stampguard/stampguard/analytics/audit"
 	"github.com/stampguard/stampguard/analytics/record"
 	"github.com/stampguard/stampguard/analytics/spool"
-	"github.com/stampguard/stampguard/internal/chtest"
-
-	"github.com/stampguard/stampguard/internal/testenv"
+	"github.com/stampguard/stampguard/analytics/store"
 )
 
 // acceptInto splits an EventList body and appends its records to sp.
@@ -184,17 +182,7 @@ func TestWriterStoresSpooledEventsExactlyOnce(t *testing.T) {
 }
 
 func TestWriterWaitsOutClickHouseDowntime(t *testing.T) {
-	testenv.SkipIfShort(t, "starts clickhouse-server")
-	srv := chtest.Start(t)
-	db := srv.NewDatabase(t)
-	st, err := OpenStore(t.Context(), StoreOptions{DSN: srv.DSN(), Database: db})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer st.Close()
-	if _, err := st.Migrate(t.Context()); err != nil {
-		t.Fatal(err)
-	}
+	st, srv := newStore(t, false)
 	sp := openSpool(t, t.TempDir())
 	m := NewMetrics(nil)
 	ctx, cancel := context.WithCancel(t.Context())
@@ -234,13 +222,13 @@ type blockingInserter struct {
 	release chan struct{}
 }
 
-func (b *blockingInserter) InsertRecords(ctx context.Context, set *record.Set) (InsertResult, error) {
+func (b *blockingInserter) InsertRecords(ctx context.Context, set *record.Set) (store.InsertResult, error) {
 	close(b.started)
 	select {
 	case <-b.release:
-		return InsertResult{Stored: set.Rows()}, nil
+		return store.InsertResult{Stored: set.Rows()}, nil
 	case <-ctx.Done():
-		return InsertResult{}, ctx.Err()
+		return store.InsertResult{}, ctx.Err()
 	}
 }
 

@@ -7,9 +7,10 @@ import (
 	"testing"
 	"time"
 
-	"github.com/stampguard/stampguard/analytics"
 	"github.com/stampguard/stampguard/analytics/audit"
+	"github.com/stampguard/stampguard/analytics/record/recordtest"
 	asql "github.com/stampguard/stampguard/analytics/sql"
+	"github.com/stampguard/stampguard/analytics/store"
 	"github.com/stampguard/stampguard/dashboards"
 	"github.com/stampguard/stampguard/internal/chtest"
 )
@@ -65,12 +66,12 @@ func (ev *events) steady(from, to time.Time, perMinute func(time.Time) int, writ
 func TestAlertRulesOnScenarios(t *testing.T) {
 	srv := chtest.StartInTimeZone(t, "America/New_York")
 	ctx := t.Context()
-	store, err := analytics.OpenStore(ctx, analytics.StoreOptions{DSN: srv.DSN(), Database: "stampguard"})
+	st, err := store.Open(ctx, store.Options{DSN: srv.DSN(), Database: "stampguard"})
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { store.Close() })
-	if _, err := store.Migrate(ctx); err != nil {
+	t.Cleanup(func() { st.Close() })
+	if _, err := st.Migrate(ctx); err != nil {
 		t.Fatal(err)
 	}
 	// UTC midnight, 19:00 in New York. The scenarios lie in the past, so
@@ -132,11 +133,11 @@ func TestAlertRulesOnScenarios(t *testing.T) {
 	loops.add(loopsAt.Add(90*time.Minute+16*time.Second), "quick-retrier", "configmaps", "", "shop", "quick", 200, nil)
 
 	for _, ev := range []*events{storm, ramp, loops} {
-		if _, err := store.Insert(ctx, ev.rows, nil); err != nil {
+		if _, err := st.InsertRecords(ctx, recordtest.Set(ev.rows, nil)); err != nil {
 			t.Fatal(err)
 		}
 	}
-	res, err := store.Compact(ctx, time.Unix(0, 0), 0)
+	res, err := st.Compact(ctx, time.Unix(0, 0), 0)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -5,10 +5,12 @@ import (
 	"testing"
 	"time"
 
-	"github.com/stampguard/stampguard/analytics"
 	asql "github.com/stampguard/stampguard/analytics/sql"
+	"github.com/stampguard/stampguard/analytics/store"
 	"github.com/stampguard/stampguard/dashboards"
 	"github.com/stampguard/stampguard/internal/chtest"
+
+	"github.com/stampguard/stampguard/analytics/record/recordtest"
 )
 
 // TestVariablesCannotInjectSQL runs every dashboard query on ClickHouse
@@ -19,12 +21,12 @@ import (
 func TestVariablesCannotInjectSQL(t *testing.T) {
 	srv := chtest.Start(t)
 	ctx := t.Context()
-	store, err := analytics.OpenStore(ctx, analytics.StoreOptions{DSN: srv.DSN(), Database: "stampguard"})
+	st, err := store.Open(ctx, store.Options{DSN: srv.DSN(), Database: "stampguard"})
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { store.Close() })
-	if _, err := store.Migrate(ctx); err != nil {
+	t.Cleanup(func() { st.Close() })
+	if _, err := st.Migrate(ctx); err != nil {
 		t.Fatal(err)
 	}
 	t0 := time.Date(2026, 11, 20, 10, 0, 0, 0, time.UTC)
@@ -35,7 +37,7 @@ func TestVariablesCannotInjectSQL(t *testing.T) {
 	for i := range 2 {
 		ev.add(t0.Add(time.Duration(i)*time.Minute+time.Second), "alice", "configmaps", "", "shop", "b'c", 409, nil)
 	}
-	if _, err := store.Insert(ctx, ev.rows, nil); err != nil {
+	if _, err := st.InsertRecords(ctx, recordtest.Set(ev.rows, nil)); err != nil {
 		t.Fatal(err)
 	}
 	gen, err := dashboards.Generate(dashboards.Options{})

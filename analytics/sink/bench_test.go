@@ -20,9 +20,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/stampguard/stampguard/analytics"
 	"github.com/stampguard/stampguard/analytics/audit"
 	"github.com/stampguard/stampguard/analytics/record"
+	"github.com/stampguard/stampguard/analytics/store"
 	"github.com/stampguard/stampguard/internal/chtest"
 )
 
@@ -297,7 +297,7 @@ func sinkQueryCPU(b *testing.B, ch *chtest.Server, db string) map[string]float64
 // key and no views.
 func ceiling(b *testing.B, ch *chtest.Server, bodies [][]byte) float64 {
 	db := ch.NewDatabase(b)
-	st, err := analytics.OpenStore(context.Background(), analytics.StoreOptions{DSN: ch.DSN(), Database: db})
+	st, err := store.Open(context.Background(), store.Options{DSN: ch.DSN(), Database: db})
 	if err != nil {
 		b.Fatal(err)
 	}

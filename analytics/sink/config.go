@@ -18,6 +18,7 @@ import (
 	"github.com/stampguard/stampguard/analytics/audit"
 	"github.com/stampguard/stampguard/analytics/report"
 	asql "github.com/stampguard/stampguard/analytics/sql"
+	"github.com/stampguard/stampguard/analytics/store"
 	"github.com/stampguard/stampguard/internal/cli"
 )
 
@@ -97,7 +98,7 @@ func (c *Config) Register(fs *flag.FlagSet) {
 // Connection is a validated Config: the store's options, where the DSN
 // came from, and the logger.
 type Connection struct {
-	Store analytics.StoreOptions
+	Store store.Options
 	// From names where the DSN came from: a flag, a file or the
 	// environment.
 	From   string
@@ -145,10 +146,10 @@ func (c *Config) Connect(w io.Writer) (*Connection, error) {
 	if err := asql.ValidDatabase(c.Database); err != nil {
 		return nil, cli.Usagef("--database: %w", err)
 	}
-	conn.Store = analytics.StoreOptions{DSN: dsn, Database: c.Database, ClickHouseCluster: c.ClickHouseCluster}
+	conn.Store = store.Options{DSN: dsn, Database: c.Database, ClickHouseCluster: c.ClickHouseCluster}
 	// OpenStore checks the DSN and the cluster name; it connects only at
 	// the first query.
-	st, err := analytics.OpenStore(context.Background(), conn.Store)
+	st, err := store.Open(context.Background(), conn.Store)
 	if err != nil {
 		return nil, cli.Usagef("%s: %w", conn.From, err)
 	}
@@ -167,15 +168,15 @@ func (c *Config) logger(w io.Writer) (*slog.Logger, error) {
 // String names the server and where its DSN came from, for errors.
 func (c *Connection) String() string {
 	host := "?"
-	if o, err := analytics.ParseDSN(c.Store.DSN); err == nil && len(o.Addr) > 0 {
+	if o, err := store.ParseDSN(c.Store.DSN); err == nil && len(o.Addr) > 0 {
 		host = strings.Join(o.Addr, ",")
 	}
 	return fmt.Sprintf("ClickHouse at %s (DSN from %s)", host, c.From)
 }
 
 // Open connects to the store; the errors name the server.
-func (c *Connection) Open(ctx context.Context) (*analytics.Store, error) {
-	st, err := analytics.OpenStore(ctx, c.Store)
+func (c *Connection) Open(ctx context.Context) (*store.Store, error) {
+	st, err := store.Open(ctx, c.Store)
 	if err != nil {
 		return nil, c.Err(err)
 	}
@@ -183,7 +184,7 @@ func (c *Connection) Open(ctx context.Context) (*analytics.Store, error) {
 }
 
 // OpenMigrated connects to the store and applies the migrations.
-func (c *Connection) OpenMigrated(ctx context.Context) (*analytics.Store, error) {
+func (c *Connection) OpenMigrated(ctx context.Context) (*store.Store, error) {
 	st, err := c.Open(ctx)
 	if err != nil {
 		return nil, err

@@ -18,6 +18,7 @@ import (
 
 	"github.com/stampguard/stampguard/analytics"
 	"github.com/stampguard/stampguard/analytics/spool"
+	"github.com/stampguard/stampguard/analytics/store"
 	"github.com/stampguard/stampguard/internal/tlsserve"
 )
 
@@ -59,7 +60,7 @@ type Options struct {
 	// MetricsListen serves /metrics (plain HTTP) when set, e.g. ":9090".
 	MetricsListen string
 
-	Store analytics.StoreOptions
+	Store store.Options
 	// SpoolDir holds the spool. Required.
 	SpoolDir string
 	// SpoolMaxBytes caps the spool; when it is full the sink answers 503.
@@ -152,11 +153,11 @@ func Run(ctx context.Context, o Options) error {
 		}
 		return 0
 	}))
-	store, err := analytics.OpenStore(ctx, o.Store)
+	st, err := store.Open(ctx, o.Store)
 	if err != nil {
 		return err
 	}
-	defer store.Close()
+	defer st.Close()
 
 	var verifyClient func([]*x509.Certificate) error
 	if certs != nil && certs.HasClientCA() {
@@ -202,11 +203,11 @@ func Run(ctx context.Context, o Options) error {
 	defer stopFinish()
 	writerErr := make(chan error, 1)
 	wg.Go(func() {
-		if err := schemaUntilReady(bg, store, o.NoMigrate, metrics, log); err != nil {
+		if err := schemaUntilReady(bg, st, o.NoMigrate, metrics, log); err != nil {
 			return
 		}
-		wg.Go(func() { analytics.CompactEvery(bg, store, analytics.DefaultCompactEvery, metrics, log) })
-		w := analytics.NewDrainer(sp, store, analytics.DrainerOptions{Metrics: metrics, Parallel: o.InsertParallel, Finish: finish,
+		wg.Go(func() { analytics.CompactEvery(bg, st, analytics.DefaultCompactEvery, metrics, log) })
+		w := analytics.NewDrainer(sp, st, analytics.DrainerOptions{Metrics: metrics, Parallel: o.InsertParallel, Finish: finish,
 			Logger: log.With("component", "writer")})
 		if err := w.Run(bg); err != nil {
 			// Without a writer the spool only fills up: stop, so that a
@@ -215,7 +216,7 @@ func Run(ctx context.Context, o Options) error {
 		}
 	})
 	if o.Retention > 0 {
-		wg.Go(func() { retain(bg, store, o.Retention, metrics, log) })
+		wg.Go(func() { retain(bg, st, o.Retention, metrics, log) })
 	}
 	stopMetrics := func(context.Context) {}
 	if o.MetricsListen != "" {
@@ -224,7 +225,7 @@ func Run(ctx context.Context, o Options) error {
 
 	serveErr := make(chan error, 1)
 	go func() { serveErr <- srv.Serve(ln) }()
-	log.Info("audit sink serving", "addr", ln.Addr().String(), "tls", certs != nil, "database", store.Database())
+	log.Info("audit sink serving", "addr", ln.Addr().String(), "tls", certs != nil, "database", st.Database())
 	if o.Ready != nil {
 		o.Ready(ln.Addr())
 	}
@@ -299,7 +300,7 @@ func serverTLS(o Options) (*tlsserve.Server, error) {
 // A current schema is used as it is, without DDL (a ClickHouse user without
 // DDL rights suffices); otherwise the migrations are applied, unless
 // noMigrate, which waits for `auditsink migrate` instead.
-func schemaUntilReady(ctx context.Context, store *analytics.Store, noMigrate bool, m *analytics.Metrics, log *slog.Logger) error {
+func schemaUntilReady(ctx context.Context, st *store.Store, noMigrate bool, m *analytics.Metrics, log *slog.Logger) error {
 	what := "schema migration"
 	if noMigrate {
 		what = "schema check (--no-migrate)"
@@ -307,16 +308,16 @@ func schemaUntilReady(ctx context.Context, store *analytics.Store, noMigrate boo
 	return analytics.Retry(ctx, analytics.Backoff{}, log, what, func(err error) {
 		m.CountCHError(analytics.OpMigrate, err)
 	}, func() error {
-		current, err := store.SchemaCurrent(ctx)
+		current, err := st.SchemaCurrent(ctx)
 		switch {
 		case current:
 			return nil
 		case noMigrate && err != nil:
-			return fmt.Errorf("cannot read the schema version of database %s (run auditsink migrate): %w", store.Database(), err)
+			return fmt.Errorf("cannot read the schema version of database %s (run auditsink migrate): %w", st.Database(), err)
 		case noMigrate:
-			return fmt.Errorf("database %s is not at this binary's schema version yet: run auditsink migrate", store.Database())
+			return fmt.Errorf("database %s is not at this binary's schema version yet: run auditsink migrate", st.Database())
 		}
-		applied, err := store.Migrate(ctx)
+		applied, err := st.Migrate(ctx)
 		if err == nil && len(applied) > 0 {
 			log.Info("schema migrated", "versions", applied)
 		}
@@ -325,9 +326,9 @@ func schemaUntilReady(ctx context.Context, store *analytics.Store, noMigrate boo
 }
 
 // retain drops expired day partitions now and then every hour.
-func retain(ctx context.Context, store *analytics.Store, keep time.Duration, m *analytics.Metrics, log *slog.Logger) {
+func retain(ctx context.Context, st *store.Store, keep time.Duration, m *analytics.Metrics, log *slog.Logger) {
 	for {
-		dropped, err := store.DropPartitionsBefore(ctx, time.Now().Add(-keep))
+		dropped, err := st.DropPartitionsBefore(ctx, time.Now().Add(-keep))
 		if err != nil && ctx.Err() == nil {
 			m.CountCHError(analytics.OpRetention, err)
 			log.Warn("retention failed", "err", err)

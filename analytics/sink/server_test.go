@@ -23,6 +23,7 @@ import (
 
 	"github.com/stampguard/stampguard/analytics"
 	"github.com/stampguard/stampguard/analytics/spool"
+	"github.com/stampguard/stampguard/analytics/store"
 	"github.com/stampguard/stampguard/internal/chtest"
 
 	"github.com/stampguard/stampguard/internal/testenv"
@@ -400,7 +401,7 @@ func TestServeOverTLSWithClientCertificatesStoresInClickHouse(t *testing.T) {
 	spoolDir := t.TempDir()
 	opts := Options{TLSCertFile: pki.ServerCert, TLSKeyFile: pki.ServerKey, ClientCAFile: pki.CAFile, Token: "tok",
 		ClientNames: map[string][]string{"kube-apiserver": nil},
-		Store:       analytics.StoreOptions{DSN: ch.DSN(), Database: db}, SpoolDir: spoolDir}
+		Store:       store.Options{DSN: ch.DSN(), Database: db}, SpoolDir: spoolDir}
 	url, stop := startSink(t, opts)
 
 	events := realEvents(t)
@@ -496,7 +497,7 @@ func slowClient(t *testing.T, addr, path string, interval time.Duration) (net.Co
 func TestASlowBodyIsCut(t *testing.T) {
 	reg := prometheus.NewRegistry()
 	url, _ := startSink(t, Options{Plaintext: true, Token: "t", SpoolDir: t.TempDir(), Registry: reg,
-		Store:     analytics.StoreOptions{DSN: "clickhouse://127.0.0.1:1"}, // never reached: nothing is stored
+		Store:     store.Options{DSN: "clickhouse://127.0.0.1:1"}, // never reached: nothing is stored
 		BodyGrace: 300 * time.Millisecond, BodyMinRate: 1024})
 	conn, _ := slowClient(t, strings.TrimPrefix(url, "http://"), "/clusters/prod/events", 100*time.Millisecond)
 	if err := conn.SetReadDeadline(time.Now().Add(30 * time.Second)); err != nil {
@@ -552,7 +553,7 @@ func (s *syncBuffer) String() string {
 func TestAShutdownThatHitsItsDeadlineIsLogged(t *testing.T) {
 	var logs syncBuffer
 	url, stop := startSink(t, Options{Plaintext: true, Token: "t", SpoolDir: t.TempDir(),
-		Store:           analytics.StoreOptions{DSN: "clickhouse://127.0.0.1:1"}, // never reached: nothing is stored
+		Store:           store.Options{DSN: "clickhouse://127.0.0.1:1"}, // never reached: nothing is stored
 		ShutdownTimeout: time.Second, Logger: slog.New(slog.NewJSONHandler(&logs, nil))})
 	conn, err := net.Dial("tcp", strings.TrimPrefix(url, "http://"))
 	if err != nil {

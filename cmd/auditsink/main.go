@@ -31,6 +31,7 @@ import (
 
 	"github.com/stampguard/stampguard/analytics"
 	"github.com/stampguard/stampguard/analytics/sink"
+	"github.com/stampguard/stampguard/analytics/store"
 	"github.com/stampguard/stampguard/internal/cli"
 )
 
@@ -234,7 +235,7 @@ func migrate(fs *flag.FlagSet, stdout, stderr io.Writer) func([]string) (work, e
 			}
 			fmt.Fprintf(stdout, "database %s at schema version %d (applied now: %v)\n", st.Database(), v, applied)
 			if m.Compact {
-				res, err := st.Compact(ctx, time.Unix(0, 0), analytics.DefaultCompactAfter)
+				res, err := st.Compact(ctx, time.Unix(0, 0), store.DefaultCompactAfter)
 				if err != nil {
 					return err
 				}

@@ -43,6 +43,7 @@ import (
 	"github.com/stampguard/stampguard/analytics/audit"
 	"github.com/stampguard/stampguard/analytics/logfile"
 	asql "github.com/stampguard/stampguard/analytics/sql"
+	"github.com/stampguard/stampguard/analytics/store"
 	"github.com/stampguard/stampguard/internal/bintest"
 	"github.com/stampguard/stampguard/internal/chtest"
 	"github.com/stampguard/stampguard/internal/kubetest"
@@ -100,7 +101,7 @@ func TestAuditSink(t *testing.T) {
 	})
 
 	// tail follows the live log into cluster "tail".
-	st, err := analytics.OpenStore(t.Context(), analytics.StoreOptions{DSN: ch.DSN(), Database: db})
+	st, err := store.Open(t.Context(), store.Options{DSN: ch.DSN(), Database: db})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -488,7 +489,7 @@ func rollupCounts(t *testing.T, conn driver.Conn, cutoff time.Time) rollup {
 // migrate creates the schema in db.
 func migrate(t *testing.T, ch *chtest.Server, db string) {
 	t.Helper()
-	st, err := analytics.OpenStore(t.Context(), analytics.StoreOptions{DSN: ch.DSN(), Database: db})
+	st, err := store.Open(t.Context(), store.Options{DSN: ch.DSN(), Database: db})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -1,4 +1,4 @@
-package analytics
+package store
 
 import (
 	"encoding/json"
@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/stampguard/stampguard/analytics/audit"
+	"github.com/stampguard/stampguard/analytics/record/recordtest"
 	"github.com/stampguard/stampguard/analytics/report"
 	asql "github.com/stampguard/stampguard/analytics/sql"
 )
@@ -62,7 +63,7 @@ func figures(t *testing.T, st *Store, since, until time.Time, raw bool) string {
 func truth(t *testing.T, rows []audit.Row) string {
 	t.Helper()
 	st, _ := newStore(t, false)
-	if _, err := st.Insert(t.Context(), rows, nil); err != nil {
+	if _, err := st.InsertRecords(t.Context(), recordtest.Set(rows, nil)); err != nil {
 		t.Fatal(err)
 	}
 	since, until := window(rows)
@@ -103,7 +104,7 @@ func TestEveryCopyCountsOnce(t *testing.T) {
 	st, srv := newStore(t, false)
 	stores := []*Store{st}
 	for range 3 {
-		o, err := OpenStore(t.Context(), StoreOptions{DSN: srv.DSN(), Database: st.db})
+		o, err := Open(t.Context(), Options{DSN: srv.DSN(), Database: st.db})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -124,7 +125,7 @@ func TestEveryCopyCountsOnce(t *testing.T) {
 		}
 		wg.Go(func() {
 			<-start
-			_, errs[i] = o.Insert(t.Context(), batch, nil)
+			_, errs[i] = o.InsertRecords(t.Context(), recordtest.Set(batch, nil))
 		})
 	}
 	close(start)
@@ -145,7 +146,7 @@ func TestEveryCopyCountsOnce(t *testing.T) {
 	}
 	requireTruth(t, st, want, since, until, "after compaction")
 
-	if _, err := st.Insert(t.Context(), rows[:len(rows)/2], nil); err != nil {
+	if _, err := st.InsertRecords(t.Context(), recordtest.Set(rows[:len(rows)/2], nil)); err != nil {
 		t.Fatal(err)
 	}
 	requireTruth(t, st, want, since, until, "after a redelivery into compacted hours")
@@ -175,10 +176,10 @@ func TestCompactionMissesNothingAWriterStores(t *testing.T) {
 	for _, step := range []string{HookMarksCounted, HookCachesWritten} {
 		t.Run("another writer stores once the "+step, func(t *testing.T) {
 			st, srv := newStore(t, false)
-			if _, err := st.Insert(t.Context(), first, nil); err != nil {
+			if _, err := st.InsertRecords(t.Context(), recordtest.Set(first, nil)); err != nil {
 				t.Fatal(err)
 			}
-			other, err := OpenStore(t.Context(), StoreOptions{DSN: srv.DSN(), Database: st.db})
+			other, err := Open(t.Context(), Options{DSN: srv.DSN(), Database: st.db})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -187,7 +188,7 @@ func TestCompactionMissesNothingAWriterStores(t *testing.T) {
 				if at != step {
 					return
 				}
-				if _, err := other.Insert(t.Context(), late, nil); err != nil {
+				if _, err := other.InsertRecords(t.Context(), recordtest.Set(late, nil)); err != nil {
 					t.Error(err)
 				}
 			}
@@ -220,7 +221,7 @@ func TestAnInsertAppliedInPartCountsOnceItsRetryLands(t *testing.T) {
 	want := truth(t, append(append([]audit.Row(nil), first...), killed...))
 
 	st, _ := newStore(t, false)
-	if _, err := st.Insert(t.Context(), first, nil); err != nil {
+	if _, err := st.InsertRecords(t.Context(), recordtest.Set(first, nil)); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := st.Compact(t.Context(), since, 0); err != nil {
@@ -234,14 +235,14 @@ func TestAnInsertAppliedInPartCountsOnceItsRetryLands(t *testing.T) {
 	if err := st.conn.Exec(t.Context(), "DROP TABLE "+st.db+".hour_marks_mv"); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := st.Insert(t.Context(), killed, nil); err != nil {
+	if _, err := st.InsertRecords(t.Context(), recordtest.Set(killed, nil)); err != nil {
 		t.Fatal(err)
 	}
 	if err := st.conn.Exec(t.Context(), view); err != nil {
 		t.Fatal(err)
 	}
 	// The retry, as the writer's Retry or the spool's replay makes it.
-	if _, err := st.Insert(t.Context(), killed, nil); err != nil {
+	if _, err := st.InsertRecords(t.Context(), recordtest.Set(killed, nil)); err != nil {
 		t.Fatal(err)
 	}
 	requireTruth(t, st, want, since, until, "after the retry")

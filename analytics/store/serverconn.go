@@ -1,4 +1,4 @@
-package analytics
+package store
 
 import (
 	"context"

@@ -1,4 +1,4 @@
-package analytics
+package store
 
 import (
 	"fmt"
@@ -13,6 +13,7 @@ import (
 
 	"github.com/stampguard/stampguard/analytics/audit"
 	"github.com/stampguard/stampguard/analytics/record"
+	"github.com/stampguard/stampguard/analytics/record/recordtest"
 )
 
 // wantColumns is what the events row of r holds, column by column in
@@ -119,13 +120,11 @@ func eventsDDLTypes(t *testing.T) map[string]string {
 // types (which the columns check).
 func loadColumns(t *testing.T, rows []audit.Row, keepRaw bool) []column.Interface {
 	t.Helper()
-	set, err := recordSetOf(rows, nil, true)
-	if err != nil {
-		t.Fatal(err)
-	}
+	set := recordtest.Set(rows, nil)
 	types := eventsDDLTypes(t)
 	dst := make([]column.Interface, len(eventColumnNames))
 	for i, name := range eventColumnNames {
+		var err error
 		if dst[i], err = column.Type(types[name]).Column(name, &column.ServerContext{}); err != nil {
 			t.Fatal(err)
 		}
@@ -203,7 +202,7 @@ func wraps(r *audit.Row) bool { return r.StageMicros < 0 || r.StageMicros >= 1<<
 func TestInsertedColumnsReadBackExactly(t *testing.T) {
 	st, _ := newStore(t, true)
 	rows := columnTestRows(t, 400)
-	if _, err := st.Insert(t.Context(), rows, nil); err != nil {
+	if _, err := st.InsertRecords(t.Context(), recordtest.Set(rows, nil)); err != nil {
 		t.Fatal(err)
 	}
 	res, err := st.conn.Query(t.Context(), "SELECT "+record.EventColumns+" FROM "+st.db+".events_by_hour")
@@ -266,7 +265,7 @@ func TestInsertSendsEventsInTheTablesOrder(t *testing.T) {
 		return count(t, st, "SELECT toUInt64(sum(value)) FROM system.events WHERE event = ?", name)
 	}
 	sorted0 := event("MergeTreeDataWriterBlocksAlreadySorted")
-	if _, err := st.Insert(t.Context(), rows, nil); err != nil {
+	if _, err := st.InsertRecords(t.Context(), recordtest.Set(rows, nil)); err != nil {
 		t.Fatal(err)
 	}
 	// The events block (one per day partition the rows span) arrives sorted;

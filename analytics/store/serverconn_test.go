@@ -1,4 +1,4 @@
-package analytics
+package store
 
 import (
 	"fmt"
@@ -77,7 +77,7 @@ func TestStoreSettingsOnClickHouse18(t *testing.T) {
 	srv := chtestStart(t)
 	port := srv.Port
 	srv.Stop()
-	away, err := OpenStore(ctx, StoreOptions{DSN: srv.DSN()})
+	away, err := Open(ctx, Options{DSN: srv.DSN()})
 	if err != nil {
 		t.Fatalf("open with the server away: %v", err)
 	}
@@ -103,7 +103,7 @@ func TestStoreSettingsOnClickHouse18(t *testing.T) {
 }
 
 func mustOpen(t *testing.T, dsn string) *Store {
-	st, err := OpenStore(t.Context(), StoreOptions{DSN: dsn})
+	st, err := Open(t.Context(), Options{DSN: dsn})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -1,4 +1,4 @@
-package analytics
+package store
 
 import (
 	"context"
@@ -19,6 +19,7 @@ import (
 	"time"
 
 	"github.com/stampguard/stampguard/analytics/audit"
+	"github.com/stampguard/stampguard/analytics/record/recordtest"
 	asql "github.com/stampguard/stampguard/analytics/sql"
 	"github.com/stampguard/stampguard/internal/chtest"
 
@@ -32,7 +33,7 @@ func newStore(t *testing.T, keepRaw bool) (*Store, *chtest.Server) {
 	testenv.SkipIfShort(t, "starts clickhouse-server")
 	srv := sharedServer(t)
 	db := srv.NewDatabase(t)
-	st, err := OpenStore(t.Context(), StoreOptions{DSN: srv.DSN(), Database: db, KeepRaw: keepRaw})
+	st, err := Open(t.Context(), Options{DSN: srv.DSN(), Database: db, KeepRaw: keepRaw})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -105,7 +106,7 @@ func TestInsertSendsEachEventOfABatchOnce(t *testing.T) {
 	rows := decodeAll(t, "prod", realEvents(t))
 	ctx := t.Context()
 
-	res, err := st.Insert(ctx, rows, nil)
+	res, err := st.InsertRecords(ctx, recordtest.Set(rows, nil))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -132,7 +133,7 @@ func TestInsertSendsEachEventOfABatchOnce(t *testing.T) {
 	events := len(rows)
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			res, err := st.Insert(ctx, tt.rows, nil)
+			res, err := st.InsertRecords(ctx, recordtest.Set(tt.rows, nil))
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -150,7 +151,7 @@ func TestInsertSendsEachEventOfABatchOnce(t *testing.T) {
 func TestInsertedRowsReadBack(t *testing.T) {
 	st, _ := newStore(t, true)
 	rows := decodeAll(t, "prod", realEvents(t))
-	if _, err := st.Insert(t.Context(), rows, nil); err != nil {
+	if _, err := st.InsertRecords(t.Context(), recordtest.Set(rows, nil)); err != nil {
 		t.Fatal(err)
 	}
 	var (
@@ -193,7 +194,7 @@ func TestInsertedRowsReadBack(t *testing.T) {
 func TestDeadLettersAreStoredWithReason(t *testing.T) {
 	st, _ := newStore(t, false)
 	dead := []audit.DeadLetter{{Cluster: "prod", Source: "webhook", Reason: "event has no auditID", Raw: `{"stage":"x"}`, ReceivedAt: time.Now().UnixMicro()}}
-	res, err := st.Insert(t.Context(), nil, dead)
+	res, err := st.InsertRecords(t.Context(), recordtest.Set(nil, dead))
 	if err != nil || res.Dead != 1 {
 		t.Fatalf("%+v %v", res, err)
 	}
@@ -214,7 +215,7 @@ func TestRetentionDropsWholeDays(t *testing.T) {
 		r.Fingerprint = audit.Fingerprint(&r)
 		rows = append(rows, r)
 	}
-	if _, err := st.Insert(t.Context(), rows, nil); err != nil {
+	if _, err := st.InsertRecords(t.Context(), recordtest.Set(rows, nil)); err != nil {
 		t.Fatal(err)
 	}
 	dropped, err := st.DropPartitionsBefore(t.Context(), now.AddDate(0, 0, -2))
@@ -299,7 +300,7 @@ func TestMigration5CountsEventsStoredBefore(t *testing.T) {
 	testenv.SkipIfShort(t, "starts clickhouse-server")
 	srv := sharedServer(t)
 	ctx := t.Context()
-	st, err := OpenStore(ctx, StoreOptions{DSN: srv.DSN(), Database: srv.NewDatabase(t)})
+	st, err := Open(ctx, Options{DSN: srv.DSN(), Database: srv.NewDatabase(t)})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -316,10 +317,7 @@ func TestMigration5CountsEventsStoredBefore(t *testing.T) {
 	old := exactRows(t, "old")
 	want := truth(t, old)
 	since, until := window(old)
-	set, err := recordSetOf(old, nil, false)
-	if err != nil {
-		t.Fatal(err)
-	}
+	set := recordtest.Set(old, nil)
 	refs := set.Events()
 	st.events = asql.LegacyEventsTable // sinks of migration 4 stored there
 	// Two racing writers of migration 4, neither saw the other.
@@ -343,7 +341,7 @@ func TestMigration5CountsEventsStoredBefore(t *testing.T) {
 		t.Fatal("no hour stored before the upgrade was compacted")
 	}
 	requireTruth(t, st, want, since, until, "after compaction")
-	if _, err := st.Insert(ctx, old, nil); err != nil {
+	if _, err := st.InsertRecords(ctx, recordtest.Set(old, nil)); err != nil {
 		t.Fatal(err)
 	}
 	requireTruth(t, st, want, since, until, "after a redelivery")
@@ -363,7 +361,7 @@ func TestMigration6KeepsEverySinkExact(t *testing.T) {
 	ctx := t.Context()
 	db := srv.NewDatabase(t)
 	open := func() *Store {
-		st, err := OpenStore(ctx, StoreOptions{DSN: srv.DSN(), Database: db})
+		st, err := Open(ctx, Options{DSN: srv.DSN(), Database: db})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -385,7 +383,7 @@ func TestMigration6KeepsEverySinkExact(t *testing.T) {
 	all := append(append([]audit.Row(nil), before...), during...)
 	want := truth(t, all)
 	since, until := window(all)
-	if _, err := older.Insert(ctx, before, nil); err != nil {
+	if _, err := older.InsertRecords(ctx, recordtest.Set(before, nil)); err != nil {
 		t.Fatal(err)
 	}
 	if applied, err := newer.Migrate(ctx); err != nil || !slices.Equal(applied, []int{6}) {
@@ -393,8 +391,8 @@ func TestMigration6KeepsEverySinkExact(t *testing.T) {
 	}
 	var wg sync.WaitGroup
 	errs := make([]error, 2)
-	wg.Go(func() { _, errs[0] = older.Insert(ctx, during[:len(during)/2], nil) })
-	wg.Go(func() { _, errs[1] = newer.Insert(ctx, during, nil) })
+	wg.Go(func() { _, errs[0] = older.InsertRecords(ctx, recordtest.Set(during[:len(during)/2], nil)) })
+	wg.Go(func() { _, errs[1] = newer.InsertRecords(ctx, recordtest.Set(during, nil)) })
 	wg.Wait()
 	if err := errors.Join(errs...); err != nil {
 		t.Fatal(err)
@@ -414,7 +412,7 @@ func TestMigration6KeepsEverySinkExact(t *testing.T) {
 	}
 	requireTruth(t, newer, want, since, until, "after compaction")
 	// A part of a batch again: a block of its own, so a mark of its own.
-	if _, err := older.Insert(ctx, before[:len(before)/3], nil); err != nil {
+	if _, err := older.InsertRecords(ctx, recordtest.Set(before[:len(before)/3], nil)); err != nil {
 		t.Fatal(err)
 	}
 	if n := cleanHours(t, newer, since, until); n >= clean {

@@ -1,4 +1,4 @@
-package analytics
+package store
 
 import (
 	"context"
@@ -17,8 +17,8 @@ import (
 	asql "github.com/stampguard/stampguard/analytics/sql"
 )
 
-// StoreOptions configure a Store.
-type StoreOptions struct {
+// Options configure a Store.
+type Options struct {
 	// DSN is a clickhouse-go native DSN (clickhouse://user:pass@host:9000?secure=true).
 	// Credentials and TLS come from it.
 	DSN string
@@ -50,9 +50,9 @@ type Store struct {
 	hook func(step string)
 }
 
-// OpenStore connects to ClickHouse. It does not create the schema; call
+// Open connects to ClickHouse. It does not create the schema; call
 // Migrate.
-func OpenStore(ctx context.Context, o StoreOptions) (*Store, error) {
+func Open(ctx context.Context, o Options) (*Store, error) {
 	if o.Database == "" {
 		o.Database = "stampguard"
 	}
@@ -127,27 +127,11 @@ func (s *Store) Conn() driver.Conn { return s.conn }
 // Database is the database the store writes to.
 func (s *Store) Database() string { return s.db }
 
-// InsertResult counts what Insert did.
+// InsertResult counts what InsertRecords did.
 type InsertResult struct {
 	Stored     int // rows inserted into events
 	Duplicates int // rows dropped: repeated in the batch
 	Dead       int // dead letters inserted
-}
-
-// Insert stores rows and dead letters. Rows repeated within rows (same
-// cluster, audit_id, stage and fingerprint) are sent once. Insert is
-// idempotent in what every figure reads: calling it again with the same
-// input after an error or a crash adds copies that every read takes once
-// (docs/auditsink.md, "Exactly once").
-//
-// Insert encodes the rows as spool records and stores them with
-// InsertRecords, the path the sink's writer takes.
-func (s *Store) Insert(ctx context.Context, rows []audit.Row, dead []audit.DeadLetter) (InsertResult, error) {
-	set, err := recordSetOf(rows, dead, s.raw)
-	if err != nil {
-		return InsertResult{}, err
-	}
-	return s.InsertRecords(ctx, set)
 }
 
 // InsertRecords stores the rows and dead letters of a record set, each
@@ -229,33 +213,4 @@ func (s *Store) insertDead(ctx context.Context, dead []audit.DeadLetter) error {
 		return fmt.Errorf("insert dead letters: %w", err)
 	}
 	return nil
-}
-
-// recordSetOf encodes rows and dead letters into records (one per cluster)
-// and parses them back: Insert takes Rows through the same path as the
-// spool's records.
-func recordSetOf(rows []audit.Row, dead []audit.DeadLetter, _ bool) (*record.Set, error) {
-	recs := map[string][]byte{}
-	var order []string
-	rec := func(cluster string) []byte {
-		r, ok := recs[cluster]
-		if !ok {
-			r = record.AppendHeader(nil, cluster)
-			order = append(order, cluster)
-		}
-		return r
-	}
-	for i := range rows {
-		recs[rows[i].Cluster] = record.AppendRow(rec(rows[i].Cluster), &rows[i])
-	}
-	for i := range dead {
-		recs[dead[i].Cluster] = record.AppendDeadLetter(rec(dead[i].Cluster), &dead[i])
-	}
-	set := record.NewSet(len(rows))
-	for _, c := range order {
-		if err := set.Add(string(recs[c])); err != nil {
-			return nil, err
-		}
-	}
-	return set, nil
 }

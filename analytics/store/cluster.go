@@ -1,4 +1,4 @@
-package analytics
+package store
 
 import (
 	"context"
@@ -192,7 +192,7 @@ var profileSettings = [][2]string{{"load_balancing", "in_order"}, {"distributed_
 
 // checkProfile refuses, in cluster mode, a cluster whose profile lacks
 // profileSettings. Migrate runs it (serve, ingest and tail migrate at
-// start), so OpenStore still dials nothing.
+// start), so Open still dials nothing.
 func (s *Store) checkProfile(ctx context.Context) error {
 	if s.ddl == nil {
 		return nil

@@ -1,4 +1,4 @@
-package analytics
+package store
 
 import (
 	"errors"
@@ -7,6 +7,7 @@ import (
 	"testing"
 
 	"github.com/stampguard/stampguard/analytics/audit"
+	"github.com/stampguard/stampguard/analytics/record/recordtest"
 	"github.com/stampguard/stampguard/internal/chtest"
 )
 
@@ -79,7 +80,7 @@ func TestClusterEveryCopyCountsOnce(t *testing.T) {
 	c := chtest.StartCluster(t, 2, 2)
 	var stores []*Store
 	for range 2 {
-		st, err := OpenStore(t.Context(), StoreOptions{DSN: c.DSN(), Database: "exact", ClickHouseCluster: chtest.ClusterName})
+		st, err := Open(t.Context(), Options{DSN: c.DSN(), Database: "exact", ClickHouseCluster: chtest.ClusterName})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -96,7 +97,7 @@ func TestClusterEveryCopyCountsOnce(t *testing.T) {
 		if i == 1 {
 			batch = append(append([]audit.Row(nil), rows[3:]...), extra...)
 		}
-		wg.Go(func() { _, errs[i] = st.Insert(t.Context(), batch, nil) })
+		wg.Go(func() { _, errs[i] = st.InsertRecords(t.Context(), recordtest.Set(batch, nil)) })
 	}
 	wg.Wait()
 	if err := errors.Join(errs...); err != nil {
@@ -111,7 +112,7 @@ func TestClusterEveryCopyCountsOnce(t *testing.T) {
 		t.Fatal("no hour is clean after a compaction")
 	}
 	requireTruth(t, st, want, since, until, "after compaction")
-	if _, err := stores[1].Insert(t.Context(), rows, nil); err != nil {
+	if _, err := stores[1].InsertRecords(t.Context(), recordtest.Set(rows, nil)); err != nil {
 		t.Fatal(err)
 	}
 	requireTruth(t, st, want, since, until, "after a redelivery")

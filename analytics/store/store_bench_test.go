@@ -1,10 +1,11 @@
-package analytics
+package store
 
 import (
 	"fmt"
 	"testing"
 
 	"github.com/stampguard/stampguard/analytics/audit"
+	"github.com/stampguard/stampguard/analytics/record/recordtest"
 	"github.com/stampguard/stampguard/internal/testenv"
 )
 
@@ -14,7 +15,7 @@ func benchStore(b *testing.B) *Store {
 	b.Helper()
 	testenv.SkipIfShort(b, "starts clickhouse-server")
 	srv := chtestStart(b)
-	st, err := OpenStore(b.Context(), StoreOptions{DSN: srv.DSN(), Database: srv.NewDatabase(b)})
+	st, err := Open(b.Context(), Options{DSN: srv.DSN(), Database: srv.NewDatabase(b)})
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -40,7 +41,7 @@ func BenchmarkStoreInsert(b *testing.B) {
 			rows[i] = tmpl[i%len(tmpl)]
 			rows[i].AuditID = fmt.Sprintf("run%d-%d", run, i)
 		}
-		if _, err := st.Insert(b.Context(), rows, nil); err != nil {
+		if _, err := st.InsertRecords(b.Context(), recordtest.Set(rows, nil)); err != nil {
 			b.Fatal(err)
 		}
 	}
