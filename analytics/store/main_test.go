@@ -10,11 +10,11 @@ import (
 	"github.com/stampguard/stampguard/internal/chtest"
 )
 
-// realEvents returns the JSON lines of testdata/events.jsonl, real
+// realEvents returns the JSON lines of ../testdata/events.jsonl, real
 // apiserver event shapes (see DESIGN.md, "What the audit log says").
 func realEvents(tb testing.TB) []string {
 	tb.Helper()
-	b, err := os.ReadFile("testdata/events.jsonl")
+	b, err := os.ReadFile("../testdata/events.jsonl")
 	if err != nil {
 		tb.Fatal(err)
 	}
