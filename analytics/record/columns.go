@@ -2,16 +2,136 @@ package record
 
 import (
 	"bytes"
+	"cmp"
 	"encoding/binary"
 	"fmt"
 	"io"
 	"math"
+	"slices"
 	"strings"
 	"sync"
 
 	"github.com/ClickHouse/ch-go/proto"
 	"github.com/ClickHouse/clickhouse-go/v2/lib/column"
 )
+
+// Events are the rows of a Set without repeats, in the events table's
+// order: what one insert sends. They share memory with the set.
+type Events struct {
+	rows  []rowRef
+	order []int32 // positions in rows, in the events_by_hour sorting key's order
+}
+
+// Events returns the set's rows, each key once (the first row that holds
+// it), in the order of the events table's sorting key. It does not change
+// the set, so a failed insert can be repeated with it.
+func (s *Set) Events() Events {
+	rows, _ := dedup(s.rows)
+	return Events{rows: rows, order: eventOrder(rows)}
+}
+
+// Len is the number of distinct rows.
+func (e Events) Len() int { return len(e.rows) }
+
+// eventOrder returns the positions of rows in the order of the
+// events_by_hour table's sorting key (cluster, intDiv(event_time_us,
+// 3600000000), api_group, resource, namespace, name, event_time_us,
+// audit_id, stage, fingerprint), strings compared bytewise as ClickHouse
+// compares them. A block that arrives in this order is not sorted again by
+// the server.
+//
+// Rows are sorted as small fixed-size keys: the cluster's rank, the hour,
+// the object's rank among the batch's distinct objects, the time, and the
+// first 16 bytes of the audit ID; only rows equal in all of that compare
+// their strings.
+func eventOrder(rows []rowRef) []int32 {
+	type object struct{ cluster, apiGroup, resource, namespace, name string }
+	ranks := map[object]uint32{}
+	var objects []object
+	keys := make([]orderKey, len(rows))
+	for i := range rows {
+		r := &rows[i]
+		o := object{r.key.cluster, r.apiGroup, r.resource, r.namespace, r.name}
+		k, ok := ranks[o]
+		if !ok {
+			k = uint32(len(objects))
+			ranks[o] = k
+			objects = append(objects, o)
+		}
+		keys[i] = orderKey{obj: k, row: int32(i), micros: uint64(r.micros)}
+		keys[i].id0, keys[i].id1 = prefix16(r.key.auditID)
+	}
+	// Rank the objects by their own order.
+	byName := make([]uint32, len(objects))
+	for i := range byName {
+		byName[i] = uint32(i)
+	}
+	slices.SortFunc(byName, func(a, b uint32) int {
+		x, y := &objects[a], &objects[b]
+		return cmp.Or(strings.Compare(x.cluster, y.cluster), strings.Compare(x.apiGroup, y.apiGroup),
+			strings.Compare(x.resource, y.resource), strings.Compare(x.namespace, y.namespace),
+			strings.Compare(x.name, y.name))
+	})
+	rank := make([]uint32, len(objects))
+	clusterRank := make([]uint32, len(objects))
+	var cl uint32
+	for r, o := range byName {
+		rank[o] = uint32(r)
+		if r > 0 && objects[o].cluster != objects[byName[r-1]].cluster {
+			cl++
+		}
+		clusterRank[o] = cl
+	}
+	for i := range keys {
+		keys[i].cluster = clusterRank[keys[i].obj]
+		keys[i].obj = rank[keys[i].obj]
+	}
+	slices.SortFunc(keys, func(a, b orderKey) int {
+		if c := cmp.Compare(a.cluster, b.cluster); c != 0 {
+			return c
+		}
+		if c := cmp.Compare(a.micros/3_600_000_000, b.micros/3_600_000_000); c != 0 {
+			return c
+		}
+		if c := cmp.Compare(a.obj, b.obj); c != 0 {
+			return c
+		}
+		if c := cmp.Compare(a.micros, b.micros); c != 0 {
+			return c
+		}
+		if c := cmp.Compare(a.id0, b.id0); c != 0 {
+			return c
+		}
+		if c := cmp.Compare(a.id1, b.id1); c != 0 {
+			return c
+		}
+		x, y := &rows[a.row], &rows[b.row]
+		return cmp.Or(strings.Compare(x.key.auditID, y.key.auditID), strings.Compare(x.key.stage, y.key.stage),
+			cmp.Compare(x.key.fingerprint, y.key.fingerprint))
+	})
+	order := make([]int32, len(keys))
+	for i := range keys {
+		order[i] = keys[i].row
+	}
+	return order
+}
+
+type orderKey struct {
+	cluster  uint32
+	obj      uint32
+	row      int32
+	micros   uint64
+	id0, id1 uint64 // the audit ID's first 16 bytes, big-endian, zero-padded
+}
+
+// prefix16 packs s's first 16 bytes so that comparing the numbers compares
+// the bytes (a shorter string pads with zeros, which sorts it first unless
+// it ends in NUL bytes; the full comparison after it settles those).
+func prefix16(s string) (uint64, uint64) {
+	var b [16]byte
+	copy(b[:], s)
+	return binary.BigEndian.Uint64(b[:8]), binary.BigEndian.Uint64(b[8:])
+}
 
 // block builds one events insert block in ClickHouse's native
 // column format straight from spool records: no Row per event, no boxing
@@ -31,8 +151,8 @@ type block struct {
 // columnTable is the events insert's column table, defined here once:
 // each column's name and type as the events table declares them
 // (migration 1), in the order the insert sends them. The col* constants
-// below are positions in it, and layout.go says which of a row's fields
-// fills which column.
+// below are positions in it, and the row layout (record.go) says which of
+// a row's fields fills which column.
 var columnTable = [...]struct{ name, typ string }{
 	{"event_date", "Date"},
 	{"event_time", "DateTime"},

@@ -14,8 +14,8 @@ import (
 	"strings"
 	"time"
 
-	"github.com/stampguard/stampguard/analytics"
 	"github.com/stampguard/stampguard/analytics/audit"
+	"github.com/stampguard/stampguard/analytics/pipeline"
 	"github.com/stampguard/stampguard/analytics/report"
 	asql "github.com/stampguard/stampguard/analytics/sql"
 	"github.com/stampguard/stampguard/analytics/store"
@@ -261,12 +261,12 @@ func (w *WriteConfig) Connect(out io.Writer) (*Connection, error) {
 }
 
 // Accepter decodes and filters events as w says.
-func (w *WriteConfig) Accepter() *analytics.Accepter {
+func (w *WriteConfig) Accepter() *pipeline.Accepter {
 	return newAccepter(SplitList(w.Stages), SplitList(w.RedactResources), w.KeepRaw)
 }
 
-func newAccepter(stages, redact []string, keepRaw bool) *analytics.Accepter {
-	return &analytics.Accepter{
+func newAccepter(stages, redact []string, keepRaw bool) *pipeline.Accepter {
+	return &pipeline.Accepter{
 		Decoder: audit.Decoder{RedactResources: redact, KeepRaw: keepRaw},
 		Stages:  stages,
 	}
@@ -292,7 +292,7 @@ func (i *IngestConfig) Register(fs *flag.FlagSet) {
 type Ingest struct {
 	*Connection
 	Files       []string
-	Options     analytics.IngestOptions
+	Options     pipeline.IngestOptions
 	MemoryLimit int64
 }
 
@@ -315,7 +315,7 @@ func (i *IngestConfig) Resolve(files []string, w io.Writer) (*Ingest, error) {
 		return nil, err
 	}
 	return &Ingest{Connection: conn, Files: files, MemoryLimit: mem,
-		Options: analytics.IngestOptions{Cluster: i.Cluster, Accepter: i.Accepter(), Logger: conn.Logger}}, nil
+		Options: pipeline.IngestOptions{Cluster: i.Cluster, Accepter: i.Accepter(), Logger: conn.Logger}}, nil
 }
 
 func checkReadable(path string) error {
@@ -368,7 +368,7 @@ type Tail struct {
 	Path          string
 	MetricsListen string
 	// Options lack Metrics, which the command adds when it serves them.
-	Options analytics.TailOptions
+	Options pipeline.TailOptions
 }
 
 // Resolve validates t and PATH: a readable file, or one that does not
@@ -405,7 +405,7 @@ func (t *TailConfig) Resolve(operands []string, w io.Writer) (*Tail, error) {
 		conn.Logger.Info("the audit log does not exist yet; following it from its first appearance", "path", path)
 	}
 	return &Tail{Connection: conn, Path: path, MetricsListen: t.MetricsListen,
-		Options: analytics.TailOptions{Cluster: t.Cluster, Accepter: t.Accepter(), CheckpointPath: checkpoint, Logger: conn.Logger}}, nil
+		Options: pipeline.TailOptions{Cluster: t.Cluster, Accepter: t.Accepter(), CheckpointPath: checkpoint, Logger: conn.Logger}}, nil
 }
 
 // MigrateConfig is what `auditsink migrate` reads.

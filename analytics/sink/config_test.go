@@ -13,8 +13,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/stampguard/stampguard/analytics"
 	"github.com/stampguard/stampguard/analytics/audit"
+	"github.com/stampguard/stampguard/analytics/pipeline"
 	"github.com/stampguard/stampguard/analytics/store"
 	"github.com/stampguard/stampguard/internal/cli"
 )
@@ -231,7 +231,7 @@ func TestResolveErrorsNameTheFlag(t *testing.T) {
 func TestPipelineOptionsShareTheAccepter(t *testing.T) {
 	t.Setenv(DSNEnv, "clickhouse://h:9000")
 	args := []string{"--stages", "Panic", "--redact-resources", "configmaps", "--keep-raw"}
-	want := &analytics.Accepter{Decoder: audit.Decoder{RedactResources: []string{"configmaps"}, KeepRaw: true}, Stages: []string{"Panic"}}
+	want := &pipeline.Accepter{Decoder: audit.Decoder{RedactResources: []string{"configmaps"}, KeepRaw: true}, Stages: []string{"Panic"}}
 	file := writeFile(t, "{}\n")
 
 	var ic IngestConfig

@@ -21,7 +21,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
-	"github.com/stampguard/stampguard/analytics"
+	"github.com/stampguard/stampguard/analytics/pipeline"
 	"github.com/stampguard/stampguard/analytics/spool"
 	"github.com/stampguard/stampguard/analytics/store"
 	"github.com/stampguard/stampguard/internal/chtest"
@@ -53,7 +53,7 @@ func newSpoolHandler(t *testing.T, o HandlerOptions, spoolMax int64) (*Handler, 
 	t.Cleanup(func() { sp.Close() })
 	o.Spool = sp
 	if o.Accepter == nil {
-		o.Accepter = &analytics.Accepter{}
+		o.Accepter = &pipeline.Accepter{}
 	}
 	h, err := NewHandler(o)
 	if err != nil {
@@ -261,7 +261,7 @@ func TestMetricsCountAcceptedEventsOnceAndRefusalsByReason(t *testing.T) {
 	events := realEvents(t)
 	bearer := map[string]string{"Authorization": "Bearer t"}
 	reg := prometheus.NewRegistry()
-	m := analytics.NewMetrics(reg)
+	m := pipeline.NewMetrics(reg)
 	h, sp := newSpoolHandler(t, HandlerOptions{Token: "t", Metrics: m}, 64<<10)
 	body := eventList(events...)
 	for post(t, h, "/clusters/prod/events", body, bearer).status == 200 {
@@ -289,7 +289,7 @@ func TestMetricsCountAcceptedEventsOnceAndRefusalsByReason(t *testing.T) {
 	if got := testutil.ToFloat64(m.Accepted.WithLabelValues("webhook")) - accepted; got != 10 {
 		t.Errorf("accepted grew by %v for one batch of 10 stored events after 3 refusals", got)
 	}
-	if got := testutil.ToFloat64(m.BatchesRefused.WithLabelValues(analytics.RefusedSpoolFull)); got != 3 {
+	if got := testutil.ToFloat64(m.BatchesRefused.WithLabelValues(pipeline.RefusedSpoolFull)); got != 3 {
 		t.Errorf("batches refused as spool_full: %v, want 3", got)
 	}
 	// The batch holds one version conflict: counted with its 200 only.
@@ -298,7 +298,7 @@ func TestMetricsCountAcceptedEventsOnceAndRefusalsByReason(t *testing.T) {
 	}
 	post(t, h, "/clusters/prod/events", body, nil)
 	post(t, h, "/clusters/prod/events", events[0], bearer)
-	for reason, want := range map[string]float64{analytics.RefusedUnauthorized: 1, analytics.RefusedBadRequest: 1} {
+	for reason, want := range map[string]float64{pipeline.RefusedUnauthorized: 1, pipeline.RefusedBadRequest: 1} {
 		if got := testutil.ToFloat64(m.BatchesRefused.WithLabelValues(reason)); got != want {
 			t.Errorf("batches refused as %s: %v, want %v", reason, got, want)
 		}
@@ -314,7 +314,7 @@ func TestNewHandlerRefusesNoAuthentication(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer sp.Close()
-	if _, err := NewHandler(HandlerOptions{Spool: sp, Accepter: &analytics.Accepter{}}); err == nil {
+	if _, err := NewHandler(HandlerOptions{Spool: sp, Accepter: &pipeline.Accepter{}}); err == nil {
 		t.Fatal("a handler without authentication was built")
 	}
 }
@@ -518,7 +518,7 @@ func TestASlowBodyIsCut(t *testing.T) {
 	for _, mf := range mfs {
 		if mf.GetName() == "auditsink_batches_refused_total" {
 			for _, m := range mf.GetMetric() {
-				if m.GetLabel()[0].GetValue() == analytics.RefusedTooSlow {
+				if m.GetLabel()[0].GetValue() == pipeline.RefusedTooSlow {
 					refused = m.GetCounter().GetValue()
 				}
 			}
@@ -635,7 +635,7 @@ func TestClientCertificatesNeedAnAllowList(t *testing.T) {
 		"a bad cluster":       {VerifyClient: verify, ClientNames: map[string][]string{"a": {"../x"}}},
 		"a bad token cluster": {Token: "t", TokenClusters: []string{""}},
 	} {
-		o.Spool, o.Accepter = sp, &analytics.Accepter{}
+		o.Spool, o.Accepter = sp, &pipeline.Accepter{}
 		if _, err := NewHandler(o); err == nil {
 			t.Errorf("%s: NewHandler accepted %+v", what, o)
 		}

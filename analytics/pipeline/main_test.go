@@ -1,4 +1,4 @@
-package analytics
+package pipeline
 
 import (
 	"os"
@@ -14,11 +14,11 @@ import (
 	"github.com/stampguard/stampguard/internal/testenv"
 )
 
-// realEvents returns the JSON lines of testdata/events.jsonl, real
+// realEvents returns the JSON lines of ../testdata/events.jsonl, real
 // apiserver event shapes (see DESIGN.md, "What the audit log says").
 func realEvents(tb testing.TB) []string {
 	tb.Helper()
-	b, err := os.ReadFile("testdata/events.jsonl")
+	b, err := os.ReadFile("../testdata/events.jsonl")
 	if err != nil {
 		tb.Fatal(err)
 	}
