@@ -173,12 +173,12 @@ func ingestFile(ctx context.Context, q *Queue, path string, o IngestOptions, n *
 		return err
 	}
 	defer f.Close()
-	r, err := logfile.NewReader(&countingReader{r: f, n: &n.bytes}, logfile.ReaderOptions{})
+	r, err := logfile.NewReader(f, logfile.ReaderOptions{})
 	if err != nil {
 		return err
 	}
 	defer r.Close()
-	items := &lineItems{next: r.Next, n: &n.events}
+	items := &lineItems{r: r, n: n}
 	ar, err := o.Accepter.Accept(o.Cluster, "file", items, func(rec []byte) error {
 		return q.Append(ctx, bytes.Clone(rec), nil)
 	})
@@ -188,16 +188,22 @@ func ingestFile(ctx context.Context, q *Queue, path string, o IngestOptions, n *
 	return err
 }
 
-// lineItems adapts logfile lines to an ItemReader.
+// lineItems adapts logfile lines to an ItemReader, and counts the lines
+// and bytes read for the progress line.
 type lineItems struct {
-	next func() (logfile.Line, error)
-	n    *atomic.Int64 // lines read, for the progress line (may be nil)
+	r    *logfile.Reader
+	n    *ingestCounts
+	read int64 // of r.BytesRead(), already in n.bytes
 }
 
 func (l *lineItems) Next() (audit.Item, error) {
-	line, err := l.next()
-	if err == nil && l.n != nil {
-		l.n.Add(1)
+	line, err := l.r.Next()
+	if b := l.r.BytesRead(); b != l.read {
+		l.n.bytes.Add(b - l.read)
+		l.read = b
+	}
+	if err == nil {
+		l.n.events.Add(1)
 	}
 	var tooLong *logfile.LineTooLongError
 	switch {
@@ -207,15 +213,4 @@ func (l *lineItems) Next() (audit.Item, error) {
 		return audit.Item{}, err
 	}
 	return audit.Item{Raw: line.Data}, nil
-}
-
-type countingReader struct {
-	r io.Reader
-	n *atomic.Int64
-}
-
-func (c *countingReader) Read(p []byte) (int, error) {
-	n, err := c.r.Read(p)
-	c.n.Add(int64(n))
-	return n, err
 }

@@ -28,18 +28,18 @@ func every(ctx context.Context, interval time.Duration, fn func()) {
 // compact.
 const DefaultCompactEvery = time.Minute
 
-// CompactDays is how far back the periodic compaction looks: a backfill
+// compactDays is how far back the periodic compaction looks: a backfill
 // of older hours is compacted by the ingest that stored it (or by
 // `auditsink migrate`), and read from events until then.
-const CompactDays = 7
+const compactDays = 7
 
-// CompactEvery compacts the hours of the last CompactDays days that need
+// CompactEvery compacts the hours of the last compactDays days that need
 // it now and then every interval, until ctx is done. A failure is logged
 // and retried at the next interval: the caches are an optimisation, and
 // an hour without one is read from events.
 func CompactEvery(ctx context.Context, c Compactor, interval time.Duration, m *Metrics, log *slog.Logger) {
 	every(ctx, interval, func() {
-		if _, err := c.Compact(ctx, time.Now().AddDate(0, 0, -CompactDays), store.DefaultCompactAfter); err != nil && ctx.Err() == nil {
+		if _, err := c.Compact(ctx, time.Now().AddDate(0, 0, -compactDays), store.DefaultCompactAfter); err != nil && ctx.Err() == nil {
 			m.CountCHError(OpCompact, err)
 			log.Warn("compaction of the hour caches failed; those hours are read from events meanwhile", "err", err, "retryIn", interval.String())
 		}

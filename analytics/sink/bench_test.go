@@ -353,7 +353,12 @@ func ceiling(b *testing.B, ch *chtest.Server, bodies [][]byte) float64 {
 var tsvEscape = strings.NewReplacer("\\", "\\\\", "\t", "\\t", "\n", "\\n", "'", "\\'")
 
 func writeTSV(w *bytes.Buffer, r *audit.Row) {
-	t := r.StageTime()
+	t := time.UnixMicro(r.StageMicros).UTC()
+	// The latency column: stage - received, 0 when unknown or negative.
+	var latency int64
+	if r.RequestReceivedMicros != 0 && r.StageMicros >= r.RequestReceivedMicros {
+		latency = r.StageMicros - r.RequestReceivedMicros
+	}
 	str := func(s string) { w.WriteString(tsvEscape.Replace(s)) }
 	arr := func(l []string) {
 		w.WriteByte('[')
@@ -371,7 +376,7 @@ func writeTSV(w *bytes.Buffer, r *audit.Row) {
 	if r.DryRun {
 		dry = 1
 	}
-	fmt.Fprintf(w, "%s\t%s\t%d\t%d\t%d\t", t.Format(time.DateOnly), t.Format(time.DateTime), r.StageMicros, r.RequestReceivedMicros, r.LatencyMicros())
+	fmt.Fprintf(w, "%s\t%s\t%d\t%d\t%d\t", t.Format(time.DateOnly), t.Format(time.DateTime), r.StageMicros, r.RequestReceivedMicros, latency)
 	for _, s := range []string{r.Cluster, r.AuditID, r.Stage} {
 		str(s)
 		w.WriteByte('\t')

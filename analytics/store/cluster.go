@@ -49,8 +49,8 @@ var shardingKeys = map[string]string{
 	"dead_letters":     "raw_hash",
 }
 
-// LocalSuffix names the per-node table behind a Distributed table.
-const LocalSuffix = "_local"
+// localSuffix names the per-node table behind a Distributed table.
+const localSuffix = "_local"
 
 var (
 	reCreateDB    = regexp.MustCompile(`^CREATE DATABASE IF NOT EXISTS (\S+)$`)
@@ -72,7 +72,7 @@ func (c *clusterDDL) render(stmt string) ([]string, error) {
 	case reCreateTable.MatchString(stmt):
 		m := reCreateTable.FindStringSubmatch(stmt)
 		name, cols, engine, args, rest := m[1], m[2], m[3], strings.TrimSpace(m[4]), m[5]
-		local := name + LocalSuffix
+		local := name + localSuffix
 		zkPath := "/clickhouse/tables/{shard}/{db}/" + name
 		if isGlobalTable(name) {
 			local, zkPath = name, "/clickhouse/tables/global/{db}/"+name
@@ -110,9 +110,9 @@ func (c *clusterDDL) render(stmt string) ([]string, error) {
 			if isGlobalTable(strings.TrimPrefix(t, "{db}.")) {
 				return t
 			}
-			return t + LocalSuffix
+			return t + localSuffix
 		})
-		return []string{"CREATE MATERIALIZED VIEW IF NOT EXISTS {db}." + view + on + " TO {db}." + target + LocalSuffix + body}, nil
+		return []string{"CREATE MATERIALIZED VIEW IF NOT EXISTS {db}." + view + on + " TO {db}." + target + localSuffix + body}, nil
 	case reDrop.MatchString(stmt):
 		m := reDrop.FindStringSubmatch(stmt)
 		if isGlobalTable(m[2]) || strings.HasSuffix(m[2], "_mv") {
@@ -120,13 +120,13 @@ func (c *clusterDDL) render(stmt string) ([]string, error) {
 		}
 		return []string{
 			"DROP TABLE IF EXISTS {db}." + m[2] + on,
-			"DROP TABLE IF EXISTS {db}." + m[2] + LocalSuffix + on,
+			"DROP TABLE IF EXISTS {db}." + m[2] + localSuffix + on,
 		}, nil
 	case reAlter.MatchString(stmt):
 		m := reAlter.FindStringSubmatch(stmt)
 		name := m[1]
 		if !isGlobalTable(name) {
-			name += LocalSuffix
+			name += localSuffix
 		}
 		return []string{"ALTER TABLE {db}." + name + on + " " + m[2]}, nil
 	case strings.HasPrefix(stmt, "INSERT INTO "):
@@ -157,7 +157,7 @@ func newClusterDDL(name string) (*clusterDDL, error) {
 //   - insert_deduplicate 0: a Replicated table drops a block identical to
 //     a recent one, and an insert retried after it was applied in part
 //     must still write its block's hour marks through the view.
-//   - max_replica_delay_for_distributed_queries (ReplicaDelay) with
+//   - max_replica_delay_for_distributed_queries (replicaDelay) with
 //     fallback_to_stale_replicas_for_distributed_queries 0: a read
 //     through a Distributed table skips a replica that lags further
 //     behind, and fails rather than read one, so a compaction, which
@@ -170,13 +170,13 @@ func (c *clusterDDL) applySettings(opts *clickhouse.Options) {
 	opts.Settings["insert_distributed_sync"] = 1
 	opts.Settings["prefer_localhost_replica"] = 0
 	opts.Settings["insert_deduplicate"] = 0
-	opts.Settings["max_replica_delay_for_distributed_queries"] = int(ReplicaDelay / time.Second)
+	opts.Settings["max_replica_delay_for_distributed_queries"] = int(replicaDelay / time.Second)
 	opts.Settings["fallback_to_stale_replicas_for_distributed_queries"] = 0
 }
 
-// ReplicaDelay is the most a replica may lag behind and still be read in
+// replicaDelay is the most a replica may lag behind and still be read in
 // cluster mode.
-const ReplicaDelay = time.Minute
+const replicaDelay = time.Minute
 
 // profileSettings are settings cluster mode needs that are strings, which
 // the native protocol of 18.16 cannot carry from a client (it sends

@@ -19,7 +19,12 @@ import (
 // wantColumns is what the events row of r holds, column by column in
 // EventColumns order, as Go values the driver scans.
 func wantColumns(r *audit.Row, keepRaw bool) []any {
-	t := r.StageTime()
+	t := time.UnixMicro(r.StageMicros).UTC()
+	// The latency column: stage - received, 0 when unknown or negative.
+	var latency int64
+	if r.RequestReceivedMicros != 0 && r.StageMicros >= r.RequestReceivedMicros {
+		latency = r.StageMicros - r.RequestReceivedMicros
+	}
 	raw := ""
 	if keepRaw {
 		raw = r.Raw
@@ -36,7 +41,7 @@ func wantColumns(r *audit.Row, keepRaw bool) []any {
 	}
 	return []any{
 		time.Date(t.Year(), t.Month(), t.Day(), 0, 0, 0, 0, time.UTC), t.Truncate(time.Second),
-		uint64(r.StageMicros), uint64(r.RequestReceivedMicros), uint64(r.LatencyMicros()),
+		uint64(r.StageMicros), uint64(r.RequestReceivedMicros), uint64(latency),
 		r.Cluster, r.AuditID, r.Stage, r.Fingerprint, r.Level, r.Verb, r.RequestURI, dry,
 		r.User, l(r.UserGroups), r.ImpersonatedUser, r.Writer(), r.UserAgent, r.SourceIP,
 		r.APIGroup, r.APIVersion, r.Resource, r.Subresource, r.Namespace, r.Name, r.ObjectUID,

@@ -36,7 +36,7 @@ type CompactResult struct {
 // later, is not clean, and ended and was last written to at least after
 // ago (by ClickHouse's clocks). The wait is for a cluster: a compaction
 // reads one replica of each shard, and reads only replicas less than
-// ReplicaDelay behind (cluster.go), so every part older than that is
+// replicaDelay behind (cluster.go), so every part older than that is
 // there; after must exceed it.
 func (s *Store) Compact(ctx context.Context, since time.Time, after time.Duration) (CompactResult, error) {
 	var res CompactResult
@@ -91,7 +91,7 @@ func (s *Store) CompactHour(ctx context.Context, hour time.Time) error {
 		return fmt.Errorf("%s: count marks: %w", what, err)
 	}
 	if s.hook != nil {
-		s.hook(HookMarksCounted)
+		s.hook(hookMarksCounted)
 	}
 	for _, q := range asql.CompactionInserts {
 		if err := s.conn.Exec(ctx, s.sql(q), at, v); err != nil {
@@ -99,7 +99,7 @@ func (s *Store) CompactHour(ctx context.Context, hour time.Time) error {
 		}
 	}
 	if s.hook != nil {
-		s.hook(HookCachesWritten)
+		s.hook(hookCachesWritten)
 	}
 	if err := s.conn.Exec(ctx, s.sql(asql.CompactionRecord), at, v, clickhouse.Named("marks", marks)); err != nil {
 		return fmt.Errorf("%s: record: %w", what, err)
@@ -109,8 +109,8 @@ func (s *Store) CompactHour(ctx context.Context, hour time.Time) error {
 
 // The steps of a compaction at which Store.hook runs.
 const (
-	HookMarksCounted  = "marks counted"
-	HookCachesWritten = "caches written"
+	hookMarksCounted  = "marks counted"
+	hookCachesWritten = "caches written"
 )
 
 // sql fills in the database of an analytics/sql text.

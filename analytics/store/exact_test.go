@@ -173,7 +173,7 @@ func TestCompactionMissesNothingAWriterStores(t *testing.T) {
 	all := append(append([]audit.Row(nil), first...), late...)
 	want := truth(t, all)
 
-	for _, step := range []string{HookMarksCounted, HookCachesWritten} {
+	for _, step := range []string{hookMarksCounted, hookCachesWritten} {
 		t.Run("another writer stores once the "+step, func(t *testing.T) {
 			st, srv := newStore(t, false)
 			if _, err := st.InsertRecords(t.Context(), recordtest.Set(first, nil)); err != nil {
