@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/stampguard/stampguard/analytics/audit"
+	"github.com/stampguard/stampguard/analytics/audit/audittest"
 	"github.com/stampguard/stampguard/analytics/record"
 	"github.com/stampguard/stampguard/analytics/spool"
 	"github.com/stampguard/stampguard/analytics/store"
@@ -62,7 +63,7 @@ func openSpool(t *testing.T, dir string) *spool.Spool {
 }
 
 func TestAcceptKeepsStagesAndDeadLettersInvalidNeighbours(t *testing.T) {
-	events := realEvents(t)
+	events := audittest.Events(t)
 	body := eventList(events[0], `{"stage":"ResponseComplete"}`, events[9], `{"auditID":"s","stage":"Panic","stageTimestamp":"x","objectRef":{"resource":"secrets"},"requestObject":{"data":{"k":"c2VjcmV0"}}}`, events[1])
 	var recs [][]byte
 	a := Accepter{}
@@ -93,7 +94,7 @@ func TestAcceptKeepsStagesAndDeadLettersInvalidNeighbours(t *testing.T) {
 }
 
 func TestAcceptSplitsRecordsByRowsAndBytes(t *testing.T) {
-	events := realEvents(t)
+	events := audittest.Events(t)
 	body := eventList(append(append([]string{}, events...), events...)...)
 	tests := []struct {
 		name       string
@@ -130,7 +131,7 @@ func TestWriterStoresSpooledEventsExactlyOnce(t *testing.T) {
 	st, _ := newStore(t, false)
 	dir := t.TempDir()
 	sp := openSpool(t, dir)
-	events := realEvents(t)
+	events := audittest.Events(t)
 	body := eventList(events...)
 	want := uint64(acceptInto(t, sp, "prod", body).Accepted)
 	drain(t, sp, st)
@@ -193,7 +194,7 @@ func TestWriterWaitsOutClickHouseDowntime(t *testing.T) {
 	}()
 
 	srv.Stop()
-	want := uint64(acceptInto(t, sp, "prod", eventList(realEvents(t)...)).Accepted)
+	want := uint64(acceptInto(t, sp, "prod", eventList(audittest.Events(t)...)).Accepted)
 	time.Sleep(time.Second)
 	if sp.Stats().RecordsPending == 0 {
 		t.Fatal("records were confirmed while ClickHouse was down")
@@ -239,7 +240,7 @@ func (b *blockingInserter) InsertRecords(ctx context.Context, set *record.Set) (
 func TestDrainerFinishLetsTheInsertInFlightEnd(t *testing.T) {
 	a := Accepter{Decoder: audit.Decoder{KeepRaw: true}}
 	var rec []byte
-	body := `{"kind":"EventList","apiVersion":"audit.k8s.io/v1","items":[` + strings.Join(realEvents(t)[:5], ",") + `]}`
+	body := `{"kind":"EventList","apiVersion":"audit.k8s.io/v1","items":[` + strings.Join(audittest.Events(t)[:5], ",") + `]}`
 	if _, err := a.Accept("c", "webhook", audit.NewListReader(strings.NewReader(body), 0), func(r []byte) error {
 		rec = append([]byte(nil), r...)
 		return nil

@@ -3,6 +3,7 @@ package pipeline
 import (
 	"compress/gzip"
 	"context"
+	"github.com/stampguard/stampguard/analytics/audit/audittest"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -37,7 +38,7 @@ func writeLog(t *testing.T, path string, lines []string, gz bool) {
 func TestIngestingTheSameFilesTwiceStoresNothingTwice(t *testing.T) {
 	st, _ := newStore(t, false)
 	dir := t.TempDir()
-	events := realEvents(t)
+	events := audittest.Events(t)
 	plain, gz := filepath.Join(dir, "audit.log"), filepath.Join(dir, "audit-1.log.gz")
 	writeLog(t, plain, events[:6], false)
 	writeLog(t, gz, events[6:], true)
@@ -75,9 +76,9 @@ func TestTailFollowsRotationAndResumesExactlyOnce(t *testing.T) {
 	next := func(k int) []string {
 		var out []string
 		for range k {
-			e := realEvents(t)[n%10]
+			e := audittest.Events(t)[n%10]
 			if strings.Contains(e, `"stage":"RequestReceived"`) {
-				e = realEvents(t)[0]
+				e = audittest.Events(t)[0]
 			}
 			out = append(out, strings.Replace(e, `"auditID":"`, `"auditID":"`+strconv.Itoa(n)+"-", 1))
 			n++

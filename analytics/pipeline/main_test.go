@@ -14,17 +14,6 @@ import (
 	"github.com/stampguard/stampguard/internal/testenv"
 )
 
-// realEvents returns the JSON lines of ../testdata/events.jsonl, real
-// apiserver event shapes (see DESIGN.md, "What the audit log says").
-func realEvents(tb testing.TB) []string {
-	tb.Helper()
-	b, err := os.ReadFile("../testdata/events.jsonl")
-	if err != nil {
-		tb.Fatal(err)
-	}
-	return strings.Split(strings.TrimSpace(string(b)), "\n")
-}
-
 // eventList wraps events in an audit.k8s.io/v1 EventList.
 func eventList(events ...string) string {
 	return `{"kind":"EventList","apiVersion":"audit.k8s.io/v1","metadata":{},"items":[` + strings.Join(events, ",") + `]}`

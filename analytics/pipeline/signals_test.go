@@ -11,6 +11,7 @@ import (
 	dto "github.com/prometheus/client_model/go"
 
 	"github.com/stampguard/stampguard/analytics/audit"
+	"github.com/stampguard/stampguard/analytics/audit/audittest"
 	"github.com/stampguard/stampguard/analytics/sql"
 	"github.com/stampguard/stampguard/internal/chdbtest"
 	"github.com/stampguard/stampguard/internal/testenv"
@@ -27,7 +28,7 @@ func realRows(tb testing.TB) []audit.Row {
 	tb.Helper()
 	var rows []audit.Row
 	var d audit.Decoder
-	for _, line := range realEvents(tb) {
+	for _, line := range audittest.Events(tb) {
 		var r audit.Row
 		if err := d.Decode(line, &r); err != nil {
 			tb.Fatal(err)

@@ -11,6 +11,7 @@ import (
 	"github.com/ClickHouse/clickhouse-go/v2/lib/column"
 
 	"github.com/stampguard/stampguard/analytics/audit"
+	"github.com/stampguard/stampguard/analytics/audit/audittest"
 )
 
 func TestNativeColumnsUse32BitKeysForHugeDictionaries(t *testing.T) {
@@ -42,7 +43,7 @@ const benchBlockRows = 8 << 10
 // driver's columns and encodes it as the driver sends it: the sink's CPU
 // per event between the spool and the socket.
 func BenchmarkEventColumns(b *testing.B) {
-	tmpl := decodeAll(b, "bench", realEvents(b)[:9])
+	tmpl := audittest.Rows(b, "bench", audittest.Events(b)[:9])
 	rows := make([]audit.Row, 5*benchBlockRows)
 	for i := range rows {
 		rows[i] = tmpl[i%len(tmpl)]

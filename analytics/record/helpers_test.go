@@ -1,37 +1,12 @@
 package record
 
 import (
-	"os"
 	"reflect"
-	"strings"
 	"testing"
 
 	"github.com/stampguard/stampguard/analytics/audit"
+	"github.com/stampguard/stampguard/analytics/audit/audittest"
 )
-
-// realEvents returns the JSON lines of ../testdata/events.jsonl, real
-// apiserver event shapes (see DESIGN.md, "What the audit log says").
-func realEvents(tb testing.TB) []string {
-	tb.Helper()
-	b, err := os.ReadFile("../testdata/events.jsonl")
-	if err != nil {
-		tb.Fatal(err)
-	}
-	return strings.Split(strings.TrimSpace(string(b)), "\n")
-}
-
-func decodeAll(tb testing.TB, cluster string, lines []string) []audit.Row {
-	tb.Helper()
-	d := audit.Decoder{KeepRaw: true}
-	rows := make([]audit.Row, len(lines))
-	for i, l := range lines {
-		if err := d.Decode(l, &rows[i]); err != nil {
-			tb.Fatal(err)
-		}
-		rows[i].Cluster = cluster
-	}
-	return rows
-}
 
 // normalize drops what a stored row does not keep (Raw) and makes empty
 // lists nil, so that rows compare with reflect.DeepEqual.
@@ -121,7 +96,7 @@ func setOf(tb testing.TB, rows []audit.Row, dead []audit.DeadLetter) *Set {
 }
 
 func TestRecordRoundTrips(t *testing.T) {
-	rows := decodeAll(t, "prod", realEvents(t))
+	rows := audittest.Rows(t, "prod", audittest.Events(t))
 	in := batch{cluster: "prod", rows: rows, dead: []audit.DeadLetter{{Cluster: "prod", Source: "file", Reason: "r", Raw: "x", ReceivedAt: 42}}}
 	rec := appendBatch(nil, &in)
 	out, err := decode(string(rec))

@@ -7,10 +7,11 @@ import (
 	"testing"
 
 	"github.com/stampguard/stampguard/analytics/audit"
+	"github.com/stampguard/stampguard/analytics/audit/audittest"
 )
 
 func TestRecordSetFindsEveryRowsKeyAndAddsNothingOfABrokenRecord(t *testing.T) {
-	rows := decodeAll(t, "prod", realEvents(t))
+	rows := audittest.Rows(t, "prod", audittest.Events(t))
 	dead := []audit.DeadLetter{{Cluster: "prod", Source: "webhook", Reason: "r", Raw: "x", ReceivedAt: 7}}
 	rec := string(appendBatch(nil, &batch{cluster: "prod", rows: rows, dead: dead}))
 	var set Set
@@ -122,7 +123,7 @@ func TestEventOrderIsTheEventsByHourSortingKey(t *testing.T) {
 // of the tests accepts, with the same rows and dead letters; and every row
 // it accepts builds its columns.
 func FuzzRecordSet(f *testing.F) {
-	rows := decodeAll(f, "prod", realEvents(f))
+	rows := audittest.Rows(f, "prod", audittest.Events(f))
 	dead := []audit.DeadLetter{{Cluster: "prod", Source: "webhook", Reason: "r", Raw: "x", ReceivedAt: 7}}
 	rec := appendBatch(nil, &batch{cluster: "prod", rows: rows[:1], dead: dead})
 	f.Add(rec)
@@ -158,7 +159,7 @@ func FuzzRecordSet(f *testing.F) {
 // JSON) into a record, AppendRow by AppendRow, and parses it into a Set:
 // the record format's CPU per event on both sides of the spool.
 func BenchmarkRecordSetOf(b *testing.B) {
-	tmpl := decodeAll(b, "bench", realEvents(b)[:9])
+	tmpl := audittest.Rows(b, "bench", audittest.Events(b)[:9])
 	rows := make([]audit.Row, 5*benchBlockRows)
 	for i := range rows {
 		rows[i] = tmpl[i%len(tmpl)]

@@ -21,6 +21,7 @@ import (
 	"time"
 
 	"github.com/stampguard/stampguard/analytics/audit"
+	"github.com/stampguard/stampguard/analytics/audit/audittest"
 	"github.com/stampguard/stampguard/analytics/record"
 	"github.com/stampguard/stampguard/analytics/store"
 	"github.com/stampguard/stampguard/internal/chtest"
@@ -29,7 +30,7 @@ import (
 // benchTemplates are real-shaped RequestResponse/Request events of 1–2 KB
 // (a conflict, an SSA conflict, a stampless update, a lease renewal).
 func benchTemplates(b *testing.B) []string {
-	ev := realEvents(b)
+	ev := audittest.Events(b)
 	return []string{ev[0], ev[1], ev[5], ev[6], ev[0]}
 }
 

@@ -11,7 +11,6 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
-	"os"
 	"strings"
 	"sync"
 	"testing"
@@ -26,17 +25,9 @@ import (
 	"github.com/stampguard/stampguard/analytics/store"
 	"github.com/stampguard/stampguard/internal/chtest"
 
+	"github.com/stampguard/stampguard/analytics/audit/audittest"
 	"github.com/stampguard/stampguard/internal/testenv"
 )
-
-func realEvents(t testing.TB) []string {
-	t.Helper()
-	b, err := os.ReadFile("../testdata/events.jsonl")
-	if err != nil {
-		t.Fatal(err)
-	}
-	return strings.Split(strings.TrimSpace(string(b)), "\n")
-}
 
 func eventList(events ...string) string {
 	return `{"kind":"EventList","apiVersion":"audit.k8s.io/v1","metadata":{},"items":[` + strings.Join(events, ",") + `]}`
@@ -95,7 +86,7 @@ func (r *recorder) Write(b []byte) (int, error) {
 func (r *recorder) WriteHeader(s int) { r.status = s }
 
 func TestHandlerContract(t *testing.T) {
-	events := realEvents(t)
+	events := audittest.Events(t)
 	gz := func(s string) string {
 		var b bytes.Buffer
 		w := gzip.NewWriter(&b)
@@ -161,7 +152,7 @@ func TestHandlerContract(t *testing.T) {
 }
 
 func TestHandlerAsksForRetryOnlyWhenTheSpoolIsFullOrDraining(t *testing.T) {
-	events := realEvents(t)
+	events := audittest.Events(t)
 	bearer := map[string]string{"Authorization": "Bearer t"}
 	h, _ := newSpoolHandler(t, HandlerOptions{Token: "t"}, 64<<10)
 	body := eventList(events...)
@@ -199,7 +190,7 @@ func TestHandlerAsksForRetryOnlyWhenTheSpoolIsFullOrDraining(t *testing.T) {
 func TestReadyAgainOnceTheSpoolShrinks(t *testing.T) {
 	bearer := map[string]string{"Authorization": "Bearer t"}
 	h, sp := newSpoolHandler(t, HandlerOptions{Token: "t"}, 64<<10)
-	body := eventList(realEvents(t)...)
+	body := eventList(audittest.Events(t)...)
 	for range 100 {
 		if post(t, h, "/clusters/prod/events", body, bearer).status != 200 {
 			break
@@ -237,7 +228,7 @@ func get(t *testing.T, h http.Handler, path string) call {
 // EventList gets a 400 whose text says what is wrong, and nothing of it is
 // spooled (checked in TestHandlerContract).
 func TestRefusedBadInputNamesTheProblem(t *testing.T) {
-	events := realEvents(t)
+	events := audittest.Events(t)
 	bearer := map[string]string{"Authorization": "Bearer t"}
 	for body, want := range map[string]string{
 		events[0]: `kind "Event": a single audit Event, not an EventList`,
@@ -258,7 +249,7 @@ func TestRefusedBadInputNamesTheProblem(t *testing.T) {
 // with 503 three times and then stored counts its events once as
 // accepted, and the three refusals as spool_full.
 func TestMetricsCountAcceptedEventsOnceAndRefusalsByReason(t *testing.T) {
-	events := realEvents(t)
+	events := audittest.Events(t)
 	bearer := map[string]string{"Authorization": "Bearer t"}
 	reg := prometheus.NewRegistry()
 	m := pipeline.NewMetrics(reg)
@@ -404,7 +395,7 @@ func TestServeOverTLSWithClientCertificatesStoresInClickHouse(t *testing.T) {
 		Store:       store.Options{DSN: ch.DSN(), Database: db}, SpoolDir: spoolDir}
 	url, stop := startSink(t, opts)
 
-	events := realEvents(t)
+	events := audittest.Events(t)
 	client := func(cert *tls.Certificate) *http.Client {
 		cfg := &tls.Config{RootCAs: pki.Pool}
 		if cert != nil {
@@ -610,7 +601,7 @@ func seriesValue(t *testing.T, reg *prometheus.Registry, name string, values ...
 // A token bound to clusters writes those and gets 403 elsewhere, before
 // anything is spooled; /events is the default cluster's path.
 func TestATokenBoundToClusters(t *testing.T) {
-	events := realEvents(t)
+	events := audittest.Events(t)
 	h, sp := newSpoolHandler(t, HandlerOptions{Token: "s3cret", TokenClusters: []string{"dev"}, DefaultCluster: "prod"}, 0)
 	bearer := map[string]string{"Authorization": "Bearer s3cret"}
 	for path, want := range map[string]int{"/clusters/dev/events": 200, "/clusters/prod/events": 403, "/events": 403} {

@@ -12,6 +12,7 @@ import (
 	"github.com/ClickHouse/clickhouse-go/v2/lib/column"
 
 	"github.com/stampguard/stampguard/analytics/audit"
+	"github.com/stampguard/stampguard/analytics/audit/audittest"
 	"github.com/stampguard/stampguard/analytics/record"
 	"github.com/stampguard/stampguard/analytics/record/recordtest"
 )
@@ -55,7 +56,7 @@ func wantColumns(r *audit.Row, keepRaw bool) []any {
 // impersonation, times before 1970 and after 2038, and enough distinct
 // values that LowCardinality keys need 16 bits.
 func columnTestRows(t testing.TB, distinct int) []audit.Row {
-	rows := decodeAll(t, "prod", realEvents(t))
+	rows := audittest.Rows(t, "prod", audittest.Events(t))
 	base := rows[0]
 	for i := range distinct {
 		r := base

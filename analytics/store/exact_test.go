@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/stampguard/stampguard/analytics/audit"
+	"github.com/stampguard/stampguard/analytics/audit/audittest"
 	"github.com/stampguard/stampguard/analytics/record/recordtest"
 	"github.com/stampguard/stampguard/analytics/report"
 	asql "github.com/stampguard/stampguard/analytics/sql"
@@ -26,7 +27,7 @@ import (
 // that each round is new.
 func exactRows(t *testing.T, round string) []audit.Row {
 	t.Helper()
-	rows := decodeAll(t, "exact", realEvents(t))
+	rows := audittest.Rows(t, "exact", audittest.Events(t))
 	for i := range rows {
 		rows[i].AuditID = round + "-" + rows[i].AuditID
 		rows[i].Fingerprint = audit.Fingerprint(&rows[i])

@@ -2,24 +2,12 @@ package store
 
 import (
 	"os"
-	"strings"
 	"testing"
 	"time"
 
 	"github.com/stampguard/stampguard/internal/chdbtest"
 	"github.com/stampguard/stampguard/internal/chtest"
 )
-
-// realEvents returns the JSON lines of ../testdata/events.jsonl, real
-// apiserver event shapes (see DESIGN.md, "What the audit log says").
-func realEvents(tb testing.TB) []string {
-	tb.Helper()
-	b, err := os.ReadFile("../testdata/events.jsonl")
-	if err != nil {
-		tb.Fatal(err)
-	}
-	return strings.Split(strings.TrimSpace(string(b)), "\n")
-}
 
 // micros is the Unix microseconds of an RFC 3339 time.
 func micros(s string) int64 {

@@ -5,6 +5,7 @@ import (
 	"testing"
 
 	"github.com/stampguard/stampguard/analytics/audit"
+	"github.com/stampguard/stampguard/analytics/audit/audittest"
 	"github.com/stampguard/stampguard/analytics/record/recordtest"
 	"github.com/stampguard/stampguard/internal/testenv"
 )
@@ -30,7 +31,7 @@ func benchStore(b *testing.B) *Store {
 // rows/s.
 func BenchmarkStoreInsert(b *testing.B) {
 	st := benchStore(b)
-	tmpl := decodeAll(b, "bench", realEvents(b)[:9])
+	tmpl := audittest.Rows(b, "bench", audittest.Events(b)[:9])
 	const n = 20000
 	run := 0
 	b.ReportAllocs()

@@ -23,6 +23,7 @@ import (
 	asql "github.com/stampguard/stampguard/analytics/sql"
 	"github.com/stampguard/stampguard/internal/chtest"
 
+	"github.com/stampguard/stampguard/analytics/audit/audittest"
 	"github.com/stampguard/stampguard/internal/testenv"
 )
 
@@ -70,19 +71,6 @@ func count(t *testing.T, st *Store, query string, args ...any) uint64 {
 	return n
 }
 
-func decodeAll(t testing.TB, cluster string, lines []string) []audit.Row {
-	t.Helper()
-	d := audit.Decoder{KeepRaw: true}
-	rows := make([]audit.Row, len(lines))
-	for i, l := range lines {
-		if err := d.Decode(l, &rows[i]); err != nil {
-			t.Fatal(err)
-		}
-		rows[i].Cluster = cluster
-	}
-	return rows
-}
-
 func TestMigrateIsIdempotent(t *testing.T) {
 	st, _ := newStore(t, false)
 	applied, err := st.Migrate(t.Context())
@@ -103,7 +91,7 @@ func TestMigrateIsIdempotent(t *testing.T) {
 
 func TestInsertSendsEachEventOfABatchOnce(t *testing.T) {
 	st, _ := newStore(t, true)
-	rows := decodeAll(t, "prod", realEvents(t))
+	rows := audittest.Rows(t, "prod", audittest.Events(t))
 	ctx := t.Context()
 
 	res, err := st.InsertRecords(ctx, recordtest.Set(rows, nil))
@@ -121,10 +109,10 @@ func TestInsertSendsEachEventOfABatchOnce(t *testing.T) {
 		newEvents   int
 	}{
 		{"a redelivered batch is stored again, as copies", rows, len(rows), 0, 0},
-		{"a batch repeating an event within itself sends it once", append(decodeAll(t, "staging", realEvents(t)[:2]), decodeAll(t, "staging", realEvents(t)[:2])...), 2, 2, 2},
-		{"the same events from another cluster are new", decodeAll(t, "dev", realEvents(t)[:3]), 3, 0, 3},
+		{"a batch repeating an event within itself sends it once", append(audittest.Rows(t, "staging", audittest.Events(t)[:2]), audittest.Rows(t, "staging", audittest.Events(t)[:2])...), 2, 2, 2},
+		{"the same events from another cluster are new", audittest.Rows(t, "dev", audittest.Events(t)[:3]), 3, 0, 3},
 		{"a reused audit ID of a different request is a new event", func() []audit.Row {
-			r := decodeAll(t, "prod", realEvents(t)[:1])
+			r := audittest.Rows(t, "prod", audittest.Events(t)[:1])
 			r[0].StageMicros++
 			r[0].Fingerprint = audit.Fingerprint(&r[0])
 			return r
@@ -150,7 +138,7 @@ func TestInsertSendsEachEventOfABatchOnce(t *testing.T) {
 
 func TestInsertedRowsReadBack(t *testing.T) {
 	st, _ := newStore(t, true)
-	rows := decodeAll(t, "prod", realEvents(t))
+	rows := audittest.Rows(t, "prod", audittest.Events(t))
 	if _, err := st.InsertRecords(t.Context(), recordtest.Set(rows, nil)); err != nil {
 		t.Fatal(err)
 	}
@@ -205,11 +193,11 @@ func TestDeadLettersAreStoredWithReason(t *testing.T) {
 
 func TestRetentionDropsWholeDays(t *testing.T) {
 	st, _ := newStore(t, false)
-	base := realEvents(t)[:1]
+	base := audittest.Events(t)[:1]
 	var rows []audit.Row
 	now := time.Date(2026, 11, 29, 12, 0, 0, 0, time.UTC)
 	for day := range 5 {
-		r := decodeAll(t, "prod", base)[0]
+		r := audittest.Rows(t, "prod", base)[0]
 		r.AuditID = fmt.Sprintf("day-%d", day)
 		r.StageMicros = now.AddDate(0, 0, -day).UnixMicro()
 		r.Fingerprint = audit.Fingerprint(&r)
