@@ -123,9 +123,9 @@ func DrainSpool(ctx context.Context, sp *spool.Spool, st *store.Store, o SpoolOp
 		o.Logger = slog.New(slog.DiscardHandler)
 	}
 	ctx, cancel := context.WithCancel(ctx)
-	defer cancel()
 	var wg sync.WaitGroup
 	defer wg.Wait()
+	defer cancel() // first: the periodic jobs end with the drainer
 	if o.Retention > 0 {
 		wg.Go(func() { retain(ctx, st, o.Retention, o.Metrics, o.Logger) })
 	}
