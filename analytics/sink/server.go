@@ -1,8 +1,8 @@
 // Package sink is the HTTP endpoint for kube-apiserver's audit webhook
 // backend: it authenticates the apiserver, splits each EventList body as a
 // stream, appends the accepted events to the durable spool, and answers 200
-// only after the spool's fsync. In the background, pipeline.DrainSpool stores the
-// spool in ClickHouse (run.go wires the two).
+// only after the spool's fsync. In the background, pipeline.DrainSpool
+// stores the spool in ClickHouse (run.go wires the two).
 package sink
 
 import (
