@@ -1,14 +1,25 @@
-// Package analytics stores kube-apiserver audit events in ClickHouse
-// exactly once, and runs the pipelines that bring them there.
+// Package analytics is the audit half of stampguard: it stores
+// kube-apiserver audit events in ClickHouse so that every figure read from
+// them counts each event once, and reports on them. It holds no code; its
+// packages, in the order an event passes them:
 //
-// One audit event travels like this: the sink's HTTP handler (package
-// sink) or a log file reader (package logfile, for ingest and tail) hands
-// raw events to the Accepter (accept.go), which decodes each into an
-// audit.Row (package audit) and encodes the rows of one request into a
-// record (record.go). The sink appends records to the spool (package
-// spool); the Drainer (writer.go) drains spool records, or a Queue's
-// (queue.go), into the Store (store.go), which parses them into a
-// RecordSet (recordset.go), drops events already stored, and builds the
-// ClickHouse columns straight from the records (columns.go). The schema
-// is schema.go's Migrations over the definitions of package sql.
+//   - sink: the HTTP endpoint of the apiserver's audit webhook (and the
+//     options of every auditsink subcommand);
+//   - audit: decoding an audit event into a Row, and what a row means
+//     (requests, writes, conflict classes);
+//   - pipeline: Accepter, spool or Queue, Drainer, retry, ingest and tail,
+//     the periodic jobs and the sink's metrics;
+//   - record: the record format between decoding and insert, and the
+//     insert's native columns built from it;
+//   - spool: serve's durable buffer of records;
+//   - logfile: reading and following audit log files;
+//   - store: ClickHouse: connection, migrations, insert, hour caches,
+//     retention;
+//   - sql: every SQL text the store, the report and the dashboards run;
+//   - report: the report over the stored events.
+//
+// One event from the HTTP handler to a ClickHouse row: sink/server.go,
+// pipeline/accept.go (audit/decode.go decodes it, record/record.go encodes
+// it), spool/spool.go, pipeline/drainer.go (record.Set.Add parses it),
+// store/store.go, record/columns.go (its columns).
 package analytics

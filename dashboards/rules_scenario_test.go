@@ -7,9 +7,10 @@ import (
 	"testing"
 	"time"
 
-	"github.com/stampguard/stampguard/analytics"
 	"github.com/stampguard/stampguard/analytics/audit"
+	"github.com/stampguard/stampguard/analytics/record/recordtest"
 	asql "github.com/stampguard/stampguard/analytics/sql"
+	"github.com/stampguard/stampguard/analytics/store"
 	"github.com/stampguard/stampguard/dashboards"
 	"github.com/stampguard/stampguard/internal/chtest"
 )
@@ -17,17 +18,17 @@ import (
 const optimisticLock = `Operation cannot be fulfilled on configmaps "x": the object has been modified; please apply your changes to the latest version and try again`
 
 // migrated is the store of the database stampguard on srv, migrated.
-func migrated(t *testing.T, srv *chtest.Server) *analytics.Store {
+func migrated(t *testing.T, srv *chtest.Server) *store.Store {
 	t.Helper()
-	store, err := analytics.OpenStore(t.Context(), analytics.StoreOptions{DSN: srv.DSN(), Database: "stampguard"})
+	st, err := store.Open(t.Context(), store.Options{DSN: srv.DSN(), Database: "stampguard"})
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { store.Close() })
-	if _, err := store.Migrate(t.Context()); err != nil {
+	t.Cleanup(func() { st.Close() })
+	if _, err := st.Migrate(t.Context()); err != nil {
 		t.Fatal(err)
 	}
-	return store
+	return st
 }
 
 // events builds audit rows the way the sink stores them.
@@ -79,7 +80,7 @@ func (ev *events) steady(from, to time.Time, perMinute func(time.Time) int, writ
 func TestAlertRulesOnScenarios(t *testing.T) {
 	srv := chtest.StartInTimeZone(t, "America/New_York")
 	ctx := t.Context()
-	store := migrated(t, srv)
+	st := migrated(t, srv)
 	// UTC midnight, 19:00 in New York. The scenarios lie in the past, so
 	// that every hour of them can be compacted.
 	midnight := time.Date(2026, 11, 21, 0, 0, 0, 0, time.UTC)
@@ -139,11 +140,11 @@ func TestAlertRulesOnScenarios(t *testing.T) {
 	loops.add(loopsAt.Add(90*time.Minute+16*time.Second), "quick-retrier", "configmaps", "", "shop", "quick", 200, nil)
 
 	for _, ev := range []*events{storm, ramp, loops} {
-		if _, err := store.Insert(ctx, ev.rows, nil); err != nil {
+		if _, err := st.InsertRecords(ctx, recordtest.Set(ev.rows, nil)); err != nil {
 			t.Fatal(err)
 		}
 	}
-	res, err := store.Compact(ctx, time.Unix(0, 0), 0)
+	res, err := st.Compact(ctx, time.Unix(0, 0), 0)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/stampguard/stampguard/analytics/audit"
+	"github.com/stampguard/stampguard/analytics/record/recordtest"
 	asql "github.com/stampguard/stampguard/analytics/sql"
 	"github.com/stampguard/stampguard/dashboards"
 	"github.com/stampguard/stampguard/internal/chtest"
@@ -23,7 +24,7 @@ import (
 func TestCountSeriesDoNotChangeWithZoom(t *testing.T) {
 	srv := chtest.Start(t)
 	ctx := t.Context()
-	store := migrated(t, srv)
+	st := migrated(t, srv)
 	t0 := time.Date(2026, 11, 20, 10, 0, 0, 0, time.UTC)
 	ev := &events{cluster: "c"}
 	// Over 20 minutes, a rate that varies minute by minute: updates (every
@@ -54,7 +55,7 @@ func TestCountSeriesDoNotChangeWithZoom(t *testing.T) {
 			r.AnnotationValues = []string{`[{"policy":"shop","rule":"requireResourceVersion","action":"` + action + `","path":"metadata.resourceVersion","writer":"legacy-script"}]`}
 		})
 	}
-	if _, err := store.Insert(ctx, ev.rows, nil); err != nil {
+	if _, err := st.InsertRecords(ctx, recordtest.Set(ev.rows, nil)); err != nil {
 		t.Fatal(err)
 	}
 	gen, err := dashboards.Generate(dashboards.Options{})

@@ -11,6 +11,8 @@ import (
 	asql "github.com/stampguard/stampguard/analytics/sql"
 	"github.com/stampguard/stampguard/dashboards"
 	"github.com/stampguard/stampguard/internal/chtest"
+
+	"github.com/stampguard/stampguard/analytics/record/recordtest"
 )
 
 // TestVariablesCannotInjectSQL runs every dashboard query on ClickHouse
@@ -25,7 +27,7 @@ import (
 func TestVariablesCannotInjectSQL(t *testing.T) {
 	srv := chtest.Start(t)
 	ctx := t.Context()
-	store := migrated(t, srv)
+	st := migrated(t, srv)
 	t0 := time.Date(2026, 11, 20, 10, 0, 0, 0, time.UTC)
 	ev := &events{cluster: "c"}
 	for i := range 3 {
@@ -41,10 +43,10 @@ func TestVariablesCannotInjectSQL(t *testing.T) {
 		func(r *audit.Row) { r.Verb = "patch" })
 	ev.add(t0.Add(3*time.Minute+2*time.Second), "system:serviceaccount:shop:operator", "configmaps", "", "shop", "d", 201,
 		func(r *audit.Row) { r.Verb = "create" })
-	if _, err := store.Insert(ctx, ev.rows, nil); err != nil {
+	if _, err := st.InsertRecords(ctx, recordtest.Set(ev.rows, nil)); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := store.Compact(ctx, time.Unix(0, 0), 0); err != nil {
+	if _, err := st.Compact(ctx, time.Unix(0, 0), 0); err != nil {
 		t.Fatal(err)
 	}
 	gen, err := dashboards.Generate(dashboards.Options{})

@@ -39,7 +39,7 @@ func isDeletePrecondition(m string) bool {
 
 // ConflictClass is analytics/sql.ConflictClass for one row: the sink's
 // live counters classify as the report does. TestConflictClassAgreesWithSQL
-// (package analytics) runs both over the same rows, so the two cannot
+// (package analytics/pipeline) runs both over the same rows, so the two cannot
 // drift apart unnoticed.
 func ConflictClass(r *Row) string {
 	switch {

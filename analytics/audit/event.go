@@ -2,11 +2,10 @@
 // splits an EventList body into raw events (ListReader, stream.go),
 // flattens each into a Row with its Fingerprint (Decoder, decode.go, over
 // the scanner of json.go), and names what could not become a row
-// (DeadLetter). It knows nothing of storage: package analytics encodes
-// Rows into spool records and stores them in ClickHouse.
+// (DeadLetter). It knows nothing of storage: package analytics/record
+// encodes Rows into spool records, and analytics/store stores them in
+// ClickHouse.
 package audit
-
-import "time"
 
 // Audit event stages (audit.k8s.io/v1 Stage).
 const (
@@ -79,17 +78,6 @@ func (r *Row) Writer() string {
 	}
 	return r.User
 }
-
-// LatencyMicros is stageTimestamp - requestReceivedTimestamp, never negative.
-func (r *Row) LatencyMicros() int64 {
-	if r.RequestReceivedMicros == 0 || r.StageMicros < r.RequestReceivedMicros {
-		return 0
-	}
-	return r.StageMicros - r.RequestReceivedMicros
-}
-
-// StageTime is the stage timestamp as a time.Time in UTC.
-func (r *Row) StageTime() time.Time { return time.UnixMicro(r.StageMicros).UTC() }
 
 // Fingerprint hashes the fields that identify one request's event however it
 // was delivered (log file or webhook, first try or retry), so the same event

@@ -7,7 +7,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/stampguard/stampguard/analytics"
+	"github.com/stampguard/stampguard/analytics/store"
 	"github.com/stampguard/stampguard/internal/chtest"
 )
 
@@ -25,7 +25,7 @@ func BenchmarkReport(b *testing.B) {
 	srv := chtest.Start(b)
 	db := srv.NewDatabase(b)
 	ctx := b.Context()
-	store, err := analytics.OpenStore(ctx, analytics.StoreOptions{DSN: srv.DSN(), Database: db})
+	store, err := store.Open(ctx, store.Options{DSN: srv.DSN(), Database: db})
 	if err != nil {
 		b.Fatal(err)
 	}

@@ -4,7 +4,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/stampguard/stampguard/analytics"
+	"github.com/stampguard/stampguard/analytics/store"
 	"github.com/stampguard/stampguard/internal/chtest"
 )
 
@@ -16,7 +16,7 @@ func BenchmarkClusterReport(b *testing.B) {
 	c := chtest.StartCluster(b, 2, 2)
 	ctx := b.Context()
 	const db = "bench"
-	store, err := analytics.OpenStore(ctx, analytics.StoreOptions{DSN: c.DSN(), Database: db, ClickHouseCluster: chtest.ClusterName})
+	store, err := store.Open(ctx, store.Options{DSN: c.DSN(), Database: db, ClickHouseCluster: chtest.ClusterName})
 	if err != nil {
 		b.Fatal(err)
 	}

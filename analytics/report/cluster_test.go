@@ -6,8 +6,10 @@ import (
 	"testing"
 	"time"
 
-	"github.com/stampguard/stampguard/analytics"
+	"github.com/stampguard/stampguard/analytics/store"
 	"github.com/stampguard/stampguard/internal/chtest"
+
+	"github.com/stampguard/stampguard/analytics/record/recordtest"
 )
 
 // TestClusterReportEqualsSingleNode stores the same rows, every batch
@@ -18,7 +20,7 @@ func TestClusterReportEqualsSingleNode(t *testing.T) {
 	ctx := t.Context()
 	single, db := migrated(t)
 	c := chtest.StartCluster(t, 2, 2)
-	clustered, err := analytics.OpenStore(ctx, analytics.StoreOptions{DSN: c.DSN(), Database: db, ClickHouseCluster: chtest.ClusterName})
+	clustered, err := store.Open(ctx, store.Options{DSN: c.DSN(), Database: db, ClickHouseCluster: chtest.ClusterName})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -32,10 +34,10 @@ func TestClusterReportEqualsSingleNode(t *testing.T) {
 	rand.New(rand.NewPCG(12, 13)).Shuffle(len(rows), func(i, j int) { rows[i], rows[j] = rows[j], rows[i] })
 	for i := 0; i < len(rows); i += 500 {
 		batch := rows[i:min(i+500, len(rows))]
-		for _, st := range []*analytics.Store{single, clustered} {
+		for _, st := range []*store.Store{single, clustered} {
 			stored := 0
 			for range 2 {
-				res, err := st.Insert(ctx, batch, nil)
+				res, err := st.InsertRecords(ctx, recordtest.Set(batch, nil))
 				if err != nil {
 					t.Fatal(err)
 				}

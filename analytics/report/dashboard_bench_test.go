@@ -4,8 +4,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/stampguard/stampguard/analytics"
 	asql "github.com/stampguard/stampguard/analytics/sql"
+	"github.com/stampguard/stampguard/analytics/store"
 	"github.com/stampguard/stampguard/internal/chtest"
 )
 
@@ -19,7 +19,7 @@ func BenchmarkGrafanaStatements(b *testing.B) {
 	srv := chtest.Start(b)
 	db := srv.NewDatabase(b)
 	ctx := b.Context()
-	store, err := analytics.OpenStore(ctx, analytics.StoreOptions{DSN: srv.DSN(), Database: db})
+	store, err := store.Open(ctx, store.Options{DSN: srv.DSN(), Database: db})
 	if err != nil {
 		b.Fatal(err)
 	}

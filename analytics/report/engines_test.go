@@ -10,8 +10,10 @@ import (
 	"testing"
 	"time"
 
-	"github.com/stampguard/stampguard/analytics"
 	"github.com/stampguard/stampguard/analytics/audit"
+	"github.com/stampguard/stampguard/analytics/record"
+	"github.com/stampguard/stampguard/analytics/record/recordtest"
+	"github.com/stampguard/stampguard/analytics/store"
 	"github.com/stampguard/stampguard/internal/chdbtest"
 	"github.com/stampguard/stampguard/internal/chtest"
 	"github.com/stampguard/stampguard/internal/enginetest"
@@ -64,7 +66,7 @@ func TestEnginesAgree(t *testing.T) {
 	ctx := t.Context()
 
 	en := enginetest.New(t, ch, e)
-	if n := en.SameAnswers(t, "", en.Schema()); n < len(analytics.Migrations) {
+	if n := en.SameAnswers(t, "", en.Schema()); n < len(store.Migrations) {
 		t.Fatalf("the schema comparison saw %d rows", n)
 	}
 	t.Run("migrating twice applies nothing", func(t *testing.T) {
@@ -89,11 +91,11 @@ func TestEnginesAgree(t *testing.T) {
 	}
 	for i := 0; i < len(rows); i += 1000 {
 		batch := rows[max(i-100, 0):min(i+1000, len(rows))]
-		if _, err := en.Store.Insert(ctx, batch, dead[:min(i, 1)]); err != nil {
+		if _, err := en.Store.InsertRecords(ctx, recordtest.Set(batch, dead[:min(i, 1)])); err != nil {
 			t.Fatal(err)
 		}
 	}
-	rival, err := analytics.OpenStore(ctx, analytics.StoreOptions{DSN: ch.DatabaseDSN(en.DB) + "&log_queries=1", Database: en.DB})
+	rival, err := store.Open(ctx, store.Options{DSN: ch.DatabaseDSN(en.DB) + "&log_queries=1", Database: en.DB})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -104,8 +106,8 @@ func TestEnginesAgree(t *testing.T) {
 	}
 	var errs [2]error
 	var wg sync.WaitGroup
-	for i, st := range []*analytics.Store{en.Store, rival} {
-		wg.Go(func() { _, errs[i] = st.Insert(ctx, s.rows, nil) })
+	for i, st := range []*store.Store{en.Store, rival} {
+		wg.Go(func() { _, errs[i] = st.InsertRecords(ctx, recordtest.Set(s.rows, nil)) })
 	}
 	wg.Wait()
 	if err := errors.Join(errs[:]...); err != nil {
@@ -113,7 +115,7 @@ func TestEnginesAgree(t *testing.T) {
 	}
 	// Every fifth event stored once more by a plain INSERT, as a retry of
 	// an insert applied in part would.
-	if err := conn.Exec(ctx, "INSERT INTO "+en.DB+".events_by_hour ("+analytics.EventColumns+") SELECT "+analytics.EventColumns+
+	if err := conn.Exec(ctx, "INSERT INTO "+en.DB+".events_by_hour ("+record.EventColumns+") SELECT "+record.EventColumns+
 		" FROM "+en.DB+".events_by_hour WHERE cityHash64(audit_id) % 5 = 0"); err != nil {
 		t.Fatal(err)
 	}

@@ -7,9 +7,12 @@ import (
 	"testing"
 	"time"
 
-	"github.com/stampguard/stampguard/analytics"
+	"github.com/stampguard/stampguard/analytics/record"
 	asql "github.com/stampguard/stampguard/analytics/sql"
+	"github.com/stampguard/stampguard/analytics/store"
 	"github.com/stampguard/stampguard/internal/chtest"
+
+	"github.com/stampguard/stampguard/analytics/record/recordtest"
 )
 
 // TestReportCountsDuplicatesOnce stores the same rows into two databases:
@@ -32,10 +35,10 @@ func TestReportCountsDuplicatesOnce(t *testing.T) {
 		rows = append(rows, twin)
 	}
 	rand.New(rand.NewPCG(12, 13)).Shuffle(len(rows), func(i, j int) { rows[i], rows[j] = rows[j], rows[i] })
-	open := func() (*analytics.Store, string) {
+	open := func() (*store.Store, string) {
 		st, db := migratedOn(t, srv)
 		for i := 0; i < len(rows); i += 700 {
-			if _, err := st.Insert(ctx, rows[i:min(i+700, len(rows))], nil); err != nil {
+			if _, err := st.InsertRecords(ctx, recordtest.Set(rows[i:min(i+700, len(rows))], nil)); err != nil {
 				t.Fatal(err)
 			}
 		}
@@ -50,13 +53,13 @@ func TestReportCountsDuplicatesOnce(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, mod := range []int{3, 9} {
-		q := "INSERT INTO " + twiceDB + ".events_by_hour (" + analytics.EventColumns + ") SELECT " + analytics.EventColumns +
+		q := "INSERT INTO " + twiceDB + ".events_by_hour (" + record.EventColumns + ") SELECT " + record.EventColumns +
 			" FROM " + twiceDB + ".events_by_hour WHERE cityHash64(audit_id) % ? = 0 LIMIT 1 BY cluster, audit_id, stage, fingerprint"
 		if err := conn.Exec(ctx, q, mod); err != nil {
 			t.Fatal(err)
 		}
 	}
-	if _, err := twice.Insert(ctx, rows[:len(rows)/2], nil); err != nil {
+	if _, err := twice.InsertRecords(ctx, recordtest.Set(rows[:len(rows)/2], nil)); err != nil {
 		t.Fatal(err)
 	}
 	var stored, distinct uint64
@@ -79,7 +82,7 @@ func TestReportCountsDuplicatesOnce(t *testing.T) {
 
 // compare requires the reports and panel queries of twiceDB to equal
 // onceDB's: over every window and filter when thorough, else over two.
-func compare(t *testing.T, once *analytics.Store, onceDB string, twice *analytics.Store, twiceDB string, thorough bool) {
+func compare(t *testing.T, once *store.Store, onceDB string, twice *store.Store, twiceDB string, thorough bool) {
 	t.Helper()
 	ctx := t.Context()
 	conn := twice.Conn()

@@ -8,8 +8,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/stampguard/stampguard/analytics"
 	"github.com/stampguard/stampguard/analytics/audit"
+	"github.com/stampguard/stampguard/analytics/record/recordtest"
+	"github.com/stampguard/stampguard/analytics/store"
 	"github.com/stampguard/stampguard/internal/chtest"
 )
 
@@ -122,7 +123,7 @@ func TestBuild(t *testing.T) {
 	srv := chtest.Start(t)
 	db := srv.NewDatabase(t)
 	ctx := t.Context()
-	store, err := analytics.OpenStore(ctx, analytics.StoreOptions{DSN: srv.DSN(), Database: db})
+	store, err := store.Open(ctx, store.Options{DSN: srv.DSN(), Database: db})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -144,7 +145,7 @@ func TestBuild(t *testing.T) {
 	rand.New(rand.NewPCG(1, 2)).Shuffle(len(rows), func(i, j int) { rows[i], rows[j] = rows[j], rows[i] })
 	// Out of order, and every row twice: the store keeps each once.
 	for _, batch := range [][]audit.Row{rows[:len(rows)/2], rows[len(rows)/2:], rows} {
-		if _, err := store.Insert(ctx, batch, nil); err != nil {
+		if _, err := store.InsertRecords(ctx, recordtest.Set(batch, nil)); err != nil {
 			t.Fatal(err)
 		}
 	}

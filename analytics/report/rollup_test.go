@@ -10,8 +10,9 @@ import (
 	"time"
 
 	"github.com/ClickHouse/clickhouse-go/v2/lib/driver"
-	"github.com/stampguard/stampguard/analytics"
 	"github.com/stampguard/stampguard/analytics/audit"
+	"github.com/stampguard/stampguard/analytics/record/recordtest"
+	"github.com/stampguard/stampguard/analytics/store"
 	"github.com/stampguard/stampguard/internal/chtest"
 )
 
@@ -98,7 +99,7 @@ func minutesUsed(t *testing.T, conn driver.Conn, o Options) bool {
 }
 
 // compact builds the caches of every hour the test stored.
-func compact(t *testing.T, store *analytics.Store) {
+func compact(t *testing.T, store *store.Store) {
 	t.Helper()
 	res, err := store.Compact(t.Context(), time.Unix(0, 0), 0)
 	if err != nil {
@@ -126,14 +127,14 @@ func assertSameReports(t *testing.T, ctx context.Context, conn driver.Conn, o Op
 	}
 }
 
-func migrated(t *testing.T) (*analytics.Store, string) {
+func migrated(t *testing.T) (*store.Store, string) {
 	return migratedOn(t, chtest.Start(t))
 }
 
 // migratedOn is migrated in a new database of srv.
-func migratedOn(t *testing.T, srv *chtest.Server) (*analytics.Store, string) {
+func migratedOn(t *testing.T, srv *chtest.Server) (*store.Store, string) {
 	db := srv.NewDatabase(t)
-	store, err := analytics.OpenStore(t.Context(), analytics.StoreOptions{DSN: srv.DSN(), Database: db})
+	store, err := store.Open(t.Context(), store.Options{DSN: srv.DSN(), Database: db})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -158,7 +159,7 @@ func TestRollupEqualsRaw(t *testing.T) {
 	for i := 0; i < len(rows); i += 700 {
 		batch := rows[i:min(i+700, len(rows))]
 		for range 2 {
-			if _, err := store.Insert(ctx, batch, nil); err != nil {
+			if _, err := store.InsertRecords(ctx, recordtest.Set(batch, nil)); err != nil {
 				t.Fatal(err)
 			}
 		}

@@ -3,6 +3,7 @@ package sink
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -19,15 +20,17 @@ import (
 	"testing"
 	"time"
 
-	"github.com/stampguard/stampguard/analytics"
 	"github.com/stampguard/stampguard/analytics/audit"
+	"github.com/stampguard/stampguard/analytics/audit/audittest"
+	"github.com/stampguard/stampguard/analytics/record"
+	"github.com/stampguard/stampguard/analytics/store"
 	"github.com/stampguard/stampguard/internal/chtest"
 )
 
 // benchTemplates are real-shaped RequestResponse/Request events of 1–2 KB
 // (a conflict, an SSA conflict, a stampless update, a lease renewal).
 func benchTemplates(b *testing.B) []string {
-	ev := realEvents(b)
+	ev := audittest.Events(b)
 	return []string{ev[0], ev[1], ev[5], ev[6], ev[0]}
 }
 
@@ -295,7 +298,7 @@ func sinkQueryCPU(b *testing.B, ch *chtest.Server, db string) map[string]float64
 // key and no views.
 func ceiling(b *testing.B, ch *chtest.Server, bodies [][]byte) float64 {
 	db := ch.NewDatabase(b)
-	st, err := analytics.OpenStore(context.Background(), analytics.StoreOptions{DSN: ch.DSN(), Database: db})
+	st, err := store.Open(context.Background(), store.Options{DSN: ch.DSN(), Database: db})
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -310,27 +313,32 @@ func ceiling(b *testing.B, ch *chtest.Server, bodies [][]byte) float64 {
 		b.Fatal(err)
 	}
 	var tsv bytes.Buffer
-	a := analytics.Accepter{}
+	// The rows the sink would store: each event decoded as the Accepter
+	// decodes it, of the stages it keeps.
+	var d audit.Decoder
 	n := 0
 	for _, body := range bodies {
-		_, err := a.Accept("bench", "webhook", audit.NewListReader(bytes.NewReader(body), 0), func(rec []byte) error {
-			batch, err := analytics.DecodeBatch(string(rec))
+		items := audit.NewListReader(bytes.NewReader(body), 0)
+		for {
+			it, err := items.Next()
+			if errors.Is(err, io.EOF) {
+				break
+			}
 			if err != nil {
-				return err
+				b.Fatal(err)
 			}
-			for i := range batch.Rows {
-				writeTSV(&tsv, &batch.Rows[i])
-				n++
+			var row audit.Row
+			if it.Err != nil || d.Decode(string(it.Raw), &row) != nil || !slices.Contains(audit.DefaultStages, row.Stage) {
+				continue
 			}
-			return nil
-		})
-		if err != nil {
-			b.Fatal(err)
+			row.Cluster = "bench"
+			writeTSV(&tsv, &row)
+			n++
 		}
 	}
 	start := time.Now()
 	cmd := exec.Command("clickhouse-client", "--port", strconv.Itoa(ch.Port), "--database", db,
-		"--query", "INSERT INTO ceiling ("+analytics.EventColumns+") FORMAT TabSeparated")
+		"--query", "INSERT INTO ceiling ("+record.EventColumns+") FORMAT TabSeparated")
 	cmd.Stdin = &tsv
 	if out, err := cmd.CombinedOutput(); err != nil {
 		b.Fatalf("clickhouse-client: %v: %s", err, out)
@@ -346,7 +354,12 @@ func ceiling(b *testing.B, ch *chtest.Server, bodies [][]byte) float64 {
 var tsvEscape = strings.NewReplacer("\\", "\\\\", "\t", "\\t", "\n", "\\n", "'", "\\'")
 
 func writeTSV(w *bytes.Buffer, r *audit.Row) {
-	t := r.StageTime()
+	t := time.UnixMicro(r.StageMicros).UTC()
+	// The latency column: stage - received, 0 when unknown or negative.
+	var latency int64
+	if r.RequestReceivedMicros != 0 && r.StageMicros >= r.RequestReceivedMicros {
+		latency = r.StageMicros - r.RequestReceivedMicros
+	}
 	str := func(s string) { w.WriteString(tsvEscape.Replace(s)) }
 	arr := func(l []string) {
 		w.WriteByte('[')
@@ -364,7 +377,7 @@ func writeTSV(w *bytes.Buffer, r *audit.Row) {
 	if r.DryRun {
 		dry = 1
 	}
-	fmt.Fprintf(w, "%s\t%s\t%d\t%d\t%d\t", t.Format(time.DateOnly), t.Format(time.DateTime), r.StageMicros, r.RequestReceivedMicros, r.LatencyMicros())
+	fmt.Fprintf(w, "%s\t%s\t%d\t%d\t%d\t", t.Format(time.DateOnly), t.Format(time.DateTime), r.StageMicros, r.RequestReceivedMicros, latency)
 	for _, s := range []string{r.Cluster, r.AuditID, r.Stage} {
 		str(s)
 		w.WriteByte('\t')

@@ -14,10 +14,11 @@ import (
 	"strings"
 	"time"
 
-	"github.com/stampguard/stampguard/analytics"
 	"github.com/stampguard/stampguard/analytics/audit"
+	"github.com/stampguard/stampguard/analytics/pipeline"
 	"github.com/stampguard/stampguard/analytics/report"
 	asql "github.com/stampguard/stampguard/analytics/sql"
+	"github.com/stampguard/stampguard/analytics/store"
 	"github.com/stampguard/stampguard/internal/cli"
 )
 
@@ -97,7 +98,7 @@ func (c *Config) Register(fs *flag.FlagSet) {
 // Connection is a validated Config: the store's options, where the DSN
 // came from, and the logger.
 type Connection struct {
-	Store analytics.StoreOptions
+	Store store.Options
 	// From names where the DSN came from: a flag, a file or the
 	// environment.
 	From   string
@@ -145,10 +146,10 @@ func (c *Config) Connect(w io.Writer) (*Connection, error) {
 	if err := asql.ValidDatabase(c.Database); err != nil {
 		return nil, cli.Usagef("--database: %w", err)
 	}
-	conn.Store = analytics.StoreOptions{DSN: dsn, Database: c.Database, ClickHouseCluster: c.ClickHouseCluster}
+	conn.Store = store.Options{DSN: dsn, Database: c.Database, ClickHouseCluster: c.ClickHouseCluster}
 	// OpenStore checks the DSN and the cluster name; it connects only at
 	// the first query.
-	st, err := analytics.OpenStore(context.Background(), conn.Store)
+	st, err := store.Open(context.Background(), conn.Store)
 	if err != nil {
 		return nil, cli.Usagef("%s: %w", conn.From, err)
 	}
@@ -167,15 +168,15 @@ func (c *Config) logger(w io.Writer) (*slog.Logger, error) {
 // String names the server and where its DSN came from, for errors.
 func (c *Connection) String() string {
 	host := "?"
-	if o, err := analytics.ParseDSN(c.Store.DSN); err == nil && len(o.Addr) > 0 {
+	if o, err := store.ParseDSN(c.Store.DSN); err == nil && len(o.Addr) > 0 {
 		host = strings.Join(o.Addr, ",")
 	}
 	return fmt.Sprintf("ClickHouse at %s (DSN from %s)", host, c.From)
 }
 
 // Open connects to the store; the errors name the server.
-func (c *Connection) Open(ctx context.Context) (*analytics.Store, error) {
-	st, err := analytics.OpenStore(ctx, c.Store)
+func (c *Connection) Open(ctx context.Context) (*store.Store, error) {
+	st, err := store.Open(ctx, c.Store)
 	if err != nil {
 		return nil, c.Err(err)
 	}
@@ -183,7 +184,7 @@ func (c *Connection) Open(ctx context.Context) (*analytics.Store, error) {
 }
 
 // OpenMigrated connects to the store and applies the migrations.
-func (c *Connection) OpenMigrated(ctx context.Context) (*analytics.Store, error) {
+func (c *Connection) OpenMigrated(ctx context.Context) (*store.Store, error) {
 	st, err := c.Open(ctx)
 	if err != nil {
 		return nil, err
@@ -260,12 +261,12 @@ func (w *WriteConfig) Connect(out io.Writer) (*Connection, error) {
 }
 
 // Accepter decodes and filters events as w says.
-func (w *WriteConfig) Accepter() *analytics.Accepter {
+func (w *WriteConfig) Accepter() *pipeline.Accepter {
 	return newAccepter(SplitList(w.Stages), SplitList(w.RedactResources), w.KeepRaw)
 }
 
-func newAccepter(stages, redact []string, keepRaw bool) *analytics.Accepter {
-	return &analytics.Accepter{
+func newAccepter(stages, redact []string, keepRaw bool) *pipeline.Accepter {
+	return &pipeline.Accepter{
 		Decoder: audit.Decoder{RedactResources: redact, KeepRaw: keepRaw},
 		Stages:  stages,
 	}
@@ -291,7 +292,7 @@ func (i *IngestConfig) Register(fs *flag.FlagSet) {
 type Ingest struct {
 	*Connection
 	Files       []string
-	Options     analytics.IngestOptions
+	Options     pipeline.IngestOptions
 	MemoryLimit int64
 }
 
@@ -314,7 +315,7 @@ func (i *IngestConfig) Resolve(files []string, w io.Writer) (*Ingest, error) {
 		return nil, err
 	}
 	return &Ingest{Connection: conn, Files: files, MemoryLimit: mem,
-		Options: analytics.IngestOptions{Cluster: i.Cluster, Accepter: i.Accepter(), Logger: conn.Logger}}, nil
+		Options: pipeline.IngestOptions{Cluster: i.Cluster, Accepter: i.Accepter(), Logger: conn.Logger}}, nil
 }
 
 func checkReadable(path string) error {
@@ -367,7 +368,7 @@ type Tail struct {
 	Path          string
 	MetricsListen string
 	// Options lack Metrics, which the command adds when it serves them.
-	Options analytics.TailOptions
+	Options pipeline.TailOptions
 }
 
 // Resolve validates t and PATH: a readable file, or one that does not
@@ -404,7 +405,7 @@ func (t *TailConfig) Resolve(operands []string, w io.Writer) (*Tail, error) {
 		conn.Logger.Info("the audit log does not exist yet; following it from its first appearance", "path", path)
 	}
 	return &Tail{Connection: conn, Path: path, MetricsListen: t.MetricsListen,
-		Options: analytics.TailOptions{Cluster: t.Cluster, Accepter: t.Accepter(), CheckpointPath: checkpoint, Logger: conn.Logger}}, nil
+		Options: pipeline.TailOptions{Cluster: t.Cluster, Accepter: t.Accepter(), CheckpointPath: checkpoint, Logger: conn.Logger}}, nil
 }
 
 // MigrateConfig is what `auditsink migrate` reads.

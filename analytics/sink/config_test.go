@@ -13,8 +13,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/stampguard/stampguard/analytics"
 	"github.com/stampguard/stampguard/analytics/audit"
+	"github.com/stampguard/stampguard/analytics/pipeline"
+	"github.com/stampguard/stampguard/analytics/store"
 	"github.com/stampguard/stampguard/internal/cli"
 )
 
@@ -122,12 +123,12 @@ func TestStoreOptionsCarryTheSharedFlags(t *testing.T) {
 	t.Setenv(DSNEnv, "")
 	t.Setenv(ClickHouseClusterEnv, "from_env")
 	conn, err := parseConfig(t, "--clickhouse", "clickhouse://h:9000", "--keep-raw").Connect(io.Discard)
-	want := analytics.StoreOptions{DSN: "clickhouse://h:9000", Database: "stampguard", KeepRaw: true, ClickHouseCluster: "from_env"}
+	want := store.Options{DSN: "clickhouse://h:9000", Database: "stampguard", KeepRaw: true, ClickHouseCluster: "from_env"}
 	if err != nil || conn.Store != want {
 		t.Errorf("defaults: %+v (%v), want %+v", conn, err, want)
 	}
 	conn, err = parseConfig(t, "--clickhouse", "clickhouse://h:9000", "--database", "db", "--clickhouse-cluster", "flag").Connect(io.Discard)
-	want = analytics.StoreOptions{DSN: "clickhouse://h:9000", Database: "db", ClickHouseCluster: "flag"}
+	want = store.Options{DSN: "clickhouse://h:9000", Database: "db", ClickHouseCluster: "flag"}
 	if err != nil || conn.Store != want {
 		t.Errorf("flags: %+v (%v), want %+v", conn, err, want)
 	}
@@ -230,7 +231,7 @@ func TestResolveErrorsNameTheFlag(t *testing.T) {
 func TestPipelineOptionsShareTheAccepter(t *testing.T) {
 	t.Setenv(DSNEnv, "clickhouse://h:9000")
 	args := []string{"--stages", "Panic", "--redact-resources", "configmaps", "--keep-raw"}
-	want := &analytics.Accepter{Decoder: audit.Decoder{RedactResources: []string{"configmaps"}, KeepRaw: true}, Stages: []string{"Panic"}}
+	want := &pipeline.Accepter{Decoder: audit.Decoder{RedactResources: []string{"configmaps"}, KeepRaw: true}, Stages: []string{"Panic"}}
 	file := writeFile(t, "{}\n")
 
 	var ic IngestConfig

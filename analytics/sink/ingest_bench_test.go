@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/stampguard/stampguard/analytics/audit/audittest"
 	"github.com/stampguard/stampguard/internal/chtest"
 )
 
@@ -19,7 +20,7 @@ import (
 // line averages about 1.3 KB (sizes 0.5-2 KB; a tenth at Metadata level,
 // one in sixteen a stage that is not stored).
 func ingestTemplates(b *testing.B) []string {
-	ev := realEvents(b)
+	ev := audittest.Events(b)
 	return append(ev, ev[0], ev[1], ev[5], ev[6], ev[0], ev[1], ev[0])
 }
 

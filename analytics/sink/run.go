@@ -16,8 +16,9 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
-	"github.com/stampguard/stampguard/analytics"
+	"github.com/stampguard/stampguard/analytics/pipeline"
 	"github.com/stampguard/stampguard/analytics/spool"
+	"github.com/stampguard/stampguard/analytics/store"
 	"github.com/stampguard/stampguard/internal/tlsserve"
 )
 
@@ -59,7 +60,7 @@ type Options struct {
 	// MetricsListen serves /metrics (plain HTTP) when set, e.g. ":9090".
 	MetricsListen string
 
-	Store analytics.StoreOptions
+	Store store.Options
 	// SpoolDir holds the spool. Required.
 	SpoolDir string
 	// SpoolMaxBytes caps the spool; when it is full the sink answers 503.
@@ -76,7 +77,7 @@ type Options struct {
 	// Retention drops day partitions older than this (0 keeps all).
 	Retention time.Duration
 	// InsertParallel is the number of ClickHouse inserts in flight;
-	// defaulted by analytics.DrainerOptions.
+	// defaulted by pipeline.DrainerOptions.
 	InsertParallel int
 	// ShutdownTimeout bounds a graceful shutdown; defaulted to
 	// DefaultShutdownTimeout (20s), below Kubernetes' default grace period
@@ -134,7 +135,7 @@ func Run(ctx context.Context, o Options) error {
 	if err != nil {
 		return err
 	}
-	metrics := analytics.NewMetrics(o.Registry)
+	metrics := pipeline.NewMetrics(o.Registry)
 	log := o.Logger
 
 	sp, err := spool.Open(o.SpoolDir, spool.Options{MaxBytes: o.SpoolMaxBytes, Logger: log.With("component", "spool"),
@@ -152,11 +153,11 @@ func Run(ctx context.Context, o Options) error {
 		}
 		return 0
 	}))
-	store, err := analytics.OpenStore(ctx, o.Store)
+	st, err := store.Open(ctx, o.Store)
 	if err != nil {
 		return err
 	}
-	defer store.Close()
+	defer st.Close()
 
 	var verifyClient func([]*x509.Certificate) error
 	if certs != nil && certs.HasClientCA() {
@@ -202,21 +203,11 @@ func Run(ctx context.Context, o Options) error {
 	defer stopFinish()
 	writerErr := make(chan error, 1)
 	wg.Go(func() {
-		if err := schemaUntilReady(bg, store, o.NoMigrate, metrics, log); err != nil {
-			return
-		}
-		wg.Go(func() { analytics.CompactEvery(bg, store, analytics.DefaultCompactEvery, metrics, log) })
-		w := analytics.NewDrainer(sp, store, analytics.DrainerOptions{Metrics: metrics, Parallel: o.InsertParallel, Finish: finish,
-			Logger: log.With("component", "writer")})
-		if err := w.Run(bg); err != nil {
-			// Without a writer the spool only fills up: stop, so that a
-			// restart (which replays the spool) can recover.
-			writerErr <- fmt.Errorf("spool writer: %w", err)
+		if err := pipeline.DrainSpool(bg, sp, st, pipeline.SpoolOptions{NoMigrate: o.NoMigrate, Retention: o.Retention,
+			Parallel: o.InsertParallel, Finish: finish, Metrics: metrics, Logger: log}); err != nil {
+			writerErr <- err
 		}
 	})
-	if o.Retention > 0 {
-		wg.Go(func() { retain(bg, store, o.Retention, metrics, log) })
-	}
 	stopMetrics := func(context.Context) {}
 	if o.MetricsListen != "" {
 		stopMetrics = ServeMetrics(o.MetricsListen, o.Registry, log)
@@ -224,7 +215,7 @@ func Run(ctx context.Context, o Options) error {
 
 	serveErr := make(chan error, 1)
 	go func() { serveErr <- srv.Serve(ln) }()
-	log.Info("audit sink serving", "addr", ln.Addr().String(), "tls", certs != nil, "database", store.Database())
+	log.Info("audit sink serving", "addr", ln.Addr().String(), "tls", certs != nil, "database", st.Database())
 	if o.Ready != nil {
 		o.Ready(ln.Addr())
 	}
@@ -292,52 +283,4 @@ func serverTLS(o Options) (*tlsserve.Server, error) {
 		return nil, errors.New("serve: TLS needs a certificate and key (or pass the plaintext flag explicitly)")
 	}
 	return tlsserve.New(tlsserve.Options{CertFile: o.TLSCertFile, KeyFile: o.TLSKeyFile, ClientCAFile: o.ClientCAFile})
-}
-
-// schemaUntilReady waits until the schema is at this binary's version,
-// retrying while ClickHouse is away; the spool keeps accepting meanwhile.
-// A current schema is used as it is, without DDL (a ClickHouse user without
-// DDL rights suffices); otherwise the migrations are applied, unless
-// noMigrate, which waits for `auditsink migrate` instead.
-func schemaUntilReady(ctx context.Context, store *analytics.Store, noMigrate bool, m *analytics.Metrics, log *slog.Logger) error {
-	what := "schema migration"
-	if noMigrate {
-		what = "schema check (--no-migrate)"
-	}
-	return analytics.Retry(ctx, analytics.Backoff{}, log, what, func(err error) {
-		m.CountCHError(analytics.OpMigrate, err)
-	}, func() error {
-		current, err := store.SchemaCurrent(ctx)
-		switch {
-		case current:
-			return nil
-		case noMigrate && err != nil:
-			return fmt.Errorf("cannot read the schema version of database %s (run auditsink migrate): %w", store.Database(), err)
-		case noMigrate:
-			return fmt.Errorf("database %s is not at this binary's schema version yet: run auditsink migrate", store.Database())
-		}
-		applied, err := store.Migrate(ctx)
-		if err == nil && len(applied) > 0 {
-			log.Info("schema migrated", "versions", applied)
-		}
-		return err
-	})
-}
-
-// retain drops expired day partitions now and then every hour.
-func retain(ctx context.Context, store *analytics.Store, keep time.Duration, m *analytics.Metrics, log *slog.Logger) {
-	for {
-		dropped, err := store.DropPartitionsBefore(ctx, time.Now().Add(-keep))
-		if err != nil && ctx.Err() == nil {
-			m.CountCHError(analytics.OpRetention, err)
-			log.Warn("retention failed", "err", err)
-		} else if len(dropped) > 0 {
-			log.Info("retention dropped day partitions", "days", dropped)
-		}
-		select {
-		case <-ctx.Done():
-			return
-		case <-time.After(time.Hour):
-		}
-	}
 }

@@ -1,8 +1,8 @@
 // Package sink is the HTTP endpoint for kube-apiserver's audit webhook
 // backend: it authenticates the apiserver, splits each EventList body as a
 // stream, appends the accepted events to the durable spool, and answers 200
-// only after the spool's fsync. A background analytics.Drainer drains the
-// spool into ClickHouse.
+// only after the spool's fsync. In the background, pipeline.DrainSpool
+// stores the spool in ClickHouse (run.go wires the two).
 package sink
 
 import (
@@ -25,8 +25,8 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/stampguard/stampguard/analytics"
 	"github.com/stampguard/stampguard/analytics/audit"
+	"github.com/stampguard/stampguard/analytics/pipeline"
 	"github.com/stampguard/stampguard/analytics/spool"
 )
 
@@ -51,7 +51,7 @@ const (
 // HandlerOptions configure the events handler.
 type HandlerOptions struct {
 	// Accepter decodes events; its Decoder and Stages apply.
-	Accepter *analytics.Accepter
+	Accepter *pipeline.Accepter
 	// Spool receives the accepted records. Required.
 	Spool *spool.Spool
 	// Token, when not empty, is accepted as "Authorization: Bearer <Token>"
@@ -95,7 +95,7 @@ type HandlerOptions struct {
 	BodyMinRate int64
 	// Metrics, when set, counts the accepted events and the refused
 	// batches (by reason); nil counts nothing.
-	Metrics *analytics.Metrics
+	Metrics *pipeline.Metrics
 	// Logger receives the handler's warnings; nil discards them.
 	Logger *slog.Logger
 }
@@ -447,18 +447,18 @@ func (h *Handler) events(w http.ResponseWriter, r *http.Request) {
 	}
 	log := h.o.Logger.With("cluster", cluster, "remote", r.RemoteAddr)
 	if !clusterName.MatchString(cluster) {
-		h.refuse(analytics.RefusedBadRequest)
+		h.refuse(pipeline.RefusedBadRequest)
 		http.Error(w, "invalid cluster name", http.StatusBadRequest)
 		return
 	}
 	if code, why := h.authorize(r, cluster); code != 0 {
 		log.Warn("audit batch refused", "status", code, "why", why)
-		h.refuse(analytics.RefusedUnauthorized)
+		h.refuse(pipeline.RefusedUnauthorized)
 		http.Error(w, http.StatusText(code)+": "+why, code)
 		return
 	}
 	if h.draining.Load() {
-		h.refuse(analytics.RefusedShutdown)
+		h.refuse(pipeline.RefusedShutdown)
 		w.Header().Set("Connection", "close")
 		h.unavailable(w, "shutting down")
 		return
@@ -482,7 +482,7 @@ func (h *Handler) events(w http.ResponseWriter, r *http.Request) {
 		}
 		src = zr
 	default:
-		h.refuse(analytics.RefusedBadRequest)
+		h.refuse(pipeline.RefusedBadRequest)
 		http.Error(w, "unsupported Content-Encoding "+strconv.Quote(enc), http.StatusUnsupportedMediaType)
 		return
 	}
@@ -494,7 +494,7 @@ func (h *Handler) events(w http.ResponseWriter, r *http.Request) {
 	// The batch's conflict signals are counted as each event is decoded
 	// and committed only with the 200, so a refused batch that the
 	// apiserver sends again counts once.
-	tally := tallies.Get().(*analytics.Tally)
+	tally := tallies.Get().(*pipeline.Tally)
 	defer func() { tally.Reset(); tallies.Put(tally) }()
 	res, err := h.o.Accepter.AcceptTally(cluster, "webhook", items, tally, func(rec []byte) error {
 		_, spoolErr = h.o.Spool.Append([][]byte{rec})
@@ -505,18 +505,18 @@ func (h *Handler) events(w http.ResponseWriter, r *http.Request) {
 	case spoolErr != nil && errors.Is(spoolErr, spool.ErrFull):
 		log.Warn("spool cannot take the batch; asking for a retry", "err", spoolErr)
 		h.full.Store(max(1, h.o.Spool.Stats().BytesOnDisk))
-		h.refuse(analytics.RefusedSpoolFull)
+		h.refuse(pipeline.RefusedSpoolFull)
 		h.unavailable(w, spoolErr.Error())
 		return
 	case spoolErr != nil && errors.Is(spoolErr, spool.ErrClosed):
 		log.Warn("spool closed; asking for a retry", "err", spoolErr)
 		h.closed.Store(true)
-		h.refuse(analytics.RefusedShutdown)
+		h.refuse(pipeline.RefusedShutdown)
 		h.unavailable(w, spoolErr.Error())
 		return
 	case spoolErr != nil:
 		log.Error("spool append failed", "err", spoolErr)
-		h.refuse(analytics.RefusedSpoolError)
+		h.refuse(pipeline.RefusedSpoolError)
 		http.Error(w, "spool: "+spoolErr.Error(), http.StatusInternalServerError)
 		return
 	default:
@@ -532,7 +532,7 @@ func (h *Handler) events(w http.ResponseWriter, r *http.Request) {
 	_ = json.NewEncoder(w).Encode(Answer{Accepted: res.Accepted, Rejected: res.Rejected, Skipped: res.Skipped})
 }
 
-var tallies = sync.Pool{New: func() any { return analytics.NewTally() }}
+var tallies = sync.Pool{New: func() any { return pipeline.NewTally() }}
 
 func (h *Handler) refuse(reason string) {
 	if h.o.Metrics != nil {
@@ -546,25 +546,25 @@ func (h *Handler) readError(w http.ResponseWriter, log *slog.Logger, err error) 
 	switch {
 	case errors.As(err, &mbe) || errors.Is(err, errTooLarge):
 		log.Warn("audit batch body over the limit", "limit", h.o.MaxBodyBytes)
-		h.refuse(analytics.RefusedTooLarge)
+		h.refuse(pipeline.RefusedTooLarge)
 		http.Error(w, "body larger than "+strconv.FormatInt(h.o.MaxBodyBytes, 10)+" bytes", http.StatusRequestEntityTooLarge)
 	case errors.As(err, &env):
 		log.Warn("audit batch refused: not an EventList", "err", err)
-		h.refuse(analytics.RefusedBadRequest)
+		h.refuse(pipeline.RefusedBadRequest)
 		http.Error(w, err.Error(), http.StatusBadRequest)
 	case errors.Is(err, errBodyTooSlow):
 		log.Warn("audit batch body arrived too slowly; connection cut", "err", err)
-		h.refuse(analytics.RefusedTooSlow)
+		h.refuse(pipeline.RefusedTooSlow)
 		w.Header().Set("Connection", "close")
 		http.Error(w, "read body: "+err.Error(), http.StatusRequestTimeout)
 	case errors.Is(err, errBodyShutdown):
 		log.Warn("audit batch body still arriving at shutdown; connection cut", "err", err)
-		h.refuse(analytics.RefusedShutdown)
+		h.refuse(pipeline.RefusedShutdown)
 		w.Header().Set("Connection", "close")
 		h.unavailable(w, "shutting down")
 	default:
 		log.Warn("reading audit batch failed", "err", err)
-		h.refuse(analytics.RefusedBadRequest)
+		h.refuse(pipeline.RefusedBadRequest)
 		http.Error(w, "read body: "+err.Error(), http.StatusBadRequest)
 	}
 }

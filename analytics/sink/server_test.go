@@ -11,7 +11,6 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
-	"os"
 	"strings"
 	"sync"
 	"testing"
@@ -21,21 +20,14 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
-	"github.com/stampguard/stampguard/analytics"
+	"github.com/stampguard/stampguard/analytics/pipeline"
 	"github.com/stampguard/stampguard/analytics/spool"
+	"github.com/stampguard/stampguard/analytics/store"
 	"github.com/stampguard/stampguard/internal/chtest"
 
+	"github.com/stampguard/stampguard/analytics/audit/audittest"
 	"github.com/stampguard/stampguard/internal/testenv"
 )
-
-func realEvents(t testing.TB) []string {
-	t.Helper()
-	b, err := os.ReadFile("../testdata/events.jsonl")
-	if err != nil {
-		t.Fatal(err)
-	}
-	return strings.Split(strings.TrimSpace(string(b)), "\n")
-}
 
 func eventList(events ...string) string {
 	return `{"kind":"EventList","apiVersion":"audit.k8s.io/v1","metadata":{},"items":[` + strings.Join(events, ",") + `]}`
@@ -52,7 +44,7 @@ func newSpoolHandler(t *testing.T, o HandlerOptions, spoolMax int64) (*Handler, 
 	t.Cleanup(func() { sp.Close() })
 	o.Spool = sp
 	if o.Accepter == nil {
-		o.Accepter = &analytics.Accepter{}
+		o.Accepter = &pipeline.Accepter{}
 	}
 	h, err := NewHandler(o)
 	if err != nil {
@@ -94,7 +86,7 @@ func (r *recorder) Write(b []byte) (int, error) {
 func (r *recorder) WriteHeader(s int) { r.status = s }
 
 func TestHandlerContract(t *testing.T) {
-	events := realEvents(t)
+	events := audittest.Events(t)
 	gz := func(s string) string {
 		var b bytes.Buffer
 		w := gzip.NewWriter(&b)
@@ -160,7 +152,7 @@ func TestHandlerContract(t *testing.T) {
 }
 
 func TestHandlerAsksForRetryOnlyWhenTheSpoolIsFullOrDraining(t *testing.T) {
-	events := realEvents(t)
+	events := audittest.Events(t)
 	bearer := map[string]string{"Authorization": "Bearer t"}
 	h, _ := newSpoolHandler(t, HandlerOptions{Token: "t"}, 64<<10)
 	body := eventList(events...)
@@ -198,7 +190,7 @@ func TestHandlerAsksForRetryOnlyWhenTheSpoolIsFullOrDraining(t *testing.T) {
 func TestReadyAgainOnceTheSpoolShrinks(t *testing.T) {
 	bearer := map[string]string{"Authorization": "Bearer t"}
 	h, sp := newSpoolHandler(t, HandlerOptions{Token: "t"}, 64<<10)
-	body := eventList(realEvents(t)...)
+	body := eventList(audittest.Events(t)...)
 	for range 100 {
 		if post(t, h, "/clusters/prod/events", body, bearer).status != 200 {
 			break
@@ -236,7 +228,7 @@ func get(t *testing.T, h http.Handler, path string) call {
 // EventList gets a 400 whose text says what is wrong, and nothing of it is
 // spooled (checked in TestHandlerContract).
 func TestRefusedBadInputNamesTheProblem(t *testing.T) {
-	events := realEvents(t)
+	events := audittest.Events(t)
 	bearer := map[string]string{"Authorization": "Bearer t"}
 	for body, want := range map[string]string{
 		events[0]: `kind "Event": a single audit Event, not an EventList`,
@@ -257,10 +249,10 @@ func TestRefusedBadInputNamesTheProblem(t *testing.T) {
 // with 503 three times and then stored counts its events once as
 // accepted, and the three refusals as spool_full.
 func TestMetricsCountAcceptedEventsOnceAndRefusalsByReason(t *testing.T) {
-	events := realEvents(t)
+	events := audittest.Events(t)
 	bearer := map[string]string{"Authorization": "Bearer t"}
 	reg := prometheus.NewRegistry()
-	m := analytics.NewMetrics(reg)
+	m := pipeline.NewMetrics(reg)
 	h, sp := newSpoolHandler(t, HandlerOptions{Token: "t", Metrics: m}, 64<<10)
 	body := eventList(events...)
 	for post(t, h, "/clusters/prod/events", body, bearer).status == 200 {
@@ -288,7 +280,7 @@ func TestMetricsCountAcceptedEventsOnceAndRefusalsByReason(t *testing.T) {
 	if got := testutil.ToFloat64(m.Accepted.WithLabelValues("webhook")) - accepted; got != 10 {
 		t.Errorf("accepted grew by %v for one batch of 10 stored events after 3 refusals", got)
 	}
-	if got := testutil.ToFloat64(m.BatchesRefused.WithLabelValues(analytics.RefusedSpoolFull)); got != 3 {
+	if got := testutil.ToFloat64(m.BatchesRefused.WithLabelValues(pipeline.RefusedSpoolFull)); got != 3 {
 		t.Errorf("batches refused as spool_full: %v, want 3", got)
 	}
 	// The batch holds one version conflict: counted with its 200 only.
@@ -297,7 +289,7 @@ func TestMetricsCountAcceptedEventsOnceAndRefusalsByReason(t *testing.T) {
 	}
 	post(t, h, "/clusters/prod/events", body, nil)
 	post(t, h, "/clusters/prod/events", events[0], bearer)
-	for reason, want := range map[string]float64{analytics.RefusedUnauthorized: 1, analytics.RefusedBadRequest: 1} {
+	for reason, want := range map[string]float64{pipeline.RefusedUnauthorized: 1, pipeline.RefusedBadRequest: 1} {
 		if got := testutil.ToFloat64(m.BatchesRefused.WithLabelValues(reason)); got != want {
 			t.Errorf("batches refused as %s: %v, want %v", reason, got, want)
 		}
@@ -313,7 +305,7 @@ func TestNewHandlerRefusesNoAuthentication(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer sp.Close()
-	if _, err := NewHandler(HandlerOptions{Spool: sp, Accepter: &analytics.Accepter{}}); err == nil {
+	if _, err := NewHandler(HandlerOptions{Spool: sp, Accepter: &pipeline.Accepter{}}); err == nil {
 		t.Fatal("a handler without authentication was built")
 	}
 }
@@ -400,10 +392,10 @@ func TestServeOverTLSWithClientCertificatesStoresInClickHouse(t *testing.T) {
 	spoolDir := t.TempDir()
 	opts := Options{TLSCertFile: pki.ServerCert, TLSKeyFile: pki.ServerKey, ClientCAFile: pki.CAFile, Token: "tok",
 		ClientNames: map[string][]string{"kube-apiserver": nil},
-		Store:       analytics.StoreOptions{DSN: ch.DSN(), Database: db}, SpoolDir: spoolDir}
+		Store:       store.Options{DSN: ch.DSN(), Database: db}, SpoolDir: spoolDir}
 	url, stop := startSink(t, opts)
 
-	events := realEvents(t)
+	events := audittest.Events(t)
 	client := func(cert *tls.Certificate) *http.Client {
 		cfg := &tls.Config{RootCAs: pki.Pool}
 		if cert != nil {
@@ -496,7 +488,7 @@ func slowClient(t *testing.T, addr, path string, interval time.Duration) (net.Co
 func TestASlowBodyIsCut(t *testing.T) {
 	reg := prometheus.NewRegistry()
 	url, _ := startSink(t, Options{Plaintext: true, Token: "t", SpoolDir: t.TempDir(), Registry: reg,
-		Store:     analytics.StoreOptions{DSN: "clickhouse://127.0.0.1:1"}, // never reached: nothing is stored
+		Store:     store.Options{DSN: "clickhouse://127.0.0.1:1"}, // never reached: nothing is stored
 		BodyGrace: 300 * time.Millisecond, BodyMinRate: 1024})
 	conn, _ := slowClient(t, strings.TrimPrefix(url, "http://"), "/clusters/prod/events", 100*time.Millisecond)
 	if err := conn.SetReadDeadline(time.Now().Add(30 * time.Second)); err != nil {
@@ -517,7 +509,7 @@ func TestASlowBodyIsCut(t *testing.T) {
 	for _, mf := range mfs {
 		if mf.GetName() == "auditsink_batches_refused_total" {
 			for _, m := range mf.GetMetric() {
-				if m.GetLabel()[0].GetValue() == analytics.RefusedTooSlow {
+				if m.GetLabel()[0].GetValue() == pipeline.RefusedTooSlow {
 					refused = m.GetCounter().GetValue()
 				}
 			}
@@ -552,7 +544,7 @@ func (s *syncBuffer) String() string {
 func TestAShutdownThatHitsItsDeadlineIsLogged(t *testing.T) {
 	var logs syncBuffer
 	url, stop := startSink(t, Options{Plaintext: true, Token: "t", SpoolDir: t.TempDir(),
-		Store:           analytics.StoreOptions{DSN: "clickhouse://127.0.0.1:1"}, // never reached: nothing is stored
+		Store:           store.Options{DSN: "clickhouse://127.0.0.1:1"}, // never reached: nothing is stored
 		ShutdownTimeout: time.Second, Logger: slog.New(slog.NewJSONHandler(&logs, nil))})
 	conn, err := net.Dial("tcp", strings.TrimPrefix(url, "http://"))
 	if err != nil {
@@ -609,7 +601,7 @@ func seriesValue(t *testing.T, reg *prometheus.Registry, name string, values ...
 // A token bound to clusters writes those and gets 403 elsewhere, before
 // anything is spooled; /events is the default cluster's path.
 func TestATokenBoundToClusters(t *testing.T) {
-	events := realEvents(t)
+	events := audittest.Events(t)
 	h, sp := newSpoolHandler(t, HandlerOptions{Token: "s3cret", TokenClusters: []string{"dev"}, DefaultCluster: "prod"}, 0)
 	bearer := map[string]string{"Authorization": "Bearer s3cret"}
 	for path, want := range map[string]int{"/clusters/dev/events": 200, "/clusters/prod/events": 403, "/events": 403} {
@@ -634,7 +626,7 @@ func TestClientCertificatesNeedAnAllowList(t *testing.T) {
 		"a bad cluster":       {VerifyClient: verify, ClientNames: map[string][]string{"a": {"../x"}}},
 		"a bad token cluster": {Token: "t", TokenClusters: []string{""}},
 	} {
-		o.Spool, o.Accepter = sp, &analytics.Accepter{}
+		o.Spool, o.Accepter = sp, &pipeline.Accepter{}
 		if _, err := NewHandler(o); err == nil {
 			t.Errorf("%s: NewHandler accepted %+v", what, o)
 		}

@@ -22,7 +22,7 @@
 //	}
 //
 // Concurrent appends share one write and one fsync (group commit). There is
-// one reader: Next, Confirm and Rewind must not be called concurrently with
+// one reader: Next and Confirm must not be called concurrently with
 // each other (they are serialised, but interleaving them from several
 // goroutines makes no sense). Next returns whole appended batches, in append
 // order, at least one per call.

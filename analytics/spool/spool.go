@@ -937,9 +937,9 @@ func (s *Spool) Confirm(pos Position) error {
 	return errors.Join(errs...)
 }
 
-// Rewind makes Next start again at the last confirmed position, for a
+// rewind makes Next start again at the last confirmed position, for a
 // writer that dropped what it had read without storing it.
-func (s *Spool) Rewind() {
+func (s *Spool) rewind() {
 	s.rmu.Lock()
 	defer s.rmu.Unlock()
 	s.read = s.confirmed

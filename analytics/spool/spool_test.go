@@ -394,7 +394,7 @@ func TestRewindRereadsUnconfirmed(t *testing.T) {
 		t.Fatal(err)
 	}
 	drain(t, sp)
-	sp.Rewind()
+	sp.rewind()
 	got, _ := drain(t, sp)
 	equalRecords(t, got, b)
 }

@@ -29,8 +29,9 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	ctrllog "sigs.k8s.io/controller-runtime/pkg/log"
 
-	"github.com/stampguard/stampguard/analytics"
+	"github.com/stampguard/stampguard/analytics/pipeline"
 	"github.com/stampguard/stampguard/analytics/sink"
+	"github.com/stampguard/stampguard/analytics/store"
 	"github.com/stampguard/stampguard/internal/cli"
 )
 
@@ -178,7 +179,7 @@ func ingest(fs *flag.FlagSet, stdout, stderr io.Writer) func([]string) (work, er
 			if !c.NoProgress && isTerminal(os.Stderr) {
 				in.Options.Progress = stderr
 			}
-			res, err := analytics.IngestFiles(ctx, st, in.Files, in.Options)
+			res, err := pipeline.IngestFiles(ctx, st, in.Files, in.Options)
 			fmt.Fprintln(stdout, res)
 			return err
 		}, nil
@@ -202,10 +203,10 @@ func tail(fs *flag.FlagSet, _, stderr io.Writer) func([]string) (work, error) {
 			if t.MetricsListen != "" {
 				reg := prometheus.NewRegistry()
 				reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
-				t.Options.Metrics = analytics.NewMetrics(reg)
+				t.Options.Metrics = pipeline.NewMetrics(reg)
 				defer sink.ServeMetrics(t.MetricsListen, reg, t.Logger)(context.WithoutCancel(ctx))
 			}
-			return analytics.Tail(ctx, st, t.Path, t.Options)
+			return pipeline.Tail(ctx, st, t.Path, t.Options)
 		}, nil
 	}
 }
@@ -234,7 +235,7 @@ func migrate(fs *flag.FlagSet, stdout, stderr io.Writer) func([]string) (work, e
 			}
 			fmt.Fprintf(stdout, "database %s at schema version %d (applied now: %v)\n", st.Database(), v, applied)
 			if m.Compact {
-				res, err := st.Compact(ctx, time.Unix(0, 0), analytics.DefaultCompactAfter)
+				res, err := st.Compact(ctx, time.Unix(0, 0), store.DefaultCompactAfter)
 				if err != nil {
 					return err
 				}

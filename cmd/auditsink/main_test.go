@@ -8,8 +8,8 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/stampguard/stampguard/analytics"
 	"github.com/stampguard/stampguard/analytics/sink"
+	"github.com/stampguard/stampguard/analytics/store"
 	"github.com/stampguard/stampguard/internal/chtest"
 
 	"github.com/stampguard/stampguard/internal/testenv"
@@ -26,7 +26,7 @@ func TestMigrateAndIngestFromTheCommandLine(t *testing.T) {
 	if code := run(t.Context(), []string{"migrate", "--clickhouse-dsn-file", dsnFile, "--database", "cli"}, &out, &errb); code != 0 {
 		t.Fatalf("migrate: %d %s", code, errb.String())
 	}
-	latest := analytics.Migrations[len(analytics.Migrations)-1].Version
+	latest := store.Migrations[len(store.Migrations)-1].Version
 	if !strings.Contains(out.String(), fmt.Sprintf("schema version %d", latest)) {
 		t.Errorf("migrate said %q", out.String())
 	}

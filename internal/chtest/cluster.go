@@ -196,7 +196,7 @@ func clusterXML(ports [][][]int) string {
 // holds what cluster mode needs on 18.16: LowCardinality columns allowed
 // (DDL that ON CLUSTER runs on other nodes does not carry the query's
 // settings), and the string settings that 18.16's native protocol cannot
-// take from a client (analytics.profileSettings).
+// take from a client (store.profileSettings, analytics/store/cluster.go).
 func profileUsers(path string) (string, error) {
 	b, err := os.ReadFile("/etc/clickhouse-server/users.xml")
 	if err != nil {

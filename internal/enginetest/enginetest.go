@@ -26,8 +26,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/stampguard/stampguard/analytics"
 	asql "github.com/stampguard/stampguard/analytics/sql"
+	"github.com/stampguard/stampguard/analytics/store"
 	"github.com/stampguard/stampguard/internal/chdbtest"
 	"github.com/stampguard/stampguard/internal/chtest"
 )
@@ -45,9 +45,9 @@ type Pair struct {
 	CH    *chtest.Server
 	E     *chdbtest.Engine
 	DB    string
-	Store *analytics.Store // on 18.16; its queries are logged
-	seen  map[string]bool  // query ids already taken from the log
-	marks int              // markers sent (Recorded)
+	Store *store.Store    // on 18.16; its queries are logged
+	seen  map[string]bool // query ids already taken from the log
+	marks int             // markers sent (Recorded)
 }
 
 // New creates a database on both engines and migrates it: 18.16 with
@@ -56,9 +56,9 @@ type Pair struct {
 func New(t *testing.T, ch *chtest.Server, e *chdbtest.Engine) *Pair {
 	t.Helper()
 	db := ch.NewDatabase(t)
-	store := loggedStore(t, ch, db)
-	en := &Pair{CH: ch, E: e, DB: db, Store: store, seen: map[string]bool{}}
-	applied, err := store.Migrate(t.Context())
+	st := loggedStore(t, ch, db)
+	en := &Pair{CH: ch, E: e, DB: db, Store: st, seen: map[string]bool{}}
+	applied, err := st.Migrate(t.Context())
 	if err != nil {
 		t.Fatalf("migrate 18.16: %v", err)
 	}
@@ -72,14 +72,14 @@ func New(t *testing.T, ch *chtest.Server, e *chdbtest.Engine) *Pair {
 
 // loggedStore opens a store on db whose queries go to the query log,
 // where Recorded finds them (unknown DSN parameters become settings).
-func loggedStore(t *testing.T, ch *chtest.Server, db string) *analytics.Store {
+func loggedStore(t *testing.T, ch *chtest.Server, db string) *store.Store {
 	t.Helper()
-	store, err := analytics.OpenStore(t.Context(), analytics.StoreOptions{DSN: ch.DatabaseDSN(db) + "&log_queries=1", Database: db})
+	st, err := store.Open(t.Context(), store.Options{DSN: ch.DatabaseDSN(db) + "&log_queries=1", Database: db})
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { store.Close() })
-	return store
+	t.Cleanup(func() { st.Close() })
+	return st
 }
 
 // Attach pairs database db, which something else (auditsink ingest, say)
@@ -102,8 +102,8 @@ func Attach(t *testing.T, ch *chtest.Server, e *chdbtest.Engine, db string) *Pai
 // applied; a statement 26.7 refuses fails the test.
 func (en *Pair) Migrate26(t *testing.T) []int {
 	t.Helper()
-	en.E.Exec(t, analytics.MigrateSetupSQL(en.DB)...)
-	out, err := en.E.Query(analytics.SchemaVersionSQL(en.DB), "")
+	en.E.Exec(t, store.MigrateSetupSQL(en.DB)...)
+	out, err := en.E.Query(store.SchemaVersionSQL(en.DB), "")
 	if err != nil {
 		t.Fatalf("26.7: %v", err)
 	}
@@ -112,7 +112,7 @@ func (en *Pair) Migrate26(t *testing.T) []int {
 		t.Fatalf("26.7 schema version %q: %v", out, err)
 	}
 	var applied []int
-	for _, m := range analytics.Migrations {
+	for _, m := range store.Migrations {
 		if m.Version <= current {
 			continue
 		}
@@ -144,7 +144,7 @@ func (en *Pair) CopyTo26(t *testing.T) {
 	for _, table := range CompactedTables {
 		filled[table] = true
 	}
-	for _, m := range analytics.Migrations {
+	for _, m := range store.Migrations {
 		for _, q := range m.Statements {
 			for _, sub := range migrationInsert.FindAllStringSubmatch(q, -1) {
 				filled[sub[1]] = true

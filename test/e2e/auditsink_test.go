@@ -39,10 +39,11 @@ import (
 
 	"github.com/ClickHouse/clickhouse-go/v2/lib/driver"
 
-	"github.com/stampguard/stampguard/analytics"
 	"github.com/stampguard/stampguard/analytics/audit"
 	"github.com/stampguard/stampguard/analytics/logfile"
+	"github.com/stampguard/stampguard/analytics/pipeline"
 	asql "github.com/stampguard/stampguard/analytics/sql"
+	"github.com/stampguard/stampguard/analytics/store"
 	"github.com/stampguard/stampguard/internal/bintest"
 	"github.com/stampguard/stampguard/internal/chtest"
 	"github.com/stampguard/stampguard/internal/kubetest"
@@ -100,7 +101,7 @@ func TestAuditSink(t *testing.T) {
 	})
 
 	// tail follows the live log into cluster "tail".
-	st, err := analytics.OpenStore(t.Context(), analytics.StoreOptions{DSN: ch.DSN(), Database: db})
+	st, err := store.Open(t.Context(), store.Options{DSN: ch.DSN(), Database: db})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -108,8 +109,8 @@ func TestAuditSink(t *testing.T) {
 	tailCtx, stopTail := context.WithCancel(t.Context())
 	tailDone := make(chan error, 1)
 	go func() {
-		tailDone <- analytics.Tail(tailCtx, st, env.AuditLogPath, analytics.TailOptions{Cluster: "tail",
-			Accepter: &analytics.Accepter{}, CheckpointPath: filepath.Join(dir, "tail.checkpoint"),
+		tailDone <- pipeline.Tail(tailCtx, st, env.AuditLogPath, pipeline.TailOptions{Cluster: "tail",
+			Accepter: &pipeline.Accepter{}, CheckpointPath: filepath.Join(dir, "tail.checkpoint"),
 			FlushInterval: 200 * time.Millisecond, PollInterval: 50 * time.Millisecond})
 	}()
 
@@ -153,11 +154,11 @@ func TestAuditSink(t *testing.T) {
 	// The apiserver keeps appending to the live file, so both ingests read
 	// one snapshot: the second must store nothing.
 	files := snapshot(t, logFiles(t, env.AuditLogPath))
-	res, err := analytics.IngestFiles(t.Context(), st, files, analytics.IngestOptions{Cluster: "file", Accepter: &analytics.Accepter{}})
+	res, err := pipeline.IngestFiles(t.Context(), st, files, pipeline.IngestOptions{Cluster: "file", Accepter: &pipeline.Accepter{}})
 	if err != nil {
 		t.Fatal(err)
 	}
-	again, err := analytics.IngestFiles(t.Context(), st, files, analytics.IngestOptions{Cluster: "file", Accepter: &analytics.Accepter{}})
+	again, err := pipeline.IngestFiles(t.Context(), st, files, pipeline.IngestOptions{Cluster: "file", Accepter: &pipeline.Accepter{}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -185,7 +186,7 @@ func TestAuditSink(t *testing.T) {
 	// The same events through the other backend: the fingerprint matches,
 	// so ingesting the log into the webhook's cluster stores nothing that
 	// the webhook path already stored.
-	cross, err := analytics.IngestFiles(t.Context(), st, files, analytics.IngestOptions{Cluster: "webhook", Accepter: &analytics.Accepter{}})
+	cross, err := pipeline.IngestFiles(t.Context(), st, files, pipeline.IngestOptions{Cluster: "webhook", Accepter: &pipeline.Accepter{}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -488,7 +489,7 @@ func rollupCounts(t *testing.T, conn driver.Conn, cutoff time.Time) rollup {
 // migrate creates the schema in db.
 func migrate(t *testing.T, ch *chtest.Server, db string) {
 	t.Helper()
-	st, err := analytics.OpenStore(t.Context(), analytics.StoreOptions{DSN: ch.DSN(), Database: db})
+	st, err := store.Open(t.Context(), store.Options{DSN: ch.DSN(), Database: db})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -16,8 +16,8 @@ import (
 
 	"crypto/tls"
 
-	"github.com/stampguard/stampguard/analytics"
 	"github.com/stampguard/stampguard/analytics/report"
+	"github.com/stampguard/stampguard/analytics/store"
 	"github.com/stampguard/stampguard/internal/chtest"
 	"github.com/stampguard/stampguard/internal/kubetest"
 	"github.com/stampguard/stampguard/internal/testenv"
@@ -210,7 +210,7 @@ func TestClusterMode(t *testing.T) {
 	// The caches, built without the settling time (DefaultCompactAfter)
 	// that `auditsink migrate` and serve's loop wait after an hour's last
 	// mark: within the test they would build none.
-	st, err := analytics.OpenStore(ctx, analytics.StoreOptions{DSN: c.DSN(), Database: db, ClickHouseCluster: chtest.ClusterName})
+	st, err := store.Open(ctx, store.Options{DSN: c.DSN(), Database: db, ClickHouseCluster: chtest.ClusterName})
 	if err != nil {
 		t.Fatal(err)
 	}

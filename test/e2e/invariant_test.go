@@ -17,10 +17,10 @@ import (
 
 	"github.com/ClickHouse/clickhouse-go/v2/lib/driver"
 
-	"github.com/stampguard/stampguard/analytics"
 	"github.com/stampguard/stampguard/analytics/audit"
 	"github.com/stampguard/stampguard/analytics/report"
 	asql "github.com/stampguard/stampguard/analytics/sql"
+	"github.com/stampguard/stampguard/analytics/store"
 	"github.com/stampguard/stampguard/dashboards"
 	"github.com/stampguard/stampguard/internal/chtest"
 	"github.com/stampguard/stampguard/internal/kubetest"
@@ -373,7 +373,7 @@ func (iv *invariant) panels(t *testing.T, db, cluster, when string) {
 // truthShift).
 func (iv *invariant) compact(t *testing.T, db string) {
 	t.Helper()
-	st, err := analytics.OpenStore(t.Context(), analytics.StoreOptions{DSN: iv.ch.DSN(), Database: db})
+	st, err := store.Open(t.Context(), store.Options{DSN: iv.ch.DSN(), Database: db})
 	if err != nil {
 		t.Fatal(err)
 	}

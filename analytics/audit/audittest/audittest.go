@@ -1,0 +1,42 @@
+// Package audittest gives tests the real apiserver audit events of
+// analytics/testdata/events.jsonl (see DESIGN.md, "What the audit log
+// says"), as JSON lines and as decoded rows.
+package audittest
+
+import (
+	"os"
+	"path/filepath"
+	"runtime"
+	"strings"
+	"testing"
+
+	"github.com/stampguard/stampguard/analytics/audit"
+)
+
+// Events returns the JSON lines of analytics/testdata/events.jsonl.
+func Events(tb testing.TB) []string {
+	tb.Helper()
+	_, here, _, ok := runtime.Caller(0)
+	if !ok {
+		tb.Fatal("audittest: cannot locate analytics/testdata")
+	}
+	b, err := os.ReadFile(filepath.Join(filepath.Dir(here), "..", "..", "testdata", "events.jsonl"))
+	if err != nil {
+		tb.Fatal(err)
+	}
+	return strings.Split(strings.TrimSpace(string(b)), "\n")
+}
+
+// Rows decodes lines (raw JSON kept) into rows of cluster.
+func Rows(tb testing.TB, cluster string, lines []string) []audit.Row {
+	tb.Helper()
+	d := audit.Decoder{KeepRaw: true}
+	rows := make([]audit.Row, len(lines))
+	for i, l := range lines {
+		if err := d.Decode(l, &rows[i]); err != nil {
+			tb.Fatal(err)
+		}
+		rows[i].Cluster = cluster
+	}
+	return rows
+}

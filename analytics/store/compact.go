@@ -1,0 +1,126 @@
+package store
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/binary"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/ClickHouse/clickhouse-go/v2"
+
+	asql "github.com/stampguard/stampguard/analytics/sql"
+)
+
+// Compaction builds the hour caches that let reads skip most of events
+// (analytics/sql, hours.go). It is an optimisation only: an hour without a
+// clean cache is read from events, and the figures are the same. Any
+// number of compactors may run at once (every serve replica, migrate,
+// ingest): each writes its own version, and readers take the newest clean
+// one.
+
+// DefaultCompactAfter is how long after its end an hour is first
+// compacted: the apiserver's audit batches wait up to 30 s and are
+// retried for about two minutes, so most hours are complete by then and
+// compacted once.
+const DefaultCompactAfter = 5 * time.Minute
+
+// CompactResult counts what Compact did.
+type CompactResult struct {
+	// Hours are the hours compacted.
+	Hours []time.Time
+}
+
+// Compact builds the caches of every hour that starts on since's day or
+// later, is not clean, and ended and was last written to at least after
+// ago (by ClickHouse's clocks). The wait is for a cluster: a compaction
+// reads one replica of each shard, and reads only replicas less than
+// replicaDelay behind (cluster.go), so every part older than that is
+// there; after must exceed it.
+func (s *Store) Compact(ctx context.Context, since time.Time, after time.Duration) (CompactResult, error) {
+	var res CompactResult
+	rows, err := s.conn.Query(ctx, s.sql(asql.StaleHours),
+		clickhouse.Named("since_s", uint32(since.Unix())), clickhouse.Named("after_s", uint32(after/time.Second)))
+	if err != nil {
+		return res, fmt.Errorf("list the hours to compact: %w", err)
+	}
+	var hours []uint32
+	for rows.Next() {
+		var h uint32
+		if err := rows.Scan(&h); err != nil {
+			rows.Close()
+			return res, fmt.Errorf("list the hours to compact: %w", err)
+		}
+		hours = append(hours, h)
+	}
+	rows.Close()
+	if err := rows.Err(); err != nil {
+		return res, fmt.Errorf("list the hours to compact: %w", err)
+	}
+	for _, h := range hours {
+		hour := time.Unix(int64(h), 0).UTC()
+		if err := s.CompactHour(ctx, hour); err != nil {
+			return res, err
+		}
+		res.Hours = append(res.Hours, hour)
+	}
+	return res, nil
+}
+
+// CompactHour builds the caches of one hour (its start, a whole UTC hour)
+// under a new version, whether or not the hour is clean already.
+//
+// The order is the invariant: the marks are counted before the events are
+// read, so every event of a counted mark is in the caches (a mark is
+// visible only after its events are); the record comes last, so no reader
+// sees the version before its caches are whole.
+func (s *Store) CompactHour(ctx context.Context, hour time.Time) error {
+	if hour.Truncate(time.Hour) != hour {
+		return fmt.Errorf("compact %s: not a whole hour", hour.Format(time.RFC3339))
+	}
+	version, err := newVersion()
+	if err != nil {
+		return err
+	}
+	at := clickhouse.Named("hour_s", uint32(hour.Unix()))
+	v := clickhouse.Named("version", version)
+	what := "compact " + hour.UTC().Format("2006-01-02T15:04Z")
+	var marks uint64
+	if err := s.conn.QueryRow(ctx, s.sql(asql.CompactionMarks), at).Scan(&marks); err != nil {
+		return fmt.Errorf("%s: count marks: %w", what, err)
+	}
+	if s.hook != nil {
+		s.hook(hookMarksCounted)
+	}
+	for _, q := range asql.CompactionInserts {
+		if err := s.conn.Exec(ctx, s.sql(q), at, v); err != nil {
+			return fmt.Errorf("%s: %w", what, err)
+		}
+	}
+	if s.hook != nil {
+		s.hook(hookCachesWritten)
+	}
+	if err := s.conn.Exec(ctx, s.sql(asql.CompactionRecord), at, v, clickhouse.Named("marks", marks)); err != nil {
+		return fmt.Errorf("%s: record: %w", what, err)
+	}
+	return nil
+}
+
+// The steps of a compaction at which Store.hook runs.
+const (
+	hookMarksCounted  = "marks counted"
+	hookCachesWritten = "caches written"
+)
+
+// sql fills in the database of an analytics/sql text.
+func (s *Store) sql(q string) string { return strings.ReplaceAll(q, "{db}", s.db) }
+
+// newVersion is a random version: compactors never share one.
+func newVersion() (uint64, error) {
+	var b [8]byte
+	if _, err := rand.Read(b[:]); err != nil {
+		return 0, fmt.Errorf("compaction version: %w", err)
+	}
+	return binary.LittleEndian.Uint64(b[:]), nil
+}

@@ -1,0 +1,15 @@
+// Package store is the ClickHouse side of the audit analytics: the
+// connection (Open, ParseDSN; serverconn.go picks the settings a server's
+// version needs), the schema as fixed migrations (schema.go, over the
+// definitions of package analytics/sql; cluster.go renders them for a
+// ClickHouse cluster), the insert of a record.Set (InsertRecords, store.go),
+// the hour caches (Compact, compact.go) and retention
+// (DropPartitionsBefore).
+//
+// Exactness is a property of the schema, not of the writers: every read
+// takes each event once by its identity, however often it was inserted,
+// so an insert needs no lookup before it and no check after it
+// (docs/auditsink.md, "Exactly once"). The package knows nothing of the
+// pipelines that feed it; its errors are the driver's, wrapped with what
+// failed.
+package store

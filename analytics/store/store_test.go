@@ -1,0 +1,410 @@
+package store
+
+import (
+	"context"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"encoding/pem"
+	"errors"
+	"fmt"
+	"math/big"
+	"os"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stampguard/stampguard/analytics/audit"
+	"github.com/stampguard/stampguard/analytics/record/recordtest"
+	asql "github.com/stampguard/stampguard/analytics/sql"
+	"github.com/stampguard/stampguard/internal/chtest"
+
+	"github.com/stampguard/stampguard/analytics/audit/audittest"
+	"github.com/stampguard/stampguard/internal/testenv"
+)
+
+// newStore starts (once per test binary) a ClickHouse server and returns a
+// migrated store on a fresh database.
+func newStore(t *testing.T, keepRaw bool) (*Store, *chtest.Server) {
+	t.Helper()
+	testenv.SkipIfShort(t, "starts clickhouse-server")
+	srv := sharedServer(t)
+	db := srv.NewDatabase(t)
+	st, err := Open(t.Context(), Options{DSN: srv.DSN(), Database: db, KeepRaw: keepRaw})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { st.Close() })
+	if _, err := st.Migrate(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	return st, srv
+}
+
+var shared struct {
+	srv *chtest.Server
+}
+
+// sharedServer starts one server for the package's tests; each test gets
+// its own database. The server lives until the test binary exits.
+func sharedServer(t *testing.T) *chtest.Server {
+	if shared.srv == nil {
+		shared.srv = chtest.Start(&processTB{TB: t})
+	}
+	return shared.srv
+}
+
+// distinctEventsSQL counts the events of {db}.events_by_hour once each.
+// A WHERE may follow.
+const distinctEventsSQL = "SELECT count() FROM (SELECT cluster FROM {db}.events_by_hour LIMIT 1 BY " + asql.Identity + ")"
+
+func count(t *testing.T, st *Store, query string, args ...any) uint64 {
+	t.Helper()
+	var n uint64
+	if err := st.conn.QueryRow(t.Context(), strings.ReplaceAll(query, "{db}", st.db), args...).Scan(&n); err != nil {
+		t.Fatalf("%s: %v", query, err)
+	}
+	return n
+}
+
+func TestMigrateIsIdempotent(t *testing.T) {
+	st, _ := newStore(t, false)
+	applied, err := st.Migrate(t.Context())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(applied) != 0 {
+		t.Errorf("second migrate applied %v", applied)
+	}
+	v, err := st.SchemaVersion(t.Context())
+	if err != nil || v != Migrations[len(Migrations)-1].Version {
+		t.Errorf("schema version %d (%v)", v, err)
+	}
+	if n := count(t, st, "SELECT count() FROM {db}.schema_migrations"); n != uint64(len(Migrations)) {
+		t.Errorf("%d migration rows, want %d", n, len(Migrations))
+	}
+}
+
+func TestInsertSendsEachEventOfABatchOnce(t *testing.T) {
+	st, _ := newStore(t, true)
+	rows := audittest.Rows(t, "prod", audittest.Events(t))
+	ctx := t.Context()
+
+	res, err := st.InsertRecords(ctx, recordtest.Set(rows, nil))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.Stored != len(rows) || res.Duplicates != 0 {
+		t.Fatalf("first insert %+v, want %d stored", res, len(rows))
+	}
+	tests := []struct {
+		name        string
+		rows        []audit.Row
+		wantStored  int
+		wantDropped int
+		newEvents   int
+	}{
+		{"a redelivered batch is stored again, as copies", rows, len(rows), 0, 0},
+		{"a batch repeating an event within itself sends it once", append(audittest.Rows(t, "staging", audittest.Events(t)[:2]), audittest.Rows(t, "staging", audittest.Events(t)[:2])...), 2, 2, 2},
+		{"the same events from another cluster are new", audittest.Rows(t, "dev", audittest.Events(t)[:3]), 3, 0, 3},
+		{"a reused audit ID of a different request is a new event", func() []audit.Row {
+			r := audittest.Rows(t, "prod", audittest.Events(t)[:1])
+			r[0].StageMicros++
+			r[0].Fingerprint = audit.Fingerprint(&r[0])
+			return r
+		}(), 1, 0, 1},
+	}
+	events := len(rows)
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			res, err := st.InsertRecords(ctx, recordtest.Set(tt.rows, nil))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if res.Stored != tt.wantStored || res.Duplicates != tt.wantDropped {
+				t.Errorf("%+v, want %d stored and %d dropped", res, tt.wantStored, tt.wantDropped)
+			}
+			events += tt.newEvents
+			if n := count(t, st, distinctEventsSQL); n != uint64(events) {
+				t.Errorf("events holds %d distinct events, want %d", n, events)
+			}
+		})
+	}
+}
+
+func TestInsertedRowsReadBack(t *testing.T) {
+	st, _ := newStore(t, true)
+	rows := audittest.Rows(t, "prod", audittest.Events(t))
+	if _, err := st.InsertRecords(t.Context(), recordtest.Set(rows, nil)); err != nil {
+		t.Fatal(err)
+	}
+	var (
+		writer, holder, stamp, fm string
+		code                      uint16
+		causes                    []string
+		us                        uint64
+		evTime                    time.Time
+		raw                       string
+	)
+	q := func(auditID string, dst ...any) {
+		t.Helper()
+		if err := st.conn.QueryRow(t.Context(), `SELECT writer, lease_holder, stamp, field_manager, code,
+			cause_reasons, event_time_us, event_time, raw FROM `+st.db+`.events_by_hour WHERE audit_id = ?`, auditID).Scan(dst...); err != nil {
+			t.Fatal(err)
+		}
+	}
+	dst := []any{&writer, &holder, &stamp, &fm, &code, &causes, &us, &evTime, &raw}
+	q("a3b4c5d6-0000-4000-8000-000000000007", dst...)
+	if holder != "ctrl-7f9c_4b1e2d3c" || stamp != "900" || code != 200 {
+		t.Errorf("lease row: holder %q stamp %q code %d", holder, stamp, code)
+	}
+	q("a3b4c5d6-0000-4000-8000-000000000002", dst...)
+	if fm != "bob-tool" || len(causes) != 1 || causes[0] != "FieldManagerConflict" || writer != "bob" {
+		t.Errorf("field conflict row: manager %q causes %q writer %q", fm, causes, writer)
+	}
+	if want := micros("2026-11-29T08:50:49.004002Z"); us != uint64(want) || evTime.Unix() != want/1e6 {
+		t.Errorf("event time %d / %v, want %d", us, evTime, want)
+	}
+	q("a3b4c5d6-0000-4000-8000-000000000009", dst...)
+	if writer != "system:serviceaccount:kube-system:horizontal-pod-autoscaler" {
+		t.Errorf("impersonated writer %q", writer)
+	}
+	q("a3b4c5d6-0000-4000-8000-000000000008", dst...)
+	if strings.Contains(raw, "aHVudGVyMg") || !strings.Contains(raw, "db-password") {
+		t.Errorf("secret raw event: %s", raw)
+	}
+}
+
+func TestDeadLettersAreStoredWithReason(t *testing.T) {
+	st, _ := newStore(t, false)
+	dead := []audit.DeadLetter{{Cluster: "prod", Source: "webhook", Reason: "event has no auditID", Raw: `{"stage":"x"}`, ReceivedAt: time.Now().UnixMicro()}}
+	res, err := st.InsertRecords(t.Context(), recordtest.Set(nil, dead))
+	if err != nil || res.Dead != 1 {
+		t.Fatalf("%+v %v", res, err)
+	}
+	if n := count(t, st, "SELECT count() FROM {db}.dead_letters WHERE reason = ? AND raw = ?", dead[0].Reason, dead[0].Raw); n != 1 {
+		t.Errorf("dead letter rows %d, want 1", n)
+	}
+}
+
+func TestRetentionDropsWholeDays(t *testing.T) {
+	st, _ := newStore(t, false)
+	base := audittest.Events(t)[:1]
+	var rows []audit.Row
+	now := time.Date(2026, 11, 29, 12, 0, 0, 0, time.UTC)
+	for day := range 5 {
+		r := audittest.Rows(t, "prod", base)[0]
+		r.AuditID = fmt.Sprintf("day-%d", day)
+		r.StageMicros = now.AddDate(0, 0, -day).UnixMicro()
+		r.Fingerprint = audit.Fingerprint(&r)
+		rows = append(rows, r)
+	}
+	if _, err := st.InsertRecords(t.Context(), recordtest.Set(rows, nil)); err != nil {
+		t.Fatal(err)
+	}
+	dropped, err := st.DropPartitionsBefore(t.Context(), now.AddDate(0, 0, -2))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if strings.Join(dropped, ",") != "2026-11-25,2026-11-26" {
+		t.Errorf("dropped %v", dropped)
+	}
+	if n := count(t, st, "SELECT count() FROM {db}.events_by_hour"); n != 3 {
+		t.Errorf("%d events left, want 3", n)
+	}
+	if n := count(t, st, "SELECT count() FROM {db}.hour_marks"); n != 3 {
+		t.Errorf("%d hour marks left, want 3", n)
+	}
+}
+
+// processTB lets a server outlive the test that started it: its cleanups run
+// at process exit via TestMain.
+type processTB struct {
+	testing.TB
+}
+
+var processCleanups []func()
+
+func (p *processTB) Cleanup(f func()) { processCleanups = append(processCleanups, f) }
+func (p *processTB) TempDir() string  { return mkTemp() }
+func (p *processTB) Context() context.Context {
+	return context.Background()
+}
+
+func TestParseDSNTakesCredentialsAndTLSFromTheDSN(t *testing.T) {
+	dir := t.TempDir()
+	caFile := dir + "/ca.pem"
+	if err := os.WriteFile(caFile, testCA(t), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	opts, err := ParseDSN("clickhouse://sink:pw@127.0.0.1:9440/db?secure=true&ca_file=" + caFile + "&dial_timeout=3s")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if opts.Auth.Username != "sink" || opts.Auth.Password != "pw" || opts.TLS == nil || opts.TLS.RootCAs == nil {
+		t.Errorf("options: user %q, TLS %+v", opts.Auth.Username, opts.TLS)
+	}
+	if _, ok := opts.Settings["ca_file"]; ok {
+		t.Error("ca_file leaked into the server settings")
+	}
+	for _, bad := range []string{
+		"clickhouse://127.0.0.1:9000?ca_file=" + caFile,                    // no TLS
+		"clickhouse://127.0.0.1:9440?secure=true&ca_file=" + dir + "/none", // missing file
+	} {
+		if _, err := ParseDSN(bad); err == nil {
+			t.Errorf("%s accepted", bad)
+		} else if strings.Contains(err.Error(), "pw") {
+			t.Errorf("error echoes the DSN: %v", err)
+		}
+	}
+}
+
+// testCA is a fresh self-signed CA certificate in PEM.
+func testCA(t *testing.T) []byte {
+	t.Helper()
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tmpl := &x509.Certificate{SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "ca"},
+		NotBefore: time.Now(), NotAfter: time.Now().Add(time.Hour), IsCA: true, BasicConstraintsValid: true}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der})
+}
+
+// TestMigration5CountsEventsStoredBefore: a database written at migration
+// 4, with copies of events stored by racing writers back then (and so
+// counted twice by its old views), is upgraded. Every event it held counts
+// once, from events and from the caches built after the upgrade, and a
+// redelivery after the upgrade changes no figure.
+func TestMigration5CountsEventsStoredBefore(t *testing.T) {
+	testenv.SkipIfShort(t, "starts clickhouse-server")
+	srv := sharedServer(t)
+	ctx := t.Context()
+	st, err := Open(ctx, Options{DSN: srv.DSN(), Database: srv.NewDatabase(t)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { st.Close() })
+	steps := MigrateSetupSQL(st.db)
+	for _, m := range Migrations[:4] {
+		steps = append(steps, m.SQL(st.db)...)
+	}
+	for _, q := range steps {
+		if err := st.conn.Exec(ctx, q); err != nil {
+			t.Fatalf("migrate to 4: %v\n%s", err, q)
+		}
+	}
+	old := exactRows(t, "old")
+	want := truth(t, old)
+	since, until := window(old)
+	set := recordtest.Set(old, nil)
+	refs := set.Events()
+	st.events = asql.LegacyEventsTable // sinks of migration 4 stored there
+	// Two racing writers of migration 4, neither saw the other.
+	for range 2 {
+		if err := st.insertEvents(ctx, refs); err != nil {
+			t.Fatal(err)
+		}
+	}
+	st.events = asql.EventsTable
+	if n := count(t, st, "SELECT toUInt64(sum(requests)) FROM {db}.request_rollup"); n <= uint64(len(old)/2) {
+		t.Fatalf("the old rollup counted %d requests: the copies did not reach it", n)
+	}
+	if applied, err := st.Migrate(ctx); err != nil || !slices.Equal(applied, []int{5, 6, 7}) {
+		t.Fatalf("upgrade applied %v (%v), want [5 6 7]", applied, err)
+	}
+	requireTruth(t, st, want, since, until, "after the upgrade")
+	if _, err := st.Compact(ctx, since, 0); err != nil {
+		t.Fatal(err)
+	}
+	if n := cleanHours(t, st, since, until); n == 0 {
+		t.Fatal("no hour stored before the upgrade was compacted")
+	}
+	requireTruth(t, st, want, since, until, "after compaction")
+	if _, err := st.InsertRecords(ctx, recordtest.Set(old, nil)); err != nil {
+		t.Fatal(err)
+	}
+	requireTruth(t, st, want, since, until, "after a redelivery")
+}
+
+// TestMigration6KeepsEverySinkExact: a database at migration 5 holds events
+// an older sink stored, is upgraded while that sink keeps storing (into
+// events, as it always did), and a sink of this version stores the same
+// events and the rest into events_by_hour at the same moment. Every event
+// counts once, read raw or from the caches (the events stored before the
+// upgrade live in events only, half of the later ones in both tables), and a
+// redelivery by the older sink afterwards (its marks dirty the hours)
+// changes no figure.
+func TestMigration6KeepsEverySinkExact(t *testing.T) {
+	testenv.SkipIfShort(t, "starts clickhouse-server")
+	srv := sharedServer(t)
+	ctx := t.Context()
+	db := srv.NewDatabase(t)
+	open := func() *Store {
+		st, err := Open(ctx, Options{DSN: srv.DSN(), Database: db})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { st.Close() })
+		return st
+	}
+	older, newer := open(), open()
+	older.events = asql.LegacyEventsTable // a sink of migration 5
+	steps := MigrateSetupSQL(older.db)
+	for _, m := range Migrations[:5] {
+		steps = append(steps, m.SQL(older.db)...)
+	}
+	for _, q := range steps {
+		if err := older.conn.Exec(ctx, q); err != nil {
+			t.Fatalf("migrate to 5: %v\n%s", err, q)
+		}
+	}
+	before, during := exactRows(t, "before-6"), exactRows(t, "during-6")
+	all := append(append([]audit.Row(nil), before...), during...)
+	want := truth(t, all)
+	since, until := window(all)
+	if _, err := older.InsertRecords(ctx, recordtest.Set(before, nil)); err != nil {
+		t.Fatal(err)
+	}
+	if applied, err := newer.Migrate(ctx); err != nil || !slices.Equal(applied, []int{6, 7}) {
+		t.Fatalf("upgrade applied %v (%v), want [6 7]", applied, err)
+	}
+	var wg sync.WaitGroup
+	errs := make([]error, 2)
+	wg.Go(func() { _, errs[0] = older.InsertRecords(ctx, recordtest.Set(during[:len(during)/2], nil)) })
+	wg.Go(func() { _, errs[1] = newer.InsertRecords(ctx, recordtest.Set(during, nil)) })
+	wg.Wait()
+	if err := errors.Join(errs...); err != nil {
+		t.Fatal(err)
+	}
+	for _, table := range []string{asql.EventsTable, asql.LegacyEventsTable} {
+		if n := count(t, newer, "SELECT count() FROM {db}."+table); n == 0 {
+			t.Fatalf("%s holds no events: the test stores into both tables", table)
+		}
+	}
+	requireTruth(t, newer, want, since, until, "after the upgrade")
+	if _, err := newer.Compact(ctx, since, 0); err != nil {
+		t.Fatal(err)
+	}
+	clean := cleanHours(t, newer, since, until)
+	if clean == 0 {
+		t.Fatal("no hour is clean after a compaction")
+	}
+	requireTruth(t, newer, want, since, until, "after compaction")
+	// A part of a batch again: a block of its own, so a mark of its own.
+	if _, err := older.InsertRecords(ctx, recordtest.Set(before[:len(before)/3], nil)); err != nil {
+		t.Fatal(err)
+	}
+	if n := cleanHours(t, newer, since, until); n >= clean {
+		t.Fatalf("%d of %d hours still clean after the older sink's redelivery: its marks are not counted", n, clean)
+	}
+	requireTruth(t, newer, want, since, until, "after the older sink's redelivery")
+}
