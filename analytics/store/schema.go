@@ -95,17 +95,7 @@ var Migrations = []Migration{
 				namespace                     LowCardinality(String),
 				name                          String,
 				writer                        LowCardinality(String),
-				requests                      UInt64,
-				write_attempts                UInt64,
-				version_conflicts             UInt64,
-				write_version_conflicts       UInt64,
-				field_conflicts               UInt64,
-				already_exists                UInt64,
-				delete_precondition_conflicts UInt64,
-				stampless_updates             UInt64,
-				other_conflicts               UInt64,
-				gone                          UInt64
-			) ENGINE = SummingMergeTree()
+` + counterColumnsDDL + `			) ENGINE = SummingMergeTree()
 			PARTITION BY event_date
 			ORDER BY (cluster, hour, api_group, resource, namespace, name, writer)`,
 			// The view's text is fixed: a released migration must not change
@@ -330,17 +320,7 @@ var Migrations = []Migration{
 				namespace                     LowCardinality(String),
 				name                          String,
 				writer                        LowCardinality(String),
-				requests                      UInt64,
-				write_attempts                UInt64,
-				version_conflicts             UInt64,
-				write_version_conflicts       UInt64,
-				field_conflicts               UInt64,
-				already_exists                UInt64,
-				delete_precondition_conflicts UInt64,
-				stampless_updates             UInt64,
-				other_conflicts               UInt64,
-				gone                          UInt64
-			) ENGINE = MergeTree()
+` + counterColumnsDDL + `			) ENGINE = MergeTree()
 			PARTITION BY event_date
 			ORDER BY (cluster, hour, version, api_group, resource, namespace, name, writer)`,
 			`CREATE TABLE IF NOT EXISTS {db}.hour_loop_conflicts (
@@ -418,17 +398,7 @@ var Migrations = []Migration{
 				namespace                     LowCardinality(String),
 				name                          String,
 				writer                        LowCardinality(String),
-				requests                      UInt64,
-				write_attempts                UInt64,
-				version_conflicts             UInt64,
-				write_version_conflicts       UInt64,
-				field_conflicts               UInt64,
-				already_exists                UInt64,
-				delete_precondition_conflicts UInt64,
-				stampless_updates             UInt64,
-				other_conflicts               UInt64,
-				gone                          UInt64
-			) ENGINE = MergeTree()
+` + counterColumnsDDL + `			) ENGINE = MergeTree()
 			PARTITION BY event_date
 			ORDER BY (cluster, hour, version, minute, api_group, resource, namespace, name, writer)`,
 		},
@@ -448,6 +418,20 @@ func epoch(table string) []string {
 			SELECT toDateTime(if(count() = 0, 0, intDiv(toUInt32(now()), 3600) * 3600 + 7200)) FROM {db}.events`,
 	}
 }
+
+// counterColumnsDDL are the request counters of request_rollup,
+// hour_requests and minute_requests (analytics/sql's Counters, in order).
+const counterColumnsDDL = `				requests                      UInt64,
+				write_attempts                UInt64,
+				version_conflicts             UInt64,
+				write_version_conflicts       UInt64,
+				field_conflicts               UInt64,
+				already_exists                UInt64,
+				delete_precondition_conflicts UInt64,
+				stampless_updates             UInt64,
+				other_conflicts               UInt64,
+				gone                          UInt64
+`
 
 // eventsColumnsDDL are the columns of events and events_by_hour.
 const eventsColumnsDDL = `(
