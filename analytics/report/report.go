@@ -153,16 +153,7 @@ func (o *Options) split(ctx context.Context, conn driver.Conn) error {
 	var clean []asql.CleanHour
 	if from.Before(to) {
 		q := "SELECT toUInt32(hour), version FROM " + strings.ReplaceAll(asql.CleanHours(strconv.FormatInt(from.Unix(), 10), strconv.FormatInt(to.Unix(), 10)), "{db}", o.Database) + " ORDER BY hour"
-		if err := scanAll(ctx, conn, q, func(rows driver.Rows) error {
-			var h uint32
-			var c asql.CleanHour
-			if err := rows.Scan(&h, &c.Version); err != nil {
-				return err
-			}
-			c.Hour = time.Unix(int64(h), 0).UTC()
-			clean = append(clean, c)
-			return nil
-		}); err != nil {
+		if err := scanHours(ctx, conn, q, func(c asql.CleanHour) { clean = append(clean, c) }); err != nil {
 			return fmt.Errorf("read the clean hours: %w", err)
 		}
 	}
@@ -177,16 +168,7 @@ func (o *Options) split(ctx context.Context, conn driver.Conn) error {
 	if len(cut) > 0 {
 		q := strings.ReplaceAll(asql.MinuteVersions(cut), "{db}", o.Database)
 		minutes := map[asql.CleanHour]bool{}
-		if err := scanAll(ctx, conn, q, func(rows driver.Rows) error {
-			var h uint32
-			var c asql.CleanHour
-			if err := rows.Scan(&h, &c.Version); err != nil {
-				return err
-			}
-			c.Hour = time.Unix(int64(h), 0).UTC()
-			minutes[c] = true
-			return nil
-		}); err != nil {
+		if err := scanHours(ctx, conn, q, func(c asql.CleanHour) { minutes[c] = true }); err != nil {
 			return fmt.Errorf("read the minute caches: %w", err)
 		}
 		for i := range clean {
@@ -197,17 +179,22 @@ func (o *Options) split(ctx context.Context, conn driver.Conn) error {
 	return nil
 }
 
-// scanAll runs q and hands each row to scan.
-func scanAll(ctx context.Context, conn driver.Conn, q string, scan func(driver.Rows) error) error {
+// scanHours runs q, a query of (hour as Unix seconds, version), and hands
+// each row to add.
+func scanHours(ctx context.Context, conn driver.Conn, q string, add func(asql.CleanHour)) error {
 	rows, err := conn.Query(ctx, q)
 	if err != nil {
 		return err
 	}
 	defer rows.Close()
 	for rows.Next() {
-		if err := scan(rows); err != nil {
+		var h uint32
+		var c asql.CleanHour
+		if err := rows.Scan(&h, &c.Version); err != nil {
 			return err
 		}
+		c.Hour = time.Unix(int64(h), 0).UTC()
+		add(c)
 	}
 	return rows.Err()
 }

@@ -1,7 +1,6 @@
 package sql
 
 import (
-	"strconv"
 	"strings"
 )
 
@@ -37,20 +36,8 @@ func CleanHours(from, to string) string {
 // version of an hour without requests has none and is read from events,
 // which hold none of its requests either.)
 func MinuteVersions(hours []CleanHour) string {
-	var ts []string
-	for _, c := range hours {
-		ts = append(ts, "(toDateTime("+strconv.FormatInt(c.Hour.Unix(), 10)+"), toUInt64("+strconv.FormatUint(c.Version, 10)+"))")
-	}
-	if len(ts) == 1 { // ((a, b)) would be one tuple, not a set of one
-		ts = append(ts, ts[0])
-	}
-	first, last := hours[0].Hour.Unix(), hours[0].Hour.Unix()
-	for _, c := range hours {
-		first, last = min(first, c.Hour.Unix()), max(last, c.Hour.Unix())
-	}
 	return `SELECT toUInt32(hour), version FROM {db}.minute_requests
-	WHERE event_date >= toDate(toDateTime(` + strconv.FormatInt(first, 10) + `), 'UTC') AND event_date <= toDate(toDateTime(` + strconv.FormatInt(last, 10) + `), 'UTC')
-		AND (hour, version) IN (` + strings.Join(ts, ", ") + `)
+	WHERE ` + hourVersions(hours) + `
 	LIMIT 1 BY hour, version`
 }
 

@@ -128,14 +128,23 @@ func (p Plan) rollupWindow() string {
 	if len(p.Clean) == 0 {
 		return "0"
 	}
+	return hourVersions(p.Clean)
+}
+
+// hourVersions selects the rows of the given hours, each with its version,
+// and their day partitions, in a table with event_date, hour and version.
+// The hours and versions are numbers read from ClickHouse, written as
+// literals; hours is not empty.
+func hourVersions(hours []CleanHour) string {
 	var ts []string
-	for _, c := range p.Clean {
+	first, last := hours[0].Hour.Unix(), hours[0].Hour.Unix()
+	for _, c := range hours {
 		ts = append(ts, "(toDateTime("+strconv.FormatInt(c.Hour.Unix(), 10)+"), toUInt64("+strconv.FormatUint(c.Version, 10)+"))")
+		first, last = min(first, c.Hour.Unix()), max(last, c.Hour.Unix())
 	}
 	if len(ts) == 1 { // ((a, b)) would be one tuple, not a set of one
 		ts = append(ts, ts[0])
 	}
-	first, last := p.Clean[0].Hour.Unix(), p.Clean[len(p.Clean)-1].Hour.Unix()
 	return "(event_date >= toDate(toDateTime(" + strconv.FormatInt(first, 10) + "), 'UTC') AND event_date <= toDate(toDateTime(" +
 		strconv.FormatInt(last, 10) + "), 'UTC') AND (hour, version) IN (" + strings.Join(ts, ", ") + "))"
 }
@@ -166,13 +175,14 @@ func (p Plan) minuteWindow() string {
 // loopRollupWindow selects the loop caches' rows of the plan's clean
 // hours and of its partial hours' whole minutes.
 func (p Plan) loopRollupWindow() string {
+	minutes := p.partialWindow(func(us int64) string { return strconv.FormatInt(us, 10) }, "event_time_us")
 	switch {
 	case len(p.Partial) == 0:
 		return p.rollupWindow()
 	case len(p.Clean) == 0:
-		return p.partialWindow(func(us int64) string { return strconv.FormatInt(us, 10) }, "event_time_us")
+		return minutes
 	}
-	return "(" + p.rollupWindow() + " OR " + p.partialWindow(func(us int64) string { return strconv.FormatInt(us, 10) }, "event_time_us") + ")"
+	return "(" + p.rollupWindow() + " OR " + minutes + ")"
 }
 
 // noRows selects nothing, by a day that holds no partition, so that 18.16
