@@ -16,6 +16,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
+	"github.com/stampguard/stampguard/analytics/audit"
 	"github.com/stampguard/stampguard/analytics/pipeline"
 	"github.com/stampguard/stampguard/analytics/spool"
 	"github.com/stampguard/stampguard/analytics/store"
@@ -100,6 +101,9 @@ type Options struct {
 	Ready func(addr net.Addr)
 }
 
+// DefaultListen is Options.Listen's default.
+const DefaultListen = ":8443"
+
 // DefaultShutdownTimeout is Options.ShutdownTimeout's default: below the
 // 30 s default terminationGracePeriodSeconds of a pod, so that a SIGTERM
 // never ends in a SIGKILL.
@@ -165,7 +169,7 @@ func Run(ctx context.Context, o Options) error {
 	}
 	h, err := NewHandler(HandlerOptions{
 		VerifyClient: verifyClient,
-		Accepter:     newAccepter(o.Stages, o.RedactResources, o.Store.KeepRaw),
+		Accepter:     NewAccepter(o.Stages, o.RedactResources, o.Store.KeepRaw),
 		Spool:        sp, Token: o.Token, TokenClusters: o.TokenClusters, ClientNames: o.ClientNames,
 		AllowUnauthenticated: o.AllowUnauthenticated, DefaultCluster: o.Cluster,
 		MaxBodyBytes: o.MaxBodyBytes, MaxEventBytes: o.MaxEventBytes,
@@ -264,6 +268,17 @@ func ServeMetrics(addr string, reg *prometheus.Registry, log *slog.Logger) (stop
 		}
 	}()
 	return func(ctx context.Context) { _ = srv.Shutdown(ctx) }
+}
+
+// NewAccepter decodes and filters events for the sink, ingest and tail
+// alike: it keeps stages (none: audit.DefaultStages), drops the objects
+// of the redacted resources like those of secrets, and keeps each event's
+// raw JSON when keepRaw.
+func NewAccepter(stages, redact []string, keepRaw bool) *pipeline.Accepter {
+	return &pipeline.Accepter{
+		Decoder: audit.Decoder{RedactResources: redact, KeepRaw: keepRaw},
+		Stages:  stages,
+	}
 }
 
 // serverTLS loads the serving certificate and the client CA, which the

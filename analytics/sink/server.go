@@ -120,6 +120,10 @@ type Handler struct {
 
 var clusterName = regexp.MustCompile(`^[A-Za-z0-9][-A-Za-z0-9_.]{0,62}$`)
 
+// IsClusterName tells whether name may name a source cluster: letters,
+// digits, '-', '_' and '.', starting with a letter or digit, at most 63.
+func IsClusterName(name string) bool { return clusterName.MatchString(name) }
+
 // NewHandler checks the options and builds the routes:
 // POST /clusters/{cluster}/events, POST /events (for DefaultCluster),
 // GET /healthz (the process answers: liveness) and GET /readyz (it takes

@@ -6,7 +6,7 @@
 //	auditsink migrate        create or upgrade the ClickHouse schema
 //	auditsink report         conflict analytics: retry loops, hot objects, stampless writes, ...
 //
-// Each subcommand binds its flags to an options struct of analytics/sink,
+// Each subcommand binds its flags to an options struct of analytics/config,
 // which validates them before anything is touched (exit 2 when they are
 // wrong), then runs (exit 1 when that fails); see internal/cli and
 // docs/auditsink.md.
@@ -29,6 +29,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	ctrllog "sigs.k8s.io/controller-runtime/pkg/log"
 
+	"github.com/stampguard/stampguard/analytics/config"
 	"github.com/stampguard/stampguard/analytics/pipeline"
 	"github.com/stampguard/stampguard/analytics/sink"
 	"github.com/stampguard/stampguard/analytics/store"
@@ -126,7 +127,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 }
 
 func serve(fs *flag.FlagSet, _, stderr io.Writer) func([]string) (work, error) {
-	var c sink.ServeConfig
+	var c config.ServeConfig
 	c.Register(fs)
 	return func([]string) (work, error) {
 		s, err := c.Resolve(stderr)
@@ -160,7 +161,7 @@ func serve(fs *flag.FlagSet, _, stderr io.Writer) func([]string) (work, error) {
 }
 
 func ingest(fs *flag.FlagSet, stdout, stderr io.Writer) func([]string) (work, error) {
-	var c sink.IngestConfig
+	var c config.IngestConfig
 	c.Register(fs)
 	return func(files []string) (work, error) {
 		in, err := c.Resolve(files, stderr)
@@ -176,9 +177,6 @@ func ingest(fs *flag.FlagSet, stdout, stderr io.Writer) func([]string) (work, er
 				return err
 			}
 			defer st.Close()
-			if !c.NoProgress && isTerminal(os.Stderr) {
-				in.Options.Progress = stderr
-			}
 			res, err := pipeline.IngestFiles(ctx, st, in.Files, in.Options)
 			fmt.Fprintln(stdout, res)
 			return err
@@ -187,7 +185,7 @@ func ingest(fs *flag.FlagSet, stdout, stderr io.Writer) func([]string) (work, er
 }
 
 func tail(fs *flag.FlagSet, _, stderr io.Writer) func([]string) (work, error) {
-	var c sink.TailConfig
+	var c config.TailConfig
 	c.Register(fs)
 	return func(operands []string) (work, error) {
 		t, err := c.Resolve(operands, stderr)
@@ -212,7 +210,7 @@ func tail(fs *flag.FlagSet, _, stderr io.Writer) func([]string) (work, error) {
 }
 
 func migrate(fs *flag.FlagSet, stdout, stderr io.Writer) func([]string) (work, error) {
-	var c sink.MigrateConfig
+	var c config.MigrateConfig
 	c.Register(fs)
 	return func([]string) (work, error) {
 		m, err := c.Resolve(stderr)
@@ -249,9 +247,4 @@ func migrate(fs *flag.FlagSet, stdout, stderr io.Writer) func([]string) (work, e
 			return err
 		}, nil
 	}
-}
-
-func isTerminal(f *os.File) bool {
-	fi, err := f.Stat()
-	return err == nil && fi.Mode()&os.ModeCharDevice != 0
 }

@@ -8,7 +8,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/stampguard/stampguard/analytics/sink"
+	"github.com/stampguard/stampguard/analytics/config"
 	"github.com/stampguard/stampguard/analytics/store"
 	"github.com/stampguard/stampguard/internal/chtest"
 
@@ -31,7 +31,7 @@ func TestMigrateAndIngestFromTheCommandLine(t *testing.T) {
 		t.Errorf("migrate said %q", out.String())
 	}
 	out.Reset()
-	t.Setenv(sink.DSNEnv, ch.DSN())
+	t.Setenv(config.DSNEnv, ch.DSN())
 	args := []string{"ingest", "--database", "cli", "--cluster", "prod", "../../analytics/testdata/events.jsonl"}
 	if code := run(t.Context(), args, &out, &errb); code != 0 {
 		t.Fatalf("ingest: %d %s", code, errb.String())
@@ -49,7 +49,7 @@ func TestMigrateAndIngestFromTheCommandLine(t *testing.T) {
 // the built binary through many more): help 0 on stdout, a bad command
 // line 2 before anything is touched.
 func TestRunExitCodes(t *testing.T) {
-	t.Setenv(sink.DSNEnv, "clickhouse://127.0.0.1:1")
+	t.Setenv(config.DSNEnv, "clickhouse://127.0.0.1:1")
 	tests := []struct {
 		args   []string
 		code   int

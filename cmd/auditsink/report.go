@@ -8,12 +8,12 @@ import (
 	"io"
 	"time"
 
+	"github.com/stampguard/stampguard/analytics/config"
 	"github.com/stampguard/stampguard/analytics/report"
-	"github.com/stampguard/stampguard/analytics/sink"
 )
 
 func reportCmd(fs *flag.FlagSet, stdout, stderr io.Writer) func([]string) (work, error) {
-	var c sink.ReportConfig
+	var c config.ReportConfig
 	c.Register(fs)
 	return func([]string) (work, error) {
 		r, err := c.Resolve(time.Now().UTC(), stderr)

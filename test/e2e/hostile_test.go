@@ -349,7 +349,7 @@ func TestWebhookAgainstHostileClients(t *testing.T) {
 	})
 }
 
-// sinkToken is at least sink.MinTokenLength characters.
+// sinkToken is at least config.MinTokenLength characters.
 const sinkToken = "hostile-token-0123456789abcdef0123456789"
 
 // TestAuditsinkAgainstHostileClients runs the built sink with client

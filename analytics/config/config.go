@@ -1,4 +1,12 @@
-package sink
+// Package config is the options boundary of the auditsink command: every
+// subcommand's flags, their defaults (the Default* constants, and those of
+// the libraries they feed), and their resolution into the options of
+// sink.Run, the pipeline's ingest and tail, the store and the report. The
+// rule, for every option that has both: an explicit flag beats the
+// environment, and the environment beats files and defaults. Everything
+// is validated before the subcommand touches ClickHouse or the disk; a
+// validation error is a cli.UsageError (exit 2).
+package config
 
 import (
 	"context"
@@ -17,17 +25,11 @@ import (
 	"github.com/stampguard/stampguard/analytics/audit"
 	"github.com/stampguard/stampguard/analytics/pipeline"
 	"github.com/stampguard/stampguard/analytics/report"
+	"github.com/stampguard/stampguard/analytics/sink"
 	asql "github.com/stampguard/stampguard/analytics/sql"
 	"github.com/stampguard/stampguard/analytics/store"
 	"github.com/stampguard/stampguard/internal/cli"
 )
-
-// This file is the options boundary of the auditsink command: every
-// subcommand's flags, their defaults, and their resolution into the
-// library's options. The rule, for every option that has both: an explicit
-// flag beats the environment, and the environment beats files and
-// defaults. Everything is validated before the subcommand touches
-// ClickHouse or the disk; a validation error is a cli.UsageError (exit 2).
 
 // The environment variables the auditsink commands read.
 const (
@@ -47,15 +49,13 @@ const (
 	DefaultDatabase = "stampguard"
 	// DefaultLogLevel is --log-level's default.
 	DefaultLogLevel = "info"
-	// DefaultListen is serve's --listen default.
-	DefaultListen = ":8443"
 	// DefaultMetricsListen is serve's --metrics-listen default.
 	DefaultMetricsListen = ":9090"
 	// DefaultSpoolDir is serve's --spool-dir default.
 	DefaultSpoolDir = "/var/lib/auditsink/spool"
 	// DefaultSpoolMax is serve's --spool-max default.
 	DefaultSpoolMax = "1GiB"
-	// DefaultMaxBody is serve's --max-body default (DefaultMaxBodyBytes).
+	// DefaultMaxBody is serve's --max-body default (sink.DefaultMaxBodyBytes).
 	DefaultMaxBody = "1GiB"
 	// DefaultInsertParallel is serve's --insert-parallel default.
 	DefaultInsertParallel = 2
@@ -209,11 +209,11 @@ func (c *Connection) Err(err error) error {
 
 // registerCluster binds --cluster, the source cluster, with its default.
 func registerCluster(fs *flag.FlagSet, p *string, usage string) {
-	fs.StringVar(p, "cluster", DefaultCluster, usage)
+	fs.StringVar(p, "cluster", sink.DefaultCluster, usage)
 }
 
 func checkCluster(name string) error {
-	if !clusterName.MatchString(name) {
+	if !sink.IsClusterName(name) {
 		return cli.Usagef("--cluster %q: want letters, digits, '-', '_' and '.', starting with a letter or digit, at most 63", name)
 	}
 	return nil
@@ -262,14 +262,7 @@ func (w *WriteConfig) Connect(out io.Writer) (*Connection, error) {
 
 // Accepter decodes and filters events as w says.
 func (w *WriteConfig) Accepter() *pipeline.Accepter {
-	return newAccepter(SplitList(w.Stages), SplitList(w.RedactResources), w.KeepRaw)
-}
-
-func newAccepter(stages, redact []string, keepRaw bool) *pipeline.Accepter {
-	return &pipeline.Accepter{
-		Decoder: audit.Decoder{RedactResources: redact, KeepRaw: keepRaw},
-		Stages:  stages,
-	}
+	return sink.NewAccepter(SplitList(w.Stages), SplitList(w.RedactResources), w.KeepRaw)
 }
 
 // IngestConfig is what `auditsink ingest FILE...` reads.
@@ -296,7 +289,9 @@ type Ingest struct {
 	MemoryLimit int64
 }
 
-// Resolve validates i and the files (each must be a readable file).
+// Resolve validates i and the files (each must be a readable file). The
+// logs go to w, and so does the progress line, when w is a terminal and
+// --no-progress is not given: a redirected or captured stream gets none.
 func (i *IngestConfig) Resolve(files []string, w io.Writer) (*Ingest, error) {
 	if len(files) == 0 {
 		return nil, cli.Usagef("no FILE given: auditsink ingest [flags] FILE...")
@@ -314,8 +309,22 @@ func (i *IngestConfig) Resolve(files []string, w io.Writer) (*Ingest, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &Ingest{Connection: conn, Files: files, MemoryLimit: mem,
-		Options: pipeline.IngestOptions{Cluster: i.Cluster, Accepter: i.Accepter(), Logger: conn.Logger}}, nil
+	in := &Ingest{Connection: conn, Files: files, MemoryLimit: mem,
+		Options: pipeline.IngestOptions{Cluster: i.Cluster, Accepter: i.Accepter(), Logger: conn.Logger}}
+	if !i.NoProgress && isTerminal(w) {
+		in.Options.Progress = w
+	}
+	return in, nil
+}
+
+// isTerminal tells whether w is a character device, as a terminal is.
+func isTerminal(w io.Writer) bool {
+	f, ok := w.(*os.File)
+	if !ok {
+		return false
+	}
+	fi, err := f.Stat()
+	return err == nil && fi.Mode()&os.ModeCharDevice != 0
 }
 
 func checkReadable(path string) error {
@@ -517,12 +526,12 @@ func (r *ReportConfig) Resolve(now time.Time, w io.Writer) (*Report, error) {
 
 // ServeConfig is what `auditsink serve` reads from its flags and
 // environment. Register binds it to a flag set; Resolve turns it into the
-// Options of Run.
+// sink.Options of sink.Run.
 type ServeConfig struct {
 	WriteConfig
 	// Options receives the flags that need no resolving (--listen,
 	// --tls-cert, ...), with the Default* values.
-	Options Options
+	Options sink.Options
 	// TokenFile is --token-file; empty: the token is $AUDITSINK_TOKEN.
 	TokenFile string
 	// TokenClusters is --token-clusters, the clusters the token may
@@ -553,7 +562,7 @@ type ServeConfig struct {
 func (s *ServeConfig) Register(fs *flag.FlagSet) {
 	s.WriteConfig.Register(fs)
 	o := &s.Options
-	fs.StringVar(&o.Listen, "listen", DefaultListen, "`address` to serve on")
+	fs.StringVar(&o.Listen, "listen", sink.DefaultListen, "`address` to serve on")
 	fs.StringVar(&o.TLSCertFile, "tls-cert", "", "TLS certificate `file` (PEM); give it and --tls-key, or --plaintext")
 	fs.StringVar(&o.TLSKeyFile, "tls-key", "", "TLS private key `file` (PEM)")
 	fs.BoolVar(&o.Plaintext, "plaintext", false, "serve plain HTTP without TLS (tests and trusted sidecars only)")
@@ -570,7 +579,7 @@ func (s *ServeConfig) Register(fs *flag.FlagSet) {
 	fs.IntVar(&o.MaxEventBytes, "max-event-bytes", audit.DefaultMaxEventBytes, "largest event in `bytes`; larger ones are dead-lettered")
 	fs.StringVar(&s.Retention, "retention", "", "drop day partitions older than this `age`, e.g. 30d (empty: keep all)")
 	fs.IntVar(&o.InsertParallel, "insert-parallel", DefaultInsertParallel, "ClickHouse inserts in flight, 1 or more")
-	fs.DurationVar(&o.ShutdownTimeout, "shutdown-timeout", DefaultShutdownTimeout, "bound of a graceful shutdown (keep it below the pod's terminationGracePeriodSeconds)")
+	fs.DurationVar(&o.ShutdownTimeout, "shutdown-timeout", sink.DefaultShutdownTimeout, "bound of a graceful shutdown (keep it below the pod's terminationGracePeriodSeconds)")
 	fs.StringVar(&s.MemoryLimit, "memory-limit", DefaultServeMemoryLimit, "soft memory `limit` of the Go runtime (GOMEMLIMIT beats it); the GC works harder near it")
 	fs.IntVar(&s.GCPercent, "gc-percent", DefaultGCPercent, "Go GC target `percentage` (GOGC beats it): higher trades memory, capped by --memory-limit, for less GC CPU")
 	fs.StringVar(&s.CPUProfile, "cpu-profile", "", "write a Go CPU profile (pprof) of the whole run to this `file` (diagnostics)")
@@ -578,13 +587,13 @@ func (s *ServeConfig) Register(fs *flag.FlagSet) {
 
 // Serve is a validated ServeConfig.
 type Serve struct {
-	Options     Options
+	Options     sink.Options
 	MemoryLimit int64
 	GCPercent   int
 	CPUProfile  string
 }
 
-// Resolve validates s and turns it into the Options of Run, logging on
+// Resolve validates s and turns it into the sink.Options of sink.Run, logging on
 // w: the store (see Config.Connect), the sizes, the retention, the token
 // (the file first, then $AUDITSINK_TOKEN), the cluster, stages and
 // redactions.
@@ -616,7 +625,7 @@ func (s *ServeConfig) Resolve(w io.Writer) (*Serve, error) {
 		return nil, cli.Usagef("--shutdown-timeout %s: want a positive duration", o.ShutdownTimeout)
 	}
 	if o.Listen == "" {
-		return nil, cli.Usagef("--listen is empty: give an address such as %s", DefaultListen)
+		return nil, cli.Usagef("--listen is empty: give an address such as %s", sink.DefaultListen)
 	}
 	if o.SpoolDir == "" {
 		return nil, cli.Usagef("--spool-dir is empty: the sink acknowledges a batch only once it is in the spool")
@@ -685,7 +694,7 @@ const MinTokenLength = 32
 
 // checkAuth refuses credentials that contradict each other or are too
 // weak, naming the flag.
-func (s *ServeConfig) checkAuth(o Options) error {
+func (s *ServeConfig) checkAuth(o sink.Options) error {
 	tokenFlag := "--token-file"
 	if s.TokenFile == "" {
 		tokenFlag = "$" + TokenEnv
@@ -721,7 +730,7 @@ func ParseClientNames(s string) (map[string][]string, error) {
 		switch {
 		case !bound && seen && len(clusters) > 0, bound && seen && len(clusters) == 0:
 			return nil, fmt.Errorf("%q is both bound to clusters and allowed every cluster", name)
-		case bound && !clusterName.MatchString(cluster):
+		case bound && !sink.IsClusterName(cluster):
 			return nil, fmt.Errorf("entry %q: invalid cluster name %q", e, cluster)
 		case bound:
 			out[name] = append(clusters, cluster)

@@ -1,4 +1,4 @@
-package sink
+package config
 
 import (
 	"bytes"
@@ -15,6 +15,7 @@ import (
 
 	"github.com/stampguard/stampguard/analytics/audit"
 	"github.com/stampguard/stampguard/analytics/pipeline"
+	"github.com/stampguard/stampguard/analytics/sink"
 	"github.com/stampguard/stampguard/analytics/store"
 	"github.com/stampguard/stampguard/internal/cli"
 )
@@ -136,11 +137,11 @@ func TestStoreOptionsCarryTheSharedFlags(t *testing.T) {
 
 // resolve parses args as `auditsink serve --plaintext` does and
 // resolves them.
-func resolve(t *testing.T, args ...string) (Options, error) {
+func resolve(t *testing.T, args ...string) (sink.Options, error) {
 	t.Helper()
 	s, err := parseConfig(t, append([]string{"--plaintext"}, args...)...).Resolve(io.Discard)
 	if err != nil {
-		return Options{}, err
+		return sink.Options{}, err
 	}
 	return s.Options, nil
 }
@@ -173,8 +174,8 @@ func TestResolveServeDefaults(t *testing.T) {
 	}
 	if o.Listen != ":8443" || o.MetricsListen != ":9090" || o.SpoolDir != "/var/lib/auditsink/spool" ||
 		o.SpoolMaxBytes != 1<<30 || o.MaxBodyBytes != 1<<30 || o.MaxEventBytes != audit.DefaultMaxEventBytes ||
-		o.Retention != 0 || o.InsertParallel != 2 || o.ShutdownTimeout != DefaultShutdownTimeout ||
-		o.Cluster != DefaultCluster || !reflect.DeepEqual(o.Stages, audit.DefaultStages) || o.RedactResources != nil ||
+		o.Retention != 0 || o.InsertParallel != 2 || o.ShutdownTimeout != sink.DefaultShutdownTimeout ||
+		o.Cluster != sink.DefaultCluster || !reflect.DeepEqual(o.Stages, audit.DefaultStages) || o.RedactResources != nil ||
 		!o.Plaintext || !o.AllowUnauthenticated || o.Token != "" || o.Logger == nil {
 		t.Errorf("defaults resolved to %+v", o)
 	}
@@ -240,7 +241,7 @@ func TestPipelineOptionsShareTheAccepter(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if in.Options.Cluster != DefaultCluster || !reflect.DeepEqual(in.Options.Accepter, want) || in.Options.Logger == nil || !in.Store.KeepRaw {
+	if in.Options.Cluster != sink.DefaultCluster || !reflect.DeepEqual(in.Options.Accepter, want) || in.Options.Logger == nil || !in.Store.KeepRaw {
 		t.Errorf("ingest options %+v", in.Options)
 	}
 	var tc TailConfig
@@ -249,7 +250,7 @@ func TestPipelineOptionsShareTheAccepter(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if to.Options.Cluster != DefaultCluster || !reflect.DeepEqual(to.Options.Accepter, want) || to.Options.CheckpointPath != "cp" || to.Options.Logger == nil {
+	if to.Options.Cluster != sink.DefaultCluster || !reflect.DeepEqual(to.Options.Accepter, want) || to.Options.CheckpointPath != "cp" || to.Options.Logger == nil {
 		t.Errorf("tail options %+v", to.Options)
 	}
 	var tc2 TailConfig
@@ -411,5 +412,48 @@ func TestParseClientNames(t *testing.T) {
 	}
 	if got, err := ParseClientNames(""); got != nil || err != nil {
 		t.Fatalf("empty: %v %v", got, err)
+	}
+}
+
+// TestIngestProgressOnlyOnATerminal: ingest draws its progress line on
+// the log stream only when that is a terminal (a character device; here
+// /dev/null, which is one too) and --no-progress is not given; a stream
+// redirected to a file or captured in memory gets none.
+func TestIngestProgressOnlyOnATerminal(t *testing.T) {
+	t.Setenv(DSNEnv, "clickhouse://h:9000")
+	file := writeFile(t, "{}\n")
+	tty, err := os.OpenFile(os.DevNull, os.O_WRONLY, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tty.Close()
+	redirected, err := os.Create(filepath.Join(t.TempDir(), "stderr"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer redirected.Close()
+	tests := []struct {
+		name         string
+		args         []string
+		w            io.Writer
+		wantProgress bool
+	}{
+		{"a terminal gets the progress line", nil, tty, true},
+		{"--no-progress silences it even on a terminal", []string{"--no-progress"}, tty, false},
+		{"a stream redirected to a file gets none", nil, redirected, false},
+		{"a captured stream gets none", nil, &bytes.Buffer{}, false},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			var c IngestConfig
+			parseInto(t, &c, tt.args...)
+			in, err := c.Resolve([]string{file}, tt.w)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got := in.Options.Progress != nil; got != tt.wantProgress || (got && in.Options.Progress != tt.w) {
+				t.Errorf("progress to %v, want it (%v) on the log stream %v", in.Options.Progress, tt.wantProgress, tt.w)
+			}
+		})
 	}
 }
