@@ -3,12 +3,15 @@
 // them counts each event once, and reports on them. It holds no code; its
 // packages, in the order an event passes them:
 //
-//   - sink: the HTTP endpoint of the apiserver's audit webhook (and the
-//     options of every auditsink subcommand);
+//   - config: the options of every auditsink subcommand, resolved from
+//     flags, files and the environment;
+//   - sink: the HTTP endpoint of the apiserver's audit webhook, and
+//     serve's wiring;
 //   - audit: decoding an audit event into a Row, and what a row means
 //     (requests, writes, conflict classes);
-//   - pipeline: Accepter, spool or Queue, Drainer, retry, ingest and tail,
-//     the periodic jobs and the sink's metrics;
+//   - pipeline: the Accepter, the spool or a Queue, the Drainer and its
+//     retry loop, ingest and tail, the periodic jobs and the sink's
+//     metrics;
 //   - record: the record format between decoding and insert, and the
 //     insert's native columns built from it;
 //   - spool: serve's durable buffer of records;
@@ -18,8 +21,10 @@
 //   - sql: every SQL text the store, the report and the dashboards run;
 //   - report: the report over the stored events.
 //
-// One event from the HTTP handler to a ClickHouse row: sink/server.go,
-// pipeline/accept.go (audit/decode.go decodes it, record/record.go encodes
-// it), spool/spool.go, pipeline/drainer.go (record.Set.Add parses it),
-// store/store.go, record/columns.go (its columns).
+// One event from the HTTP handler to a ClickHouse row: sink/server.go
+// (the handler), pipeline/pipeline.go (the Accepter, which has
+// audit/decode.go decode it and record/record.go encode it; then the
+// Drainer, which has record.Set.Add parse it), spool/spool.go between the
+// two (its framing in spool/format.go), and store/store.go (InsertRecords,
+// with the columns of record/record.go).
 package analytics
