@@ -7,7 +7,7 @@
 // tail to an in-memory Queue (queue.go), because their log file is their
 // durable buffer. The Drainer reads records from either source, parses
 // them into a record.Set and stores it with the store's InsertRecords,
-// retrying while ClickHouse is away (Retry), and confirms what was
+// retrying while ClickHouse is away (retry), and confirms what was
 // stored, in order. IngestFiles (ingest.go, with its progress line) and
 // Tail (tail.go) drive it for files; DrainSpool (periodic.go) for serve,
 // with the jobs that run every interval (compaction of the hour caches,

@@ -73,7 +73,7 @@ func schemaUntilReady(ctx context.Context, st *store.Store, noMigrate bool, m *M
 	if noMigrate {
 		what = "schema check (--no-migrate)"
 	}
-	return Retry(ctx, Backoff{}, log, what, func(err error) {
+	return retry(ctx, Backoff{}, log, what, func(err error) {
 		m.CountCHError(OpMigrate, err)
 	}, func() error {
 		current, err := st.SchemaCurrent(ctx)

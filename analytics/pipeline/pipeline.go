@@ -18,11 +18,6 @@ import (
 	"github.com/stampguard/stampguard/analytics/store"
 )
 
-// The path of every event, in the order it takes it: the Accepter decodes
-// raw events into records; a spool or a Queue (queue.go) holds them; the
-// Drainer parses them into a record.Set and inserts it, retrying while
-// ClickHouse is away (Retry), and confirms what was stored.
-
 // Accepter turns a stream of raw events into records (package record): it
 // decodes each item, keeps the configured stages, and turns the rest into
 // dead letters. It holds no state between calls and is safe for concurrent
@@ -166,9 +161,9 @@ type DrainerOptions struct {
 	// once no record arrived for a quarter of it, so that the end of a
 	// burst is stored promptly.
 	Linger time.Duration
-	// MinBackoff and MaxBackoff bound the wait between failed inserts;
-	// defaulted to 200ms and 10s.
-	MinBackoff, MaxBackoff time.Duration
+	// Backoff bounds the wait between failed inserts (see Backoff for
+	// its defaults).
+	Backoff Backoff
 	// Observe, when set, is called with what each insert did, and with the
 	// rows dropped because an insert in flight holds them (as Duplicates);
 	// from several goroutines at once.
@@ -346,9 +341,8 @@ func (w *Drainer) linger(ctx context.Context, b spool.Batch) spool.Batch {
 }
 
 func (w *Drainer) insert(ctx context.Context, set *record.Set) error {
-	b := Backoff{Min: w.o.MinBackoff, Max: w.o.MaxBackoff}
 	log := w.o.Logger.With("rows", set.Rows())
-	return Retry(ctx, b, log, "ClickHouse insert", func(err error) {
+	return retry(ctx, w.o.Backoff, log, "ClickHouse insert", func(err error) {
 		w.o.Metrics.CountCHError(OpInsert, err)
 		w.gauge()
 	}, func() error {
@@ -385,12 +379,12 @@ type Backoff struct {
 	Max time.Duration
 }
 
-// Retry calls fn until it succeeds or ctx ends, waiting b between failed
+// retry calls fn until it succeeds or ctx ends, waiting b between failed
 // attempts, and logs each failure (what names the attempt) with the wait.
 // failed, when set, is called with each error before the wait. It returns
 // nil or ctx's error: the one retry-while-ClickHouse-is-away loop of the
 // sink, ingest and tail.
-func Retry(ctx context.Context, b Backoff, log *slog.Logger, what string, failed func(error), fn func() error) error {
+func retry(ctx context.Context, b Backoff, log *slog.Logger, what string, failed func(error), fn func() error) error {
 	if b.Min <= 0 {
 		b.Min = 200 * time.Millisecond
 	}

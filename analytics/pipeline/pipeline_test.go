@@ -37,7 +37,7 @@ func drainWith(t *testing.T, sp *spool.Spool, st Inserter, o DrainerOptions) {
 	t.Helper()
 	ctx, cancel := context.WithCancel(t.Context())
 	done := make(chan error, 1)
-	o.MinBackoff, o.MaxBackoff = 50*time.Millisecond, 500*time.Millisecond
+	o.Backoff = Backoff{Min: 50 * time.Millisecond, Max: 500 * time.Millisecond}
 	go func() { done <- NewDrainer(sp, st, o).Run(ctx) }()
 	deadline := time.Now().Add(60 * time.Second)
 	for sp.Stats().RecordsPending > 0 {
@@ -190,7 +190,7 @@ func TestWriterWaitsOutClickHouseDowntime(t *testing.T) {
 	defer cancel()
 	done := make(chan error, 1)
 	go func() {
-		done <- NewDrainer(sp, st, DrainerOptions{Metrics: m, MinBackoff: 50 * time.Millisecond, MaxBackoff: 300 * time.Millisecond}).Run(ctx)
+		done <- NewDrainer(sp, st, DrainerOptions{Metrics: m, Backoff: Backoff{Min: 50 * time.Millisecond, Max: 300 * time.Millisecond}}).Run(ctx)
 	}()
 
 	srv.Stop()
@@ -254,7 +254,7 @@ func TestDrainerFinishLetsTheInsertInFlightEnd(t *testing.T) {
 			t.Fatal(err)
 		}
 		st := &blockingInserter{started: make(chan struct{}), release: make(chan struct{})}
-		o := DrainerOptions{Linger: -1, MinBackoff: time.Millisecond, MaxBackoff: time.Millisecond}
+		o := DrainerOptions{Linger: -1, Backoff: Backoff{Min: time.Millisecond, Max: time.Millisecond}}
 		fin, stopFin := context.WithCancel(t.Context())
 		if finish {
 			o.Finish = fin
