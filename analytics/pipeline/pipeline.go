@@ -180,8 +180,8 @@ type DrainerOptions struct {
 // Drainer drains a Source into ClickHouse: it reads unconfirmed records,
 // inserts them, and confirms them only after the insert succeeded. A
 // crash between insert and confirm replays the records: their copies are
-// rows that every read takes once, so nothing is doubled. The sink drains its spool with one; ingest and tail drain a
-// Queue.
+// rows that every read takes once, so nothing is doubled. The sink
+// drains its spool with one; ingest and tail drain a Queue.
 type Drainer struct {
 	src   Source
 	store Inserter
