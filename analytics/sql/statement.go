@@ -147,7 +147,8 @@ type Statement struct {
 	// Columns are the result's column names, in order.
 	Columns []string
 	// SQL is the text with placeholders: {db}, {filters},
-	// {request_filters}, the windows,
+	// {request_filters}, the windows, {writer_counted} (the counter rows
+	// by writer and resource, which place time as counted does),
 	// and {loop_conflicts} and {loop_successes} (the retry-loop rows,
 	// which place time with {loop_rollup_window}, {raw_window} and
 	// {raw_range}).
@@ -166,7 +167,7 @@ func (s Statement) Validate() error {
 	for _, m := range paramRef.FindAllStringSubmatch(s.SQL, -1) {
 		used = append(used, m[1])
 	}
-	if strings.Contains(s.SQL, "{filters}") {
+	if strings.Contains(s.SQL, "{filters}") || strings.Contains(s.SQL, writerCounted) {
 		for _, f := range Filters {
 			used = append(used, f.Name)
 		}
@@ -187,9 +188,9 @@ func (s Statement) Validate() error {
 		return fmt.Errorf("statement %s: uses parameters %v, declares %v", s.Name, a, b)
 	}
 	var places, windows []string
-	for _, p := range placeholderRef.FindAllString(s.SQL, -1) {
+	for _, p := range placeholderRef.FindAllString(strings.ReplaceAll(s.SQL, writerCounted, counted), -1) {
 		switch p {
-		case "{db}", "{filters}", "{request_filters}":
+		case "{db}", "{filters}", "{request_filters}", rawHours:
 		case "{loop_conflicts}", "{loop_successes}":
 			places = append(places, LoopRollupHours.Placeholder, RawEdges.Placeholder, RawRange.Placeholder)
 		default:
