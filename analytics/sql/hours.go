@@ -41,6 +41,7 @@ func CleanHours(from, to string) string {
 func MinuteVersions(hours []CleanHour) string {
 	return `SELECT toUInt32(hour), version FROM {db}.minute_requests
 	WHERE ` + hourVersions(hours) + `
+	ORDER BY hour, version
 	LIMIT 1 BY hour, version`
 }
 
@@ -52,6 +53,7 @@ func MinuteVersions(hours []CleanHour) string {
 func WriterVersions(hours []CleanHour) string {
 	return `SELECT toUInt32(hour), version FROM {db}.hour_writer_requests
 	WHERE ` + hourVersions(hours) + `
+	ORDER BY hour, version
 	LIMIT 1 BY hour, version`
 }
 
