@@ -48,11 +48,13 @@ func MinuteVersions(hours []CleanHour) string {
 // WriterVersions is a query of (hour, version): those of hours, clean
 // hours, whose versions have writer caches (migration 8), and so minute
 // caches too. A compaction of this release writes a row there for every
-// version, requests or none, before its record; a compactor of an earlier
-// release wrote none.
+// version, requests or none, before its record (a row with no cluster); a
+// compactor of an earlier release wrote none.
+//
+// It reads those rows only: an empty cluster sorts first.
 func WriterVersions(hours []CleanHour) string {
 	return `SELECT toUInt32(hour), version FROM {db}.hour_writer_requests
-	WHERE ` + hourVersions(hours) + `
+	WHERE cluster = '' AND ` + hourVersions(hours) + `
 	ORDER BY hour, version
 	LIMIT 1 BY hour, version`
 }
