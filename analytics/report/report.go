@@ -142,8 +142,9 @@ func Build(ctx context.Context, conn driver.Conn, o Options) (*Report, error) {
 
 // split decides where the window is read from: the clean hours of the
 // window from their caches (the whole minutes of the hours it cuts, too,
-// when their versions have minute caches), the rest from events (all of
-// it with NoRollup).
+// when their versions have minute caches; the counters by writer from the
+// writer caches when their versions have them), the rest from events (all
+// of it with NoRollup).
 func (o *Options) split(ctx context.Context, conn driver.Conn) error {
 	if o.NoRollup {
 		o.plan = asql.PlanReport(o.Since, o.Until, nil)
@@ -157,11 +158,23 @@ func (o *Options) split(ctx context.Context, conn driver.Conn) error {
 			return fmt.Errorf("read the clean hours: %w", err)
 		}
 	}
+	if len(clean) > 0 {
+		q := strings.ReplaceAll(asql.WriterVersions(clean), "{db}", o.Database)
+		writers := map[asql.CleanHour]bool{}
+		if err := scanHours(ctx, conn, q, func(c asql.CleanHour) { writers[c] = true }); err != nil {
+			return fmt.Errorf("read the writer caches: %w", err)
+		}
+		for i := range clean {
+			clean[i].Writers = writers[clean[i]]
+			clean[i].Minutes = clean[i].Writers
+		}
+	}
 	// Only the hours the window cuts (the first and the last) can use
-	// minute caches: ask whether their versions have any.
+	// minute caches: of those whose versions have no writer caches, ask
+	// whether they have minute caches.
 	var cut []asql.CleanHour
 	for _, c := range clean {
-		if c.Hour.Before(o.Since) || c.Hour.Add(time.Hour).After(o.Until) {
+		if !c.Writers && (c.Hour.Before(o.Since) || c.Hour.Add(time.Hour).After(o.Until)) {
 			cut = append(cut, c)
 		}
 	}
@@ -172,7 +185,9 @@ func (o *Options) split(ctx context.Context, conn driver.Conn) error {
 			return fmt.Errorf("read the minute caches: %w", err)
 		}
 		for i := range clean {
-			clean[i].Minutes = minutes[clean[i]]
+			if !clean[i].Writers {
+				clean[i].Minutes = minutes[asql.CleanHour{Hour: clean[i].Hour, Version: clean[i].Version}]
+			}
 		}
 	}
 	o.plan = asql.PlanReport(o.Since, o.Until, clean)
@@ -240,7 +255,21 @@ type querier struct {
 
 func (o *Options) querier(ctx context.Context, conn driver.Conn) querier {
 	return querier{ctx: ctx, conn: conn, args: o.args(),
-		binder: asql.Report{Database: o.Database, Plan: o.plan}}
+		binder: asql.Report{Database: o.Database, Plan: o.plan, Narrowed: o.narrowed()}}
+}
+
+// narrowed are the filters the options give a value.
+func (o *Options) narrowed() []asql.Param {
+	var ps []asql.Param
+	for _, f := range []struct {
+		param asql.Param
+		value string
+	}{{asql.Namespace, o.Namespace}, {asql.Resource, o.Resource}, {asql.User, o.User}} {
+		if f.value != "" {
+			ps = append(ps, f.param)
+		}
+	}
+	return ps
 }
 
 // scan reads a row of QueryTotals into t.

@@ -98,6 +98,17 @@ func minutesUsed(t *testing.T, conn driver.Conn, o Options) bool {
 	return len(o.plan.Partial) > 0
 }
 
+// writersUsed says whether the report over o reads its counters by
+// writer from the writer caches.
+func writersUsed(t *testing.T, conn driver.Conn, o Options) bool {
+	t.Helper()
+	o.setDefaults()
+	if err := o.split(t.Context(), conn); err != nil {
+		t.Fatal(err)
+	}
+	return o.querier(t.Context(), conn).binder.WriterCaches()
+}
+
 // compact builds the caches of every hour the test stored.
 func compact(t *testing.T, store *store.Store) {
 	t.Helper()
@@ -180,7 +191,7 @@ func TestRollupEqualsRaw(t *testing.T) {
 		b := a.Add(time.Duration(rnd.Int64N(int64(3*time.Hour/time.Microsecond))) * time.Microsecond)
 		windows = append(windows, [2]time.Time{a, b})
 	}
-	split, minutes := 0, 0
+	split, minutes, writers := 0, 0, 0
 	for _, w := range windows {
 		o := base
 		o.Since, o.Until = w[0], w[1]
@@ -190,14 +201,19 @@ func TestRollupEqualsRaw(t *testing.T) {
 		if minutesUsed(t, store.Conn(), o) {
 			minutes++
 		}
-		assertSameReports(t, ctx, store.Conn(), o)
-		for _, f := range []Options{{User: "user-0"}, {Namespace: "ns-1", Resource: "deployments"}, {Namespace: "shop", Resource: "configmaps", User: "dave"}} {
+		for _, f := range []Options{{}, {User: "user-0"}, {Resource: "deployments", User: "user-1"}, {Namespace: "ns-1", Resource: "deployments"}, {Namespace: "shop", Resource: "configmaps", User: "dave"}} {
 			f.Database, f.Cluster, f.Top, f.Since, f.Until = o.Database, o.Cluster, o.Top, o.Since, o.Until
+			if writersUsed(t, store.Conn(), f) {
+				if f.Namespace != "" {
+					t.Fatalf("a report narrowed to namespace %s reads the writer caches, which keep no namespace", f.Namespace)
+				}
+				writers++
+			}
 			assertSameReports(t, ctx, store.Conn(), f)
 		}
 	}
-	if split < 4 || minutes < 4 {
-		t.Fatalf("only %d windows read the rollup, %d the minute caches", split, minutes)
+	if split < 4 || minutes < 4 || writers < 8 {
+		t.Fatalf("only %d windows read the rollup, %d the minute caches; %d reports the writer caches", split, minutes, writers)
 	}
 
 	// The scenario's expectations hold on the rollup path too, over a
@@ -239,10 +255,12 @@ func TestRollupEqualsRawOnSynthetic(t *testing.T) {
 	}
 }
 
-// TestCutHoursOfEarlierCompactionsAreReadRaw: an hour compacted by an
-// earlier release has no minute caches; a window cutting it reads it from
-// events and says the same as one reading the minute caches.
-func TestCutHoursOfEarlierCompactionsAreReadRaw(t *testing.T) {
+// TestCachesOfEarlierCompactions: an hour compacted by an earlier release
+// has no writer caches (migration 8), or no minute caches either
+// (migration 7). A window cutting such hours reads what their versions
+// have, and each time says the same as the report over every cache and
+// as the raw one.
+func TestCachesOfEarlierCompactions(t *testing.T) {
 	store, db := migrated(t)
 	ctx := t.Context()
 	if err := Synthesize(ctx, store.Conn(), db, "bench", 50_000, 7, t0, 3*time.Hour); err != nil {
@@ -250,27 +268,37 @@ func TestCutHoursOfEarlierCompactionsAreReadRaw(t *testing.T) {
 	}
 	compact(t, store)
 	o := Options{Database: db, Cluster: "bench", Top: 50, Since: t0.Add(10*time.Minute + 3*time.Second), Until: t0.Add(2*time.Hour + 50*time.Minute + 1)}
-	if !minutesUsed(t, store.Conn(), o) {
-		t.Fatal("the window does not read the minute caches")
+	if !minutesUsed(t, store.Conn(), o) || !writersUsed(t, store.Conn(), o) {
+		t.Fatal("the window does not read the minute and writer caches")
 	}
-	withMinutes, err := Build(ctx, store.Conn(), o)
+	every, err := Build(ctx, store.Conn(), o)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := store.Conn().Exec(ctx, "TRUNCATE TABLE "+db+".minute_requests"); err != nil {
-		t.Fatal(err)
+	for _, step := range []struct {
+		tables           []string
+		minutes, writers bool
+	}{
+		{[]string{"hour_writer_requests", "minute_writer_requests"}, true, false},
+		{[]string{"minute_requests"}, false, false},
+	} {
+		for _, table := range step.tables {
+			if err := store.Conn().Exec(ctx, "TRUNCATE TABLE "+db+"."+table); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if minutesUsed(t, store.Conn(), o) != step.minutes || writersUsed(t, store.Conn(), o) != step.writers || !rollupUsed(t, store.Conn(), o) {
+			t.Fatalf("without %v: want minute caches %v, writer caches %v, and the whole hours from the caches", step.tables, step.minutes, step.writers)
+		}
+		without, err := Build(ctx, store.Conn(), o)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !reflect.DeepEqual(every, without) {
+			t.Errorf("with every cache:\n%+v\nwithout %v:\n%+v", every, step.tables, without)
+		}
+		assertSameReports(t, ctx, store.Conn(), o)
 	}
-	if minutesUsed(t, store.Conn(), o) || !rollupUsed(t, store.Conn(), o) {
-		t.Fatal("without minute caches the window should read its whole hours from the caches and its cut hours from events")
-	}
-	without, err := Build(ctx, store.Conn(), o)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if !reflect.DeepEqual(withMinutes, without) {
-		t.Errorf("with minute caches:\n%+v\nwithout:\n%+v", withMinutes, without)
-	}
-	assertSameReports(t, ctx, store.Conn(), o)
 }
 
 // TestHotObjectsMatchPlainRanking checks the contender shortcut of

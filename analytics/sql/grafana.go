@@ -94,6 +94,13 @@ var (
 		AND toDateTime(intDiv(event_time_us, 3600000000) * 3600) IN (SELECT hour FROM ` + grafanaClean + `))`
 )
 
+// grafanaRawHours are the window's hours that are not clean, on
+// events_by_hour's key: its raw edges' hours (AllEvents). range() takes
+// one argument on 18.16.
+var grafanaRawHours = HourKey + ` IN (
+	SELECT h FROM (SELECT intDiv(` + fromUs + `, 3600000000) + arrayJoin(range(toUInt64(intDiv(` + endUs + ` - 1, 3600000000) - intDiv(` + fromUs + `, 3600000000) + 1))) AS h)
+	WHERE h NOT IN (SELECT toUInt64(intDiv(toUInt32(hour), 3600)) FROM ` + grafanaClean + `))`
+
 // Bind renders s for a Grafana panel or alert query. It fails when a
 // parameter has neither a variable nor a value.
 func (g Grafana) Bind(s Statement) (string, error) {
@@ -139,9 +146,12 @@ func (g Grafana) Bind(s Statement) (string, error) {
 		}
 	}
 	sql := replace(s.SQL,
+		// Panels keep the object caches: their filters are variables,
+		// known only when the query runs.
+		writerCounted, counted,
 		"{loop_conflicts}", loopConflicts, "{loop_successes}", loopSuccesses,
 		"{filters}", "("+strings.Join(filters, " AND ")+")", "{request_filters}", "("+strings.Join(requestFilters, " AND ")+")",
-		"{raw_window}", grafanaRaw, "{raw_range}", grafanaWindow, "{rollup_window}", grafanaRollup, "{loop_rollup_window}", grafanaRollup, "{minute_window}", noRows, "{window}", grafanaWindow, "{events_window}", grafanaEventsWindow,
+		"{raw_window}", grafanaRaw, "{raw_range}", grafanaWindow, rawHours, grafanaRawHours, "{rollup_window}", grafanaRollup, "{loop_rollup_window}", grafanaRollup, "{minute_window}", noRows, "{window}", grafanaWindow, "{events_window}", grafanaEventsWindow,
 		"{bucket}", "toDateTime(intDiv(toUInt32(event_time), @interval_s) * @interval_s)",
 		"{end_us}", endUs,
 		"{db}", g.Database)

@@ -19,11 +19,14 @@ import (
 
 // CleanHours is a subquery of (hour, version): each hour in [from, to)
 // whose caches hold every event of its marks, with the newest version that
-// does. from and to are SQL expressions of Unix seconds, whole hours.
+// does, the one recorded last: an hour compacted again after an upgrade
+// is read from the caches of the newer release (its versions are random
+// numbers, so the largest says nothing). from and to are SQL expressions
+// of Unix seconds, whole hours.
 func CleanHours(from, to string) string {
 	within := `event_date >= toDate(toDateTime(` + from + `), 'UTC') AND event_date <= toDate(toDateTime(` + to + `), 'UTC')
 		AND hour >= toDateTime(` + from + `) AND hour < toDateTime(` + to + `)`
-	return `(SELECT hour, max(version) AS version FROM {db}.hour_compactions
+	return `(SELECT hour, argMax(version, (compacted_at, version)) AS version FROM {db}.hour_compactions
 	WHERE ` + within + ` AND (hour, marks) IN (
 		SELECT hour, uniqExact(mark) FROM {db}.hour_marks WHERE ` + within + ` GROUP BY hour)
 	GROUP BY hour)`
@@ -38,6 +41,21 @@ func CleanHours(from, to string) string {
 func MinuteVersions(hours []CleanHour) string {
 	return `SELECT toUInt32(hour), version FROM {db}.minute_requests
 	WHERE ` + hourVersions(hours) + `
+	ORDER BY hour, version
+	LIMIT 1 BY hour, version`
+}
+
+// WriterVersions is a query of (hour, version): those of hours, clean
+// hours, whose versions have writer caches (migration 8), and so minute
+// caches too. A compaction of this release writes a row there for every
+// version, requests or none, before its record (a row with no cluster); a
+// compactor of an earlier release wrote none.
+//
+// It reads those rows only: an empty cluster sorts first.
+func WriterVersions(hours []CleanHour) string {
+	return `SELECT toUInt32(hour), version FROM {db}.hour_writer_requests
+	WHERE cluster = '' AND ` + hourVersions(hours) + `
+	ORDER BY hour, version
 	LIMIT 1 BY hour, version`
 }
 
@@ -62,6 +80,18 @@ var (
 	SELECT toDate(toDateTime(@hour_s), 'UTC'), toDateTime(@hour_s), toUInt64(@version), minute, cluster, api_group, resource, namespace, name, writer, ` + counterSums + `
 	FROM ` + DistinctEvents(requestColumns+`, toDateTime(intDiv(event_time_us, 60000000) * 60) AS minute`, hourRows, Request) + `
 	GROUP BY minute, cluster, api_group, resource, namespace, name, writer`,
+		`INSERT INTO {db}.hour_writer_requests (event_date, hour, version, cluster, api_group, resource, writer, ` + counterNames + `)
+	SELECT toDate(toDateTime(@hour_s), 'UTC'), toDateTime(@hour_s), toUInt64(@version), cluster, api_group, resource, writer, ` + counterSums + `
+	FROM ` + DistinctEvents(requestColumns, hourRows, Request) + `
+	GROUP BY cluster, api_group, resource, writer`,
+		`INSERT INTO {db}.minute_writer_requests (event_date, hour, version, minute, cluster, api_group, resource, writer, ` + counterNames + `)
+	SELECT toDate(toDateTime(@hour_s), 'UTC'), toDateTime(@hour_s), toUInt64(@version), minute, cluster, api_group, resource, writer, ` + counterSums + `
+	FROM ` + DistinctEvents(requestColumns+`, toDateTime(intDiv(event_time_us, 60000000) * 60) AS minute`, hourRows, Request) + `
+	GROUP BY minute, cluster, api_group, resource, writer`,
+		// The version's mark in the writer caches (WriterVersions): a row
+		// of zeros with no cluster, which no read matches.
+		`INSERT INTO {db}.hour_writer_requests (event_date, hour, version, cluster, api_group, resource, writer, ` + counterNames + `)
+	SELECT toDate(toDateTime(@hour_s), 'UTC'), toDateTime(@hour_s), toUInt64(@version), '', '', '', '', ` + counterZeros + ``,
 		`INSERT INTO {db}.hour_loop_conflicts (event_date, hour, version, ` + loopConflictColumnsNoDate + `)
 	SELECT event_date, toDateTime(@hour_s), toUInt64(@version), ` + loopConflictColumnsNoDate + `
 	FROM ` + LoopConflictRows(hourRows, "1"),

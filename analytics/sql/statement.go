@@ -147,7 +147,8 @@ type Statement struct {
 	// Columns are the result's column names, in order.
 	Columns []string
 	// SQL is the text with placeholders: {db}, {filters},
-	// {request_filters}, the windows,
+	// {request_filters}, the windows, {writer_counted} (the counter rows
+	// by writer and resource, which place time as counted does),
 	// and {loop_conflicts} and {loop_successes} (the retry-loop rows,
 	// which place time with {loop_rollup_window}, {raw_window} and
 	// {raw_range}).
@@ -162,21 +163,23 @@ var (
 // Validate checks that the statement declares exactly the parameters and
 // windows its SQL uses.
 func (s Statement) Validate() error {
+	// {writer_counted} uses what counted does.
+	sql := strings.ReplaceAll(s.SQL, writerCounted, counted)
 	var used []string
-	for _, m := range paramRef.FindAllStringSubmatch(s.SQL, -1) {
+	for _, m := range paramRef.FindAllStringSubmatch(sql, -1) {
 		used = append(used, m[1])
 	}
-	if strings.Contains(s.SQL, "{filters}") {
+	if strings.Contains(sql, "{filters}") {
 		for _, f := range Filters {
 			used = append(used, f.Name)
 		}
 	}
-	if strings.Contains(s.SQL, "{request_filters}") {
+	if strings.Contains(sql, "{request_filters}") {
 		for _, f := range RequestFilters {
 			used = append(used, f.Name)
 		}
 	}
-	if strings.Contains(s.SQL, Bucket.Placeholder) {
+	if strings.Contains(sql, Bucket.Placeholder) {
 		used = append(used, IntervalS.Name)
 	}
 	var declared []string
@@ -187,9 +190,9 @@ func (s Statement) Validate() error {
 		return fmt.Errorf("statement %s: uses parameters %v, declares %v", s.Name, a, b)
 	}
 	var places, windows []string
-	for _, p := range placeholderRef.FindAllString(s.SQL, -1) {
+	for _, p := range placeholderRef.FindAllString(sql, -1) {
 		switch p {
-		case "{db}", "{filters}", "{request_filters}":
+		case "{db}", "{filters}", "{request_filters}", rawHours:
 		case "{loop_conflicts}", "{loop_successes}":
 			places = append(places, LoopRollupHours.Placeholder, RawEdges.Placeholder, RawRange.Placeholder)
 		default:

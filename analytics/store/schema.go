@@ -403,6 +403,44 @@ var Migrations = []Migration{
 			ORDER BY (cluster, hour, version, minute, api_group, resource, namespace, name, writer)`,
 		},
 	},
+	{
+		Version: 8,
+		Name:    "hour_writer_requests, minute_writer_requests: the request counters per writer and resource",
+		Statements: []string{
+			// hour_requests and minute_requests summed over namespaces and
+			// objects, written by the same compaction under the same
+			// version: the report's totals and its conflicts by writer
+			// and by resource read a few thousand rows an hour here
+			// instead of one per object. Every compaction of this release
+			// writes one row with no cluster (which no read matches), so
+			// that a version with any row here has both tables, and its
+			// minute caches too; versions compacted before have none and
+			// are read from the object caches as before.
+			`CREATE TABLE IF NOT EXISTS {db}.hour_writer_requests (
+				event_date                    Date,
+				hour                          DateTime,
+				version                       UInt64,
+				cluster                       LowCardinality(String),
+				api_group                     LowCardinality(String),
+				resource                      LowCardinality(String),
+				writer                        LowCardinality(String),
+` + counterColumnsDDL + `			) ENGINE = MergeTree()
+			PARTITION BY event_date
+			ORDER BY (cluster, hour, version, api_group, resource, writer)`,
+			`CREATE TABLE IF NOT EXISTS {db}.minute_writer_requests (
+				event_date                    Date,
+				hour                          DateTime,
+				version                       UInt64,
+				minute                        DateTime,
+				cluster                       LowCardinality(String),
+				api_group                     LowCardinality(String),
+				resource                      LowCardinality(String),
+				writer                        LowCardinality(String),
+` + counterColumnsDDL + `			) ENGINE = MergeTree()
+			PARTITION BY event_date
+			ORDER BY (cluster, hour, version, minute, api_group, resource, writer)`,
+		},
+	},
 }
 
 // epoch records from which hour a table fed by a view holds every event:
@@ -420,7 +458,8 @@ func epoch(table string) []string {
 }
 
 // counterColumnsDDL are the request counters of request_rollup,
-// hour_requests and minute_requests (analytics/sql's Counters, in order).
+// hour_requests, minute_requests and the writer caches (analytics/sql's
+// Counters, in order).
 const counterColumnsDDL = `				requests                      UInt64,
 				write_attempts                UInt64,
 				version_conflicts             UInt64,
@@ -476,7 +515,7 @@ const eventsColumnsDDL = `(
 			)`
 
 // Tables whose day partitions retention drops.
-var retentionTables = []string{asql.EventsTable, asql.LegacyEventsTable, "hour_marks", "hour_compactions", "hour_requests", "minute_requests", "hour_loop_conflicts", "hour_loop_successes", "dead_letters",
+var retentionTables = []string{asql.EventsTable, asql.LegacyEventsTable, "hour_marks", "hour_compactions", "hour_requests", "minute_requests", "hour_writer_requests", "minute_writer_requests", "hour_loop_conflicts", "hour_loop_successes", "dead_letters",
 	// unfed since migration 5
 	"event_keys", "stored_keys", "duplicate_events", "request_rollup", "loop_conflicts", "loop_successes"}
 

@@ -204,7 +204,7 @@ func (en *Pair) CopyTo26(t *testing.T) {
 
 // CompactedTables are the tables a compaction fills (analytics/sql,
 // hours.go); a test replays the compaction's statements on 26.7.
-var CompactedTables = []string{"hour_requests", "minute_requests", "hour_loop_conflicts", "hour_loop_successes", "hour_compactions"}
+var CompactedTables = []string{"hour_requests", "minute_requests", "hour_writer_requests", "minute_writer_requests", "hour_loop_conflicts", "hour_loop_successes", "hour_compactions"}
 
 // migrationInsert finds the tables a migration statement fills.
 var migrationInsert = regexp.MustCompile(`INSERT INTO \{db\}\.(\w+)`)
