@@ -110,9 +110,10 @@ func goldenCorpus(t *testing.T) []struct{ name, event string } {
 }
 
 // decodeBody reads body through a ListReader from chunks of chunk bytes
-// (0: all at once) and decodes each item as the Accepter does, writing
-// what each item became to out.
-func decodeBody(out *strings.Builder, body string, chunk int) {
+// (0: all at once) and decodes each item, with NextRow when onePass and
+// else with Next and then Decode (the reference: how the sink decoded
+// before NextRow), writing what each item became to out.
+func decodeBody(out *strings.Builder, body string, chunk int, onePass bool) {
 	var r io.Reader = strings.NewReader(body)
 	if chunk > 0 {
 		r = &chunkReader{r: r, n: chunk}
@@ -122,16 +123,19 @@ func decodeBody(out *strings.Builder, body string, chunk int) {
 	d := Decoder{KeepRaw: true, RedactResources: []string{"configmaps"}}
 	var row Row
 	for i := 0; ; i++ {
-		it, err := lr.Next()
+		var it Item
+		var err error
+		if onePass {
+			it, err = lr.NextRow(&d, &row)
+		} else if it, err = lr.Next(); err == nil && it.Err == nil {
+			it.Err = d.Decode(string(it.Raw), &row)
+		}
 		if errors.Is(err, io.EOF) {
 			return
 		}
 		if err != nil {
 			fmt.Fprintf(out, "  read error: %v\n", err)
 			return
-		}
-		if it.Err == nil {
-			it.Err = d.Decode(string(it.Raw), &row)
 		}
 		if it.Err != nil {
 			fmt.Fprintf(out, "  item %d: dead letter: %v; raw %s\n", i, it.Err, golden(string(it.Raw)))
@@ -213,21 +217,23 @@ func goldenBodies(t *testing.T) []struct{ name, body string } {
 }
 
 // TestDecodeGolden pins what every corpus event becomes (its row, field by
-// field, or its dead letter's reason), read whole and in small chunks.
-// testdata/decode.golden was written by the decoder before the one-pass
-// decoding; go test -run TestDecodeGolden -update rewrites it.
+// field, or its dead letter's reason), decoded in one pass (NextRow) and
+// in two (Next, then Decode), read whole and in 7-byte chunks: all four
+// must give testdata/decode.golden, which the two-pass decoder wrote
+// before NextRow existed. go test -run TestDecodeGolden -update rewrites
+// it from the two-pass decoder.
 func TestDecodeGolden(t *testing.T) {
-	var got strings.Builder
-	for _, b := range goldenBodies(t) {
-		fmt.Fprintf(&got, "## %s\n", b.name)
-		decodeBody(&got, b.body, 0)
-	}
 	const path = "testdata/decode.golden"
-	if *update {
-		if err := os.MkdirAll("testdata", 0o755); err != nil {
-			t.Fatal(err)
+	read := func(chunk int, onePass bool) string {
+		var out strings.Builder
+		for _, b := range goldenBodies(t) {
+			fmt.Fprintf(&out, "## %s\n", b.name)
+			decodeBody(&out, b.body, chunk, onePass)
 		}
-		if err := os.WriteFile(path, []byte(got.String()), 0o644); err != nil {
+		return out.String()
+	}
+	if *update {
+		if err := os.WriteFile(path, []byte(read(0, false)), 0o644); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -235,16 +241,18 @@ func TestDecodeGolden(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if got.String() != string(want) {
-		t.Errorf("decoding differs from %s:\n%s", path, firstDiff(got.String(), string(want)))
-	}
-	// Read in 7-byte chunks, every body decodes the same.
-	for _, b := range goldenBodies(t) {
-		var whole, chunked strings.Builder
-		decodeBody(&whole, b.body, 0)
-		decodeBody(&chunked, b.body, 7)
-		if whole.String() != chunked.String() {
-			t.Errorf("%s: read in 7-byte chunks it decodes differently:\n%s", b.name, firstDiff(chunked.String(), whole.String()))
+	for _, c := range []struct {
+		name    string
+		chunk   int
+		onePass bool
+	}{
+		{"two passes, read whole", 0, false},
+		{"two passes, read in 7-byte chunks", 7, false},
+		{"one pass, read whole", 0, true},
+		{"one pass, read in 7-byte chunks", 7, true},
+	} {
+		if got := read(c.chunk, c.onePass); got != string(want) {
+			t.Errorf("%s: decoding differs from %s:\n%s", c.name, path, firstDiff(got, string(want)))
 		}
 	}
 }
