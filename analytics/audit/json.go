@@ -561,7 +561,7 @@ func skipStr(s string, i int) (int, bool) {
 				return 0, false
 			}
 			for _, c := range []byte(s[j+2 : j+6]) {
-				if !('0' <= c && c <= '9' || 'a' <= c && c <= 'f' || 'A' <= c && c <= 'F') {
+				if (c < '0' || c > '9') && (c|0x20 < 'a' || c|0x20 > 'f') {
 					return 0, false
 				}
 			}

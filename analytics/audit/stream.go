@@ -583,11 +583,8 @@ func (l *ListReader) NextRow(d *Decoder, r *Row) (Item, error) {
 			start := l.pos
 			if n, err := d.decode(unsafe.String(&l.buf[start], len(l.buf)-start), r, true); err == nil {
 				l.start, l.pos = start, start+n
-				raw, err := l.finish(nil, 0)
-				if err != nil {
-					return Item{Raw: raw, Err: err}, nil
-				}
-				return Item{Raw: raw}, nil
+				raw, tooLarge := l.finish(nil, 0) // a dead letter if over the limit
+				return Item{Raw: raw, Err: tooLarge}, nil
 			}
 		}
 	}
