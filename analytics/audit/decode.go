@@ -37,6 +37,14 @@ type span struct{ from, to int }
 // Decode flattens one raw event into r, overwriting it. On error r is
 // unspecified.
 func (d *Decoder) Decode(raw string, r *Row) error {
+	_, err := d.decode(raw, r, false)
+	return err
+}
+
+// decode is Decode; with prefix the event is the JSON object at the start
+// of raw, which may go on after it (ListReader.NextRow decodes events in
+// its read buffer), and decode returns the object's length.
+func (d *Decoder) decode(raw string, r *Row, prefix bool) (int, error) {
 	*r = Row{UserGroups: r.UserGroups[:0], CauseReasons: r.CauseReasons[:0],
 		CauseFields: r.CauseFields[:0], AnnotationKeys: r.AnnotationKeys[:0],
 		AnnotationValues: r.AnnotationValues[:0]}
@@ -54,7 +62,7 @@ func (d *Decoder) Decode(raw string, r *Row) error {
 		annotMatch = annotation.Kept
 	}
 	if p.peek() != '{' {
-		return fmt.Errorf("event is not a JSON object")
+		return 0, fmt.Errorf("event is not a JSON object")
 	}
 	err := p.members(func(key string) error {
 		var err error
@@ -72,12 +80,7 @@ func (d *Decoder) Decode(raw string, r *Row) error {
 		case "userAgent":
 			r.UserAgent, err = p.optStr()
 		case "sourceIPs":
-			var ips []string
-			ips, err = p.strList(nil)
-			r.SourceIP = ""
-			if len(ips) > 0 {
-				r.SourceIP = ips[0]
-			}
+			r.SourceIP, err = p.firstStr()
 		case "user":
 			r.UserGroups = r.UserGroups[:0]
 			err = d.user(&p, &r.User, &r.UserGroups)
@@ -94,7 +97,7 @@ func (d *Decoder) Decode(raw string, r *Row) error {
 				holder, err = leaseHolder(&p)
 				ignoreHolder = err != nil
 			} else {
-				err = p.skip()
+				err = p.skipFast()
 			}
 			if err == nil {
 				objects = append(objects, span{from, p.i})
@@ -118,7 +121,7 @@ func (d *Decoder) Decode(raw string, r *Row) error {
 				return err
 			})
 		default:
-			err = p.skip()
+			err = p.skipFast()
 		}
 		if err != nil {
 			return fmt.Errorf("%s: %w", key, err)
@@ -126,26 +129,28 @@ func (d *Decoder) Decode(raw string, r *Row) error {
 		return nil
 	})
 	if err != nil {
-		return err
+		return 0, err
 	}
-	if p.peek() != 0 {
-		return p.errorf("data after the event object")
+	if prefix {
+		raw = raw[:p.i]
+	} else if p.peek() != 0 {
+		return 0, p.errorf("data after the event object")
 	}
 	if r.AuditID == "" {
-		return ErrMissingAuditID
+		return 0, ErrMissingAuditID
 	}
 	if r.Stage == "" {
-		return ErrMissingStage
+		return 0, ErrMissingStage
 	}
 	if stage == "" {
-		return ErrMissingTimestamp
+		return 0, ErrMissingTimestamp
 	}
 	if r.StageMicros, err = parseMicros(stage); err != nil {
-		return fmt.Errorf("stageTimestamp: %w", err)
+		return 0, fmt.Errorf("stageTimestamp: %w", err)
 	}
 	if received != "" {
 		if r.RequestReceivedMicros, err = parseMicros(received); err != nil {
-			return fmt.Errorf("requestReceivedTimestamp: %w", err)
+			return 0, fmt.Errorf("requestReceivedTimestamp: %w", err)
 		}
 	}
 	if r.Resource == "leases" && !ignoreHolder {
@@ -160,7 +165,7 @@ func (d *Decoder) Decode(raw string, r *Row) error {
 			r.Raw = raw
 		}
 	}
-	return nil
+	return len(raw), nil
 }
 
 // Redacts reports whether the objects of resource are removed.
@@ -203,7 +208,7 @@ func (d *Decoder) user(p *scanner, name *string, groups *[]string) error {
 		case "groups":
 			*groups, err = p.strList((*groups)[:0])
 		default:
-			err = p.skip()
+			err = p.skipFast()
 		}
 		return err
 	})
@@ -233,7 +238,7 @@ func (d *Decoder) objectRef(p *scanner, r *Row) error {
 		case "subresource":
 			r.Subresource, err = p.optStr()
 		default:
-			err = p.skip()
+			err = p.skipFast()
 		}
 		return err
 	})
@@ -258,7 +263,7 @@ func (d *Decoder) status(p *scanner, r *Row) error {
 			}
 			err = p.members(func(k string) error {
 				if k != "causes" {
-					return p.skip()
+					return p.skipFast()
 				}
 				r.CauseReasons, r.CauseFields = r.CauseReasons[:0], r.CauseFields[:0]
 				if p.peek() == 'n' && p.null() {
@@ -277,7 +282,7 @@ func (d *Decoder) status(p *scanner, r *Row) error {
 						case "field":
 							field, err = p.optStr()
 						default:
-							err = p.skip()
+							err = p.skipFast()
 						}
 						return err
 					})
@@ -287,7 +292,7 @@ func (d *Decoder) status(p *scanner, r *Row) error {
 				})
 			})
 		default:
-			err = p.skip()
+			err = p.skipFast()
 		}
 		return err
 	})
@@ -297,18 +302,18 @@ func (d *Decoder) status(p *scanner, r *Row) error {
 func leaseHolder(p *scanner) (string, error) {
 	var holder string
 	if p.peek() != '{' {
-		return "", p.skip()
+		return "", p.skipFast()
 	}
 	err := p.members(func(k string) error {
 		if k != "spec" || p.peek() != '{' {
-			return p.skip()
+			return p.skipFast()
 		}
 		return p.members(func(k string) error {
 			if k != "holderIdentity" {
-				return p.skip()
+				return p.skipFast()
 			}
 			if p.peek() != '"' {
-				return p.skip()
+				return p.skipFast()
 			}
 			var err error
 			holder, err = p.str()

@@ -359,6 +359,36 @@ func BenchmarkSplitAndDecode(b *testing.B) {
 				b.Fatal(err)
 			}
 		}
+		lr.Release()
+	}
+	b.ReportMetric(float64(b.N*len(items))/b.Elapsed().Seconds(), "events/s")
+}
+
+// BenchmarkNextRow is BenchmarkSplitAndDecode in one pass
+// (ListReader.NextRow), as the sink reads its bodies.
+func BenchmarkNextRow(b *testing.B) {
+	events := realEvents(b)
+	items := make([]string, 400)
+	for i := range items {
+		items[i] = events[i%len(events)]
+	}
+	body := []byte(eventList(items...))
+	d := Decoder{}
+	var r Row
+	b.ReportAllocs()
+	b.SetBytes(int64(len(body)))
+	for b.Loop() {
+		lr := NewListReader(bytes.NewReader(body), 0)
+		for {
+			it, err := lr.NextRow(&d, &r)
+			if err != nil {
+				break
+			}
+			if it.Err != nil {
+				b.Fatal(it.Err)
+			}
+		}
+		lr.Release()
 	}
 	b.ReportMetric(float64(b.N*len(items))/b.Elapsed().Seconds(), "events/s")
 }

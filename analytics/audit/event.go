@@ -2,7 +2,8 @@
 // splits an EventList body into raw events (ListReader, stream.go),
 // flattens each into a Row with its Fingerprint (Decoder, decode.go, over
 // the scanner of json.go), and names what could not become a row
-// (DeadLetter). It knows nothing of storage: package analytics/record
+// (DeadLetter). NextRow does both: ListReader.NextRow decodes an event
+// where it lies in the read buffer, in the pass that finds its end. It knows nothing of storage: package analytics/record
 // encodes Rows into spool records, and analytics/store stores them in
 // ClickHouse.
 package audit

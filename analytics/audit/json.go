@@ -1,11 +1,14 @@
 package audit
 
 import (
+	"encoding/binary"
 	"errors"
 	"fmt"
+	"math/bits"
 	"strings"
 	"unicode/utf16"
 	"unicode/utf8"
+	"unsafe"
 )
 
 // A small validating JSON scanner over a string. Audit events are decoded
@@ -30,6 +33,10 @@ func (p *scanner) errorf(format string, args ...any) error {
 }
 
 func (p *scanner) ws() {
+	// Most values follow their ':' or ',' directly.
+	if p.i < len(p.s) && p.s[p.i] > ' ' {
+		return
+	}
 	for p.i < len(p.s) {
 		switch p.s[p.i] {
 		case ' ', '\n', '\t', '\r':
@@ -148,16 +155,52 @@ func (p *scanner) str() (string, error) {
 	}
 	p.i++
 	start := p.i
-	j := strings.IndexByte(p.s[start:], '"')
+	j := quoteOrBackslash(p.s, start)
 	if j < 0 {
 		return "", errEnd
 	}
-	if k := strings.IndexByte(p.s[start:start+j], '\\'); k >= 0 {
-		p.i = start + k
+	if p.s[j] == '\\' {
+		p.i = j
 		return p.strSlow(start)
 	}
-	p.i = start + j + 1
-	return p.s[start : start+j], nil
+	p.i = j + 1
+	return p.s[start:j], nil
+}
+
+// quoteOrBackslash returns the position of the first '"' or '\\' in s
+// from i on, or -1. Most strings of an event are short: they are scanned
+// eight bytes at a time (a zero byte of v^'"' or v^'\\' marks a hit);
+// past 64 bytes without one, IndexByte's vector search takes over.
+func quoteOrBackslash(s string, i int) int {
+	const ones, highs = 0x0101010101010101, 0x8080808080808080
+	for limit := min(len(s), i+64); i+8 <= limit; i += 8 {
+		v := binary.LittleEndian.Uint64(unsafe.Slice(unsafe.StringData(s[i:]), 8))
+		q, b := v^('"'*ones), v^('\\'*ones)
+		// The lowest byte flagged is exact (false flags only sit above
+		// a true zero byte).
+		if m := ((q-ones)&^q | (b-ones)&^b) & highs; m != 0 {
+			return i + bits.TrailingZeros64(m)/8
+		}
+	}
+	if i+8 <= len(s) {
+		q := strings.IndexByte(s[i:], '"')
+		if q < 0 {
+			q = len(s) - i
+		}
+		if b := strings.IndexByte(s[i:i+q], '\\'); b >= 0 {
+			return i + b
+		}
+		if q == len(s)-i {
+			return -1
+		}
+		return i + q
+	}
+	for ; i < len(s); i++ {
+		if c := s[i]; c == '"' || c == '\\' {
+			return i
+		}
+	}
+	return -1
 }
 
 func (p *scanner) strSlow(start int) (string, error) {
@@ -374,4 +417,211 @@ func (p *scanner) strList(dst []string) ([]string, error) {
 		return err
 	})
 	return dst, err
+}
+
+// skipFast skips the value at the cursor as skip does, accepting exactly
+// what skip accepts, but in one loop without a call per member: it is
+// how the decoder passes over requestObject, responseObject and the rest
+// it does not keep, most of an event's bytes. On anything it does not
+// accept it rewinds and lets skip find and name the problem.
+func (p *scanner) skipFast() error {
+	if end, ok := skipValue(p.s, p.i, maxDepth-p.depth); ok {
+		p.i = end
+		return nil
+	}
+	return p.skip()
+}
+
+// skipValue returns the end of the JSON value at s[i:] (after leading
+// whitespace) and true, or false when s holds no valid value there or it
+// nests deeper than room or 64 levels (skip handles deeper ones).
+func skipValue(s string, i, room int) (int, bool) {
+	var (
+		depth   int
+		objects uint64 // bit d: the container at depth d+1 is an object
+	)
+	ws := func() {
+		for i < len(s) && (s[i] == ' ' || s[i] == '\n' || s[i] == '\t' || s[i] == '\r') {
+			i++
+		}
+	}
+value:
+	ws()
+	if i >= len(s) {
+		return 0, false
+	}
+	switch c := s[i]; c {
+	case '"':
+		var ok bool
+		if i, ok = skipStr(s, i+1); !ok {
+			return 0, false
+		}
+	case '{', '[':
+		if depth == 64 || depth == room {
+			return 0, false
+		}
+		i++
+		ws()
+		if i < len(s) && s[i] == c+2 { // '}' is '{'+2, ']' is '['+2
+			i++
+			break
+		}
+		objects &^= 1 << depth
+		if c == '{' {
+			objects |= 1 << depth
+		}
+		depth++
+		if c == '{' {
+			goto key
+		}
+		goto value
+	case 't':
+		if !strings.HasPrefix(s[i:], "true") {
+			return 0, false
+		}
+		i += 4
+	case 'f':
+		if !strings.HasPrefix(s[i:], "false") {
+			return 0, false
+		}
+		i += 5
+	case 'n':
+		if !strings.HasPrefix(s[i:], "null") {
+			return 0, false
+		}
+		i += 4
+	default:
+		var ok bool
+		if i, ok = skipNumber(s, i); !ok {
+			return 0, false
+		}
+	}
+	// After a value: the end, or the next member or element.
+	for {
+		if depth == 0 {
+			return i, true
+		}
+		ws()
+		if i >= len(s) {
+			return 0, false
+		}
+		inObject := objects&(1<<(depth-1)) != 0
+		switch c := s[i]; {
+		case c == ',':
+			i++
+			if inObject {
+				goto key
+			}
+			goto value
+		case c == '}' && inObject, c == ']' && !inObject:
+			i++
+			depth--
+			continue
+		}
+		return 0, false
+	}
+key:
+	ws()
+	if i >= len(s) || s[i] != '"' {
+		return 0, false
+	}
+	{
+		var ok bool
+		if i, ok = skipStr(s, i+1); !ok {
+			return 0, false
+		}
+	}
+	ws()
+	if i >= len(s) || s[i] != ':' {
+		return 0, false
+	}
+	i++
+	goto value
+}
+
+// skipStr returns the end of the string whose content starts at s[i],
+// after its closing quote, checking its escapes as skipString does.
+func skipStr(s string, i int) (int, bool) {
+	for {
+		j := quoteOrBackslash(s, i)
+		if j < 0 {
+			return 0, false
+		}
+		if s[j] == '"' {
+			return j + 1, true
+		}
+		if j+1 >= len(s) {
+			return 0, false
+		}
+		switch s[j+1] {
+		case '"', '\\', '/', 'b', 'f', 'n', 'r', 't':
+			i = j + 2
+		case 'u':
+			if j+6 > len(s) {
+				return 0, false
+			}
+			for _, c := range []byte(s[j+2 : j+6]) {
+				if (c < '0' || c > '9') && (c|0x20 < 'a' || c|0x20 > 'f') {
+					return 0, false
+				}
+			}
+			i = j + 6
+		default:
+			return 0, false
+		}
+	}
+}
+
+// skipNumber returns the end of the JSON number at s[i], as number reads it.
+func skipNumber(s string, i int) (int, bool) {
+	digits := func() int {
+		n := 0
+		for i < len(s) && '0' <= s[i] && s[i] <= '9' {
+			i++
+			n++
+		}
+		return n
+	}
+	if i < len(s) && s[i] == '-' {
+		i++
+	}
+	if i < len(s) && s[i] == '0' {
+		i++
+	} else if digits() == 0 {
+		return 0, false
+	}
+	if i < len(s) && s[i] == '.' {
+		i++
+		if digits() == 0 {
+			return 0, false
+		}
+	}
+	if i < len(s) && (s[i] == 'e' || s[i] == 'E') {
+		i++
+		if i < len(s) && (s[i] == '+' || s[i] == '-') {
+			i++
+		}
+		if digits() == 0 {
+			return 0, false
+		}
+	}
+	return i, true
+}
+
+// firstStr reads an array of strings (or null) and returns its first
+// element ("" when empty or null), building no list.
+func (p *scanner) firstStr() (string, error) {
+	if p.peek() == 'n' && p.null() {
+		return "", nil
+	}
+	first, n := "", 0
+	err := p.elements(func() error {
+		s, err := p.optStr()
+		if n == 0 {
+			first = s
+		}
+		n++
+		return err
+	})
+	return first, err
 }

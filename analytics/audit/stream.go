@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"sync"
+	"unsafe"
 )
 
 // Limits for one raw event.
@@ -536,4 +537,60 @@ func (l *ListReader) Next() (Item, error) {
 		}
 	}
 	return Item{}, io.EOF
+}
+
+// RowReader is an ItemReader that also decodes: NextRow returns the next
+// item and, when its Err is nil, its row in r.
+type RowReader interface {
+	ItemReader
+	NextRow(d *Decoder, r *Row) (Item, error)
+}
+
+// NextRow returns the next item of items decoded by d into r: an item
+// whose Err is nil holds a row in r (its strings, like Raw, valid until
+// the next call), and one whose Err is set is a dead letter, which a
+// decoding error makes of an item too. A RowReader decodes in its own
+// way (ListReader in one pass); any other reader's items are decoded one
+// by one.
+func NextRow(items ItemReader, d *Decoder, r *Row) (Item, error) {
+	if rr, ok := items.(RowReader); ok {
+		return rr.NextRow(d, r)
+	}
+	it, err := items.Next()
+	if err == nil && it.Err == nil {
+		it.Err = d.Decode(unsafe.String(unsafe.SliceData(it.Raw), len(it.Raw)), r)
+	}
+	return it, err
+}
+
+// NextRow implements RowReader: an event that lies whole in the read
+// buffer is decoded where it lies, in the one pass that also finds its
+// end, instead of being split first and decoded after. Anything else
+// (the first item, an event the buffer cuts, one that does not decode) is
+// split by Next and decoded on its own, so that every item comes out
+// exactly as Next and Decode make it.
+func (l *ListReader) NextRow(d *Decoder, r *Row) (Item, error) {
+	if !l.done && l.state == listItems {
+		c := l.peek()
+		if c == ',' {
+			l.pos++
+			c = l.peek()
+		}
+		if l.rerr != nil {
+			return Item{}, l.rerr
+		}
+		if c == '{' {
+			start := l.pos
+			if n, err := d.decode(unsafe.String(&l.buf[start], len(l.buf)-start), r, true); err == nil {
+				l.start, l.pos = start, start+n
+				raw, tooLarge := l.finish(nil, 0) // a dead letter if over the limit
+				return Item{Raw: raw, Err: tooLarge}, nil
+			}
+		}
+	}
+	it, err := l.Next()
+	if err == nil && it.Err == nil {
+		it.Err = d.Decode(unsafe.String(unsafe.SliceData(it.Raw), len(it.Raw)), r)
+	}
+	return it, err
 }

@@ -80,7 +80,9 @@ func (a *Accepter) AcceptTally(cluster, source string, items audit.ItemReader, t
 	}
 	var row audit.Row
 	for {
-		it, err := items.Next()
+		// The row points into the reader's buffer only until it is
+		// encoded below, before the next call.
+		it, err := audit.NextRow(items, &a.Decoder, &row)
 		if err != nil {
 			if isEOF(err) {
 				return res, flush()
@@ -88,28 +90,22 @@ func (a *Accepter) AcceptTally(cluster, source string, items audit.ItemReader, t
 			return res, err
 		}
 		if it.Err == nil {
-			// The row points into the reader's buffer only until it is
-			// encoded below, before the next call to Next.
-			err = a.Decoder.Decode(unsafe.String(unsafe.SliceData(it.Raw), len(it.Raw)), &row)
-			if err == nil {
-				if !slices.Contains(stages, row.Stage) {
-					res.Skipped++
-					continue
-				}
-				row.Cluster = cluster
-				if tally != nil {
-					tally.Add(&row)
-				}
-				rec = record.AppendRow(rec, &row)
-				res.Accepted++
-				if n++; n >= maxRows || len(rec) >= maxBytes {
-					if err := flush(); err != nil {
-						return res, err
-					}
-				}
+			if !slices.Contains(stages, row.Stage) {
+				res.Skipped++
 				continue
 			}
-			it.Err = err
+			row.Cluster = cluster
+			if tally != nil {
+				tally.Add(&row)
+			}
+			rec = record.AppendRow(rec, &row)
+			res.Accepted++
+			if n++; n >= maxRows || len(rec) >= maxBytes {
+				if err := flush(); err != nil {
+					return res, err
+				}
+			}
+			continue
 		}
 		d := audit.DeadLetter{Cluster: cluster, Source: source, Reason: it.Err.Error(),
 			Raw: a.deadRaw(it.Raw), ReceivedAt: time.Now().UnixMicro()}

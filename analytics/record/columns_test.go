@@ -96,3 +96,56 @@ func processCPU() time.Duration {
 	}
 	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }
+
+func TestStringColumnsLoadAsTheirNativeEncodingDecodes(t *testing.T) {
+	rows := audittest.Rows(t, "prod", audittest.Events(t))
+	rows[0].Message = "tab\there, quote\" and ünïcode"
+	rows[1].Raw = ""
+	set := setOf(t, rows, nil)
+	c := newBlock()
+	for i := range set.rows {
+		if err := c.appendRow(&set.rows[i], true); err != nil {
+			t.Fatal(err)
+		}
+	}
+	dst := make([]column.Interface, len(columnTable))
+	for i, ct := range columnTable {
+		var err error
+		if dst[i], err = column.Type(ct.typ).Column(ct.name, &column.ServerContext{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := c.load(dst); err != nil {
+		t.Fatal(err)
+	}
+	plain := 0
+	for i, ct := range columnTable {
+		if ct.typ != "String" {
+			continue
+		}
+		plain++
+		// The encoding the driver's Decode reads, which load used before
+		// it appended String columns.
+		want, err := column.Type(ct.typ).Column(ct.name, &column.ServerContext{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := want.Decode(proto.NewReader(c.cols[i].reader(c.n, &c.scratch)), c.n); err != nil {
+			t.Fatal(err)
+		}
+		if dst[i].Rows() != len(rows) || want.Rows() != len(rows) {
+			t.Fatalf("%s: %d and %d rows, want %d", ct.name, dst[i].Rows(), want.Rows(), len(rows))
+		}
+		for r := range len(rows) {
+			if got, want := dst[i].Row(r, false), want.Row(r, false); got != want {
+				t.Errorf("%s row %d: %q, want %q", ct.name, r, got, want)
+			}
+		}
+	}
+	if got := dst[colMessage].Row(0, false); got != rows[0].Message {
+		t.Errorf("message %q, want %q", got, rows[0].Message)
+	}
+	if plain < 5 {
+		t.Fatalf("only %d String columns", plain)
+	}
+}
