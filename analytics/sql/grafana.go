@@ -105,6 +105,9 @@ var grafanaRawHours = HourKey + ` IN (
 // parameter has neither a variable nor a value.
 func (g Grafana) Bind(s Statement) (string, error) {
 	var filters, requestFilters []string
+	// unfiltered are the conditions that each request filter selects any
+	// request (unfilteredRequests).
+	unfiltered := []string{"1"}
 	params := []string{}
 	for _, p := range s.Params {
 		if p == IntervalS {
@@ -117,8 +120,12 @@ func (g Grafana) Bind(s Statement) (string, error) {
 			return "", fmt.Errorf("statement %s: parameter %s has neither a variable nor a value", s.Name, p.Name)
 		}
 		into := &filters
-		if slices.Contains(RequestFilters, p) {
+		isRequest := slices.Contains(RequestFilters, p)
+		if isRequest {
 			into = &requestFilters
+		}
+		if isRequest {
+			unfiltered = append(unfiltered, anyValue(p, v, isVar, lit))
 		}
 		switch {
 		case p.Hides != "" && isVar && v.Multi:
@@ -151,11 +158,28 @@ func (g Grafana) Bind(s Statement) (string, error) {
 		writerCounted, counted,
 		"{loop_conflicts}", loopConflicts, "{loop_successes}", loopSuccesses,
 		"{filters}", "("+strings.Join(filters, " AND ")+")", "{request_filters}", "("+strings.Join(requestFilters, " AND ")+")",
+		unfilteredRequests, "("+strings.Join(unfiltered, " AND ")+")",
 		"{raw_window}", grafanaRaw, "{raw_range}", grafanaWindow, rawHours, grafanaRawHours, "{rollup_window}", grafanaRollup, "{loop_rollup_window}", grafanaRollup, "{minute_window}", noRows, "{window}", grafanaWindow, "{events_window}", grafanaEventsWindow,
 		"{bucket}", "toDateTime(intDiv(toUInt32(event_time), @interval_s) * @interval_s)",
 		"{end_us}", endUs,
 		"{db}", g.Database)
 	return bindNames(sql, params), nil
+}
+
+// anyValue is the condition, on constants, that the filter or toggle p
+// (a variable v when isVar, else the literal lit) selects every row.
+func anyValue(p Param, v Variable, isVar bool, lit string) string {
+	ref := lit
+	switch {
+	case isVar && v.Multi:
+		return "has(" + variableValues(v.Name) + ", '" + AllValue + "')"
+	case isVar:
+		ref = VariableText(v.Name)
+	}
+	if p.Hides != "" {
+		return "(" + ref + " != 'yes')"
+	}
+	return "(" + ref + " = '')"
 }
 
 // bindNames replaces each @name with its text, matching whole names only.

@@ -8,13 +8,13 @@ var (
 	// @min_bucket_writes write attempts has none (a handful of writes
 	// makes a rate that jumps between 0 and 100 %).
 	ConflictRateSeries = Statement{Name: "conflict_rate_series", Title: "Version-conflict rate", Shape: Series,
-		Params: with(requestFiltered, IntervalS, MinBucketWrites), Time: []Window{EventsWhole, Bucket},
+		Params: with(requestFiltered, IntervalS, MinBucketWrites), Time: seriesTime,
 		Columns: []string{"time", "conflict_rate"},
 		SQL: `
 SELECT time, conflict_rate
 FROM (
-	SELECT {bucket} AS time, countIf(class = 'version') AS conflicts, countIf(is_write) AS attempts, ` + rateOfAttempts + `
-	FROM ` + classified + `
+	SELECT {bucket} AS time, toUInt64(sum(version_conflicts)) AS conflicts, toUInt64(sum(write_attempts)) AS attempts, ` + rateOfAttempts + `
+	FROM ` + countedSeries + `
 	GROUP BY time
 )
 WHERE attempts >= greatest(toUInt64(@min_bucket_writes), 1)
@@ -25,22 +25,22 @@ ORDER BY time`}
 	// which changes the buckets' width, does not change the values; so are
 	// the other count series.
 	ConflictKindsSeries = Statement{Name: "conflict_kinds_series", Title: "Conflicts by kind", Shape: Series,
-		Params: with(requestFiltered, IntervalS), Time: []Window{EventsWhole, Bucket},
+		Params: with(requestFiltered, IntervalS), Time: seriesTime,
 		Columns: []string{"time", "version", "field", "delete_precondition", "already_exists", "other"},
 		SQL: `
-SELECT {bucket} AS time, countIf(class = 'version') / @interval_s AS version, countIf(class = 'field') / @interval_s AS field,
-	countIf(class = 'delete_precondition') / @interval_s AS delete_precondition, countIf(class = 'already_exists') / @interval_s AS already_exists,
-	countIf(class = 'other') / @interval_s AS other
-FROM ` + classified + `
+SELECT {bucket} AS time, sum(version_conflicts) / @interval_s AS version, sum(field_conflicts) / @interval_s AS field,
+	sum(delete_precondition_conflicts) / @interval_s AS delete_precondition, sum(already_exists) / @interval_s AS already_exists,
+	sum(other_conflicts) / @interval_s AS other
+FROM ` + countedSeries + `
 GROUP BY time
 ORDER BY time`}
 
 	StamplessGoneSeries = Statement{Name: "stampless_gone_series", Title: "Stampless updates and 410 Gone", Shape: Series,
-		Params: with(requestFiltered, IntervalS), Time: []Window{EventsWhole, Bucket},
+		Params: with(requestFiltered, IntervalS), Time: seriesTime,
 		Columns: []string{"time", "stampless_updates", "gone"},
 		SQL: `
-SELECT {bucket} AS time, countIf(verb = 'update' AND ` + IsSuccess + ` AND stamp = '') / @interval_s AS stampless_updates, countIf(code = 410) / @interval_s AS gone
-FROM ` + classified + `
+SELECT {bucket} AS time, sum(stampless_updates) / @interval_s AS stampless_updates, sum(gone) / @interval_s AS gone
+FROM ` + countedSeries + `
 GROUP BY time
 ORDER BY time`}
 
@@ -218,14 +218,14 @@ LIMIT 500`}
 	// rate was above @storm_rate over at least @min_writes write attempts,
 	// as time, timeEnd and text for a dashboard annotation.
 	StormIntervals = Statement{Name: "storm_intervals", Title: "Version-conflict storms", Shape: Rows,
-		Params: with(requestFiltered, MinWrites, StormS, StormRate), Time: []Window{EventsWhole},
+		Params: with(requestFiltered, MinWrites, StormS, StormRate), Time: []Window{RollupHours, MinuteSpans, RawEdges, RawRange, EventsWhole},
 		Columns: []string{"time", "timeEnd", "text"},
 		SQL: `
 SELECT toDateTime(b) AS time, toDateTime(b + @storm_s) AS timeEnd,
 	concat('Version-conflict storm: ', toString(conflicts), ' of ', toString(attempts), ' writes') AS text
 FROM (
-	SELECT intDiv(toUInt32(event_time), @storm_s) * @storm_s AS b, countIf(is_write AND class = 'version') AS conflicts, countIf(is_write) AS attempts
-	FROM ` + classified + `
+	SELECT intDiv(toUInt32(event_time), @storm_s) * @storm_s AS b, toUInt64(sum(write_version_conflicts)) AS conflicts, toUInt64(sum(write_attempts)) AS attempts
+	FROM ` + seriesCounted("@storm_s") + `
 	GROUP BY b
 )
 WHERE attempts >= greatest(toUInt64(@min_writes), 1) AND conflicts > @storm_rate * attempts

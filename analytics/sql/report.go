@@ -264,7 +264,7 @@ func (r Report) Bind(s Statement) string {
 	return replace(s.SQL,
 		writerCounted, byWriter,
 		"{loop_conflicts}", loopConflicts, "{loop_successes}", loopSuccesses,
-		"{filters}", r.filters(), "{request_filters}", "1", // the report narrows by no verb or code
+		"{filters}", r.filters(), "{request_filters}", "1", unfilteredRequests, "1", // the report narrows by no verb or code
 		"{raw_window}", r.Plan.rawWindow(), "{raw_range}", r.Plan.rawWindow(), rawHours, "1", "{rollup_window}", r.Plan.rollupWindow(), "{minute_window}", r.Plan.minuteWindow(), "{loop_rollup_window}", r.Plan.loopRollupWindow(), "{window}", reportWindow, "{events_window}", reportWindow,
 		"{bucket}", "toDateTime(intDiv(toUInt32(event_time), @interval_s) * @interval_s)",
 		"{end_us}", "@until_us",

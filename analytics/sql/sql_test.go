@@ -67,7 +67,8 @@ func TestGrafanaBindsEveryPlaceholder(t *testing.T) {
 
 // TestRequestFiltersOnlyWhereEventsAreRead binds every statement for the
 // dashboards: the verb and code filters appear in exactly the statements
-// that declare them, and those read no hour cache (which keep neither);
+// that declare them, and those read no hour cache (which keep neither),
+// and a minute cache only under the condition that they select any request;
 // the toggle reaches every statement with the other filters.
 func TestRequestFiltersOnlyWhereEventsAreRead(t *testing.T) {
 	declaring := 0
@@ -85,8 +86,13 @@ func TestRequestFiltersOnlyWhereEventsAreRead(t *testing.T) {
 		}
 		if declares {
 			declaring++
-			if strings.Contains(sql, ".hour_") {
+			// The minute caches only when no request filter narrows (the
+			// window's clean hours are found in hour_compactions then).
+			if strings.Contains(sql, ".hour_") && !strings.Contains(s.SQL, unfilteredRequests) || strings.Contains(s.SQL, "{db}.hour_") {
 				t.Errorf("%s filters by verb and code but reads an hour cache", s.Name)
+			}
+			if n := strings.Count(s.SQL, "{db}.minute_"); n != strings.Count(s.SQL, "{db}.minute_requests\n\tWHERE "+gate(minuteBuckets("@interval_s")))+strings.Count(s.SQL, "{db}.minute_requests\n\tWHERE "+gate(minuteBuckets("@storm_s"))) {
+				t.Errorf("%s filters by verb and code but reads a minute cache without the gate on them", s.Name)
 			}
 		}
 		if slices.Contains(s.Params, User) != strings.Contains(sql, "${hide_system:percentencode}") {

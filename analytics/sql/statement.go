@@ -174,7 +174,7 @@ func (s Statement) Validate() error {
 			used = append(used, f.Name)
 		}
 	}
-	if strings.Contains(sql, "{request_filters}") {
+	if strings.Contains(sql, "{request_filters}") || strings.Contains(sql, unfilteredRequests) {
 		for _, f := range RequestFilters {
 			used = append(used, f.Name)
 		}
@@ -192,7 +192,7 @@ func (s Statement) Validate() error {
 	var places, windows []string
 	for _, p := range placeholderRef.FindAllString(sql, -1) {
 		switch p {
-		case "{db}", "{filters}", "{request_filters}", rawHours:
+		case "{db}", "{filters}", "{request_filters}", unfilteredRequests, rawHours:
 		case "{loop_conflicts}", "{loop_successes}":
 			places = append(places, LoopRollupHours.Placeholder, RawEdges.Placeholder, RawRange.Placeholder)
 		default:

@@ -183,6 +183,57 @@ var classified = DistinctEvents(
 	`event_time, user_agent, resource, verb, code, stamp, latency_us, `+ConflictClass+` AS class, `+IsWrite+` AS is_write`,
 	`{events_window}`, Request+` AND cluster = @cluster AND {filters} AND {request_filters}`)
 
+// countedSeries is the window's requests as counter rows with their
+// event_time, for the series of counts ({bucket}, buckets of
+// @interval_s): seriesCounted.
+var countedSeries = seriesCounted("@interval_s")
+
+// seriesCounted is the window's requests as counter rows with their
+// event_time, for buckets of width seconds (aligned to the epoch): when
+// the buckets are whole minutes and no request filter narrows
+// (minuteBuckets), the clean hours from the minute caches
+// (minute_requests, each minute as its event_time; a minute lies in one
+// bucket) and the rest from events, as counted places them; otherwise the
+// whole window from events. Each branch's gate holds for the whole query
+// or for none of it.
+func seriesCounted(width string) string {
+	cache := gate(minuteBuckets(width))
+	return `(
+	SELECT minute AS event_time, ` + counterNames + `
+	FROM {db}.minute_requests
+	WHERE ` + cache + ` AND cluster = @cluster AND {rollup_window} AND {filters}
+	UNION ALL
+	SELECT minute AS event_time, ` + counterNames + `
+	FROM {db}.minute_requests
+	WHERE ` + cache + ` AND cluster = @cluster AND {minute_window} AND {filters}
+	UNION ALL
+	SELECT event_time, ` + counterValues + `
+	FROM ` + distinctEvents(requestColumns+`, event_time`, cache+` AND {raw_range}`, Request+` AND cluster = @cluster AND {filters}`, `{raw_window}`) + `
+	UNION ALL
+	SELECT event_time, ` + counterValues + `
+	FROM ` + DistinctEvents(requestColumns+`, event_time`, gate(`NOT `+minuteBuckets(width))+` AND {events_window}`, Request+` AND cluster = @cluster AND {filters} AND {request_filters}`) + `
+)`
+}
+
+// minuteBuckets says that buckets of width seconds are whole minutes and
+// that no request filter narrows (the minute caches keep neither verb
+// nor code), so that whole minutes of the caches make the buckets: a
+// condition on constants.
+func minuteBuckets(width string) string {
+	return `(` + width + ` % 60 = 0 AND ` + unfilteredRequests + `)`
+}
+
+// unfilteredRequests is the placeholder of the condition, on constants,
+// that no request filter narrows: "1" in the report (it has none).
+const unfilteredRequests = "{unfiltered_requests}"
+
+// gate is cond, a condition on constants, and the same on the day
+// partitions: 18.16 reads every part under a false constant, and none
+// under a day range that a constant empties.
+func gate(cond string) string {
+	return `(` + cond + ` AND event_date >= if(` + cond + `, toDate('1970-01-01'), toDate('2100-01-01')))`
+}
+
 // The retry-loop rows: version conflicts and successful writes, one row per
 // request, each with its writer and object. LoopConflictRows and
 // LoopSuccessRows derive them from events (one row per identity); the
@@ -254,6 +305,8 @@ var (
 	// reads events alone.
 	requestFiltered = with(filtered, Verb, Code)
 	countedTime     = []Window{RollupHours, MinuteSpans, RawEdges, RawRange}
+	// seriesTime places the time of a series of counts (countedSeries).
+	seriesTime = []Window{RollupHours, MinuteSpans, RawEdges, RawRange, EventsWhole, Bucket}
 )
 
 func with(ps []Param, more ...Param) []Param {
