@@ -72,22 +72,10 @@ var (
 
 	// CompactionInserts build the hour's caches under @version.
 	CompactionInserts = []string{
-		`INSERT INTO {db}.hour_requests (event_date, hour, version, cluster, api_group, resource, namespace, name, writer, ` + counterNames + `)
-	SELECT toDate(toDateTime(@hour_s), 'UTC'), toDateTime(@hour_s), toUInt64(@version), cluster, api_group, resource, namespace, name, writer, ` + counterSums + `
-	FROM ` + DistinctEvents(requestColumns, hourRows, Request) + `
-	GROUP BY cluster, api_group, resource, namespace, name, writer`,
-		`INSERT INTO {db}.minute_requests (event_date, hour, version, minute, cluster, api_group, resource, namespace, name, writer, ` + counterNames + `)
-	SELECT toDate(toDateTime(@hour_s), 'UTC'), toDateTime(@hour_s), toUInt64(@version), minute, cluster, api_group, resource, namespace, name, writer, ` + counterSums + `
-	FROM ` + DistinctEvents(requestColumns+`, toDateTime(intDiv(event_time_us, 60000000) * 60) AS minute`, hourRows, Request) + `
-	GROUP BY minute, cluster, api_group, resource, namespace, name, writer`,
-		`INSERT INTO {db}.hour_writer_requests (event_date, hour, version, cluster, api_group, resource, writer, ` + counterNames + `)
-	SELECT toDate(toDateTime(@hour_s), 'UTC'), toDateTime(@hour_s), toUInt64(@version), cluster, api_group, resource, writer, ` + counterSums + `
-	FROM ` + DistinctEvents(requestColumns, hourRows, Request) + `
-	GROUP BY cluster, api_group, resource, writer`,
-		`INSERT INTO {db}.minute_writer_requests (event_date, hour, version, minute, cluster, api_group, resource, writer, ` + counterNames + `)
-	SELECT toDate(toDateTime(@hour_s), 'UTC'), toDateTime(@hour_s), toUInt64(@version), minute, cluster, api_group, resource, writer, ` + counterSums + `
-	FROM ` + DistinctEvents(requestColumns+`, toDateTime(intDiv(event_time_us, 60000000) * 60) AS minute`, hourRows, Request) + `
-	GROUP BY minute, cluster, api_group, resource, writer`,
+		compactCounters("hour_requests", objectKeys, ""),
+		compactCounters("minute_requests", objectKeys, "minute"),
+		compactCounters("hour_writer_requests", writerKeys, ""),
+		compactCounters("minute_writer_requests", writerKeys, "minute"),
 		// The version's mark in the writer caches (WriterVersions): a row
 		// of zeros with no cluster, which no read matches.
 		`INSERT INTO {db}.hour_writer_requests (event_date, hour, version, cluster, api_group, resource, writer, ` + counterNames + `)
@@ -116,6 +104,20 @@ var (
 	WHERE (hour, marks) NOT IN (SELECT hour, marks FROM {db}.hour_compactions WHERE event_date >= toDate(toDateTime(@since_s), 'UTC'))
 	ORDER BY h`
 )
+
+// compactCounters builds the hour's counters per keys (and per minute,
+// with minute "minute") into table under @version.
+func compactCounters(table, keys, minute string) string {
+	columns, group := requestColumns, "cluster, "+keys
+	if minute != "" {
+		columns += `, toDateTime(intDiv(event_time_us, 60000000) * 60) AS minute`
+		group = "minute, " + group
+	}
+	return `INSERT INTO {db}.` + table + ` (event_date, hour, version, ` + group + `, ` + counterNames + `)
+	SELECT toDate(toDateTime(@hour_s), 'UTC'), toDateTime(@hour_s), toUInt64(@version), ` + group + `, ` + counterSums + `
+	FROM ` + DistinctEvents(columns, hourRows, Request) + `
+	GROUP BY ` + group
+}
 
 // loopConflictColumnsNoDate are loopConflictColumns without event_date.
 var loopConflictColumnsNoDate = strings.TrimPrefix(loopConflictColumns, "event_date, ")

@@ -133,24 +133,20 @@ var counterNames = func() string {
 	return strings.Join(cs, ", ")
 }()
 
+// The keys of the counter caches: per object and writer (hour_requests,
+// minute_requests), per writer and resource (the writer caches).
+const (
+	objectKeys = `api_group, resource, namespace, name, writer`
+	writerKeys = `api_group, resource, writer`
+)
+
 // counted is the window's requests as counter rows: the clean hours of
 // the window from their caches (hour_requests, one version per hour), the
 // whole minutes of the clean hours it cuts from their minute caches
 // (minute_requests, {minute_window}), and one row per request, read from
 // events, for the rest ({raw_window}). Together they are the window, each
 // request once.
-var counted = `(
-	SELECT api_group, resource, namespace, name, writer, ` + counterNames + `
-	FROM {db}.hour_requests
-	WHERE cluster = @cluster AND {rollup_window} AND {filters}
-	UNION ALL
-	SELECT api_group, resource, namespace, name, writer, ` + counterNames + `
-	FROM {db}.minute_requests
-	WHERE cluster = @cluster AND {minute_window} AND {filters}
-	UNION ALL
-	SELECT api_group, resource, namespace, name, writer, ` + counterValues + `
-	FROM ` + distinctEvents(requestColumns, `{raw_range}`, Request+` AND cluster = @cluster AND {filters}`, `{raw_window}`) + `
-)`
+var counted = countedRows(objectKeys, "hour_requests", "minute_requests", requestColumns)
 
 // countedByWriter is counted without the objects: the request counters
 // per writer and resource, the clean hours from the writer caches
@@ -158,18 +154,26 @@ var counted = `(
 // window cuts from theirs (minute_writer_requests), the rest from events.
 // Only filters on columns it keeps may narrow it (not namespace, not
 // name): the report reads it when it can (Report.WriterCaches).
-var countedByWriter = `(
-	SELECT api_group, resource, writer, ` + counterNames + `
-	FROM {db}.hour_writer_requests
+var countedByWriter = countedRows(writerKeys, "hour_writer_requests", "minute_writer_requests",
+	`cluster, writer, api_group, resource, verb, code, stamp, `+ConflictClass+` AS class, `+IsWrite+` AS is_write`)
+
+// countedRows are the window's counter rows per keys: from the hour
+// caches hours and the minute caches minutes, and from events, whose
+// rows carry rawColumns (the keys and what the counters read).
+func countedRows(keys, hours, minutes, rawColumns string) string {
+	return `(
+	SELECT ` + keys + `, ` + counterNames + `
+	FROM {db}.` + hours + `
 	WHERE cluster = @cluster AND {rollup_window} AND {filters}
 	UNION ALL
-	SELECT api_group, resource, writer, ` + counterNames + `
-	FROM {db}.minute_writer_requests
+	SELECT ` + keys + `, ` + counterNames + `
+	FROM {db}.` + minutes + `
 	WHERE cluster = @cluster AND {minute_window} AND {filters}
 	UNION ALL
-	SELECT api_group, resource, writer, ` + counterValues + `
-	FROM ` + distinctEvents(`cluster, writer, api_group, resource, verb, code, stamp, `+ConflictClass+` AS class, `+IsWrite+` AS is_write`, `{raw_range}`, Request+` AND cluster = @cluster AND {filters}`, `{raw_window}`) + `
+	SELECT ` + keys + `, ` + counterValues + `
+	FROM ` + distinctEvents(rawColumns, `{raw_range}`, Request+` AND cluster = @cluster AND {filters}`, `{raw_window}`) + `
 )`
+}
 
 // writerCounted is the placeholder of the window's counter rows in a
 // statement that needs neither namespace nor name of them: the report
