@@ -141,10 +141,9 @@ func Build(ctx context.Context, conn driver.Conn, o Options) (*Report, error) {
 }
 
 // split decides where the window is read from: the clean hours of the
-// window from their caches (the whole minutes of the hours it cuts, too,
-// when their versions have minute caches; the counters by writer from the
-// writer caches when their versions have them), the rest from events (all
-// of it with NoRollup).
+// window from their caches (and the whole minutes of the hours it cuts;
+// the counters by writer from the writer caches when the filters allow),
+// the rest from events (all of it with NoRollup).
 func (o *Options) split(ctx context.Context, conn driver.Conn) error {
 	if o.NoRollup {
 		o.plan = asql.PlanReport(o.Since, o.Until, nil)
@@ -156,38 +155,6 @@ func (o *Options) split(ctx context.Context, conn driver.Conn) error {
 		q := "SELECT toUInt32(hour), version FROM " + strings.ReplaceAll(asql.CleanHours(strconv.FormatInt(from.Unix(), 10), strconv.FormatInt(to.Unix(), 10)), "{db}", o.Database) + " ORDER BY hour"
 		if err := scanHours(ctx, conn, q, func(c asql.CleanHour) { clean = append(clean, c) }); err != nil {
 			return fmt.Errorf("read the clean hours: %w", err)
-		}
-	}
-	if len(clean) > 0 {
-		q := strings.ReplaceAll(asql.WriterVersions(clean), "{db}", o.Database)
-		writers := map[asql.CleanHour]bool{}
-		if err := scanHours(ctx, conn, q, func(c asql.CleanHour) { writers[c] = true }); err != nil {
-			return fmt.Errorf("read the writer caches: %w", err)
-		}
-		for i := range clean {
-			clean[i].Writers = writers[clean[i]]
-			clean[i].Minutes = clean[i].Writers
-		}
-	}
-	// Only the hours the window cuts (the first and the last) can use
-	// minute caches: of those whose versions have no writer caches, ask
-	// whether they have minute caches.
-	var cut []asql.CleanHour
-	for _, c := range clean {
-		if !c.Writers && (c.Hour.Before(o.Since) || c.Hour.Add(time.Hour).After(o.Until)) {
-			cut = append(cut, c)
-		}
-	}
-	if len(cut) > 0 {
-		q := strings.ReplaceAll(asql.MinuteVersions(cut), "{db}", o.Database)
-		minutes := map[asql.CleanHour]bool{}
-		if err := scanHours(ctx, conn, q, func(c asql.CleanHour) { minutes[c] = true }); err != nil {
-			return fmt.Errorf("read the minute caches: %w", err)
-		}
-		for i := range clean {
-			if !clean[i].Writers {
-				clean[i].Minutes = minutes[asql.CleanHour{Hour: clean[i].Hour, Version: clean[i].Version}]
-			}
 		}
 	}
 	o.plan = asql.PlanReport(o.Since, o.Until, clean)

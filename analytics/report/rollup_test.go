@@ -6,12 +6,14 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"reflect"
+	"strconv"
 	"testing"
 	"time"
 
 	"github.com/ClickHouse/clickhouse-go/v2/lib/driver"
 	"github.com/stampguard/stampguard/analytics/audit"
 	"github.com/stampguard/stampguard/analytics/record/recordtest"
+	asql "github.com/stampguard/stampguard/analytics/sql"
 	"github.com/stampguard/stampguard/analytics/store"
 	"github.com/stampguard/stampguard/internal/chtest"
 )
@@ -256,49 +258,73 @@ func TestRollupEqualsRawOnSynthetic(t *testing.T) {
 }
 
 // TestCachesOfEarlierCompactions: an hour compacted by an earlier release
-// has no writer caches (migration 8), or no minute caches either
-// (migration 7). A window cutting such hours reads what their versions
-// have, and each time says the same as the report over every cache and
-// as the raw one.
+// (its record in hour_compactions, or in hour_caches with another layout)
+// lacks caches of this layout, so no reader takes it as clean: the report
+// reads it from events and says the same, and the compactor compacts it
+// again, after which the report reads the caches once more.
 func TestCachesOfEarlierCompactions(t *testing.T) {
 	store, db := migrated(t)
 	ctx := t.Context()
-	if err := Synthesize(ctx, store.Conn(), db, "bench", 50_000, 7, t0, 3*time.Hour); err != nil {
+	conn := store.Conn()
+	if err := Synthesize(ctx, conn, db, "bench", 50_000, 7, t0, 3*time.Hour); err != nil {
 		t.Fatal(err)
 	}
 	compact(t, store)
 	o := Options{Database: db, Cluster: "bench", Top: 50, Since: t0.Add(10*time.Minute + 3*time.Second), Until: t0.Add(2*time.Hour + 50*time.Minute + 1)}
-	if !minutesUsed(t, store.Conn(), o) || !writersUsed(t, store.Conn(), o) {
-		t.Fatal("the window does not read the minute and writer caches")
+	if !rollupUsed(t, conn, o) || !minutesUsed(t, conn, o) || !writersUsed(t, conn, o) {
+		t.Fatal("the window does not read the hour, minute and writer caches")
 	}
-	every, err := Build(ctx, store.Conn(), o)
+	every, err := Build(ctx, conn, o)
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, step := range []struct {
-		tables           []string
-		minutes, writers bool
-	}{
-		{[]string{"hour_writer_requests", "minute_writer_requests"}, true, false},
-		{[]string{"minute_requests"}, false, false},
+	// What earlier releases left: the records of migration 5's table, and
+	// one of another layout; their versions have no agent or latency
+	// caches.
+	for _, q := range []string{
+		"INSERT INTO " + db + ".hour_compactions (event_date, hour, version, marks, compacted_at) SELECT event_date, hour, version, marks, compacted_at FROM " + db + ".hour_caches",
+		"TRUNCATE TABLE " + db + ".hour_caches",
+		"INSERT INTO " + db + ".hour_caches (event_date, hour, layout, version, marks, compacted_at) SELECT event_date, hour, toUInt32(" + strconv.Itoa(asql.CacheLayout-1) + "), version, marks, compacted_at FROM " + db + ".hour_compactions",
+		"TRUNCATE TABLE " + db + ".hour_agent_requests",
+		"TRUNCATE TABLE " + db + ".minute_agent_requests",
+		"TRUNCATE TABLE " + db + ".minute_write_latencies",
 	} {
-		for _, table := range step.tables {
-			if err := store.Conn().Exec(ctx, "TRUNCATE TABLE "+db+"."+table); err != nil {
-				t.Fatal(err)
-			}
+		if err := conn.Exec(ctx, q); err != nil {
+			t.Fatalf("%s: %v", q, err)
 		}
-		if minutesUsed(t, store.Conn(), o) != step.minutes || writersUsed(t, store.Conn(), o) != step.writers || !rollupUsed(t, store.Conn(), o) {
-			t.Fatalf("without %v: want minute caches %v, writer caches %v, and the whole hours from the caches", step.tables, step.minutes, step.writers)
-		}
-		without, err := Build(ctx, store.Conn(), o)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if !reflect.DeepEqual(every, without) {
-			t.Errorf("with every cache:\n%+v\nwithout %v:\n%+v", every, step.tables, without)
-		}
-		assertSameReports(t, ctx, store.Conn(), o)
 	}
+	var records uint64
+	if err := conn.QueryRow(ctx, "SELECT count() FROM "+db+".hour_caches WHERE layout != "+strconv.Itoa(asql.CacheLayout)).Scan(&records); err != nil || records != 3 {
+		t.Fatalf("%d records of another layout (%v), want 3", records, err)
+	}
+	if rollupUsed(t, conn, o) || minutesUsed(t, conn, o) {
+		t.Fatal("hours compacted by an earlier release are read from their caches")
+	}
+	earlier, err := Build(ctx, conn, o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !reflect.DeepEqual(every, earlier) {
+		t.Errorf("from the caches:\n%+v\nfrom events, the hours compacted earlier:\n%+v", every, earlier)
+	}
+	res, err := store.Compact(ctx, time.Unix(0, 0), 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(res.Hours) != 3 {
+		t.Fatalf("compacted %v again, want the 3 hours an earlier release compacted", res.Hours)
+	}
+	if !rollupUsed(t, conn, o) || !minutesUsed(t, conn, o) {
+		t.Fatal("the hours compacted again are not read from their caches")
+	}
+	again, err := Build(ctx, conn, o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !reflect.DeepEqual(every, again) {
+		t.Errorf("before:\n%+v\nafter compacting again:\n%+v", every, again)
+	}
+	assertSameReports(t, ctx, conn, o)
 }
 
 // TestHotObjectsMatchPlainRanking checks the contender shortcut of

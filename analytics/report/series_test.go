@@ -72,7 +72,7 @@ func TestSeriesReadMinuteCaches(t *testing.T) {
 	hs, ms := strconv.FormatInt(hour.Unix(), 10), strconv.FormatInt(minute.Unix(), 10)
 	if err := conn.Exec(ctx, `INSERT INTO `+db+`.minute_requests (event_date, hour, version, minute, cluster, api_group, resource, namespace, name, writer, version_conflicts)
 		SELECT toDate(toDateTime(`+hs+`), 'UTC'), toDateTime(`+hs+`), argMax(version, (compacted_at, version)), toDateTime(`+ms+`), 'bench', '', 'configmaps', 'default', 'extra', 'tester', 7
-		FROM `+db+`.hour_compactions WHERE hour = toDateTime(`+hs+`)`); err != nil {
+		FROM `+db+`.hour_caches WHERE hour = toDateTime(`+hs+`)`); err != nil {
 		t.Fatal(err)
 	}
 	tampered := run()

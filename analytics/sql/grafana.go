@@ -108,6 +108,9 @@ func (g Grafana) Bind(s Statement) (string, error) {
 	// unfiltered are the conditions that each request filter selects any
 	// request (unfilteredRequests).
 	unfiltered := []string{"1"}
+	// byFilter and anyOf are each filter's condition, and the condition
+	// that it selects any row, for the caches' filters (cacheFilters).
+	byFilter, anyOf := map[Param]string{}, map[Param]string{}
 	params := []string{}
 	for _, p := range s.Params {
 		if p == IntervalS {
@@ -127,6 +130,7 @@ func (g Grafana) Bind(s Statement) (string, error) {
 		if isRequest {
 			unfiltered = append(unfiltered, anyValue(p, v, isVar, lit))
 		}
+		before := len(*into)
 		switch {
 		case p.Hides != "" && isVar && v.Multi:
 			return "", fmt.Errorf("statement %s: toggle %s has the multi-value variable %s", s.Name, p.Name, v.Name)
@@ -151,19 +155,47 @@ func (g Grafana) Bind(s Statement) (string, error) {
 		default:
 			params = append(params, "@"+p.Name, lit)
 		}
+		if !isRequest && len(*into) > before {
+			byFilter[p], anyOf[p] = (*into)[before], anyValue(p, v, isVar, lit)
+		}
+	}
+	// Each cache's filters, and the condition that those it lacks select
+	// any row.
+	var cached []string
+	for _, c := range cacheFilters {
+		var fs, lacking []string
+		for _, p := range s.Params {
+			switch cond, ok := byFilter[p]; {
+			case !ok:
+			case slices.Contains(c.lacks, p):
+				lacking = append(lacking, anyOf[p])
+			default:
+				fs = append(fs, cond)
+			}
+		}
+		cached = append(cached, c.filters, allOf(fs), c.unfiltered, allOf(lacking))
 	}
 	sql := replace(s.SQL,
 		// Panels keep the object caches: their filters are variables,
 		// known only when the query runs.
 		writerCounted, counted,
 		"{loop_conflicts}", loopConflicts, "{loop_successes}", loopSuccesses,
-		"{filters}", "("+strings.Join(filters, " AND ")+")", "{request_filters}", "("+strings.Join(requestFilters, " AND ")+")",
-		unfilteredRequests, "("+strings.Join(unfiltered, " AND ")+")",
+		"{filters}", allOf(filters), "{request_filters}", allOf(requestFilters), unfilteredRequests, allOf(unfiltered))
+	sql = replace(sql, cached...)
+	sql = replace(sql,
 		"{raw_window}", grafanaRaw, "{raw_range}", grafanaWindow, rawHours, grafanaRawHours, "{rollup_window}", grafanaRollup, "{loop_rollup_window}", grafanaRollup, "{minute_window}", noRows, "{window}", grafanaWindow, "{events_window}", grafanaEventsWindow,
 		"{bucket}", "toDateTime(intDiv(toUInt32(event_time), @interval_s) * @interval_s)",
-		"{end_us}", endUs,
+		"{start_us}", fromUs, "{end_us}", endUs,
 		"{db}", g.Database)
 	return bindNames(sql, params), nil
+}
+
+// allOf is the conjunction of conds, "(1)" for none.
+func allOf(conds []string) string {
+	if len(conds) == 0 {
+		return "(1)"
+	}
+	return "(" + strings.Join(conds, " AND ") + ")"
 }
 
 // anyValue is the condition, on constants, that the filter or toggle p

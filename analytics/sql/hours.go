@@ -1,6 +1,7 @@
 package sql
 
 import (
+	"strconv"
 	"strings"
 )
 
@@ -9,54 +10,39 @@ import (
 // after the block's events part: a visible mark means its events are
 // visible. A compaction of an hour counts the hour's distinct marks first,
 // then aggregates the hour's events (one row per identity) into the caches
-// under a fresh version, then records (hour, version, marks). An hour is
-// clean while its distinct marks still number what its newest such record
-// counted: marks only grow, so an equal count is the same set, and every
-// event of that set is in the caches. A later insert into the hour adds a
-// mark, and the hour is read from events until it is compacted again.
-// Readers never see a half-written version: a version is read only once
-// its record exists, and the record is written after the caches.
+// under a fresh version, then records (hour, layout, version, marks) in
+// hour_caches. An hour is clean while its distinct marks still number
+// what its newest record of this layout counted: marks only grow, so an
+// equal count is the same set, and every event of that set is in the
+// caches. A later insert into the hour adds a mark, and the hour is read
+// from events until it is compacted again. Readers never see a
+// half-written version: a version is read only once its record exists,
+// and the record is written after the caches.
+
+// CacheLayout is the set of caches a compaction of this release writes
+// (CompactionInserts), named by the migration that completed it. Readers
+// take records of this layout only (CleanHours), so a clean hour has every
+// cache a reader reads; an hour compacted by a release with another
+// layout is read from events until it is compacted again, which the
+// compactor does first (StaleHours). A migration that adds or changes a
+// cache raises it.
+const CacheLayout = 9
+
+// cacheLayout is CacheLayout in SQL.
+var cacheLayout = "toUInt32(" + strconv.Itoa(CacheLayout) + ")"
 
 // CleanHours is a subquery of (hour, version): each hour in [from, to)
-// whose caches hold every event of its marks, with the newest version that
-// does, the one recorded last: an hour compacted again after an upgrade
-// is read from the caches of the newer release (its versions are random
+// whose caches of this layout hold every event of its marks, with the
+// newest version that does, the one recorded last (versions are random
 // numbers, so the largest says nothing). from and to are SQL expressions
 // of Unix seconds, whole hours.
 func CleanHours(from, to string) string {
 	within := `event_date >= toDate(toDateTime(` + from + `), 'UTC') AND event_date <= toDate(toDateTime(` + to + `), 'UTC')
 		AND hour >= toDateTime(` + from + `) AND hour < toDateTime(` + to + `)`
-	return `(SELECT hour, argMax(version, (compacted_at, version)) AS version FROM {db}.hour_compactions
-	WHERE ` + within + ` AND (hour, marks) IN (
+	return `(SELECT hour, argMax(version, (compacted_at, version)) AS version FROM {db}.hour_caches
+	WHERE ` + within + ` AND layout = ` + cacheLayout + ` AND (hour, marks) IN (
 		SELECT hour, uniqExact(mark) FROM {db}.hour_marks WHERE ` + within + ` GROUP BY hour)
 	GROUP BY hour)`
-}
-
-// MinuteVersions is a query of (hour, version): those of hours, clean
-// hours, whose versions have minute caches. A compactor of an earlier
-// release wrote none; a compaction writes its minute caches before its
-// record, so a recorded version with any minute row has all of them. (A
-// version of an hour without requests has none and is read from events,
-// which hold none of its requests either.)
-func MinuteVersions(hours []CleanHour) string {
-	return `SELECT toUInt32(hour), version FROM {db}.minute_requests
-	WHERE ` + hourVersions(hours) + `
-	ORDER BY hour, version
-	LIMIT 1 BY hour, version`
-}
-
-// WriterVersions is a query of (hour, version): those of hours, clean
-// hours, whose versions have writer caches (migration 8), and so minute
-// caches too. A compaction of this release writes a row there for every
-// version, requests or none, before its record (a row with no cluster); a
-// compactor of an earlier release wrote none.
-//
-// It reads those rows only: an empty cluster sorts first.
-func WriterVersions(hours []CleanHour) string {
-	return `SELECT toUInt32(hour), version FROM {db}.hour_writer_requests
-	WHERE cluster = '' AND ` + hourVersions(hours) + `
-	ORDER BY hour, version
-	LIMIT 1 BY hour, version`
 }
 
 // hourRows are the events of the hour @hour_s (Unix seconds) of a
@@ -72,14 +58,16 @@ var (
 
 	// CompactionInserts build the hour's caches under @version.
 	CompactionInserts = []string{
-		compactCounters("hour_requests", objectKeys, ""),
-		compactCounters("minute_requests", objectKeys, "minute"),
-		compactCounters("hour_writer_requests", writerKeys, ""),
-		compactCounters("minute_writer_requests", writerKeys, "minute"),
-		// The version's mark in the writer caches (WriterVersions): a row
-		// of zeros with no cluster, which no read matches.
-		`INSERT INTO {db}.hour_writer_requests (event_date, hour, version, cluster, api_group, resource, writer, ` + counterNames + `)
-	SELECT toDate(toDateTime(@hour_s), 'UTC'), toDateTime(@hour_s), toUInt64(@version), '', '', '', '', ` + counterZeros + ``,
+		compactCounters("hour_requests", objectKeys, requestColumns, ""),
+		compactCounters("minute_requests", objectKeys, requestColumns, "minute"),
+		compactCounters("hour_writer_requests", writerKeys, requestColumns, ""),
+		compactCounters("minute_writer_requests", writerKeys, requestColumns, "minute"),
+		compactCounters("hour_agent_requests", agentKeys, agentColumns, ""),
+		compactCounters("minute_agent_requests", agentKeys, agentColumns, "minute"),
+		`INSERT INTO {db}.minute_write_latencies (event_date, hour, version, minute, cluster, ` + latencyKeys + `, latency_us, writes)
+	SELECT toDate(toDateTime(@hour_s), 'UTC'), toDateTime(@hour_s), toUInt64(@version), toDateTime(intDiv(event_time_us, 60000000) * 60) AS minute, cluster, ` + latencyKeys + `, latency_us, count()
+	FROM ` + DistinctEvents(`event_time_us, cluster, `+latencyKeys+`, latency_us`, hourRows, Request+` AND `+IsWrite) + `
+	GROUP BY minute, cluster, ` + latencyKeys + `, latency_us`,
 		`INSERT INTO {db}.hour_loop_conflicts (event_date, hour, version, ` + loopConflictColumnsNoDate + `)
 	SELECT event_date, toDateTime(@hour_s), toUInt64(@version), ` + loopConflictColumnsNoDate + `
 	FROM ` + LoopConflictRows(hourRows, "1"),
@@ -90,25 +78,27 @@ var (
 
 	// CompactionRecord makes @version of the hour readable, for as long as
 	// the hour has @marks distinct marks.
-	CompactionRecord = `INSERT INTO {db}.hour_compactions (event_date, hour, version, marks, compacted_at)
-	SELECT toDate(toDateTime(@hour_s), 'UTC'), toDateTime(@hour_s), toUInt64(@version), toUInt64(@marks), now()`
+	CompactionRecord = `INSERT INTO {db}.hour_caches (event_date, hour, layout, version, marks, compacted_at)
+	SELECT toDate(toDateTime(@hour_s), 'UTC'), toDateTime(@hour_s), ` + cacheLayout + `, toUInt64(@version), toUInt64(@marks), now()`
 
 	// StaleHours lists the hours from the day of @since_s on that are not
-	// clean, ended @after_s seconds ago or more, and were last marked as
-	// long ago (by the servers' clocks): (Unix seconds of the hour).
+	// clean in this layout (CacheLayout), ended @after_s seconds ago or
+	// more, and were last marked as long ago (by the servers' clocks):
+	// (Unix seconds of the hour).
 	StaleHours = `SELECT toUInt32(hour) AS h FROM (
 		SELECT hour, uniqExact(mark) AS marks, max(marked_at) AS last FROM {db}.hour_marks
 		WHERE event_date >= toDate(toDateTime(@since_s), 'UTC') AND hour <= now() - 3600 - @after_s
 		GROUP BY hour
 		HAVING last <= now() - @after_s)
-	WHERE (hour, marks) NOT IN (SELECT hour, marks FROM {db}.hour_compactions WHERE event_date >= toDate(toDateTime(@since_s), 'UTC'))
+	WHERE (hour, marks) NOT IN (SELECT hour, marks FROM {db}.hour_caches WHERE event_date >= toDate(toDateTime(@since_s), 'UTC') AND layout = ` + cacheLayout + `)
 	ORDER BY h`
 )
 
 // compactCounters builds the hour's counters per keys (and per minute,
-// with minute "minute") into table under @version.
-func compactCounters(table, keys, minute string) string {
-	columns, group := requestColumns, "cluster, "+keys
+// with minute "minute") into table under @version, from events' rows of
+// columns (the keys and what the counters read).
+func compactCounters(table, keys, columns, minute string) string {
+	group := "cluster, " + keys
 	if minute != "" {
 		columns += `, toDateTime(intDiv(event_time_us, 60000000) * 60) AS minute`
 		group = "minute, " + group

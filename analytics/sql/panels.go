@@ -1,8 +1,11 @@
 package sql
 
+import "strconv"
+
 // Statements the dashboards and alert rules read beside the report's:
-// series over buckets narrower than the rollup's hours, the columns the
-// rollup lacks (user agent, latency), and single numbers for alerts.
+// series over buckets narrower than the hour caches' hours, the panels'
+// own caches (user agent, latency), events themselves, and single
+// numbers for alerts.
 var (
 	// ConflictRateSeries is the rate per bucket; a bucket with fewer than
 	// @min_bucket_writes write attempts has none (a handful of writes
@@ -45,15 +48,19 @@ GROUP BY time
 ORDER BY time`}
 
 	// WriteLatencySeries measures write latency from the audit timestamps
-	// (the stage timestamp minus requestReceivedTimestamp), per resource.
+	// (the stage timestamp minus requestReceivedTimestamp), per resource:
+	// exact quantiles of the writes, weighted by how many took each
+	// latency (latencies).
 	WriteLatencySeries = Statement{Name: "write_latency_series", Title: "Write latency by resource", Shape: Series,
-		Params: with(requestFiltered, IntervalS), Time: []Window{EventsWhole, Bucket},
+		Params: with(requestFiltered, IntervalS), Time: seriesTime,
 		Columns: []string{"time", "resource", "p50", "p99"},
 		SQL: `
-SELECT {bucket} AS time, resource, quantileExact(0.5)(latency_us) / 1000000 AS p50, quantileExact(0.99)(latency_us) / 1000000 AS p99
-FROM ` + classified + `
-WHERE is_write
-GROUP BY time, resource
+SELECT time, resource, q[1] / 1000000 AS p50, q[2] / 1000000 AS p99
+FROM (
+	SELECT {bucket} AS time, resource, quantilesExactWeighted(0.5, 0.99)(latency_us, writes) AS q
+	FROM ` + latencies + `
+	GROUP BY time, resource
+)
 ORDER BY time, resource`}
 
 	ConflictsByNamespace = Statement{Name: "conflicts_by_namespace", Title: "Version conflicts by namespace", Shape: Rows,
@@ -68,13 +75,13 @@ HAVING attempts > 0
 ORDER BY conflicts DESC, attempts DESC, namespace ASC
 LIMIT @top`}
 
-	// ConflictsByUserAgent reads raw events: the rollup has no user agent.
 	ConflictsByUserAgent = Statement{Name: "conflicts_by_user_agent", Title: "Version conflicts by user agent", Shape: Rows,
-		Params: with(requestFiltered, Top), Time: []Window{EventsWhole},
+		Params: with(requestFiltered, Top), Time: []Window{RollupHours, MinuteSpans, RawEdges, RawRange, EventsWhole},
 		Columns: []string{"user_agent", "attempts", "conflicts", "conflict_rate"},
 		SQL: `
-SELECT user_agent, countIf(is_write) AS attempts, countIf(is_write AND class = 'version') AS conflicts, ` + rateOfAttempts + `
-FROM ` + classified + `
+SELECT user_agent, toUInt64(sum(write_attempts)) AS attempts, toUInt64(sum(write_version_conflicts)) AS conflicts, ` + rateOfAttempts + `
+FROM ` + agentCounted + `
+WHERE write_attempts != 0
 GROUP BY user_agent
 HAVING attempts > 0
 ORDER BY conflicts DESC, attempts DESC, user_agent ASC
@@ -202,16 +209,17 @@ ORDER BY time, lease`}
 
 	// RawEvents are the requests themselves, newest first: the drill-down
 	// from a hot object, a retry loop or a writer (set the filters) to
-	// what the audit log recorded.
+	// what the audit log recorded. It reads events_by_hour's newest hours
+	// of the window only (newestHours).
 	RawEvents = Statement{Name: "raw_events", Title: "Audit events", Shape: Rows,
-		Params: requestFiltered, Time: []Window{EventsWhole},
+		Params: requestFiltered, Time: []Window{EventsWhole, RollupHours, Start, End},
 		Columns: []string{"time", "writer", "user_agent", "verb", "code", "reason", "message", "stamp", "field_manager", "namespace", "resource", "name", "audit_id"},
 		SQL: `
 SELECT event_time AS time, writer, user_agent, verb, code, reason, message, stamp, field_manager, namespace, resource, name, audit_id
-FROM ` + DistinctEvents(`event_time, event_time_us, writer, user_agent, verb, code, reason, message, stamp, field_manager, namespace, resource, name, audit_id`,
-			`{events_window}`, Request+` AND cluster = @cluster AND {filters} AND {request_filters}`) + `
+FROM ` + distinctEventsIn(`event_time, event_time_us, writer, user_agent, verb, code, reason, message, stamp, field_manager, namespace, resource, name, audit_id`,
+			`{events_window}`, newestHours(rawEventsLimit), Request+` AND cluster = @cluster AND {filters} AND {request_filters}`) + `
 ORDER BY event_time_us DESC, audit_id
-LIMIT 500`}
+LIMIT ` + strconv.Itoa(rawEventsLimit)}
 
 	// StormIntervals are the storm rule's windows that were storms: every
 	// @storm_s of the range (aligned to the epoch) whose version-conflict
@@ -241,6 +249,62 @@ SELECT count() AS writes
 FROM ` + decisions + `
 WHERE kind = 'stamp-missing' AND action = 'audit'`}
 )
+
+// latencies are the window's writes as (event_time, resource,
+// latency_us, writes) rows: when the buckets are whole minutes and no
+// filter names a column the latency caches lack (minuteBuckets, the
+// name), the clean hours from minute_write_latencies (each minute as its
+// event_time) and the rest from events, as counted places them, one row
+// per write; otherwise the whole window from events. Each branch's gate
+// holds for the whole query or for none of it.
+var latencies = func() string {
+	cache := `(` + minuteBuckets("@interval_s") + ` AND ` + unnamed + `)`
+	on := gate(cache)
+	const columns = `event_time, resource, latency_us`
+	writes := Request + ` AND ` + IsWrite + ` AND cluster = @cluster AND {filters}`
+	return `(
+	SELECT minute AS event_time, resource, latency_us, writes
+	FROM {db}.minute_write_latencies
+	WHERE ` + on + ` AND cluster = @cluster AND {rollup_window} AND ` + namelessFilters + `
+	UNION ALL
+	SELECT minute AS event_time, resource, latency_us, writes
+	FROM {db}.minute_write_latencies
+	WHERE ` + on + ` AND cluster = @cluster AND {minute_window} AND ` + namelessFilters + `
+	UNION ALL
+	SELECT ` + columns + `, toUInt64(1) AS writes
+	FROM ` + distinctEvents(columns, on+` AND {raw_range}`, writes, `{raw_window}`) + `
+	UNION ALL
+	SELECT ` + columns + `, toUInt64(1) AS writes
+	FROM ` + DistinctEvents(columns, gate(`NOT `+cache)+` AND {events_window}`, writes+` AND {request_filters}`) + `
+)`
+}()
+
+// rawEventsLimit is how many events RawEvents lists.
+const rawEventsLimit = 500
+
+// newestHours is the condition, on events_by_hour's key, that an event
+// lies in the window's hours from the newest clean whole hour on after
+// which (itself included) the hour caches count at least limit requests
+// of the filters (the writer caches' when they answer the filters, the
+// object caches' otherwise): no event of an earlier hour can be among the
+// newest limit. The other hours count no requests here, so the condition never
+// leaves out an hour it needs: without clean hours, or with a request
+// filter (the caches keep no verb or code), it holds the whole window.
+func newestHours(limit int) string {
+	const first, last = `intDiv({start_us}, 3600000000)`, `intDiv({end_us} - 1, 3600000000)`
+	return HourKey + ` IN (
+	SELECT h FROM (
+		SELECT ` + first + ` + arrayJoin(range(toUInt64(` + last + ` - ` + first + ` + 1))) AS h, cs, ns
+		FROM (SELECT groupArray(c) AS cs, groupArray(n) AS ns FROM (
+			SELECT toUInt64(intDiv(toUInt32(hour), 3600)) AS c, sum(requests) AS n FROM (
+				SELECT hour, requests FROM {db}.hour_writer_requests
+				WHERE ` + gate(writerUnfiltered) + ` AND ` + unfilteredRequests + ` AND cluster = @cluster AND {rollup_window} AND ` + writerFilters + `
+				UNION ALL
+				SELECT hour, requests FROM {db}.hour_requests
+				WHERE ` + gate(`NOT `+writerUnfiltered) + ` AND ` + unfilteredRequests + ` AND cluster = @cluster AND {rollup_window} AND {filters})
+			GROUP BY c)))
+	WHERE arraySum(arrayMap((c, n) -> if(c > h, n, 0), cs, ns)) < ` + strconv.Itoa(limit) + `)`
+}
 
 // loopRows lists the retry loops that match cond, with their first and
 // last conflicts as DateTime for a table.

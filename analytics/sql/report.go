@@ -35,16 +35,11 @@ type Plan struct {
 	Raw     [][2]int64
 }
 
-// CleanHour is a clean hour (its start) and the version of its caches.
-// Minutes says that the version has minute caches too (a compactor of an
-// earlier release wrote none): only then can a window that cuts the hour
-// read its whole minutes from the caches. Writers says that it has writer
-// caches (WriterVersions), and so minute caches too.
+// CleanHour is a clean hour (its start) and the version of its caches,
+// every cache of this layout (CacheLayout).
 type CleanHour struct {
 	Hour    time.Time
 	Version uint64
-	Minutes bool
-	Writers bool
 }
 
 // PartialHour is a clean hour that the window cuts, and the whole minutes
@@ -58,8 +53,8 @@ type PartialHour struct {
 // that clean lists (as CleanHours reads them), and events: a clean hour
 // inside the window is read from its hour caches; of a clean hour the
 // window cuts, the whole minutes in the window are read from its minute
-// caches when its version has them; everything else (dirty hours, the
-// seconds before the first and after the last whole minute) from events.
+// caches; everything else (dirty hours, the seconds before the first and
+// after the last whole minute) from events.
 // Without clean hours all of the window is read from events.
 func PlanReport(since, until time.Time, clean []CleanHour) Plan {
 	var p Plan
@@ -87,7 +82,7 @@ func PlanReport(since, until time.Time, clean []CleanHour) Plan {
 			raw(at, to)
 		case at == h && to == h+hourUs:
 			p.Clean = append(p.Clean, c)
-		case c.Minutes && ceilTo(at, minuteUs) < floorTo(to, minuteUs):
+		case ceilTo(at, minuteUs) < floorTo(to, minuteUs):
 			from, until := ceilTo(at, minuteUs), floorTo(to, minuteUs)
 			raw(at, from)
 			p.Partial = append(p.Partial, PartialHour{CleanHour: c, From: from, Until: until})
@@ -211,12 +206,12 @@ func (p Plan) rawWindow() string {
 	return "(" + strings.Join(rs, " OR ") + ")"
 }
 
-// filters narrows by each filter the report was given; "1" without any.
-// The report has no toggle: it hides nothing.
-func (r Report) filters() string {
+// filters narrows by each filter the report was given but those named
+// in except; "1" without any. The report has no toggle: it hides nothing.
+func (r Report) filters(except ...Param) string {
 	var fs []string
 	for _, f := range r.Narrowed {
-		if f.Column != "" && f.Hides == "" {
+		if f.Column != "" && f.Hides == "" && !slices.Contains(except, f) {
 			fs = append(fs, "("+f.Column+" = @"+f.Name+")")
 		}
 	}
@@ -227,33 +222,37 @@ func (r Report) filters() string {
 }
 
 // WriterCaches says whether the report's counter rows by writer come from
-// the writer caches: the plan reads cached hours, every one of them has
-// writer caches, and no filter names a column they lack (namespace,
-// name). A window read from events alone keeps the object rows' path.
+// the writer caches: the plan reads cached hours, and no filter names a
+// column they lack (namespace, name). A window read from events alone
+// keeps the object rows' path.
 func (r Report) WriterCaches() bool {
 	if len(r.Plan.Clean)+len(r.Plan.Partial) == 0 {
 		return false
 	}
 	for _, f := range r.Narrowed {
-		if !slices.Contains(writerCacheFilters, f.Name) {
-			return false
-		}
-	}
-	for _, c := range r.Plan.Clean {
-		if !c.Writers {
-			return false
-		}
-	}
-	for _, p := range r.Plan.Partial {
-		if !p.Writers {
+		if slices.Contains(writerLacks, f) {
 			return false
 		}
 	}
 	return true
 }
 
-// writerCacheFilters are the filters on columns the writer caches keep.
-var writerCacheFilters = []string{Resource.Name, User.Name}
+// cacheFilters fills each cache's filters (cacheFilters): those the
+// report was given on columns the cache keeps, and whether it was given
+// none of those it lacks.
+func (r Report) cacheFilters() []string {
+	var pairs []string
+	for _, c := range cacheFilters {
+		unfiltered := "1"
+		for _, f := range c.lacks {
+			if slices.Contains(r.Narrowed, f) {
+				unfiltered = "0"
+			}
+		}
+		pairs = append(pairs, c.filters, r.filters(c.lacks...), c.unfiltered, unfiltered)
+	}
+	return pairs
+}
 
 // Bind renders s for the report.
 func (r Report) Bind(s Statement) string {
@@ -261,12 +260,15 @@ func (r Report) Bind(s Statement) string {
 	if r.WriterCaches() {
 		byWriter = countedByWriter
 	}
-	return replace(s.SQL,
+	sql := replace(s.SQL,
 		writerCounted, byWriter,
-		"{loop_conflicts}", loopConflicts, "{loop_successes}", loopSuccesses,
-		"{filters}", r.filters(), "{request_filters}", "1", unfilteredRequests, "1", // the report narrows by no verb or code
+		"{loop_conflicts}", loopConflicts, "{loop_successes}", loopSuccesses)
+	sql = replace(sql, r.cacheFilters()...)
+	return replace(sql,
+		"{filters}", r.filters(),
+		"{request_filters}", "1", unfilteredRequests, "1", // the report narrows by no verb or code
 		"{raw_window}", r.Plan.rawWindow(), "{raw_range}", r.Plan.rawWindow(), rawHours, "1", "{rollup_window}", r.Plan.rollupWindow(), "{minute_window}", r.Plan.minuteWindow(), "{loop_rollup_window}", r.Plan.loopRollupWindow(), "{window}", reportWindow, "{events_window}", reportWindow,
 		"{bucket}", "toDateTime(intDiv(toUInt32(event_time), @interval_s) * @interval_s)",
-		"{end_us}", "@until_us",
+		"{start_us}", "@since_us", "{end_us}", "@until_us",
 		"{db}", r.Database)
 }

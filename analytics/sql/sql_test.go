@@ -71,6 +71,7 @@ func TestGrafanaBindsEveryPlaceholder(t *testing.T) {
 // and a minute cache only under the condition that they select any request;
 // the toggle reaches every statement with the other filters.
 func TestRequestFiltersOnlyWhereEventsAreRead(t *testing.T) {
+	cacheRead := regexp.MustCompile(`\{db\}\.(hour|minute)_[a-z_]+`)
 	declaring := 0
 	for _, s := range All {
 		sql, err := dashboardBinder.Bind(s)
@@ -86,13 +87,13 @@ func TestRequestFiltersOnlyWhereEventsAreRead(t *testing.T) {
 		}
 		if declares {
 			declaring++
-			// The minute caches only when no request filter narrows (the
-			// window's clean hours are found in hour_compactions then).
-			if strings.Contains(sql, ".hour_") && !strings.Contains(s.SQL, unfilteredRequests) || strings.Contains(s.SQL, "{db}.hour_") {
-				t.Errorf("%s filters by verb and code but reads an hour cache", s.Name)
-			}
-			if n := strings.Count(s.SQL, "{db}.minute_"); n != strings.Count(s.SQL, "{db}.minute_requests\n\tWHERE "+gate(minuteBuckets("@interval_s")))+strings.Count(s.SQL, "{db}.minute_requests\n\tWHERE "+gate(minuteBuckets("@storm_s"))) {
-				t.Errorf("%s filters by verb and code but reads a minute cache without the gate on them", s.Name)
+			// A cache only under the condition that no request filter
+			// narrows.
+			for _, at := range cacheRead.FindAllStringIndex(s.SQL, -1) {
+				where := s.SQL[at[1]:]
+				if i := strings.Index(where, "cluster = @cluster"); !strings.HasPrefix(strings.TrimLeft(where, "\n\t"), "WHERE ") || i < 0 || !strings.Contains(where[:i], unfilteredRequests) {
+					t.Errorf("%s filters by verb and code but reads %s without the gate on them", s.Name, s.SQL[at[0]:at[1]])
+				}
 			}
 		}
 		if slices.Contains(s.Params, User) != strings.Contains(sql, "${hide_system:percentencode}") {
@@ -173,7 +174,6 @@ func TestPlanReportSplitsTheWindow(t *testing.T) {
 		return t
 	}
 	c := func(n int, v uint64) CleanHour { return CleanHour{Hour: h(n), Version: v} }
-	cm := func(n int, v uint64) CleanHour { return CleanHour{Hour: h(n), Version: v, Minutes: true} }
 	part := func(c CleanHour, from, until time.Time) PartialHour {
 		return PartialHour{CleanHour: c, From: us(from), Until: us(until)}
 	}
@@ -193,18 +193,15 @@ func TestPlanReportSplitsTheWindow(t *testing.T) {
 		{"a dirty hour between clean ones is read raw", h(1), h(5),
 			[]CleanHour{c(3, 2), c(1, 1), c(4, 3)}, 3, nil,
 			[][2]int64{{us(h(2)), us(h(3))}}},
-		{"a cut hour without minute caches is read raw", at(1, 30), at(2, 30),
-			[]CleanHour{c(1, 1), c(2, 2)}, 0, nil,
-			[][2]int64{{us(at(1, 30)), us(at(2, 30))}}},
 		{"a cut hour with minute caches reads its whole minutes from them", at(1, 30, 5), at(2, 30, 7),
-			[]CleanHour{cm(1, 1), cm(2, 2)}, 0,
-			[]PartialHour{part(cm(1, 1), at(1, 31), h(2)), part(cm(2, 2), h(2), at(2, 30))},
+			[]CleanHour{c(1, 1), c(2, 2)}, 0,
+			[]PartialHour{part(c(1, 1), at(1, 31), h(2)), part(c(2, 2), h(2), at(2, 30))},
 			[][2]int64{{us(at(1, 30, 5)), us(at(1, 31))}, {us(at(2, 30)), us(at(2, 30, 7))}}},
 		{"a window inside one minute of a clean hour is raw", at(1, 30, 5), at(1, 30, 50),
-			[]CleanHour{cm(1, 1)}, 0, nil,
+			[]CleanHour{c(1, 1)}, 0, nil,
 			[][2]int64{{us(at(1, 30, 5)), us(at(1, 30, 50))}}},
 		{"whole hours, partial hours and dirty hours together", at(0, 59, 59), at(4, 0, 1),
-			[]CleanHour{cm(0, 1), cm(1, 2), cm(3, 4), cm(4, 5)}, 2, nil,
+			[]CleanHour{c(0, 1), c(1, 2), c(3, 4), c(4, 5)}, 2, nil,
 			[][2]int64{{us(at(0, 59, 59)), us(h(1))}, {us(h(2)), us(h(3))}, {us(h(4)), us(at(4, 0, 1))}}},
 		{"a window of clean hours reads nothing raw", h(1), h(3),
 			[]CleanHour{c(1, 1), c(2, 2)}, 2, nil, nil},

@@ -114,12 +114,14 @@ var (
 	LoopRollupHours = Window{"{loop_rollup_window}", "hour", Rollup, "the clean hours and the whole minutes of the clean hours the window cuts, from the retry-loop caches"}
 	// Bucket is the start of a series' time bucket, as a DateTime.
 	Bucket = Window{"{bucket}", "event_time", Raw, "the time bucket of a series"}
-	// End is the window's end (exclusive) in microseconds.
-	End = Window{"{end_us}", "event_time_us", Raw, "the end of the window, exclusive, in microseconds"}
+	// Start is the window's start (inclusive) in microseconds; End its
+	// end (exclusive).
+	Start = Window{"{start_us}", "event_time_us", Raw, "the start of the window, inclusive, in microseconds"}
+	End   = Window{"{end_us}", "event_time_us", Raw, "the end of the window, exclusive, in microseconds"}
 )
 
 // Windows lists every window a binder must place.
-var Windows = []Window{Whole, EventsWhole, RawEdges, RawRange, RollupHours, MinuteSpans, LoopRollupHours, Bucket, End}
+var Windows = []Window{Whole, EventsWhole, RawEdges, RawRange, RollupHours, MinuteSpans, LoopRollupHours, Bucket, Start, End}
 
 // Shape is what a statement returns.
 type Shape string
@@ -174,6 +176,20 @@ func (s Statement) Validate() error {
 			used = append(used, f.Name)
 		}
 	}
+	for _, c := range cacheFilters {
+		if strings.Contains(sql, c.filters) {
+			for _, f := range Filters {
+				if !slices.Contains(c.lacks, f) {
+					used = append(used, f.Name)
+				}
+			}
+		}
+		if strings.Contains(sql, c.unfiltered) {
+			for _, f := range c.lacks {
+				used = append(used, f.Name)
+			}
+		}
+	}
 	if strings.Contains(sql, "{request_filters}") || strings.Contains(sql, unfilteredRequests) {
 		for _, f := range RequestFilters {
 			used = append(used, f.Name)
@@ -192,7 +208,7 @@ func (s Statement) Validate() error {
 	var places, windows []string
 	for _, p := range placeholderRef.FindAllString(sql, -1) {
 		switch p {
-		case "{db}", "{filters}", "{request_filters}", unfilteredRequests, rawHours:
+		case "{db}", "{filters}", "{request_filters}", unfilteredRequests, rawHours, namelessFilters, unnamed, writerFilters, writerUnfiltered:
 		case "{loop_conflicts}", "{loop_successes}":
 			places = append(places, LoopRollupHours.Placeholder, RawEdges.Placeholder, RawRange.Placeholder)
 		default:

@@ -64,14 +64,33 @@ func distinctEvents(columns, prewhere, where, outer string) string {
 // the clean hours' granules. The subquery is in that table's read alone:
 // 18.16 can hang when both branches build the same set.
 func AllEvents(prewhere, where string) string {
-	byHour := prewhere
+	byHour := ""
 	if strings.Contains(prewhere, RawRange.Placeholder) {
-		byHour += ` AND ` + rawHours
+		byHour = rawHours
+	}
+	return allEventsIn(prewhere, byHour, where)
+}
+
+// allEventsIn is AllEvents with byHour, a condition on events_by_hour's
+// key (a set, with a subquery), added to that table's prewhere alone;
+// none when it is empty.
+func allEventsIn(prewhere, byHour, where string) string {
+	hourly := prewhere
+	if byHour != "" {
+		hourly += ` AND ` + byHour
 	}
 	return `(
-		SELECT * FROM {db}.` + EventsTable + ` PREWHERE ` + byHour + ` WHERE ` + where + `
+		SELECT * FROM {db}.` + EventsTable + ` PREWHERE ` + hourly + ` WHERE ` + where + `
 		UNION ALL
 		SELECT * FROM {db}.` + LegacyEventsTable + ` PREWHERE ` + prewhere + ` WHERE ` + where + `)`
+}
+
+// distinctEventsIn is DistinctEvents with byHour (allEventsIn).
+func distinctEventsIn(columns, prewhere, byHour, where string) string {
+	return `(
+	SELECT ` + columns + ` FROM ` + allEventsIn(prewhere, byHour, where) + `
+	WHERE 1
+	LIMIT 1 BY ` + Identity + `)`
 }
 
 // rawHours is the placeholder of the hours of the raw edges, on
@@ -115,15 +134,6 @@ var counterValues = func() string {
 	return strings.Join(cs, ", ")
 }()
 
-// counterZeros are the Counters, each 0.
-var counterZeros = func() string {
-	var cs []string
-	for range Counters {
-		cs = append(cs, "toUInt64(0)")
-	}
-	return strings.Join(cs, ", ")
-}()
-
 // counterNames are the Counters' column names.
 var counterNames = func() string {
 	var cs []string
@@ -133,12 +143,19 @@ var counterNames = func() string {
 	return strings.Join(cs, ", ")
 }()
 
-// The keys of the counter caches: per object and writer (hour_requests,
-// minute_requests), per writer and resource (the writer caches).
+// The keys of the caches: the counters per object and writer
+// (hour_requests, minute_requests), per writer and resource (the writer
+// caches), per user agent, writer and namespace (the agent caches); the
+// write latencies per writer and namespace (minute_write_latencies).
 const (
-	objectKeys = `api_group, resource, namespace, name, writer`
-	writerKeys = `api_group, resource, writer`
+	objectKeys  = `api_group, resource, namespace, name, writer`
+	writerKeys  = `api_group, resource, writer`
+	agentKeys   = `api_group, resource, namespace, writer, user_agent`
+	latencyKeys = `api_group, resource, namespace, writer`
 )
+
+// agentColumns are requestColumns and the user agent.
+const agentColumns = requestColumns + `, user_agent`
 
 // counted is the window's requests as counter rows: the clean hours of
 // the window from their caches (hour_requests, one version per hour), the
@@ -161,31 +178,75 @@ var countedByWriter = countedRows(writerKeys, "hour_writer_requests", "minute_wr
 // caches hours and the minute caches minutes, and from events, whose
 // rows carry rawColumns (the keys and what the counters read).
 func countedRows(keys, hours, minutes, rawColumns string) string {
-	return `(
+	return gatedCounted(keys, hours, minutes, rawColumns, "", "{filters}")
+}
+
+// gatedCounted is countedRows when cache, a condition on constants, holds
+// (none when it is empty), and the whole window from events, narrowed by
+// the request filters too, when it does not: the caches answer only the
+// filters on columns they keep, cacheFilters. Each branch's gate holds
+// for the whole query or for none of it.
+func gatedCounted(keys, hours, minutes, rawColumns, cache, cacheFilters string) string {
+	on, off := "", ""
+	if cache != "" {
+		on, off = gate(cache)+` AND `, gate(`NOT `+cache)
+	}
+	sql := `(
 	SELECT ` + keys + `, ` + counterNames + `
 	FROM {db}.` + hours + `
-	WHERE cluster = @cluster AND {rollup_window} AND {filters}
+	WHERE ` + on + `cluster = @cluster AND {rollup_window} AND ` + cacheFilters + `
 	UNION ALL
 	SELECT ` + keys + `, ` + counterNames + `
 	FROM {db}.` + minutes + `
-	WHERE cluster = @cluster AND {minute_window} AND {filters}
+	WHERE ` + on + `cluster = @cluster AND {minute_window} AND ` + cacheFilters + `
 	UNION ALL
 	SELECT ` + keys + `, ` + counterValues + `
-	FROM ` + distinctEvents(rawColumns, `{raw_range}`, Request+` AND cluster = @cluster AND {filters}`, `{raw_window}`) + `
+	FROM ` + distinctEvents(rawColumns, on+`{raw_range}`, Request+` AND cluster = @cluster AND {filters}`, `{raw_window}`)
+	if cache != "" {
+		sql += `
+	UNION ALL
+	SELECT ` + keys + `, ` + counterValues + `
+	FROM ` + DistinctEvents(rawColumns, off+` AND {events_window}`, Request+` AND cluster = @cluster AND {filters} AND {request_filters}`)
+	}
+	return sql + `
 )`
 }
+
+// agentCounted is the window's counter rows per user agent, writer and
+// namespace: from the agent caches (hour_agent_requests,
+// minute_agent_requests) and events, as counted, when no filter names a
+// column they lack (an object's name, a verb, a code); else from events
+// alone.
+var agentCounted = gatedCounted(agentKeys, "hour_agent_requests", "minute_agent_requests", agentColumns,
+	`(`+unnamed+` AND `+unfilteredRequests+`)`, namelessFilters)
+
+// The placeholders of the filters a cache that lacks some filters'
+// columns answers, and of the condition, on constants, that those it
+// lacks select any row: the agent and latency caches keep no name, the
+// writer caches neither namespace nor name.
+const (
+	namelessFilters  = "{nameless_filters}"
+	unnamed          = "{unnamed}"
+	writerFilters    = "{writer_filters}"
+	writerUnfiltered = "{writer_unfiltered}"
+)
+
+// cacheFilters are those placeholders, each with the filters it lacks.
+var cacheFilters = []struct {
+	filters, unfiltered string
+	lacks               []Param
+}{
+	{namelessFilters, unnamed, []Param{Name}},
+	{writerFilters, writerUnfiltered, writerLacks},
+}
+
+// writerLacks are the filters on columns the writer caches lack.
+var writerLacks = []Param{Namespace, Name}
 
 // writerCounted is the placeholder of the window's counter rows in a
 // statement that needs neither namespace nor name of them: the report
 // binds countedByWriter when it can, every other binder counted.
 const writerCounted = "{writer_counted}"
-
-// classified is the window's requests in events with their class and
-// is_write, for series (buckets narrower than an hour) and columns the
-// caches lack.
-var classified = DistinctEvents(
-	`event_time, user_agent, resource, verb, code, stamp, latency_us, `+ConflictClass+` AS class, `+IsWrite+` AS is_write`,
-	`{events_window}`, Request+` AND cluster = @cluster AND {filters} AND {request_filters}`)
 
 // countedSeries is the window's requests as counter rows with their
 // event_time, for the series of counts ({bucket}, buckets of

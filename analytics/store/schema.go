@@ -441,6 +441,79 @@ var Migrations = []Migration{
 			ORDER BY (cluster, hour, version, minute, api_group, resource, writer)`,
 		},
 	},
+	{
+		Version: 9,
+		Name:    "hour_caches, the agent and latency caches: a record names the layout of its caches",
+		Statements: []string{
+			// One row per finished compaction of an hour, as in
+			// hour_compactions, with the layout of the caches it wrote
+			// (analytics/sql's CacheLayout): a reader takes only records
+			// of its own layout, so every clean hour it reads has every
+			// cache it reads, and an hour compacted by an earlier release
+			// is read from events until this release compacts it again
+			// (StaleHours lists it). hour_compactions keeps the records
+			// of earlier releases, for their readers during an upgrade.
+			`CREATE TABLE IF NOT EXISTS {db}.hour_caches (
+				event_date   Date,
+				hour         DateTime,
+				layout       UInt32,
+				version      UInt64,
+				marks        UInt64,
+				compacted_at DateTime
+			) ENGINE = MergeTree()
+			PARTITION BY event_date
+			ORDER BY (hour, layout, version)`,
+			// The request counters per user agent, beside the writer and
+			// namespace (the panel of conflicts by user agent), per hour
+			// and per minute.
+			`CREATE TABLE IF NOT EXISTS {db}.hour_agent_requests (
+				event_date                    Date,
+				hour                          DateTime,
+				version                       UInt64,
+				cluster                       LowCardinality(String),
+				api_group                     LowCardinality(String),
+				resource                      LowCardinality(String),
+				namespace                     LowCardinality(String),
+				writer                        LowCardinality(String),
+				user_agent                    LowCardinality(String),
+` + counterColumnsDDL + `			) ENGINE = MergeTree()
+			PARTITION BY event_date
+			ORDER BY (cluster, hour, version, api_group, resource, namespace, writer, user_agent)`,
+			`CREATE TABLE IF NOT EXISTS {db}.minute_agent_requests (
+				event_date                    Date,
+				hour                          DateTime,
+				version                       UInt64,
+				minute                        DateTime,
+				cluster                       LowCardinality(String),
+				api_group                     LowCardinality(String),
+				resource                      LowCardinality(String),
+				namespace                     LowCardinality(String),
+				writer                        LowCardinality(String),
+				user_agent                    LowCardinality(String),
+` + counterColumnsDDL + `			) ENGINE = MergeTree()
+			PARTITION BY event_date
+			ORDER BY (cluster, hour, version, minute, api_group, resource, namespace, writer, user_agent)`,
+			// The write latencies per minute: how many writes took each
+			// latency (in microseconds, as events keep it), so that a
+			// weighted quantile over these rows is the exact quantile over
+			// the writes (the panel of write latency).
+			`CREATE TABLE IF NOT EXISTS {db}.minute_write_latencies (
+				event_date Date,
+				hour       DateTime,
+				version    UInt64,
+				minute     DateTime,
+				cluster    LowCardinality(String),
+				api_group  LowCardinality(String),
+				resource   LowCardinality(String),
+				namespace  LowCardinality(String),
+				writer     LowCardinality(String),
+				latency_us UInt64,
+				writes     UInt64
+			) ENGINE = MergeTree()
+			PARTITION BY event_date
+			ORDER BY (cluster, hour, version, minute, api_group, resource, namespace, writer, latency_us)`,
+		},
+	},
 }
 
 // epoch records from which hour a table fed by a view holds every event:
@@ -458,7 +531,7 @@ func epoch(table string) []string {
 }
 
 // counterColumnsDDL are the request counters of request_rollup,
-// hour_requests, minute_requests and the writer caches (analytics/sql's
+// hour_requests, minute_requests and the writer and agent caches (analytics/sql's
 // Counters, in order).
 const counterColumnsDDL = `				requests                      UInt64,
 				write_attempts                UInt64,
@@ -515,7 +588,8 @@ const eventsColumnsDDL = `(
 			)`
 
 // Tables whose day partitions retention drops.
-var retentionTables = []string{asql.EventsTable, asql.LegacyEventsTable, "hour_marks", "hour_compactions", "hour_requests", "minute_requests", "hour_writer_requests", "minute_writer_requests", "hour_loop_conflicts", "hour_loop_successes", "dead_letters",
+var retentionTables = []string{asql.EventsTable, asql.LegacyEventsTable, "hour_marks", "hour_compactions", "hour_caches", "hour_requests", "minute_requests", "hour_writer_requests", "minute_writer_requests",
+	"hour_agent_requests", "minute_agent_requests", "minute_write_latencies", "hour_loop_conflicts", "hour_loop_successes", "dead_letters",
 	// unfed since migration 5
 	"event_keys", "stored_keys", "duplicate_events", "request_rollup", "loop_conflicts", "loop_successes"}
 

@@ -203,8 +203,17 @@ func (en *Pair) CopyTo26(t *testing.T) {
 }
 
 // CompactedTables are the tables a compaction fills (analytics/sql,
-// hours.go); a test replays the compaction's statements on 26.7.
-var CompactedTables = []string{"hour_requests", "minute_requests", "hour_writer_requests", "minute_writer_requests", "hour_loop_conflicts", "hour_loop_successes", "hour_compactions"}
+// hours.go: its inserts and its record); a test replays the compaction's
+// statements on 26.7.
+var CompactedTables = func() []string {
+	var tables []string
+	for _, q := range append(slices.Clone(asql.CompactionInserts), asql.CompactionRecord) {
+		for _, m := range migrationInsert.FindAllStringSubmatch(q, -1) {
+			tables = append(tables, m[1])
+		}
+	}
+	return tables
+}()
 
 // migrationInsert finds the tables a migration statement fills.
 var migrationInsert = regexp.MustCompile(`INSERT INTO \{db\}\.(\w+)`)

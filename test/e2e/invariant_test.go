@@ -383,7 +383,7 @@ func (iv *invariant) compact(t *testing.T, db string) {
 		t.Fatalf("compact: %v", err)
 	}
 	var cached uint64
-	if err := iv.conn(db).QueryRow(t.Context(), "SELECT count() FROM hour_compactions").Scan(&cached); err != nil {
+	if err := iv.conn(db).QueryRow(t.Context(), "SELECT count() FROM hour_caches").Scan(&cached); err != nil {
 		t.Fatal(err)
 	}
 	t.Logf("compacted %d hours now (%v); %d compactions recorded", len(res.Hours), res.Hours, cached)
