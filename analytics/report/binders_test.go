@@ -45,6 +45,11 @@ func rowsOf(t *testing.T, ctx context.Context, conn driver.Conn, sql string, arg
 	return rows.Columns(), out
 }
 
+// panelVariables are the dashboards' template variables of the filters:
+// cluster and name hold one value, the others several or "All".
+var panelVariables = map[string]asql.Variable{"cluster": {Name: "cluster"}, "namespace": {Name: "namespace", Multi: true},
+	"resource": {Name: "resource", Multi: true}, "user": {Name: "user", Multi: true}, "name": {Name: "name"}}
+
 // TestGrafanaBinderEqualsReportBinder renders every statement with both
 // binders and requires the same rows: the report's split window and bound
 // parameters against the plugin's macros (expanded as the plugin does) and
@@ -73,7 +78,6 @@ func TestGrafanaBinderEqualsReportBinder(t *testing.T) {
 		all   map[string]bool
 		names map[string]string
 	}
-	variables := map[string]asql.Variable{"cluster": {Name: "cluster"}, "namespace": {Name: "namespace", Multi: true}, "resource": {Name: "resource", Multi: true}, "user": {Name: "user", Multi: true}, "name": {Name: "name"}}
 	filters := []filter{
 		{vars: map[string][]string{"cluster": {"bench"}, "name": {""}}, all: map[string]bool{"namespace": true, "resource": true, "user": true}},
 		{vars: map[string][]string{"cluster": {"bench"}, "resource": {"configmaps"}, "name": {""}}, all: map[string]bool{"namespace": true, "user": true},
@@ -116,7 +120,7 @@ func TestGrafanaBinderEqualsReportBinder(t *testing.T) {
 					q.binder.Narrowed = append(q.binder.Narrowed, asql.Name)
 				}
 				e := asql.Expansion{From: o.Since, To: o.Until.Add(-time.Second), Interval: 10 * time.Minute, Vars: f.vars, All: f.all}
-				g := asql.Grafana{Database: db, Variables: variables, Values: values}
+				g := asql.Grafana{Database: db, Variables: panelVariables, Values: values}
 				for _, s := range asql.All {
 					_, want := rowsOf(t, ctx, conn, q.binder.Bind(s), append(q.args, extra...)...)
 					bound, err := g.Bind(s)
@@ -155,7 +159,7 @@ func TestGrafanaMultiValueFiltersSumTheirValues(t *testing.T) {
 	if err := Synthesize(ctx, conn, db, "bench", 20_000, 9, t0, 2*time.Hour); err != nil {
 		t.Fatal(err)
 	}
-	g := asql.Grafana{Database: db, Variables: map[string]asql.Variable{"cluster": {Name: "cluster"}, "namespace": {Name: "namespace", Multi: true}, "resource": {Name: "resource", Multi: true}, "user": {Name: "user", Multi: true}, "name": {Name: "name"}},
+	g := asql.Grafana{Database: db, Variables: panelVariables,
 		Values: map[string]string{"hide_system": "'no'"}}
 	bound, err := g.Bind(asql.Totals)
 	if err != nil {

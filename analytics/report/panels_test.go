@@ -35,8 +35,6 @@ func TestPanelCachesAnswerAsEvents(t *testing.T) {
 	if err := conn.QueryRow(ctx, "SELECT name FROM "+db+".events_by_hour WHERE "+asql.VersionConflict+" GROUP BY name ORDER BY count() DESC, name LIMIT 1").Scan(&hotName); err != nil {
 		t.Fatal(err)
 	}
-	variables := map[string]asql.Variable{"cluster": {Name: "cluster"}, "namespace": {Name: "namespace", Multi: true},
-		"resource": {Name: "resource", Multi: true}, "user": {Name: "user", Multi: true}, "name": {Name: "name"}}
 	from, to := t0.Add(17*time.Minute+3*time.Second), t0.Add(3*time.Hour+41*time.Minute+9*time.Second)
 	type selection struct {
 		name string
@@ -52,7 +50,7 @@ func TestPanelCachesAnswerAsEvents(t *testing.T) {
 	}
 	statements := []asql.Statement{asql.ConflictsByUserAgent, asql.WriteLatencySeries, asql.RawEvents}
 	sqlOf := func(s asql.Statement, sel selection) string {
-		g := asql.Grafana{Database: db, Variables: variables,
+		g := asql.Grafana{Database: db, Variables: panelVariables,
 			Values: map[string]string{"top": "1000", "verb": "''", "code": sel.code, "hide_system": "'no'"}}
 		bound, err := g.Bind(s)
 		if err != nil {

@@ -28,9 +28,8 @@ func TestSeriesReadMinuteCaches(t *testing.T) {
 		t.Fatal(err)
 	}
 	g := asql.Grafana{Database: db,
-		Variables: map[string]asql.Variable{"cluster": {Name: "cluster"}, "namespace": {Name: "namespace", Multi: true},
-			"resource": {Name: "resource", Multi: true}, "user": {Name: "user", Multi: true}, "name": {Name: "name"}},
-		Values: map[string]string{"min_bucket_writes": "3", "verb": "''", "code": "''", "hide_system": "'no'"}}
+		Variables: panelVariables,
+		Values:    map[string]string{"min_bucket_writes": "3", "verb": "''", "code": "''", "hide_system": "'no'"}}
 	series := []asql.Statement{asql.ConflictRateSeries, asql.ConflictKindsSeries, asql.StamplessGoneSeries}
 	intervals := []time.Duration{30 * time.Second, time.Minute, 2 * time.Minute}
 	// run is every series at every interval, by "name/interval".

@@ -14,7 +14,8 @@ import (
 // Grafana template variables or literal values.
 //
 // Counting statements and the retry-loop rows read the window's clean
-// whole hours from the hour caches and the rest from events, one row per
+// whole hours from the hour caches, the whole minutes of the clean hours
+// it cuts from the minute caches, and the rest from events, one row per
 // identity, as the report does; a panel finds the clean hours in the same
 // query (CleanHours).
 type Grafana struct {
@@ -83,15 +84,36 @@ const (
 	hoursTo   = `(intDiv(toUInt32($__toTime) + 1, 3600) * 3600)`
 )
 
-// grafanaClean is the window's clean whole hours, with their versions.
-var grafanaClean = CleanHours(hoursFrom, hoursTo)
+// The window's whole minutes, and the hours it touches (the whole ones
+// and the ones it cuts), in seconds.
+const (
+	minutesFrom = `(intDiv(toUInt32($__fromTime) + 59, 60) * 60)`
+	minutesTo   = `(intDiv(toUInt32($__toTime) + 1, 60) * 60)`
+	touchedFrom = `(intDiv(toUInt32($__fromTime), 3600) * 3600)`
+	touchedTo   = `(intDiv(toUInt32($__toTime) + 3600, 3600) * 3600)`
+)
 
-// grafanaRollup is the window's clean whole hours in the caches;
-// grafanaRaw the rest of the window in events.
+// grafanaClean is the window's clean whole hours, with their versions;
+// grafanaTouched the clean hours it touches, the cut ones too.
 var (
-	grafanaRollup = days + ` AND hour >= toDateTime(` + hoursFrom + `) AND hour < toDateTime(` + hoursTo + `) AND (hour, version) IN ` + grafanaClean
-	grafanaRaw    = grafanaWindow + ` AND NOT (event_time_us >= ` + hoursFrom + ` * 1000000 AND event_time_us < ` + hoursTo + ` * 1000000
-		AND toDateTime(intDiv(event_time_us, 3600000000) * 3600) IN (SELECT hour FROM ` + grafanaClean + `))`
+	grafanaClean   = CleanHours(hoursFrom, hoursTo)
+	grafanaTouched = CleanHours(touchedFrom, touchedTo)
+)
+
+// The parts of the window, as the report's plan splits it (PlanReport):
+// grafanaRollup is the clean whole hours in the hour caches;
+// grafanaMinutes the whole minutes of the clean hours the window cuts, in
+// the minute caches; grafanaLoopRollup both in the retry-loop caches
+// (whose rows carry their time); grafanaRaw the rest of the window in
+// events.
+var (
+	grafanaRollup  = days + ` AND hour >= toDateTime(` + hoursFrom + `) AND hour < toDateTime(` + hoursTo + `) AND (hour, version) IN ` + grafanaClean
+	grafanaMinutes = days + ` AND (hour < toDateTime(` + hoursFrom + `) OR hour >= toDateTime(` + hoursTo + `)) AND (hour, version) IN ` + grafanaTouched + `
+		AND minute >= toDateTime(` + minutesFrom + `) AND minute < toDateTime(` + minutesTo + `)`
+	grafanaLoopRollup = days + ` AND (hour, version) IN ` + grafanaTouched + `
+		AND event_time_us >= ` + minutesFrom + ` * 1000000 AND event_time_us < ` + minutesTo + ` * 1000000`
+	grafanaRaw = grafanaWindow + ` AND NOT (event_time_us >= ` + minutesFrom + ` * 1000000 AND event_time_us < ` + minutesTo + ` * 1000000
+		AND toDateTime(intDiv(event_time_us, 3600000000) * 3600) IN (SELECT hour FROM ` + grafanaTouched + `))`
 )
 
 // grafanaRawHours are the window's hours that are not clean, on
@@ -183,7 +205,7 @@ func (g Grafana) Bind(s Statement) (string, error) {
 		"{filters}", allOf(filters), "{request_filters}", allOf(requestFilters), unfilteredRequests, allOf(unfiltered))
 	sql = replace(sql, cached...)
 	sql = replace(sql,
-		"{raw_window}", grafanaRaw, "{raw_range}", grafanaWindow, rawHours, grafanaRawHours, "{rollup_window}", grafanaRollup, "{loop_rollup_window}", grafanaRollup, "{minute_window}", noRows, "{window}", grafanaWindow, "{events_window}", grafanaEventsWindow,
+		"{raw_window}", grafanaRaw, "{raw_range}", grafanaWindow, rawHours, grafanaRawHours, "{rollup_window}", grafanaRollup, "{loop_rollup_window}", grafanaLoopRollup, "{minute_window}", grafanaMinutes, "{window}", grafanaWindow, "{events_window}", grafanaEventsWindow,
 		"{bucket}", "toDateTime(intDiv(toUInt32(event_time), @interval_s) * @interval_s)",
 		"{start_us}", fromUs, "{end_us}", endUs,
 		"{db}", g.Database)
