@@ -103,12 +103,14 @@ var (
 // The parts of the window, as the report's plan splits it (PlanReport):
 // grafanaRollup is the clean whole hours in the hour caches;
 // grafanaMinutes the whole minutes of the clean hours the window cuts, in
-// the minute caches; grafanaLoopRollup both in the retry-loop caches
+// the minute caches (a set of those hours, which the caches' key prunes
+// by: an OR beside it would read every row's key); grafanaLoopRollup both in the retry-loop caches
 // (whose rows carry their time); grafanaRaw the rest of the window in
 // events.
 var (
 	grafanaRollup  = days + ` AND hour >= toDateTime(` + hoursFrom + `) AND hour < toDateTime(` + hoursTo + `) AND (hour, version) IN ` + grafanaClean
-	grafanaMinutes = days + ` AND (hour < toDateTime(` + hoursFrom + `) OR hour >= toDateTime(` + hoursTo + `)) AND (hour, version) IN ` + grafanaTouched + `
+	grafanaMinutes = days + ` AND (hour, version) IN (SELECT hour, version FROM ` + grafanaTouched + `
+		WHERE hour < toDateTime(` + hoursFrom + `) OR hour >= toDateTime(` + hoursTo + `))
 		AND minute >= toDateTime(` + minutesFrom + `) AND minute < toDateTime(` + minutesTo + `)`
 	grafanaLoopRollup = days + ` AND (hour, version) IN ` + grafanaTouched + `
 		AND event_time_us >= ` + minutesFrom + ` * 1000000 AND event_time_us < ` + minutesTo + ` * 1000000`
