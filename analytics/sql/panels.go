@@ -287,9 +287,10 @@ const rawEventsLimit = 500
 // which (itself included) the hour caches count at least limit requests
 // of the filters (the writer caches' when they answer the filters, the
 // object caches' otherwise): no event of an earlier hour can be among the
-// newest limit. The other hours count no requests here, so the condition never
-// leaves out an hour it needs: without clean hours, or with a request
-// filter (the caches keep no verb or code), it holds the whole window.
+// newest limit. The other hours count no requests here, so the condition
+// never leaves out an hour it needs: without clean hours, or with a
+// request filter (the caches keep no verb or code), it holds the whole
+// window.
 func newestHours(limit int) string {
 	const first, last = `intDiv({start_us}, 3600000000)`, `intDiv({end_us} - 1, 3600000000)`
 	return HourKey + ` IN (
