@@ -285,3 +285,81 @@ func TestDrainerFinishLetsTheInsertInFlightEnd(t *testing.T) {
 		}
 	}
 }
+
+// watchedSource reports each Next call's context to calls before it
+// reads.
+type watchedSource struct {
+	*Queue
+	calls chan context.Context
+}
+
+func (s watchedSource) Next(ctx context.Context, maxRecords int) (spool.Batch, error) {
+	s.calls <- ctx
+	return s.Queue.Next(ctx, maxRecords)
+}
+
+// recordingInserter sends the rows of each insert to rows.
+type recordingInserter struct{ rows chan int }
+
+func (r recordingInserter) InsertRecords(_ context.Context, set *record.Set) (store.InsertResult, error) {
+	r.rows <- set.Rows()
+	return store.InsertResult{Stored: set.Rows()}, nil
+}
+
+// TestLingerWaitsOnlyWhileTheBatchIsSmall: a read smaller than Enough
+// waits for more records (a trickle becomes one insert); once it holds
+// Enough it takes only what the source already has, and is inserted
+// without waiting out the Linger.
+func TestLingerWaitsOnlyWhileTheBatchIsSmall(t *testing.T) {
+	a := Accepter{Decoder: audit.Decoder{KeepRaw: true}}
+	var rec []byte
+	body := `{"kind":"EventList","apiVersion":"audit.k8s.io/v1","items":[` + strings.Join(audittest.Events(t)[:5], ",") + `]}`
+	if _, err := a.Accept("c", "webhook", audit.NewListReader(strings.NewReader(body), 0), func(r []byte) error {
+		rec = append([]byte(nil), r...)
+		return nil
+	}); err != nil || rec == nil {
+		t.Fatalf("accept: %v", err)
+	}
+	src := watchedSource{Queue: NewQueue(1<<20, nil), calls: make(chan context.Context)}
+	st := recordingInserter{rows: make(chan int, 10)}
+	// An hour's linger: were the drainer to wait it out, the test would
+	// time out.
+	d := NewDrainer(src, st, DrainerOptions{Linger: time.Hour, Enough: 2 * len(rec)})
+	if err := src.Append(t.Context(), rec, nil); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(t.Context())
+	done := make(chan error, 1)
+	go func() { done <- d.Run(ctx) }()
+	defer func() {
+		cancel()
+		go func() {
+			for range src.calls { // Run's last reads, until it returns
+			}
+		}()
+		if err := <-done; err != nil {
+			t.Error(err)
+		}
+		close(src.calls)
+	}()
+
+	<-src.calls // the first read: one record
+	lingering := <-src.calls
+	if dl, ok := lingering.Deadline(); !ok || time.Until(dl) < time.Minute {
+		t.Fatalf("with one record (under Enough) the drainer waited until %v, want a quarter of the linger", dl)
+	}
+	if err := src.Append(t.Context(), rec, nil); err != nil {
+		t.Fatal(err)
+	}
+	if taking := <-src.calls; taking.Err() == nil {
+		t.Fatal("with Enough records the drainer read with a context not yet done: it waits for more")
+	}
+	select {
+	case rows := <-st.rows:
+		if rows != 10 {
+			t.Fatalf("the insert held %d rows, want the two records' 10", rows)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("no insert: the drainer waited out the linger")
+	}
+}

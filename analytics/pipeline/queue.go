@@ -14,7 +14,10 @@ import (
 // sink's; a Queue is that of ingest and tail, whose log files are their
 // durable buffer. Next returns io.EOF once a source is closed and empty
 // (the Drainer then finishes its inserts and returns), or spool.ErrClosed
-// (the Drainer returns without confirming what is in flight).
+// (the Drainer returns without confirming what is in flight). Next waits
+// only while it has nothing to hand over: with a ctx already done it still
+// returns the records it holds (the Drainer relies on this to take what is
+// there without waiting).
 type Source interface {
 	Next(ctx context.Context, maxRecords int) (spool.Batch, error)
 	Confirm(end spool.Position) error

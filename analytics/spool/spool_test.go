@@ -364,6 +364,15 @@ func TestNextWaitsForAppendAndStopsOnClose(t *testing.T) {
 	if _, err := sp.Next(ctx, 10); !errors.Is(err, context.Canceled) {
 		t.Fatalf("Next with a done context on an empty spool: %v", err)
 	}
+	// With records to hand over, a done context does not stop Next: the
+	// Drainer takes what is there this way (pipeline.Source).
+	held := batch("held", 3, 10)
+	mustAppend(t, sp, held)
+	if b, err := sp.Next(ctx, 10); err != nil {
+		t.Fatalf("Next with a done context on a spool holding records: %v", err)
+	} else {
+		equalRecords(t, b.Records, held)
+	}
 
 	errc := make(chan error)
 	go func() {
