@@ -216,8 +216,8 @@ ORDER BY time, lease`}
 		Columns: []string{"time", "writer", "user_agent", "verb", "code", "reason", "message", "stamp", "field_manager", "namespace", "resource", "name", "audit_id"},
 		SQL: `
 SELECT event_time AS time, writer, user_agent, verb, code, reason, message, stamp, field_manager, namespace, resource, name, audit_id
-FROM ` + distinctEventsIn(`event_time, event_time_us, writer, user_agent, verb, code, reason, message, stamp, field_manager, namespace, resource, name, audit_id`,
-			`{events_window}`, newestHours(rawEventsLimit), Request+` AND cluster = @cluster AND {filters} AND {request_filters}`) + `
+FROM ` + distinct(`event_time, event_time_us, writer, user_agent, verb, code, reason, message, stamp, field_manager, namespace, resource, name, audit_id`,
+			allEventsIn(`{events_window}`, newestHours(rawEventsLimit), Request+` AND cluster = @cluster AND {filters} AND {request_filters}`), `1`) + `
 ORDER BY event_time_us DESC, audit_id
 LIMIT ` + strconv.Itoa(rawEventsLimit)}
 
@@ -255,29 +255,12 @@ WHERE kind = 'stamp-missing' AND action = 'audit'`}
 // filter names a column the latency caches lack (minuteBuckets, the
 // name), the clean hours from minute_write_latencies (each minute as its
 // event_time) and the rest from events, as counted places them, one row
-// per write; otherwise the whole window from events. Each branch's gate
-// holds for the whole query or for none of it.
-var latencies = func() string {
-	cache := `(` + minuteBuckets("@interval_s") + ` AND ` + unnamed + `)`
-	on := gate(cache)
-	const columns = `event_time, resource, latency_us`
-	writes := Request + ` AND ` + IsWrite + ` AND cluster = @cluster AND {filters}`
-	return `(
-	SELECT minute AS event_time, resource, latency_us, writes
-	FROM {db}.minute_write_latencies
-	WHERE ` + on + ` AND cluster = @cluster AND {rollup_window} AND ` + namelessFilters + `
-	UNION ALL
-	SELECT minute AS event_time, resource, latency_us, writes
-	FROM {db}.minute_write_latencies
-	WHERE ` + on + ` AND cluster = @cluster AND {minute_window} AND ` + namelessFilters + `
-	UNION ALL
-	SELECT ` + columns + `, toUInt64(1) AS writes
-	FROM ` + distinctEvents(columns, on+` AND {raw_range}`, writes, `{raw_window}`) + `
-	UNION ALL
-	SELECT ` + columns + `, toUInt64(1) AS writes
-	FROM ` + DistinctEvents(columns, gate(`NOT `+cache)+` AND {events_window}`, writes+` AND {request_filters}`) + `
-)`
-}()
+// per write; otherwise the whole window from events.
+var latencies = splitRows{hours: "minute_write_latencies", minutes: "minute_write_latencies",
+	cached: `minute AS event_time, resource, latency_us, writes`, filters: namelessFilters,
+	rawColumns: `event_time, resource, latency_us`, raw: `event_time, resource, latency_us, toUInt64(1) AS writes`,
+	where: Request + ` AND ` + IsWrite + ` AND cluster = @cluster AND {filters}`,
+	when:  `(` + minuteBuckets("@interval_s") + ` AND ` + unnamed + `)`}.sql()
 
 // rawEventsLimit is how many events RawEvents lists.
 const rawEventsLimit = 500

@@ -47,8 +47,14 @@ func DistinctEvents(columns, prewhere, where string) string {
 // distinctEvents is DistinctEvents with outer, any condition (one with a
 // subquery too), applied to the union of the two tables.
 func distinctEvents(columns, prewhere, where, outer string) string {
+	return distinct(columns, AllEvents(prewhere, where), outer)
+}
+
+// distinct reads columns from events (AllEvents, allEventsIn) that pass
+// outer, one row per identity.
+func distinct(columns, events, outer string) string {
 	return `(
-	SELECT ` + columns + ` FROM ` + AllEvents(prewhere, where) + `
+	SELECT ` + columns + ` FROM ` + events + `
 	WHERE ` + outer + `
 	LIMIT 1 BY ` + Identity + `)`
 }
@@ -83,14 +89,6 @@ func allEventsIn(prewhere, byHour, where string) string {
 		SELECT * FROM {db}.` + EventsTable + ` PREWHERE ` + hourly + ` WHERE ` + where + `
 		UNION ALL
 		SELECT * FROM {db}.` + LegacyEventsTable + ` PREWHERE ` + prewhere + ` WHERE ` + where + `)`
-}
-
-// distinctEventsIn is DistinctEvents with byHour (allEventsIn).
-func distinctEventsIn(columns, prewhere, byHour, where string) string {
-	return `(
-	SELECT ` + columns + ` FROM ` + allEventsIn(prewhere, byHour, where) + `
-	WHERE 1
-	LIMIT 1 BY ` + Identity + `)`
 }
 
 // rawHours is the placeholder of the hours of the raw edges, on
@@ -163,7 +161,7 @@ const agentColumns = requestColumns + `, user_agent`
 // (minute_requests, {minute_window}), and one row per request, read from
 // events, for the rest ({raw_window}). Together they are the window, each
 // request once.
-var counted = countedRows(objectKeys, "hour_requests", "minute_requests", requestColumns)
+var counted = counterRows(objectKeys, "hour_requests", "minute_requests", requestColumns).sql()
 
 // countedByWriter is counted without the objects: the request counters
 // per writer and resource, the clean hours from the writer caches
@@ -171,54 +169,72 @@ var counted = countedRows(objectKeys, "hour_requests", "minute_requests", reques
 // window cuts from theirs (minute_writer_requests), the rest from events.
 // Only filters on columns it keeps may narrow it (not namespace, not
 // name): the report reads it when it can (Report.WriterCaches).
-var countedByWriter = countedRows(writerKeys, "hour_writer_requests", "minute_writer_requests",
-	`cluster, writer, api_group, resource, verb, code, stamp, `+ConflictClass+` AS class, `+IsWrite+` AS is_write`)
-
-// countedRows are the window's counter rows per keys: from the hour
-// caches hours and the minute caches minutes, and from events, whose
-// rows carry rawColumns (the keys and what the counters read).
-func countedRows(keys, hours, minutes, rawColumns string) string {
-	return gatedCounted(keys, hours, minutes, rawColumns, "", "{filters}")
-}
-
-// gatedCounted is countedRows when cache, a condition on constants, holds
-// (none when it is empty), and the whole window from events, narrowed by
-// the request filters too, when it does not: the caches answer only the
-// filters on columns they keep, cacheFilters. Each branch's gate holds
-// for the whole query or for none of it.
-func gatedCounted(keys, hours, minutes, rawColumns, cache, cacheFilters string) string {
-	on, off := "", ""
-	if cache != "" {
-		on, off = gate(cache)+` AND `, gate(`NOT `+cache)
-	}
-	sql := `(
-	SELECT ` + keys + `, ` + counterNames + `
-	FROM {db}.` + hours + `
-	WHERE ` + on + `cluster = @cluster AND {rollup_window} AND ` + cacheFilters + `
-	UNION ALL
-	SELECT ` + keys + `, ` + counterNames + `
-	FROM {db}.` + minutes + `
-	WHERE ` + on + `cluster = @cluster AND {minute_window} AND ` + cacheFilters + `
-	UNION ALL
-	SELECT ` + keys + `, ` + counterValues + `
-	FROM ` + distinctEvents(rawColumns, on+`{raw_range}`, Request+` AND cluster = @cluster AND {filters}`, `{raw_window}`)
-	if cache != "" {
-		sql += `
-	UNION ALL
-	SELECT ` + keys + `, ` + counterValues + `
-	FROM ` + DistinctEvents(rawColumns, off+` AND {events_window}`, Request+` AND cluster = @cluster AND {filters} AND {request_filters}`)
-	}
-	return sql + `
-)`
-}
+var countedByWriter = counterRows(writerKeys, "hour_writer_requests", "minute_writer_requests",
+	`cluster, writer, api_group, resource, verb, code, stamp, `+ConflictClass+` AS class, `+IsWrite+` AS is_write`).sql()
 
 // agentCounted is the window's counter rows per user agent, writer and
 // namespace: from the agent caches (hour_agent_requests,
 // minute_agent_requests) and events, as counted, when no filter names a
 // column they lack (an object's name, a verb, a code); else from events
 // alone.
-var agentCounted = gatedCounted(agentKeys, "hour_agent_requests", "minute_agent_requests", agentColumns,
-	`(`+unnamed+` AND `+unfilteredRequests+`)`, namelessFilters)
+var agentCounted = func() string {
+	r := counterRows(agentKeys, "hour_agent_requests", "minute_agent_requests", agentColumns)
+	r.filters, r.when = namelessFilters, `(`+unnamed+` AND `+unfilteredRequests+`)`
+	return r.sql()
+}()
+
+// counterRows are the window's counter rows per keys: from the hour
+// caches hours and the minute caches minutes, and from events, whose
+// rows carry rawColumns (the keys and what the counters read).
+func counterRows(keys, hours, minutes, rawColumns string) splitRows {
+	return splitRows{hours: hours, minutes: minutes, cached: keys + `, ` + counterNames, filters: "{filters}",
+		rawColumns: rawColumns, raw: keys + `, ` + counterValues, where: Request + ` AND cluster = @cluster AND {filters}`}
+}
+
+// splitRows are the rows of a window split as the report's plan splits
+// it (PlanReport): the clean whole hours from the hour cache
+// ({rollup_window}) and the whole minutes of the clean hours the window
+// cuts from the minute cache ({minute_window}), each row selecting cached
+// and narrowed by filters; and the rest ({raw_window}) from the events
+// that pass where, one row per identity (rawColumns), each selecting raw.
+// With when, a condition on constants that says the caches answer the
+// query's filters, that split holds only while when does, and the whole
+// window is read from events (narrowed by the request filters too)
+// otherwise: each branch's gate holds for the whole query or for none
+// of it.
+type splitRows struct {
+	hours, minutes  string // the cache tables
+	cached, filters string // what a cache row selects; the caches' filters
+	rawColumns, raw string // what an event row reads, and selects
+	where           string // the events that are rows
+	when            string // the caches' gate; empty: always
+}
+
+func (r splitRows) sql() string {
+	on := ""
+	if r.when != "" {
+		on = gate(r.when) + ` AND `
+	}
+	sql := `(
+	SELECT ` + r.cached + `
+	FROM {db}.` + r.hours + `
+	WHERE ` + on + `cluster = @cluster AND {rollup_window} AND ` + r.filters + `
+	UNION ALL
+	SELECT ` + r.cached + `
+	FROM {db}.` + r.minutes + `
+	WHERE ` + on + `cluster = @cluster AND {minute_window} AND ` + r.filters + `
+	UNION ALL
+	SELECT ` + r.raw + `
+	FROM ` + distinctEvents(r.rawColumns, on+`{raw_range}`, r.where, `{raw_window}`)
+	if r.when != "" {
+		sql += `
+	UNION ALL
+	SELECT ` + r.raw + `
+	FROM ` + DistinctEvents(r.rawColumns, gate(`NOT `+r.when)+` AND {events_window}`, r.where+` AND {request_filters}`)
+	}
+	return sql + `
+)`
+}
 
 // The placeholders of the filters a cache that lacks some filters'
 // columns answers, and of the condition, on constants, that those it
@@ -259,25 +275,12 @@ var countedSeries = seriesCounted("@interval_s")
 // (minuteBuckets), the clean hours from the minute caches
 // (minute_requests, each minute as its event_time; a minute lies in one
 // bucket) and the rest from events, as counted places them; otherwise the
-// whole window from events. Each branch's gate holds for the whole query
-// or for none of it.
+// whole window from events.
 func seriesCounted(width string) string {
-	cache := gate(minuteBuckets(width))
-	return `(
-	SELECT minute AS event_time, ` + counterNames + `
-	FROM {db}.minute_requests
-	WHERE ` + cache + ` AND cluster = @cluster AND {rollup_window} AND {filters}
-	UNION ALL
-	SELECT minute AS event_time, ` + counterNames + `
-	FROM {db}.minute_requests
-	WHERE ` + cache + ` AND cluster = @cluster AND {minute_window} AND {filters}
-	UNION ALL
-	SELECT event_time, ` + counterValues + `
-	FROM ` + distinctEvents(requestColumns+`, event_time`, cache+` AND {raw_range}`, Request+` AND cluster = @cluster AND {filters}`, `{raw_window}`) + `
-	UNION ALL
-	SELECT event_time, ` + counterValues + `
-	FROM ` + DistinctEvents(requestColumns+`, event_time`, gate(`NOT `+minuteBuckets(width))+` AND {events_window}`, Request+` AND cluster = @cluster AND {filters} AND {request_filters}`) + `
-)`
+	return splitRows{hours: "minute_requests", minutes: "minute_requests",
+		cached: `minute AS event_time, ` + counterNames, filters: "{filters}",
+		rawColumns: requestColumns + `, event_time`, raw: `event_time, ` + counterValues,
+		where: Request + ` AND cluster = @cluster AND {filters}`, when: minuteBuckets(width)}.sql()
 }
 
 // minuteBuckets says that buckets of width seconds are whole minutes and
