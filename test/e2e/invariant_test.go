@@ -588,11 +588,13 @@ func (iv *invariant) slowInserts(t *testing.T, db string) func() {
 	}
 }
 
-// storedRows counts the rows of events_by_hour, copies included: it moves with
-// every insert.
-func (iv *invariant) storedRows(t *testing.T, db string) uint64 {
-	var n uint64
-	if err := iv.conn(db).QueryRow(t.Context(), "SELECT count() FROM events_by_hour").Scan(&n); err != nil {
+// lastBlock is the newest block number among events_by_hour's parts: it
+// grows with every insert whose part is written (its views may still
+// run), and merges keep it. (A count of rows would not do: once copies
+// are stored, merges shrink it faster than inserts grow it.)
+func (iv *invariant) lastBlock(t *testing.T, db string) int64 {
+	var n int64
+	if err := iv.conn(db).QueryRow(t.Context(), "SELECT max(max_block_number) FROM system.parts WHERE database = ? AND table = 'events_by_hour' AND active", db).Scan(&n); err != nil {
 		return 0
 	}
 	return n
@@ -726,23 +728,33 @@ func (iv *invariant) deliverKillingClickHouse(t *testing.T, db string, bases, me
 		errs0 += scrape(t, m)[`auditsink_clickhouse_errors_total{op="insert"}`]
 	}
 	dropSlow := iv.slowInserts(t, db)
-	pace := make([]time.Duration, len(iv.bodies))
-	for i := range pace {
-		pace[i] = time.Duration(iv.rng.IntN(60)) * time.Millisecond
+	type delivery struct {
+		cluster string
+		body    []byte
+		pace    time.Duration
 	}
-	var wg sync.WaitGroup
-	wg.Go(func() {
-		for _, cluster := range iv.clusters {
-			for i, body := range iv.bodies {
-				post(t, urls(bases, cluster), body)
-				time.Sleep(pace[i])
-			}
+	var all []delivery
+	for _, cluster := range iv.clusters {
+		for _, body := range iv.bodies {
+			all = append(all, delivery{cluster, body, time.Duration(iv.rng.IntN(60)) * time.Millisecond})
 		}
-	})
-	for range kills {
-		before := iv.storedRows(t, db)
+	}
+	// The batches go in one part per kill, each part posted as the wait
+	// for its kill begins: every kill then finds an insert in flight,
+	// however fast the sinks stored the part before.
+	var wg sync.WaitGroup
+	per := (len(all) + kills - 1) / kills
+	for k := range kills {
+		part := all[min(k*per, len(all)):min((k+1)*per, len(all))]
+		before := iv.lastBlock(t, db)
+		wg.Go(func() {
+			for _, d := range part {
+				post(t, urls(bases, d.cluster), d.body)
+				time.Sleep(d.pace)
+			}
+		})
 		eventuallyTrue(t, "an insert in flight", func() bool {
-			if iv.storedRows(t, db) <= before {
+			if iv.lastBlock(t, db) <= before {
 				return false
 			}
 			for _, m := range metrics {
