@@ -423,15 +423,19 @@ type MigrateConfig struct {
 	// Retention is --retention (ParseRetention); empty drops nothing.
 	Retention string
 	// Compact is --compact: build the hour caches of every closed hour
-	// that needs it.
+	// that needs it, and delete the cache versions superseded PruneAfter
+	// ago or longer (store.Prune).
 	Compact bool
+	// PruneAfter is --prune-after.
+	PruneAfter time.Duration
 }
 
 // Register binds m to the flags of migrate.
 func (m *MigrateConfig) Register(fs *flag.FlagSet) {
 	m.Config.Register(fs)
 	fs.StringVar(&m.Retention, "retention", "", "also drop day partitions older than this `age`, e.g. 30d (empty: drop none)")
-	fs.BoolVar(&m.Compact, "compact", true, "build the hour caches of every closed hour, of any day, that needs it (the figures are the same without; reports are faster)")
+	fs.BoolVar(&m.Compact, "compact", true, "build the hour caches of every closed hour, of any day, that needs it, and delete the cache versions superseded --prune-after ago or longer (the figures are the same without; reports are faster)")
+	fs.DurationVar(&m.PruneAfter, "prune-after", store.DefaultPruneAfter, "with --compact, how long a superseded cache version stays: longer than any report or panel query runs")
 }
 
 // Migrate is a validated MigrateConfig.
@@ -440,6 +444,9 @@ type Migrate struct {
 	// Retention is 0 to drop nothing.
 	Retention time.Duration
 	Compact   bool
+	// PruneAfter is how long a superseded cache version stays
+	// (store.Prune).
+	PruneAfter time.Duration
 }
 
 // Resolve validates m.
@@ -448,11 +455,14 @@ func (m *MigrateConfig) Resolve(w io.Writer) (*Migrate, error) {
 	if err != nil {
 		return nil, err
 	}
+	if m.PruneAfter < 0 {
+		return nil, cli.Usagef("--prune-after %s: negative", m.PruneAfter)
+	}
 	conn, err := m.Connect(w)
 	if err != nil {
 		return nil, err
 	}
-	return &Migrate{Connection: conn, Retention: keep, Compact: m.Compact}, nil
+	return &Migrate{Connection: conn, Retention: keep, Compact: m.Compact, PruneAfter: m.PruneAfter}, nil
 }
 
 // ReportConfig is what `auditsink report` reads.

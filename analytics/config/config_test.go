@@ -299,6 +299,12 @@ func TestSubcommandsRefuseBadValues(t *testing.T) {
 			_, err := m.Resolve(io.Discard)
 			return err
 		}, `--retention "0d": want a number of days such as 30d`},
+		{"migrate --prune-after -1h", func() error {
+			var m MigrateConfig
+			parseInto(t, &m, "--prune-after", "-1h")
+			_, err := m.Resolve(io.Discard)
+			return err
+		}, `--prune-after -1h0m0s: negative`},
 		{"ingest of a missing file", func() error {
 			var c IngestConfig
 			parseInto(t, &c)

@@ -13,6 +13,7 @@ import (
 	"github.com/stampguard/stampguard/analytics/audit"
 	"github.com/stampguard/stampguard/analytics/record"
 	"github.com/stampguard/stampguard/analytics/record/recordtest"
+	asql "github.com/stampguard/stampguard/analytics/sql"
 	"github.com/stampguard/stampguard/analytics/store"
 	"github.com/stampguard/stampguard/internal/chdbtest"
 	"github.com/stampguard/stampguard/internal/chtest"
@@ -124,8 +125,9 @@ func TestEnginesAgree(t *testing.T) {
 	// The compaction of every hour: its reads are compared, its inserts
 	// replayed on 26.7 (with 18.16's versions and counts of marks, as
 	// recorded), so that both engines build the caches from their events.
-	if res, err := en.Store.Compact(ctx, t0.Add(-30*24*time.Hour), 0); err != nil || len(res.Hours) == 0 {
-		t.Fatalf("compact: %+v, %v", res, err)
+	compacted, err := en.Store.Compact(ctx, t0.Add(-30*24*time.Hour), 0)
+	if err != nil || len(compacted.Hours) == 0 {
+		t.Fatalf("compact: %+v, %v", compacted, err)
 	}
 	compaction := en.Recorded(t, "compaction")
 	en.CopyTo26(t)
@@ -183,6 +185,58 @@ func TestEnginesAgree(t *testing.T) {
 		}
 		if out, err := e.Query(stmts[totals].SQL, "TabSeparated"); err != nil || !strings.HasPrefix(out, "0\t") {
 			t.Errorf("26.7 totals on an empty database: %q, %v; want 0 requests", out, err)
+		}
+	})
+
+	// Every hour compacted again a second later, on both engines: the
+	// first versions are superseded, both engines list the same ones, and
+	// the deletes leave the same tables.
+	t.Run("pruning superseded cache versions", func(t *testing.T) {
+		time.Sleep(1100 * time.Millisecond)
+		for _, h := range compacted.Hours {
+			if err := en.Store.CompactHour(ctx, h); err != nil {
+				t.Fatal(err)
+			}
+		}
+		for _, s := range en.Recorded(t, "recompaction") {
+			if strings.HasPrefix(strings.TrimSpace(s.SQL), "INSERT") {
+				e.Exec(t, s.SQL)
+			}
+		}
+		time.Sleep(1100 * time.Millisecond) // past every record, on both clocks
+		listing := []enginetest.Statement{{Name: "superseded versions",
+			SQL: strings.NewReplacer("{db}", en.DB, "@grace_s", "0").Replace(asql.SupersededVersions)}}
+		if n := en.SameAnswers(t, "", listing); n != len(compacted.Hours) {
+			t.Fatalf("%d superseded versions listed, want the first version of each of the %d hours", n, len(compacted.Hours))
+		}
+		if n, err := en.Store.Prune(ctx, 0); err != nil || n != len(compacted.Hours) {
+			t.Fatalf("18.16 pruned %d versions, %v; want %d", n, err, len(compacted.Hours))
+		}
+		deletes := 0
+		for _, s := range en.Recorded(t, "prune") {
+			if strings.HasPrefix(s.SQL, "ALTER") {
+				e.Exec(t, s.SQL+" SETTINGS mutations_sync = 2")
+				deletes++
+			}
+		}
+		if deletes != len(asql.CacheTables)+len(asql.RecordTables) {
+			t.Fatalf("the prune sent %d deletes, want one per cache and record table", deletes)
+		}
+		for deadline := time.Now().Add(time.Minute); ; time.Sleep(50 * time.Millisecond) {
+			var running uint64
+			if err := conn.QueryRow(ctx, "SELECT count() FROM system.mutations WHERE database = ? AND is_done = 0", en.DB).Scan(&running); err != nil {
+				t.Fatal(err)
+			}
+			if running == 0 {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("%d mutations still running on 18.16 after a minute", running)
+			}
+		}
+		en.SameAnswers(t, "", en.Tables(t))
+		if n := en.SameAnswers(t, "", listing); n != 0 {
+			t.Errorf("%d superseded versions listed after the prune", n)
 		}
 	})
 

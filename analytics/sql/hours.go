@@ -1,6 +1,7 @@
 package sql
 
 import (
+	"regexp"
 	"strconv"
 	"strings"
 )
@@ -93,6 +94,55 @@ var (
 	WHERE (hour, marks) NOT IN (SELECT hour, marks FROM {db}.hour_caches WHERE event_date >= toDate(toDateTime(@since_s), 'UTC') AND layout = ` + cacheLayout + `)
 	ORDER BY h`
 )
+
+// SupersededVersions lists the cache versions that no reader can take
+// any more, as (hour in Unix seconds, version), so that their rows can be
+// deleted (Store.Prune). A version is read only through its record, and
+// only while that record is the newest clean one of the reader's layout
+// (CleanHours). A version is superseded when, for @grace_s seconds or
+// longer by the servers' clocks:
+//   - its record is dirty (of any layout, either record table): marks
+//     only grow, so it stays dirty, and since the hour's last mark is
+//     older than the grace, so is the moment it became dirty; or
+//   - its record is of this layout and another clean record of this
+//     layout is the newest (CleanHours' argMax), recorded that long ago.
+//
+// A reader that took a version before it was superseded finished long
+// before the grace ended. Every other version is kept: the newest clean
+// one of each layout (an earlier release's readers take theirs from
+// hour_compactions, or from records of their layout), and versions
+// without a record, which may be a compaction still writing.
+var SupersededVersions = `SELECT DISTINCT toUInt32(hour) AS h, version FROM (
+	SELECT hour, version, layout, marks, marks_now, last_mark FROM (
+		SELECT hour, version, layout, marks FROM {db}.hour_caches
+		UNION ALL
+		SELECT hour, version, toUInt32(0) AS layout, marks FROM {db}.hour_compactions) AS records
+	ANY LEFT JOIN (
+		SELECT hour, uniqExact(mark) AS marks_now, max(marked_at) AS last_mark FROM {db}.hour_marks GROUP BY hour) AS now_marked USING hour) AS marked
+ANY LEFT JOIN (
+	SELECT hour, argMax(version, (compacted_at, version)) AS newest, max(compacted_at) AS newest_at FROM {db}.hour_caches
+	WHERE layout = ` + cacheLayout + ` AND (hour, marks) IN (SELECT hour, uniqExact(mark) FROM {db}.hour_marks GROUP BY hour)
+	GROUP BY hour) AS newest_clean USING hour
+WHERE (marks != marks_now AND last_mark < now() - @grace_s)
+	OR (layout = ` + cacheLayout + ` AND toUInt32(newest_at) > 0 AND version != newest AND newest_at < now() - @grace_s)
+ORDER BY h, version`
+
+// CacheTables are the tables a compaction fills (CompactionInserts),
+// every one keyed by hour and version; its record goes to hour_caches.
+var CacheTables = func() []string {
+	var tables []string
+	for _, q := range CompactionInserts {
+		m := insertInto.FindStringSubmatch(q)
+		tables = append(tables, m[1])
+	}
+	return tables
+}()
+
+// RecordTables hold the records of compactions: hour_caches, and
+// hour_compactions (migration 5, the layouts before CacheLayout).
+var RecordTables = []string{"hour_caches", "hour_compactions"}
+
+var insertInto = regexp.MustCompile(`^INSERT INTO \{db\}\.(\w+) `)
 
 // compactCounters builds the hour's counters per keys (and per minute,
 // with minute "minute") into table under @version, from events' rows of

@@ -5,6 +5,7 @@ import (
 	"crypto/rand"
 	"encoding/binary"
 	"fmt"
+	"slices"
 	"strings"
 	"time"
 
@@ -105,6 +106,68 @@ func (s *Store) CompactHour(ctx context.Context, hour time.Time) error {
 		return fmt.Errorf("%s: record: %w", what, err)
 	}
 	return nil
+}
+
+// DefaultPruneAfter is how long a cache version stays after it is
+// superseded (asql.SupersededVersions): far longer than any read takes.
+const DefaultPruneAfter = time.Hour
+
+// prunePerStatement caps the versions one mutation names.
+const prunePerStatement = 1000
+
+// Prune deletes the rows of the cache versions that have been superseded
+// for after or longer (asql.SupersededVersions), from every cache table,
+// then their records, and returns how many versions it named. No reader
+// takes such a version: a version is read only through its record, while
+// that record is the newest clean one of its layout, and a superseded
+// record never is again; removing it changes no reader's choice. Every
+// recompaction of an hour (a copy stored after its compaction, two
+// compactors at once) writes a whole new set of its caches, which would
+// otherwise stay until retention.
+//
+// The deletes are ClickHouse mutations (ALTER TABLE ... DELETE, DDL
+// rights), which run in the background: they rewrite the parts that hold
+// those rows, and a part without any unchanged. A prune while the
+// mutations of an earlier one still run may name those versions again,
+// which deletes nothing more.
+func (s *Store) Prune(ctx context.Context, after time.Duration) (int, error) {
+	rows, err := s.conn.Query(ctx, s.sql(asql.SupersededVersions), clickhouse.Named("grace_s", uint32(after/time.Second)))
+	if err != nil {
+		return 0, fmt.Errorf("list superseded cache versions: %w", err)
+	}
+	var versions []string
+	for rows.Next() {
+		var h uint32
+		var v uint64
+		if err := rows.Scan(&h, &v); err != nil {
+			rows.Close()
+			return 0, fmt.Errorf("list superseded cache versions: %w", err)
+		}
+		versions = append(versions, fmt.Sprintf("(toDateTime(%d), toUInt64(%d))", h, v))
+	}
+	rows.Close()
+	if err := rows.Err(); err != nil {
+		return 0, fmt.Errorf("list superseded cache versions: %w", err)
+	}
+	named := len(versions)
+	for len(versions) > 0 {
+		n := min(len(versions), prunePerStatement)
+		set := strings.Join(versions[:n], ", ")
+		if n == 1 { // ((a, b)) would be one tuple, not a set of one
+			set += ", " + set
+		}
+		// The records last: a version whose record is gone is never
+		// listed again, so its rows must be on their way out by then
+		// (a mutation, once accepted, runs to its end, through restarts
+		// too).
+		for _, table := range append(slices.Clone(asql.CacheTables), asql.RecordTables...) {
+			if err := s.execDDL(ctx, "ALTER TABLE {db}."+table+" DELETE WHERE (hour, version) IN ("+set+")"); err != nil {
+				return 0, fmt.Errorf("delete superseded versions from %s: %w", table, err)
+			}
+		}
+		versions = versions[n:]
+	}
+	return named, nil
 }
 
 // The steps of a compaction at which Store.hook runs.

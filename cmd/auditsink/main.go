@@ -238,6 +238,11 @@ func migrate(fs *flag.FlagSet, stdout, stderr io.Writer) func([]string) (work, e
 					return err
 				}
 				fmt.Fprintf(stdout, "hour caches built: %d hours\n", len(res.Hours))
+				pruned, err := st.Prune(ctx, m.PruneAfter)
+				if err != nil {
+					return err
+				}
+				fmt.Fprintf(stdout, "superseded cache versions deleted: %d\n", pruned)
 			}
 			if m.Retention == 0 {
 				return nil

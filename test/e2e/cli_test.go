@@ -96,7 +96,7 @@ func TestCommandLines(t *testing.T) {
 		{"serve", "usage: auditsink serve [flags]", append([]string{"-plaintext", "-token-file", "-client-ca", "-allow-unauthenticated", `(default ":8443")`}, writers...), nil},
 		{"ingest", "usage: auditsink ingest [flags] FILE...", append([]string{"-no-progress", `(default "200MiB")`}, writers...), []string{"-plaintext"}},
 		{"tail", "usage: auditsink tail [flags] PATH", append([]string{"-checkpoint", "(default PATH.auditsink-checkpoint)"}, writers...), []string{"-plaintext"}},
-		{"migrate", "usage: auditsink migrate [flags]", []string{"-retention", "-compact", "(default true)"}, writers},
+		{"migrate", "usage: auditsink migrate [flags]", []string{"-retention", "-compact", "(default true)", "-prune-after", "(default 1h0m0s)"}, writers},
 		{"report", "usage: auditsink report [flags]", []string{"-top", "(default 10)", "-cluster name", `(default "default")`, "-loop-threshold", "(default 5)"}, writers[:3]},
 	} {
 		add(cliCase{name: "auditsink " + h.cmd + " -h prints only the flags it uses, with their defaults", bin: auditsink, args: []string{h.cmd, "-h"}, code: 0,
@@ -138,6 +138,7 @@ func TestCommandLines(t *testing.T) {
 		{"report --cluster ..bad", []string{"report", "--cluster", "..bad"}, `--cluster "..bad"`},
 		{"migrate --retention 0d", []string{"migrate", "--retention", "0d"}, `--retention "0d": want a number of days such as 30d`},
 		{"migrate --retention soon", []string{"migrate", "--retention", "soon"}, `--retention "soon"`},
+		{"migrate --prune-after -1h", []string{"migrate", "--prune-after", "-1h"}, `--prune-after -1h0m0s: negative`},
 		{"ingest --cluster ..bad", []string{"ingest", "--cluster", "..bad", events}, `--cluster "..bad"`},
 		{"ingest --stages ,", []string{"ingest", "--stages", ",", events}, "--stages is empty"},
 		{"ingest --memory-limit lots", []string{"ingest", "--memory-limit", "lots", events}, "--memory-limit: "},

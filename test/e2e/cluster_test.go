@@ -214,8 +214,8 @@ func TestClusterMode(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	defer st.Close()
 	built, err := st.Compact(ctx, time.Unix(0, 0), 0)
-	st.Close()
 	if err != nil {
 		t.Fatalf("compact: %v", err)
 	}
@@ -224,6 +224,48 @@ func TestClusterMode(t *testing.T) {
 	}
 	t.Logf("hour caches built for %v", built.Hours)
 	compare("after the hour caches are built")
+
+	// Every hour compacted again a second later (so that the new record
+	// is the newest): the first versions are superseded, and Prune
+	// deletes them on every node (ALTER ... ON CLUSTER). The report is
+	// exact while the deletes run and after.
+	time.Sleep(1100 * time.Millisecond)
+	for _, h := range built.Hours {
+		if err := st.CompactHour(ctx, h); err != nil {
+			t.Fatalf("compact %s again: %v", h, err)
+		}
+	}
+	versionsPerHour := func() uint64 {
+		var n uint64
+		if err := conn.QueryRow(ctx, "SELECT max(c) FROM (SELECT hour, uniqExact(version) AS c FROM hour_requests GROUP BY hour)").Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+	if n := versionsPerHour(); n != 2 {
+		t.Fatalf("hour_requests holds up to %d versions of an hour after a second compaction, want 2", n)
+	}
+	time.Sleep(1100 * time.Millisecond) // past the new records, by the servers' clocks
+	pruned, err := st.Prune(ctx, 0)
+	if err != nil || pruned != len(built.Hours) {
+		t.Fatalf("prune: %d versions, %v; want the %d first ones", pruned, err, len(built.Hours))
+	}
+	compare("while the superseded cache versions are deleted")
+	for _, shard := range c.Shards {
+		for _, r := range shard {
+			eventuallyTrue(t, "every mutation done on each node", func() bool {
+				var running uint64
+				if err := r.ClusterConn(t, db).QueryRow(ctx, "SELECT count() FROM system.mutations WHERE database = ? AND is_done = 0", db).Scan(&running); err != nil {
+					t.Fatal(err)
+				}
+				return running == 0
+			})
+		}
+	}
+	if n := versionsPerHour(); n != 1 {
+		t.Errorf("hour_requests holds up to %d versions of an hour after the prune, want 1", n)
+	}
+	compare("after the superseded cache versions were deleted")
 	// 18.16 cannot run OPTIMIZE ON CLUSTER on replicated tables: each
 	// shard's leader merges, and the other replica follows. After the
 	// kill, the dead replica's leadership lasts until its ZooKeeper
