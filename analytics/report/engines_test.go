@@ -222,18 +222,7 @@ func TestEnginesAgree(t *testing.T) {
 		if deletes != len(asql.CacheTables)+len(asql.RecordTables) {
 			t.Fatalf("the prune sent %d deletes, want one per cache and record table", deletes)
 		}
-		for deadline := time.Now().Add(time.Minute); ; time.Sleep(50 * time.Millisecond) {
-			var running uint64
-			if err := conn.QueryRow(ctx, "SELECT count() FROM system.mutations WHERE database = ? AND is_done = 0", en.DB).Scan(&running); err != nil {
-				t.Fatal(err)
-			}
-			if running == 0 {
-				break
-			}
-			if time.Now().After(deadline) {
-				t.Fatalf("%d mutations still running on 18.16 after a minute", running)
-			}
-		}
+		chtest.WaitForMutations(t, conn, en.DB)
 		en.SameAnswers(t, "", en.Tables(t))
 		if n := en.SameAnswers(t, "", listing); n != 0 {
 			t.Errorf("%d superseded versions listed after the prune", n)

@@ -11,6 +11,7 @@ import (
 	"github.com/stampguard/stampguard/analytics/audit"
 	"github.com/stampguard/stampguard/analytics/record/recordtest"
 	asql "github.com/stampguard/stampguard/analytics/sql"
+	"github.com/stampguard/stampguard/internal/chtest"
 )
 
 // TestPruneDeletesOnlyVersionsNoReaderTakes recompacts hours the ways
@@ -132,7 +133,7 @@ func TestPruneDeletesOnlyVersionsNoReaderTakes(t *testing.T) {
 	}
 	v4 := recordedVersions(t, st)[earlier]
 	rows4 := versionRows(t, st, v4)
-	waitForMutations(t, st)
+	chtest.WaitForMutations(t, st.conn, st.db)
 	if got := versionRows(t, st, v4); got != rows4 || rows4 == 0 {
 		t.Errorf("the compaction's version holds %d rows after a prune ran during it, %d before", got, rows4)
 	}
@@ -175,22 +176,7 @@ func requirePruned(t *testing.T, st *Store, after time.Duration, want int, when 
 	if got := prune(t, st, after); got != want {
 		t.Fatalf("%s: the prune named %d versions, want %d", when, got, want)
 	}
-	waitForMutations(t, st)
-}
-
-// waitForMutations waits until ClickHouse has run every mutation of st's
-// database: Prune's deletes run in the background.
-func waitForMutations(t *testing.T, st *Store) {
-	t.Helper()
-	for deadline := time.Now().Add(time.Minute); ; time.Sleep(50 * time.Millisecond) {
-		n := count(t, st, "SELECT count() FROM system.mutations WHERE database = ? AND is_done = 0", st.db)
-		if n == 0 {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%d mutations still running after a minute", n)
-		}
-	}
+	chtest.WaitForMutations(t, st.conn, st.db)
 }
 
 // afterASecond waits until the servers' clock (whole seconds) has moved

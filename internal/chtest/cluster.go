@@ -326,3 +326,22 @@ func (s *Server) ClusterConn(tb testing.TB, db string) driver.Conn {
 	tb.Cleanup(func() { conn.Close() })
 	return conn
 }
+
+// WaitForMutations waits until the server conn talks to has run every
+// mutation (ALTER ... DELETE) of database db: ClickHouse runs them in the
+// background. It fails the test after two minutes.
+func WaitForMutations(tb testing.TB, conn driver.Conn, db string) {
+	tb.Helper()
+	for deadline := time.Now().Add(2 * time.Minute); ; time.Sleep(50 * time.Millisecond) {
+		var running uint64
+		if err := conn.QueryRow(context.Background(), "SELECT count() FROM system.mutations WHERE database = ? AND is_done = 0", db).Scan(&running); err != nil {
+			tb.Fatalf("count the running mutations of %s: %v", db, err)
+		}
+		if running == 0 {
+			return
+		}
+		if time.Now().After(deadline) {
+			tb.Fatalf("%d mutations of %s still running after two minutes", running, db)
+		}
+	}
+}

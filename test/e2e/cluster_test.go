@@ -253,13 +253,7 @@ func TestClusterMode(t *testing.T) {
 	compare("while the superseded cache versions are deleted")
 	for _, shard := range c.Shards {
 		for _, r := range shard {
-			eventuallyTrue(t, "every mutation done on each node", func() bool {
-				var running uint64
-				if err := r.ClusterConn(t, db).QueryRow(ctx, "SELECT count() FROM system.mutations WHERE database = ? AND is_done = 0", db).Scan(&running); err != nil {
-					t.Fatal(err)
-				}
-				return running == 0
-			})
+			chtest.WaitForMutations(t, r.ClusterConn(t, db), db)
 		}
 	}
 	if n := versionsPerHour(); n != 1 {

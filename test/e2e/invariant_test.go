@@ -720,7 +720,7 @@ func TestExactWithClickHouseKilled(t *testing.T) {
 	if n := iv.prune(t, db); n == 0 {
 		t.Error("migrate deleted no superseded cache version, though the resent batches dirtied the compacted hours")
 	}
-	iv.waitForMutations(t, db)
+	chtest.WaitForMutations(t, iv.conn(db), db)
 	same()
 	iv.exact(t, db, "after the superseded cache versions were deleted")
 	iv.optimizeFinal(t, db)
@@ -748,24 +748,6 @@ func (iv *invariant) prune(t *testing.T, db string) int {
 	}
 	t.Logf("migrate --prune-after 0s: %d superseded cache versions deleted", n)
 	return n
-}
-
-// waitForMutations waits until ClickHouse has run every mutation of db
-// (the deletes of superseded cache versions run in the background).
-func (iv *invariant) waitForMutations(t *testing.T, db string) {
-	t.Helper()
-	for deadline := time.Now().Add(2 * time.Minute); ; time.Sleep(100 * time.Millisecond) {
-		var n uint64
-		if err := iv.conn(db).QueryRow(t.Context(), "SELECT count() FROM system.mutations WHERE database = ? AND is_done = 0", db).Scan(&n); err != nil {
-			t.Fatal(err)
-		}
-		if n == 0 {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%d mutations of %s still running after two minutes", n, db)
-		}
-	}
 }
 
 // deliverKillingClickHouse posts every batch to every base at once while
