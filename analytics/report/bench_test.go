@@ -3,12 +3,14 @@ package report
 import (
 	"fmt"
 	"os"
+	"slices"
 	"strconv"
 	"testing"
 	"time"
 
 	"github.com/stampguard/stampguard/analytics/store"
 	"github.com/stampguard/stampguard/internal/chtest"
+	"github.com/stampguard/stampguard/internal/enginetest"
 )
 
 // benchEvents is the table size of the report benchmarks; REPORT_BENCH_EVENTS overrides it.
@@ -59,8 +61,28 @@ func BenchmarkReport(b *testing.B) {
 	// REPORT_BENCH_DUPLICATES=d stores d events a second time, spread
 	// over the day, as racing writers would: the report must still say
 	// the same, and (the hours they touched dirty) reads those hours from
-	// events until they are compacted again.
+	// events until they are compacted again (REPORT_BENCH_RECOMPACT).
+	// REPORT_BENCH_PRUNE then deletes the superseded versions, timed. The
+	// report is timed at each step, so that one run gives every figure.
 	if d, err := strconv.ParseUint(os.Getenv("REPORT_BENCH_DUPLICATES"), 10, 64); err == nil && d > 0 {
+		cut := o
+		cut.Since, cut.Until = cutWindow()
+		timeReport := func(prefix string) {
+			for _, w := range []struct {
+				name string
+				o    Options
+			}{{"whole", o}, {"whole-cut-hours", cut}} {
+				b.Run("rollup/"+prefix+w.name, func(b *testing.B) {
+					for b.Loop() {
+						if _, err := Build(ctx, store.Conn(), w.o); err != nil {
+							b.Fatal(err)
+						}
+					}
+				})
+			}
+		}
+		timeReport("no-duplicates-")
+		logSizes(b, store, db, "compacted once")
 		if err := store.Conn().Exec(ctx, fmt.Sprintf("INSERT INTO %s.events_by_hour SELECT * FROM %s.events_by_hour WHERE cityHash64(audit_id) %% %d = 0",
 			db, db, max(n/d, 1))); err != nil {
 			b.Fatal(err)
@@ -76,6 +98,20 @@ func BenchmarkReport(b *testing.B) {
 			if _, err := store.Compact(ctx, t0, 0); err != nil {
 				b.Fatal(err)
 			}
+			logSizes(b, store, db, "with the copies, compacted again")
+		}
+		if os.Getenv("REPORT_BENCH_PRUNE") != "" {
+			timeReport("two-versions-")
+			time.Sleep(1100 * time.Millisecond) // past the records, by the server's clock
+			start := time.Now()
+			pruned, err := store.Prune(ctx, 0)
+			if err != nil {
+				b.Fatal(err)
+			}
+			issued := time.Since(start)
+			chtest.WaitForMutations(b, store.Conn(), db)
+			b.Logf("pruned %d versions: deletes issued in %s, done after %s", pruned, issued.Round(time.Millisecond), time.Since(start).Round(time.Millisecond))
+			logSizes(b, store, db, "pruned")
 		}
 	}
 	var rollupRows uint64
@@ -111,7 +147,7 @@ func BenchmarkReport(b *testing.B) {
 		}
 		// As `--since 24h` gives: edges that cut hours, read per request.
 		cut := o
-		cut.Since, cut.Until = t0.Add(17*time.Minute+13*time.Second+5*time.Microsecond), t0.Add(23*time.Hour+41*time.Minute)
+		cut.Since, cut.Until = cutWindow()
 		b.Run(mode.name+"/whole-cut-hours", func(b *testing.B) {
 			for b.Loop() {
 				if _, err := Build(ctx, store.Conn(), cut); err != nil {
@@ -139,4 +175,43 @@ func BenchmarkReport(b *testing.B) {
 			}
 		}
 	}
+}
+
+// cutWindow is the benchmark's window that cuts hours, as `--since 24h`
+// gives: edges read per request.
+func cutWindow() (since, until time.Time) {
+	return t0.Add(17*time.Minute + 13*time.Second + 5*time.Microsecond), t0.Add(23*time.Hour + 41*time.Minute)
+}
+
+// logSizes logs the bytes on disk of the event tables and of the caches
+// (a benchmark's reading of system.parts: what a superseded version of
+// the caches costs).
+func logSizes(b *testing.B, st *store.Store, db, when string) {
+	b.Helper()
+	rows, err := st.Conn().Query(b.Context(), "SELECT table, sum(rows), sum(bytes_on_disk) FROM system.parts WHERE active AND database = ? GROUP BY table ORDER BY table", db)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer rows.Close()
+	var events, caches uint64
+	for rows.Next() {
+		var table string
+		var n, bytes uint64
+		if err := rows.Scan(&table, &n, &bytes); err != nil {
+			b.Fatal(err)
+		}
+		switch {
+		case table == "events_by_hour" || table == "events":
+			events += bytes
+		case slices.Contains(enginetest.CompactedTables, table):
+			caches += bytes
+		default:
+			continue
+		}
+		b.Logf("%s: %s %d rows, %d bytes", when, table, n, bytes)
+	}
+	if err := rows.Err(); err != nil {
+		b.Fatal(err)
+	}
+	b.Logf("%s: events %d bytes, caches %d bytes (%.1f %%)", when, events, caches, 100*float64(caches)/float64(max(events, 1)))
 }
