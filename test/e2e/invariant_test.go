@@ -370,8 +370,8 @@ func (iv *invariant) panels(t *testing.T, db, cluster, when string) {
 // hour's last mark, for replicas to catch up; a single server needs
 // none): the binaries would compact nothing within a test. It requires
 // that some hour then has a cache (every hour of the workload is closed:
-// truthShift).
-func (iv *invariant) compact(t *testing.T, db string) {
+// truthShift). It returns how many hours it compacted.
+func (iv *invariant) compact(t *testing.T, db string) int {
 	t.Helper()
 	st, err := store.Open(t.Context(), store.Options{DSN: iv.ch.DSN(), Database: db})
 	if err != nil {
@@ -390,6 +390,7 @@ func (iv *invariant) compact(t *testing.T, db string) {
 	if cached == 0 {
 		t.Fatal("no hour has a cache: the reports over whole hours would not read one")
 	}
+	return len(res.Hours)
 }
 
 // optimizeFinal merges every part of every MergeTree table of db.
@@ -712,19 +713,61 @@ func TestExactWithClickHouseKilled(t *testing.T) {
 	iv.deliverKillingClickHouse(t, db, bases, metrics, 2)
 	same()
 	iv.exact(t, db, "after the resent batches' last acknowledgement")
-	iv.compact(t, db)
-	// The resent batches made the first versions dirty, and the
-	// compaction superseded them: `auditsink migrate` deletes them, and
-	// every report taken while its mutations run, and after, is exact.
+	// A resent batch that the sinks stored in other blocks than before
+	// adds marks: its hours are dirty, and compacted again. (Blocks the
+	// same as before add the same marks, and leave the hours clean.)
+	// `auditsink migrate` deletes the versions so superseded, and every
+	// report taken while its mutations run, and after, is exact.
+	// Then every hour is compacted once more, as a second compactor
+	// (another serve replica) does, which supersedes one clean version
+	// of each.
+	again := iv.compact(t, db)
+	twice := iv.compactAgain(t, db)
 	same = iv.neverOver(t, db, true)
-	if n := iv.prune(t, db); n == 0 {
-		t.Error("migrate deleted no superseded cache version, though the resent batches dirtied the compacted hours")
+	if n := iv.prune(t, db); n != again+twice {
+		t.Errorf("migrate deleted %d superseded cache versions, want %d: %d hours dirtied and compacted again, %d compacted once more", n, again+twice, again, twice)
 	}
 	chtest.WaitForMutations(t, iv.conn(db), db)
 	same()
 	iv.exact(t, db, "after the superseded cache versions were deleted")
 	iv.optimizeFinal(t, db)
 	iv.exact(t, db, "after the superseded cache versions were deleted, then after OPTIMIZE FINAL")
+}
+
+// compactAgain compacts every hour that has a cache once more, a second
+// after the compactions before (so that its record is the newest), as a
+// second compactor does: each hour then has one more superseded version.
+// It returns how many hours it compacted.
+func (iv *invariant) compactAgain(t *testing.T, db string) int {
+	t.Helper()
+	time.Sleep(1100 * time.Millisecond)
+	st, err := store.Open(t.Context(), store.Options{DSN: iv.ch.DSN(), Database: db})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	rows, err := iv.conn(db).Query(t.Context(), "SELECT DISTINCT toUInt32(hour) FROM hour_caches ORDER BY 1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var hours []time.Time
+	for rows.Next() {
+		var h uint32
+		if err := rows.Scan(&h); err != nil {
+			t.Fatal(err)
+		}
+		hours = append(hours, time.Unix(int64(h), 0).UTC())
+	}
+	rows.Close()
+	for _, h := range hours {
+		if err := st.CompactHour(t.Context(), h); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if len(hours) == 0 {
+		t.Fatal("no hour has a cache to compact again")
+	}
+	return len(hours)
 }
 
 // prune runs `auditsink migrate` with --prune-after 0s once the servers'
