@@ -40,11 +40,23 @@ var cacheLayout = "toUInt32(" + strconv.Itoa(CacheLayout) + ")"
 func CleanHours(from, to string) string {
 	within := `event_date >= toDate(toDateTime(` + from + `), 'UTC') AND event_date <= toDate(toDateTime(` + to + `), 'UTC')
 		AND hour >= toDateTime(` + from + `) AND hour < toDateTime(` + to + `)`
-	return `(SELECT hour, argMax(version, (compacted_at, version)) AS version FROM {db}.hour_caches
-	WHERE ` + within + ` AND layout = ` + cacheLayout + ` AND (hour, marks) IN (
-		SELECT hour, uniqExact(mark) FROM {db}.hour_marks WHERE ` + within + ` GROUP BY hour)
+	return `(SELECT hour, ` + newestVersion + ` AS version FROM ` + cleanRecords(within) + `
 	GROUP BY hour)`
 }
+
+// cleanRecords are the records of this layout, of the hours that pass
+// within (a condition on event_date and hour), whose marks still number
+// their hour's distinct marks: a table expression, to group by hour.
+func cleanRecords(within string) string {
+	return `{db}.hour_caches
+	WHERE ` + within + ` AND layout = ` + cacheLayout + ` AND (hour, marks) IN (
+		SELECT hour, uniqExact(mark) FROM {db}.hour_marks WHERE ` + within + ` GROUP BY hour)`
+}
+
+// newestVersion is, per hour of cleanRecords, the version readers take:
+// the one recorded last (versions are random numbers, so the largest
+// says nothing).
+const newestVersion = `argMax(version, (compacted_at, version))`
 
 // hourRows are the events of the hour @hour_s (Unix seconds) of a
 // compaction.
@@ -105,7 +117,8 @@ var (
 //     only grow, so it stays dirty, and since the hour's last mark is
 //     older than the grace, so is the moment it became dirty; or
 //   - its record is of this layout and another clean record of this
-//     layout is the newest (CleanHours' argMax), recorded that long ago.
+//     layout is the newest (cleanRecords, newestVersion: what CleanHours
+//     takes), recorded that long ago.
 //
 // A reader that took a version before it was superseded finished long
 // before the grace ended. Every other version is kept: the newest clean
@@ -120,12 +133,20 @@ var SupersededVersions = `SELECT DISTINCT toUInt32(hour) AS h, version FROM (
 	ANY LEFT JOIN (
 		SELECT hour, uniqExact(mark) AS marks_now, max(marked_at) AS last_mark FROM {db}.hour_marks GROUP BY hour) AS now_marked USING hour) AS marked
 ANY LEFT JOIN (
-	SELECT hour, argMax(version, (compacted_at, version)) AS newest, max(compacted_at) AS newest_at FROM {db}.hour_caches
-	WHERE layout = ` + cacheLayout + ` AND (hour, marks) IN (SELECT hour, uniqExact(mark) FROM {db}.hour_marks GROUP BY hour)
+	SELECT hour, ` + newestVersion + ` AS newest, max(compacted_at) AS newest_at FROM ` + cleanRecords("1") + `
 	GROUP BY hour) AS newest_clean USING hour
 WHERE (marks != marks_now AND last_mark < now() - @grace_s)
 	OR (layout = ` + cacheLayout + ` AND toUInt32(newest_at) > 0 AND version != newest AND newest_at < now() - @grace_s)
 ORDER BY h, version`
+
+// SetOf is the SQL set of tuples, which must not be empty: one tuple is
+// written twice, since ((a, b)) would be that tuple, not a set of one.
+func SetOf(tuples []string) string {
+	if len(tuples) == 1 {
+		tuples = []string{tuples[0], tuples[0]}
+	}
+	return "(" + strings.Join(tuples, ", ") + ")"
+}
 
 // CacheTables are the tables a compaction fills (CompactionInserts),
 // every one keyed by hour and version; its record goes to hour_caches.

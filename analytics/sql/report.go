@@ -146,11 +146,8 @@ func hourVersions(hours []CleanHour) string {
 		ts = append(ts, "(toDateTime("+strconv.FormatInt(c.Hour.Unix(), 10)+"), toUInt64("+strconv.FormatUint(c.Version, 10)+"))")
 		first, last = min(first, c.Hour.Unix()), max(last, c.Hour.Unix())
 	}
-	if len(ts) == 1 { // ((a, b)) would be one tuple, not a set of one
-		ts = append(ts, ts[0])
-	}
 	return "(event_date >= toDate(toDateTime(" + strconv.FormatInt(first, 10) + "), 'UTC') AND event_date <= toDate(toDateTime(" +
-		strconv.FormatInt(last, 10) + "), 'UTC') AND (hour, version) IN (" + strings.Join(ts, ", ") + "))"
+		strconv.FormatInt(last, 10) + "), 'UTC') AND (hour, version) IN " + SetOf(ts) + ")"
 }
 
 // partialWindow selects the plan's partial hours, each with its version

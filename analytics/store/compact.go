@@ -152,16 +152,13 @@ func (s *Store) Prune(ctx context.Context, after time.Duration) (int, error) {
 	named := len(versions)
 	for len(versions) > 0 {
 		n := min(len(versions), prunePerStatement)
-		set := strings.Join(versions[:n], ", ")
-		if n == 1 { // ((a, b)) would be one tuple, not a set of one
-			set += ", " + set
-		}
+		set := asql.SetOf(versions[:n])
 		// The records last: a version whose record is gone is never
 		// listed again, so its rows must be on their way out by then
 		// (a mutation, once accepted, runs to its end, through restarts
 		// too).
 		for _, table := range append(slices.Clone(asql.CacheTables), asql.RecordTables...) {
-			if err := s.execDDL(ctx, "ALTER TABLE {db}."+table+" DELETE WHERE (hour, version) IN ("+set+")"); err != nil {
+			if err := s.execDDL(ctx, "ALTER TABLE {db}."+table+" DELETE WHERE (hour, version) IN "+set); err != nil {
 				return 0, fmt.Errorf("delete superseded versions from %s: %w", table, err)
 			}
 		}

@@ -205,15 +205,7 @@ func (en *Pair) CopyTo26(t *testing.T) {
 // CompactedTables are the tables a compaction fills (analytics/sql,
 // hours.go: its inserts and its record); a test replays the compaction's
 // statements on 26.7.
-var CompactedTables = func() []string {
-	var tables []string
-	for _, q := range append(slices.Clone(asql.CompactionInserts), asql.CompactionRecord) {
-		for _, m := range migrationInsert.FindAllStringSubmatch(q, -1) {
-			tables = append(tables, m[1])
-		}
-	}
-	return tables
-}()
+var CompactedTables = append(slices.Clone(asql.CacheTables), migrationInsert.FindStringSubmatch(asql.CompactionRecord)[1])
 
 // migrationInsert finds the tables a migration statement fills.
 var migrationInsert = regexp.MustCompile(`INSERT INTO \{db\}\.(\w+)`)
