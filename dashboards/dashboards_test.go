@@ -520,7 +520,7 @@ func TestImportsNoDriver(t *testing.T) {
 			strings.HasPrefix(dep, "github.com/stampguard/stampguard/analytics/pipeline"),
 			strings.HasPrefix(dep, "github.com/stampguard/stampguard/analytics/store"),
 			strings.HasPrefix(dep, "github.com/stampguard/stampguard/analytics/spool"),
-			strings.HasPrefix(dep, "github.com/stampguard/stampguard/analytics/logfile"):
+			strings.HasPrefix(dep, "github.com/stampguard/stampguard/internal/logfile"):
 			t.Errorf("dashboards depends on %s", dep)
 		}
 	}

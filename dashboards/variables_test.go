@@ -7,7 +7,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/stampguard/stampguard/analytics/audit"
+	"github.com/stampguard/stampguard/internal/audit"
 	asql "github.com/stampguard/stampguard/analytics/sql"
 	"github.com/stampguard/stampguard/dashboards"
 	"github.com/stampguard/stampguard/internal/chtest"

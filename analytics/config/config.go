@@ -22,7 +22,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/stampguard/stampguard/analytics/audit"
+	"github.com/stampguard/stampguard/internal/audit"
 	"github.com/stampguard/stampguard/analytics/pipeline"
 	"github.com/stampguard/stampguard/analytics/report"
 	"github.com/stampguard/stampguard/analytics/sink"

@@ -13,7 +13,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/stampguard/stampguard/analytics/audit"
+	"github.com/stampguard/stampguard/internal/audit"
 	"github.com/stampguard/stampguard/analytics/pipeline"
 	"github.com/stampguard/stampguard/analytics/sink"
 	"github.com/stampguard/stampguard/analytics/store"

@@ -13,8 +13,8 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/stampguard/stampguard/analytics/audit"
-	"github.com/stampguard/stampguard/analytics/logfile"
+	"github.com/stampguard/stampguard/internal/audit"
+	"github.com/stampguard/stampguard/internal/logfile"
 	"github.com/stampguard/stampguard/analytics/store"
 )
 

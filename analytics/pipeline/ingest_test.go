@@ -3,7 +3,7 @@ package pipeline
 import (
 	"compress/gzip"
 	"context"
-	"github.com/stampguard/stampguard/analytics/audit/audittest"
+	"github.com/stampguard/stampguard/internal/audit/audittest"
 	"os"
 	"path/filepath"
 	"strconv"

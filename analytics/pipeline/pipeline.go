@@ -12,7 +12,7 @@ import (
 	"time"
 	"unsafe"
 
-	"github.com/stampguard/stampguard/analytics/audit"
+	"github.com/stampguard/stampguard/internal/audit"
 	"github.com/stampguard/stampguard/analytics/record"
 	"github.com/stampguard/stampguard/analytics/spool"
 	"github.com/stampguard/stampguard/analytics/store"

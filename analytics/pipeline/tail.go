@@ -9,8 +9,8 @@ import (
 	"log/slog"
 	"time"
 
-	"github.com/stampguard/stampguard/analytics/audit"
-	"github.com/stampguard/stampguard/analytics/logfile"
+	"github.com/stampguard/stampguard/internal/audit"
+	"github.com/stampguard/stampguard/internal/logfile"
 )
 
 // TailOptions configure Tail.

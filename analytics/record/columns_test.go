@@ -10,8 +10,8 @@ import (
 	"github.com/ClickHouse/ch-go/proto"
 	"github.com/ClickHouse/clickhouse-go/v2/lib/column"
 
-	"github.com/stampguard/stampguard/analytics/audit"
-	"github.com/stampguard/stampguard/analytics/audit/audittest"
+	"github.com/stampguard/stampguard/internal/audit"
+	"github.com/stampguard/stampguard/internal/audit/audittest"
 )
 
 func TestNativeColumnsUse32BitKeysForHugeDictionaries(t *testing.T) {

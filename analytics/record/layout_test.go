@@ -5,7 +5,7 @@ import (
 	"slices"
 	"testing"
 
-	"github.com/stampguard/stampguard/analytics/audit"
+	"github.com/stampguard/stampguard/internal/audit"
 )
 
 // TestRowLayoutNamesRowFields checks the record layout's tables: each

@@ -17,7 +17,7 @@ import (
 	"github.com/ClickHouse/ch-go/proto"
 	"github.com/ClickHouse/clickhouse-go/v2/lib/column"
 
-	"github.com/stampguard/stampguard/analytics/audit"
+	"github.com/stampguard/stampguard/internal/audit"
 )
 
 // recordVersion is the first byte of every record; the reader refuses

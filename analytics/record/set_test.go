@@ -6,8 +6,8 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/stampguard/stampguard/analytics/audit"
-	"github.com/stampguard/stampguard/analytics/audit/audittest"
+	"github.com/stampguard/stampguard/internal/audit"
+	"github.com/stampguard/stampguard/internal/audit/audittest"
 )
 
 func TestRecordSetFindsEveryRowsKeyAndAddsNothingOfABrokenRecord(t *testing.T) {

@@ -11,7 +11,7 @@ import (
 	"time"
 
 	"github.com/ClickHouse/clickhouse-go/v2/lib/driver"
-	"github.com/stampguard/stampguard/analytics/audit"
+	"github.com/stampguard/stampguard/internal/audit"
 	"github.com/stampguard/stampguard/analytics/record/recordtest"
 	asql "github.com/stampguard/stampguard/analytics/sql"
 	"github.com/stampguard/stampguard/analytics/store"

@@ -20,8 +20,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/stampguard/stampguard/analytics/audit"
-	"github.com/stampguard/stampguard/analytics/audit/audittest"
+	"github.com/stampguard/stampguard/internal/audit"
+	"github.com/stampguard/stampguard/internal/audit/audittest"
 	"github.com/stampguard/stampguard/analytics/record"
 	"github.com/stampguard/stampguard/analytics/store"
 	"github.com/stampguard/stampguard/internal/chtest"

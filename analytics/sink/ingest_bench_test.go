@@ -11,7 +11,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/stampguard/stampguard/analytics/audit/audittest"
+	"github.com/stampguard/stampguard/internal/audit/audittest"
 	"github.com/stampguard/stampguard/internal/chtest"
 )
 

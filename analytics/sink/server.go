@@ -25,7 +25,7 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/stampguard/stampguard/analytics/audit"
+	"github.com/stampguard/stampguard/internal/audit"
 	"github.com/stampguard/stampguard/analytics/pipeline"
 	"github.com/stampguard/stampguard/analytics/spool"
 )

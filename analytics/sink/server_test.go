@@ -25,7 +25,7 @@ import (
 	"github.com/stampguard/stampguard/analytics/store"
 	"github.com/stampguard/stampguard/internal/chtest"
 
-	"github.com/stampguard/stampguard/analytics/audit/audittest"
+	"github.com/stampguard/stampguard/internal/audit/audittest"
 	"github.com/stampguard/stampguard/internal/testenv"
 )
 

@@ -6,7 +6,7 @@ import (
 	"sync"
 	"testing"
 
-	"github.com/stampguard/stampguard/analytics/audit"
+	"github.com/stampguard/stampguard/internal/audit"
 	"github.com/stampguard/stampguard/analytics/record/recordtest"
 	"github.com/stampguard/stampguard/internal/chtest"
 )

@@ -9,8 +9,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/stampguard/stampguard/analytics/audit"
-	"github.com/stampguard/stampguard/analytics/audit/audittest"
+	"github.com/stampguard/stampguard/internal/audit"
+	"github.com/stampguard/stampguard/internal/audit/audittest"
 	"github.com/stampguard/stampguard/analytics/record/recordtest"
 	"github.com/stampguard/stampguard/analytics/report"
 	asql "github.com/stampguard/stampguard/analytics/sql"

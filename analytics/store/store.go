@@ -15,7 +15,7 @@ import (
 	"github.com/ClickHouse/clickhouse-go/v2/lib/driver"
 	"github.com/ClickHouse/clickhouse-go/v2/lib/proto"
 
-	"github.com/stampguard/stampguard/analytics/audit"
+	"github.com/stampguard/stampguard/internal/audit"
 	"github.com/stampguard/stampguard/analytics/record"
 	asql "github.com/stampguard/stampguard/analytics/sql"
 )

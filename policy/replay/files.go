@@ -8,7 +8,7 @@ import (
 	"slices"
 	"time"
 
-	"github.com/stampguard/stampguard/analytics/logfile"
+	"github.com/stampguard/stampguard/internal/logfile"
 )
 
 // Files replays audit log files (plain or gzip, as the apiserver writes

@@ -6,7 +6,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/stampguard/stampguard/analytics/logfile"
+	"github.com/stampguard/stampguard/internal/logfile"
 )
 
 // FuzzReplayLog feeds arbitrary bytes to the replay's log reader as an
@@ -51,7 +51,7 @@ func FuzzReplayLog(f *testing.F) {
 		for _, line := range bytes.Split(data, []byte("\n")) {
 			var a, b event
 			errA, errB := parseEvent(line, &a), parseEvent(line, &b)
-			if (errA == nil) != (errB == nil) || a.auditID != b.auditID || a.code != b.code {
+			if (errA == nil) != (errB == nil) || a.AuditID != b.AuditID || a.Code != b.Code {
 				t.Fatalf("parseEvent is not deterministic on %q", line)
 			}
 		}

@@ -21,6 +21,7 @@ import (
 
 	"k8s.io/apimachinery/pkg/labels"
 
+	"github.com/stampguard/stampguard/internal/audit"
 	"github.com/stampguard/stampguard/policy"
 	"github.com/stampguard/stampguard/policy/admission"
 	"github.com/stampguard/stampguard/policy/internal/rawjson"
@@ -143,14 +144,13 @@ func (r *Replayer) Event(line []byte) error {
 		return err
 	}
 	r.acc.events++
-	if ev.stage != "ResponseComplete" && ev.stage != "Panic" {
+	if !ev.Counted() {
 		return nil
 	}
 	inWindow := (r.o.Since.IsZero() || !ev.time.Before(r.o.Since)) && (r.o.Until.IsZero() || ev.time.Before(r.o.Until))
 	if inWindow {
 		r.acc.see(ev.time)
-		switch ev.verb {
-		case "create", "update", "patch", "delete", "deletecollection":
+		if audit.IsWriteVerb(ev.Verb) {
 			r.write(ev)
 		}
 	}
@@ -163,14 +163,14 @@ func (r *Replayer) Report() *Report { return r.acc.report(r.o) }
 
 // observe updates the objects' states with what ev says about them.
 func (r *Replayer) observe(ev *event) {
-	if ev.name == "" || !ev.isSuccess() {
+	if ev.Name == "" || !ev.Success() {
 		return
 	}
 	key := stateKey(ev)
-	switch ev.verb {
+	switch ev.Verb {
 	case "get", "create", "update", "patch":
 	case "delete":
-		if ev.sub == "" {
+		if ev.Subresource == "" {
 			delete(r.states, key)
 			delete(r.states, objectKey{key.group, key.resource, "scale", key.ns, key.name})
 		}
@@ -183,8 +183,8 @@ func (r *Replayer) observe(ev *event) {
 		st = &objectState{}
 		r.states[key] = st
 	}
-	if !ev.hasResponse() || ev.respObj == nil || isStatus(ev.respObj) {
-		if ev.verb != "get" {
+	if !ev.HasResponse() || ev.respObj == nil || isStatus(ev.respObj) {
+		if ev.Verb != "get" {
 			// Changed, to something the log does not hold.
 			st.versions = st.versions[:0]
 		}
@@ -195,10 +195,10 @@ func (r *Replayer) observe(ev *event) {
 		return
 	}
 	st.add(rv, ev.respObj)
-	if ev.group == "" && ev.resource == "namespaces" && ev.sub == "" {
-		r.ns.observe(ev.name, ev.respObj)
+	if ev.APIGroup == "" && ev.Resource == "namespaces" && ev.Subresource == "" {
+		r.ns.observe(ev.Name, ev.respObj)
 	}
-	if ev.verb == "get" {
+	if ev.Verb == "get" {
 		return
 	}
 	// A write changes the object and its scale together: the other one is
@@ -221,33 +221,32 @@ func (r *Replayer) observe(ev *event) {
 func (r *Replayer) write(ev *event) {
 	w := &r.w
 	*w = Write{
-		AuditID: ev.auditID, Time: ev.time, User: ev.user.Name, Verb: ev.verb,
-		Namespace: ev.ns, Name: ev.name, Code: ev.code,
+		AuditID: ev.AuditID, Time: ev.time, User: ev.user.Name, Verb: ev.Verb,
+		Namespace: ev.Namespace, Name: ev.Name, Code: int(ev.Code),
 		Violations: w.Violations[:0], Undecidable: w.Undecidable[:0], Live: w.Live[:0],
 	}
 	for _, e := range ev.live {
 		w.Live = append(w.Live, LiveDecision{e.Policy, e.Rule, e.Action})
 	}
 	req := policy.Request{
-		Group: ev.group, Resource: ev.resource, SubResource: ev.sub, Namespace: ev.ns, Name: ev.name, User: ev.user,
+		Group: ev.APIGroup, Resource: ev.Resource, SubResource: ev.Subresource, Namespace: ev.Namespace, Name: ev.Name, User: ev.user,
 	}
 	w.Resource = req.ResourceName()
-	switch ev.verb {
+	switch ev.Verb {
 	case "create":
 		req.Operation = policy.Create
 	case "update", "patch":
 		req.Operation = policy.Update
 	default:
 		req.Operation = policy.Delete
-		if ev.verb == "deletecollection" {
+		if ev.Verb == "deletecollection" {
 			req.Name = "" // its items reach admission without a name
 		}
 	}
 	reached := admissionReached(ev)
-	var fieldManager string
-	fieldManager, req.DryRun = ev.query()
-	if req.Operation != policy.Delete && fieldManager != "" {
-		req.Options = rawjson.AppendString([]byte(`{"fieldManager":`), fieldManager)
+	req.DryRun = ev.DryRun
+	if req.Operation != policy.Delete && ev.FieldManager != "" {
+		req.Options = rawjson.AppendString([]byte(`{"fieldManager":`), ev.FieldManager)
 		req.Options = append(req.Options, '}')
 	}
 
@@ -288,11 +287,11 @@ func admissionReached(ev *event) bool {
 	if ev.authzForbid {
 		return false
 	}
-	switch ev.code {
+	switch ev.Code {
 	case 400, 401, 404, 405, 406, 413, 415, 429:
 		return false
 	}
-	return ev.code != 0
+	return ev.Code != 0
 }
 
 // fieldsReached reports whether the validating phase saw the request: the
@@ -300,7 +299,7 @@ func admissionReached(ev *event) bool {
 // before it and answer 409 and 422. A 422 of stampguard's fields webhook
 // itself is a refusal of that phase.
 func fieldsReached(ev *event) bool {
-	return ev.code != 409 && (ev.code != 422 || ev.fieldsRefused)
+	return ev.Code != 409 && (ev.Code != 422 || ev.fieldsRefused)
 }
 
 func (r *Replayer) decide(w *Write, rules []policy.RuleRef, req *policy.Request, stamp bool) {
@@ -357,21 +356,21 @@ func (r *Replayer) undecidable(w *Write, rules []policy.RuleRef, why string) {
 // stampObject is what the stamp phase reads of an update's object: its
 // metadata.resourceVersion.
 func (r *Replayer) stampObject(ev *event) ([]byte, string) {
-	if ev.verb == "update" {
+	if ev.Verb == "update" {
 		// A PUT's body is the object; the apiserver copies its stamp into
 		// objectRef, at every level.
 		if ev.reqObj != nil && rawjson.Kind(ev.reqObj) == '{' {
 			return ev.reqObj, ""
 		}
-		if ev.level == "Metadata" {
-			return stampOnly(ev.refRV), ""
+		if ev.Level == "Metadata" {
+			return stampOnly(ev.Stamp), ""
 		}
 		return nil, "the update's body is not in the log"
 	}
 	// A patch is applied to the stored object, which carries its stamp,
 	// unless the patch itself sets metadata.resourceVersion.
 	if ev.reqObj == nil {
-		return nil, "the patch is not in the log (level " + ev.level + ")"
+		return nil, "the patch is not in the log (level " + ev.Level + ")"
 	}
 	switch rawjson.Kind(ev.reqObj) {
 	case '{':
@@ -409,7 +408,7 @@ func stampOnly(rv string) []byte {
 func (r *Replayer) fieldObjects(ev *event, req *policy.Request) string {
 	if req.Operation == policy.Delete {
 		switch {
-		case ev.hasBody():
+		case ev.HasRequest():
 			req.Options = ev.reqObj // nil: no body, no preconditions
 			// oldObject only for the configurations' matchConditions.
 			if st := r.states[stateKey(ev)]; st != nil {
@@ -419,19 +418,19 @@ func (r *Replayer) fieldObjects(ev *event, req *policy.Request) string {
 			}
 			return ""
 		default:
-			return "the delete's options are not in the log (level " + ev.level + ")"
+			return "the delete's options are not in the log (level " + ev.Level + ")"
 		}
 	}
 	// object: what was stored, or for a refused write what was sent.
 	switch {
-	case ev.isSuccess() && ev.hasResponse() && ev.respObj != nil && !isStatus(ev.respObj):
+	case ev.Success() && ev.HasResponse() && ev.respObj != nil && !isStatus(ev.respObj):
 		req.Object = ev.respObj
-	case ev.verb == "patch":
+	case ev.Verb == "patch":
 		return "the patch was refused before it was applied: the patched object is not in the log"
-	case ev.hasBody() && ev.reqObj != nil && rawjson.Kind(ev.reqObj) == '{':
+	case ev.HasRequest() && ev.reqObj != nil && rawjson.Kind(ev.reqObj) == '{':
 		req.Object = ev.reqObj
 	default:
-		return "the written object is not in the log (level " + ev.level + ")"
+		return "the written object is not in the log (level " + ev.Level + ")"
 	}
 	if req.Operation == policy.Create {
 		return ""
@@ -444,11 +443,11 @@ func (r *Replayer) fieldObjects(ev *event, req *policy.Request) string {
 // oldObject is the version of the object the update replaced.
 func (r *Replayer) oldObject(ev *event, written []byte) ([]byte, string) {
 	key := stateKey(ev)
-	stamp, stamped := parseRV(ev.refRV)
-	if ev.verb == "update" && !stamped {
+	stamp, stamped := parseRV(ev.Stamp)
+	if ev.Verb == "update" && !stamped {
 		stamp, stamped = objectRV(ev.reqObj)
 	}
-	stamped = stamped && ev.verb == "update"
+	stamped = stamped && ev.Verb == "update"
 	writtenRV, hasWritten := objectRV(written)
 	find := func(st *objectState) (version, bool) {
 		switch {
@@ -456,12 +455,12 @@ func (r *Replayer) oldObject(ev *event, written []byte) ([]byte, string) {
 			return version{}, false
 		case stamped:
 			return st.at(stamp)
-		case ev.isSuccess() && hasWritten:
+		case ev.Success() && hasWritten:
 			if v, ok := st.at(writtenRV); ok && v.obj != nil {
 				return v, true // a write that changed nothing keeps its version
 			}
 			return st.before(writtenRV)
-		case ev.isSuccess():
+		case ev.Success():
 			return version{}, false
 		}
 		return st.latest()

@@ -36,11 +36,11 @@ type objectState struct {
 // stateKey is where a (sub)resource's objects are kept: status writes and
 // reads carry the whole object; a scale's are Scale objects of their own.
 func stateKey(ev *event) objectKey {
-	sub := ev.sub
+	sub := ev.Subresource
 	if sub == "status" {
 		sub = ""
 	}
-	return objectKey{ev.group, ev.resource, sub, ev.ns, ev.name}
+	return objectKey{ev.APIGroup, ev.Resource, sub, ev.Namespace, ev.Name}
 }
 
 func parseRV(s string) (uint64, bool) {

@@ -39,8 +39,8 @@ import (
 
 	"github.com/ClickHouse/clickhouse-go/v2/lib/driver"
 
-	"github.com/stampguard/stampguard/analytics/audit"
-	"github.com/stampguard/stampguard/analytics/logfile"
+	"github.com/stampguard/stampguard/internal/audit"
+	"github.com/stampguard/stampguard/internal/logfile"
 	"github.com/stampguard/stampguard/analytics/pipeline"
 	asql "github.com/stampguard/stampguard/analytics/sql"
 	"github.com/stampguard/stampguard/analytics/store"

@@ -13,7 +13,7 @@ import (
 	"sync"
 	"testing"
 
-	"github.com/stampguard/stampguard/analytics/audit"
+	"github.com/stampguard/stampguard/internal/audit"
 	"github.com/stampguard/stampguard/analytics/report"
 	"github.com/stampguard/stampguard/internal/chtest"
 )

@@ -17,7 +17,7 @@ import (
 
 	"github.com/ClickHouse/clickhouse-go/v2/lib/driver"
 
-	"github.com/stampguard/stampguard/analytics/audit"
+	"github.com/stampguard/stampguard/internal/audit"
 	"github.com/stampguard/stampguard/analytics/report"
 	asql "github.com/stampguard/stampguard/analytics/sql"
 	"github.com/stampguard/stampguard/analytics/store"

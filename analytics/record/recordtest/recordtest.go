@@ -7,7 +7,7 @@ package recordtest
 import (
 	"fmt"
 
-	"github.com/stampguard/stampguard/analytics/audit"
+	"github.com/stampguard/stampguard/internal/audit"
 	"github.com/stampguard/stampguard/analytics/record"
 )
 

@@ -17,7 +17,7 @@ import (
 // event shapes (see DESIGN.md, "What the audit log says").
 func realEvents(tb testing.TB) []string {
 	tb.Helper()
-	f, err := os.Open("../testdata/events.jsonl")
+	f, err := os.Open("../../analytics/testdata/events.jsonl")
 	if err != nil {
 		tb.Fatal(err)
 	}
@@ -42,6 +42,37 @@ func micros(s string) int64 {
 	return t.UnixMicro()
 }
 
+// rawObjects are the requestObject and responseObject of event as
+// encoding/json reads them ("" for absent or null).
+func rawObjects(t *testing.T, event string) (req, resp string) {
+	t.Helper()
+	var m map[string]json.RawMessage
+	if err := json.Unmarshal([]byte(event), &m); err != nil {
+		t.Fatal(err)
+	}
+	obj := func(k string) string {
+		if v := string(m[k]); v != "null" {
+			return v
+		}
+		return ""
+	}
+	return obj("requestObject"), obj("responseObject")
+}
+
+func TestDecodeKeepsTheObjectsAsTheyAre(t *testing.T) {
+	var d Decoder
+	for i, e := range realEvents(t) {
+		var r Row
+		if err := d.Decode(e, &r); err != nil {
+			t.Fatalf("event %d: %v", i, err)
+		}
+		req, resp := rawObjects(t, e)
+		if r.RequestObject != req || r.ResponseObject != resp {
+			t.Errorf("event %d: objects\n%q\n%q\nwant\n%q\n%q", i, r.RequestObject, r.ResponseObject, req, resp)
+		}
+	}
+}
+
 func TestDecodeRealEventShapes(t *testing.T) {
 	events := realEvents(t)
 	tests := []struct {
@@ -60,6 +91,7 @@ func TestDecodeRealEventShapes(t *testing.T) {
 				Message:               `Operation cannot be fulfilled on configmaps "settings": the object has been modified; please apply your changes to the latest version and try again`,
 				RequestReceivedMicros: micros("2026-11-29T08:50:48.120301Z"), StageMicros: micros("2026-11-29T08:50:48.123456Z"),
 				AuthzDecision: "allow"}
+			want.RequestObject, want.ResponseObject = rawObjects(t, events[0])
 			want.Fingerprint = Fingerprint(&want)
 			normalize(r)
 			normalize(&want)

@@ -45,7 +45,7 @@ func (d *Decoder) Decode(raw string, r *Row) error {
 // of raw, which may go on after it (ListReader.NextRow decodes events in
 // its read buffer), and decode returns the object's length.
 func (d *Decoder) decode(raw string, r *Row, prefix bool) (int, error) {
-	*r = Row{UserGroups: r.UserGroups[:0], CauseReasons: r.CauseReasons[:0],
+	*r = Row{UserGroups: r.UserGroups[:0], ImpersonatedGroups: r.ImpersonatedGroups[:0], CauseReasons: r.CauseReasons[:0],
 		CauseFields: r.CauseFields[:0], AnnotationKeys: r.AnnotationKeys[:0],
 		AnnotationValues: r.AnnotationValues[:0]}
 	p := scanner{s: raw}
@@ -85,8 +85,8 @@ func (d *Decoder) decode(raw string, r *Row, prefix bool) (int, error) {
 			r.UserGroups = r.UserGroups[:0]
 			err = d.user(&p, &r.User, &r.UserGroups)
 		case "impersonatedUser":
-			var groups []string
-			err = d.user(&p, &r.ImpersonatedUser, &groups)
+			r.ImpersonatedGroups = r.ImpersonatedGroups[:0]
+			err = d.user(&p, &r.ImpersonatedUser, &r.ImpersonatedGroups)
 		case "objectRef":
 			err = d.objectRef(&p, r)
 		case "responseStatus":
@@ -101,6 +101,13 @@ func (d *Decoder) decode(raw string, r *Row, prefix bool) (int, error) {
 			}
 			if err == nil {
 				objects = append(objects, span{from, p.i})
+				if obj := strings.TrimLeft(raw[from:p.i], " \t\r\n"); obj != "null" {
+					if key == "requestObject" {
+						r.RequestObject = obj
+					} else {
+						r.ResponseObject = obj
+					}
+				}
 			}
 		case "requestReceivedTimestamp":
 			received, err = p.optStr()
@@ -423,8 +430,10 @@ func fastMicros(s string) (int64, bool) {
 	return t.Unix()*1e6 + int64(micros), true
 }
 
-// uriOptions reads fieldManager and dryRun from a request URI's query.
+// uriOptions reads fieldManager and dryRun from a request URI's query, as
+// the apiserver reads them into its options.
 func uriOptions(uri string) (fieldManager string, dryRun bool) {
+	seenManager := false
 	q := strings.IndexByte(uri, '?')
 	if q < 0 {
 		return "", false
@@ -436,13 +445,19 @@ func uriOptions(uri string) (fieldManager string, dryRun bool) {
 		k, v, _ := strings.Cut(kv, "=")
 		switch k {
 		case "fieldManager":
+			if seenManager {
+				break // the apiserver takes the first value
+			}
+			seenManager = true
 			if u, err := url.QueryUnescape(v); err == nil {
 				fieldManager = u
 			} else {
 				fieldManager = v
 			}
 		case "dryRun":
-			dryRun = v != ""
+			// The apiserver's dryrun.IsDryRun: any dryRun parameter. A value
+			// other than All is refused (400) before anything is stored.
+			dryRun = true
 		}
 	}
 	return fieldManager, dryRun

@@ -88,6 +88,10 @@ func goldenCorpus(t *testing.T) []struct{ name, event string } {
 	add("the objects before the objectRef are redacted too", `{"requestObject":{"data":{"k":"v"}},"auditID":"a","stage":"Panic",`+ts+`,"objectRef":{"resource":"secrets"}}`)
 	add("a dry run and a field manager", min(`,"requestURI":"/api/v1/namespaces/a/configmaps/b?dryRun=All&fieldManager=kubectl%2Dclient-side-apply&force=true"`))
 	add("a field manager that does not unescape", min(`,"requestURI":"/x?fieldManager=a%zz"`))
+	add("an empty dryRun is a dry run, as the apiserver reads it", min(`,"requestURI":"/x?dryRun=&fieldManager=m"`))
+	add("a dryRun without a value is a dry run", min(`,"requestURI":"/x?fieldManager=m&dryRun"`))
+	add("the first of two field managers counts, as the apiserver reads it", min(`,"requestURI":"/x?fieldManager=first&fieldManager=second"`))
+	add("objects with white space before them", min(`,"requestObject": {"a":1} ,"responseObject":`+"\n\t"+`{"b":2}`))
 	add("a huge message", min(`,"responseStatus":{"code":500,"message":"`+huge+`"}`))
 	add("a huge skipped object", min(`,"responseObject":{"data":{"big":"`+huge+`"}}`))
 	add("a huge escaped string", min(`,"verb":"`+strings.Repeat(`\"`, 100<<10)+`"`))
@@ -177,7 +181,8 @@ func goldenRow(r *Row) string {
 		{"apiVersion", r.APIVersion}, {"resource", r.Resource}, {"subresource", r.Subresource},
 		{"namespace", r.Namespace}, {"name", r.Name}, {"uid", r.ObjectUID}, {"stamp", r.Stamp},
 		{"fieldManager", r.FieldManager}, {"reason", r.Reason}, {"message", r.Message},
-		{"authz", r.AuthzDecision}, {"leaseHolder", r.LeaseHolder}, {"raw", r.Raw},
+		{"authz", r.AuthzDecision}, {"leaseHolder", r.LeaseHolder},
+		{"requestObject", r.RequestObject}, {"responseObject", r.ResponseObject}, {"raw", r.Raw},
 	} {
 		if f.v != "" {
 			fmt.Fprintf(&b, "\n    %s=%s", f.name, golden(f.v))
@@ -187,7 +192,7 @@ func goldenRow(r *Row) string {
 		name string
 		v    []string
 	}{
-		{"groups", r.UserGroups}, {"causeReasons", r.CauseReasons}, {"causeFields", r.CauseFields},
+		{"groups", r.UserGroups}, {"impersonatedGroups", r.ImpersonatedGroups}, {"causeReasons", r.CauseReasons}, {"causeFields", r.CauseFields},
 		{"annotationKeys", r.AnnotationKeys}, {"annotationValues", r.AnnotationValues},
 	} {
 		if len(f.v) > 0 {

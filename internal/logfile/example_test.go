@@ -6,7 +6,7 @@ import (
 	"io"
 	"strings"
 
-	"github.com/stampguard/stampguard/analytics/logfile"
+	"github.com/stampguard/stampguard/internal/logfile"
 )
 
 func ExampleReader() {

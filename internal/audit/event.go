@@ -16,6 +16,13 @@ const (
 	StagePanic            = "Panic"
 )
 
+// Audit levels (audit.k8s.io/v1 Level): what an event holds of the request.
+const (
+	LevelMetadata        = "Metadata"
+	LevelRequest         = "Request"
+	LevelRequestResponse = "RequestResponse"
+)
+
 // DefaultStages are the stages stored unless configured otherwise: each
 // request counts once, on ResponseComplete or Panic.
 var DefaultStages = []string{StageResponseComplete, StagePanic}
@@ -31,11 +38,12 @@ type Row struct {
 	RequestURI string
 	DryRun     bool
 
-	User             string
-	UserGroups       []string
-	ImpersonatedUser string
-	UserAgent        string
-	SourceIP         string
+	User               string
+	UserGroups         []string
+	ImpersonatedUser   string
+	ImpersonatedGroups []string
+	UserAgent          string
+	SourceIP           string
 
 	APIGroup    string
 	APIVersion  string
@@ -64,6 +72,13 @@ type Row struct {
 	AnnotationValues []string
 	LeaseHolder      string
 
+	// RequestObject and ResponseObject are the raw JSON of the event's
+	// requestObject and responseObject, slices of the event ("" when absent
+	// or null). Only the levels Request and RequestResponse log them; no
+	// column stores them (Raw does, redacted).
+	RequestObject  string
+	ResponseObject string
+
 	// Raw is the event as received with secret objects removed; it is kept
 	// only when the raw column is enabled.
 	Raw string
@@ -79,6 +94,28 @@ func (r *Row) Writer() string {
 	}
 	return r.User
 }
+
+// WriterGroups are the effective writer's groups: the impersonated user's
+// when there is one, as admission sees them.
+func (r *Row) WriterGroups() []string {
+	if r.ImpersonatedUser != "" {
+		return r.ImpersonatedGroups
+	}
+	return r.UserGroups
+}
+
+// Counted reports whether this is the one event of its request that counts:
+// ResponseComplete, or Panic for a request that never completed.
+func (r *Row) Counted() bool { return r.Stage == StageResponseComplete || r.Stage == StagePanic }
+
+// Success is a 2xx answer: the write was applied (or dry-run).
+func (r *Row) Success() bool { return r.Code >= 200 && r.Code < 300 }
+
+// HasRequest reports whether the event's level logs the request body.
+func (r *Row) HasRequest() bool { return r.Level == LevelRequest || r.Level == LevelRequestResponse }
+
+// HasResponse reports whether the event's level logs the response body.
+func (r *Row) HasResponse() bool { return r.Level == LevelRequestResponse }
 
 // Fingerprint hashes the fields that identify one request's event however it
 // was delivered (log file or webhook, first try or retry), so the same event

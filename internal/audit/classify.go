@@ -58,14 +58,23 @@ func ConflictClass(r *Row) string {
 	}
 }
 
+// WriteVerbs are the verbs of the requests that change objects, in the
+// order of analytics/sql's writeVerbs.
+var WriteVerbs = []string{"create", "update", "patch", "delete", "deletecollection"}
+
+// IsWriteVerb reports whether verb is one of WriteVerbs.
+func IsWriteVerb(verb string) bool {
+	switch verb {
+	case "create", "update", "patch", "delete", "deletecollection":
+		return true
+	}
+	return false
+}
+
 // IsWrite is analytics/sql.IsWrite: a write attempt (the review APIs store
 // nothing).
 func IsWrite(r *Row) bool {
-	switch r.Verb {
-	case "create", "update", "patch", "delete", "deletecollection":
-		return r.APIGroup != "authentication.k8s.io" && r.APIGroup != "authorization.k8s.io"
-	}
-	return false
+	return IsWriteVerb(r.Verb) && r.APIGroup != "authentication.k8s.io" && r.APIGroup != "authorization.k8s.io"
 }
 
 // IsRequest is analytics/sql.Request: the one event of a request that

@@ -10,7 +10,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/stampguard/stampguard/analytics/audit"
+	"github.com/stampguard/stampguard/internal/audit"
 )
 
 // Events returns the JSON lines of analytics/testdata/events.jsonl.
@@ -20,7 +20,7 @@ func Events(tb testing.TB) []string {
 	if !ok {
 		tb.Fatal("audittest: cannot locate analytics/testdata")
 	}
-	b, err := os.ReadFile(filepath.Join(filepath.Dir(here), "..", "..", "testdata", "events.jsonl"))
+	b, err := os.ReadFile(filepath.Join(filepath.Dir(here), "..", "..", "..", "analytics", "testdata", "events.jsonl"))
 	if err != nil {
 		tb.Fatal(err)
 	}
