@@ -23,7 +23,7 @@ help: ## list the targets
 
 ## --- what the tests need -------------------------------------------------
 
-$(BIN)/kube-apiserver $(BIN)/etcd: test/tools/go.mod test/tools/go.sum
+$(BIN)/kube-apiserver $(BIN)/etcd &: test/tools/go.mod test/tools/go.sum
 	@mkdir -p $(BIN)
 	cd test/tools && $(GO) build -o $(BIN)/kube-apiserver k8s.io/kubernetes/cmd/kube-apiserver
 	cd test/tools && $(GO) build -o $(BIN)/etcd go.etcd.io/etcd/server/v3
@@ -46,20 +46,36 @@ $(CHDB_LIB):
 .PHONY: chdb
 chdb: $(CHDB_LIB) ## fetch ClickHouse 26.7 as a library (chDB, from npm) into bin/ (reused when present)
 
+# apt-install installs the Debian packages named in $(1) when the check
+# $(2) fails: one apt-get for all that a target needs.
+define apt-install
+	@$(2) || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $(1) >/dev/null; }
+endef
+HAVE_CLICKHOUSE := command -v clickhouse-server >/dev/null && command -v clickhouse-client >/dev/null
+HAVE_ZOOKEEPER  := ls /usr/share/java/zookeeper-3*.jar >/dev/null 2>&1 && command -v java >/dev/null
+HAVE_PROMETHEUS := command -v prometheus >/dev/null && command -v promtool >/dev/null && command -v prometheus-alertmanager >/dev/null
+
 .PHONY: clickhouse
 clickhouse: ## install Debian's clickhouse-server when it is missing
-	@command -v clickhouse-server >/dev/null && command -v clickhouse-client >/dev/null || { \
-	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq clickhouse-server clickhouse-client >/dev/null; }
+	$(call apt-install,clickhouse-server clickhouse-client,$(HAVE_CLICKHOUSE))
 
 .PHONY: zookeeper
 zookeeper: ## install Debian's zookeeper (for the ClickHouse cluster tests) when it is missing
-	@ls /usr/share/java/zookeeper-3*.jar >/dev/null 2>&1 && command -v java >/dev/null || { \
-	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq zookeeper >/dev/null; }
+	$(call apt-install,zookeeper,$(HAVE_ZOOKEEPER))
 
 .PHONY: prometheus
 prometheus: ## install Debian's prometheus (with promtool) and prometheus-alertmanager when they are missing (the alert tests and the demo run them)
-	@command -v prometheus >/dev/null && command -v promtool >/dev/null && command -v prometheus-alertmanager >/dev/null || { \
-	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq prometheus prometheus-alertmanager >/dev/null; }
+	$(call apt-install,prometheus prometheus-alertmanager,$(HAVE_PROMETHEUS))
+
+.PHONY: debs
+debs: ## clickhouse, zookeeper and prometheus in one apt-get
+	$(call apt-install,clickhouse-server clickhouse-client zookeeper prometheus prometheus-alertmanager,$(HAVE_CLICKHOUSE) && $(HAVE_ZOOKEEPER) && $(HAVE_PROMETHEUS))
+
+# The downloads (apt, npm) wait on the network while the compilers use
+# the cores, so the test prerequisites are made side by side.
+.PHONY: test-deps
+test-deps: ## everything make test needs, made side by side
+	@$(MAKE) --no-print-directory -j4 controlplane chdb helm debs $(BIN)/controller-gen
 
 $(BIN)/controller-gen:
 	GOBIN=$(BIN) $(GO) install sigs.k8s.io/controller-tools/cmd/controller-gen@$(CTRLGEN_VER)
@@ -112,7 +128,7 @@ demo: helm prometheus ## the whole story on loopback: apiserver + webhook + audi
 ## --- tests ----------------------------------------------------------------
 
 .PHONY: test
-test: controlplane clickhouse zookeeper chdb helm prometheus verify-generate ## unit and end-to-end tests against a real apiserver, ClickHouse 18.16 and 26.7 (the CI command)
+test: test-deps verify-generate ## unit and end-to-end tests against a real apiserver, ClickHouse 18.16 and 26.7 (the CI command)
 	$(GO) vet ./...
 	$(GO) test -race -count=1 -timeout 45m ./...
 
