@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"strings"
 	"time"
+	"unsafe"
 
 	"github.com/stampguard/stampguard/internal/audit"
 	"github.com/stampguard/stampguard/policy"
@@ -44,18 +45,15 @@ var decoder audit.Decoder
 func parseEvent(line []byte, ev *event) error {
 	live := ev.live[:0]
 	row := ev.Row
+	// The row's strings point into this copy of the line, which nothing
+	// writes to: they stay valid after the reader reuses its buffer.
 	if err := decoder.Decode(string(line), &row); err != nil {
 		*ev = event{Row: row, live: live}
 		return fmt.Errorf("%w: %w", errNotEvent, err)
 	}
 	*ev = event{Row: row, live: live, time: time.UnixMicro(row.StageMicros).UTC()}
 	ev.user = policy.UserInfo{Name: row.Writer(), Groups: row.WriterGroups()}
-	if row.RequestObject != "" {
-		ev.reqObj = []byte(row.RequestObject)
-	}
-	if row.ResponseObject != "" {
-		ev.respObj = []byte(row.ResponseObject)
-	}
+	ev.reqObj, ev.respObj = readOnly(row.RequestObject), readOnly(row.ResponseObject)
 	ev.authzForbid = row.AuthzDecision == "forbid"
 	ev.fieldsRefused = strings.HasPrefix(row.Message, fieldsRefusal)
 	for i, key := range row.AnnotationKeys {
@@ -74,3 +72,13 @@ func parseEvent(line []byte, ev *event) error {
 // fieldsRefusal begins the message of a refusal by stampguard's fields
 // webhook, as the apiserver words it.
 const fieldsRefusal = `admission webhook "` + annotation.FieldsWebhook + `" denied the request`
+
+// readOnly is the bytes of s without a copy, nil for "". Replay only reads
+// the bodies (rawjson never writes, objectState.add clones what it keeps),
+// and s is immutable, so the slice must never be written to.
+func readOnly(s string) []byte {
+	if s == "" {
+		return nil
+	}
+	return unsafe.Slice(unsafe.StringData(s), len(s))
+}
