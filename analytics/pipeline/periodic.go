@@ -134,9 +134,9 @@ func DrainSpool(ctx context.Context, sp *spool.Spool, st *store.Store, o SpoolOp
 	}
 	wg.Go(func() { CompactEvery(ctx, st, DefaultCompactEvery, o.Metrics, o.Logger) })
 	d := NewDrainer(sp, st, DrainerOptions{Metrics: o.Metrics, Parallel: o.Parallel, Finish: o.Finish,
-		Logger: o.Logger.With("component", "writer")})
+		Logger: o.Logger.With("component", "drainer")})
 	if err := d.Run(ctx); err != nil {
-		return fmt.Errorf("spool writer: %w", err)
+		return fmt.Errorf("spool drainer: %w", err)
 	}
 	return nil
 }

@@ -10,7 +10,7 @@ import (
 
 // BenchmarkClusterReport builds the whole report over a day of synthetic
 // events (REPORT_BENCH_EVENTS, 10 million by default) stored in a 2-shard x
-// 2-replica cluster in cluster mode, on the same machine: the report reads
+// 2-replica cluster in sharded mode, on the same machine: the report reads
 // the Distributed tables, each shard answering for its objects.
 func BenchmarkClusterReport(b *testing.B) {
 	c := chtest.StartCluster(b, 2, 2)

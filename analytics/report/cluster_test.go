@@ -14,7 +14,7 @@ import (
 
 // TestClusterReportEqualsSingleNode stores the same rows, every batch
 // delivered twice, into one node and into a 2-shard x 2-replica cluster in
-// cluster mode, and requires the same report from both over windows that
+// sharded mode, and requires the same report from both over windows that
 // cut hours, rollup-backed and raw.
 func TestClusterReportEqualsSingleNode(t *testing.T) {
 	ctx := t.Context()

@@ -21,7 +21,7 @@ import (
 // BenchmarkClusterEndToEnd sends the batches of BenchmarkEndToEnd (400
 // events, 4 senders) to one `auditsink serve` process storing into one
 // ClickHouse node, and in the same run to one storing into a 2-shard x
-// 2-replica cluster in cluster mode (the four servers and ZooKeeper on
+// 2-replica cluster in sharded mode (the four servers and ZooKeeper on
 // this same machine), each timed until the last event is stored.
 func BenchmarkClusterEndToEnd(b *testing.B) {
 	const perBody, senders = 400, 4
@@ -117,7 +117,7 @@ func startClusterSink(b *testing.B, bin, dsn, cluster, db string) (string, func(
 	}
 }
 
-// waitStoredIn waits until db.events_by_hour (a Distributed table in cluster mode)
+// waitStoredIn waits until db.events_by_hour (a Distributed table in sharded mode)
 // holds want rows.
 func waitStoredIn(b *testing.B, conn driver.Conn, db string, want uint64) {
 	deadline := time.Now().Add(5 * time.Minute)

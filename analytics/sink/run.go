@@ -48,7 +48,7 @@ type Options struct {
 	Token string
 	// TokenClusters are the clusters the token may write; empty: any.
 	TokenClusters []string
-	// NoMigrate runs no DDL: the writer waits until the schema is at this
+	// NoMigrate runs no DDL: the drainer waits until the schema is at this
 	// binary's version (migrated by `auditsink migrate`), so that serve
 	// can run as a ClickHouse user without DDL rights. Off, serve still
 	// skips the DDL when the schema is current, and migrates otherwise.
@@ -110,7 +110,7 @@ const DefaultListen = ":8443"
 const DefaultShutdownTimeout = 20 * time.Second
 
 // Run serves until ctx is done: it opens the spool (replaying what was not
-// confirmed), starts the writer (which applies the migrations first, and
+// confirmed), starts the drainer (which applies the migrations first, and
 // waits for ClickHouse if it is away), and serves the endpoint. On shutdown
 // it keeps listening and answers 503 to new batches while the in-flight
 // ones finish (bodies still arriving after ShutdownTimeout/4 are cut),
@@ -129,7 +129,7 @@ func Run(ctx context.Context, o Options) error {
 		o.Logger = slog.New(slog.DiscardHandler)
 	}
 	if o.SpoolDir == "" {
-		return errors.New("serve: a spool directory is required")
+		return errors.New("a spool directory is required")
 	}
 	if o.Registry == nil {
 		o.Registry = prometheus.NewRegistry()
@@ -201,15 +201,15 @@ func Run(ctx context.Context, o Options) error {
 	srv := &http.Server{Handler: h, ReadHeaderTimeout: 10 * time.Second, IdleTimeout: o.IdleTimeout,
 		ErrorLog: slog.NewLogLogger(log.Handler(), slog.LevelWarn)}
 
-	// The writer's inserts in flight at shutdown finish until the shutdown
+	// The drainer's inserts in flight at shutdown finish until the shutdown
 	// deadline.
 	finish, stopFinish := context.WithCancel(context.WithoutCancel(ctx))
 	defer stopFinish()
-	writerErr := make(chan error, 1)
+	drainerErr := make(chan error, 1)
 	wg.Go(func() {
 		if err := pipeline.DrainSpool(bg, sp, st, pipeline.SpoolOptions{NoMigrate: o.NoMigrate, Retention: o.Retention,
 			Parallel: o.InsertParallel, Finish: finish, Metrics: metrics, Logger: log}); err != nil {
-			writerErr <- err
+			drainerErr <- err
 		}
 	})
 	stopMetrics := func(context.Context) {}
@@ -226,8 +226,8 @@ func Run(ctx context.Context, o Options) error {
 
 	select {
 	case err = <-serveErr:
-	case err = <-writerErr:
-		log.Error("stopping: the spool writer failed", "err", err)
+	case err = <-drainerErr:
+		log.Error("stopping: the spool drainer failed", "err", err)
 	case <-ctx.Done():
 	}
 	// Keep listening, answering new batches 503 (the apiserver retries
@@ -290,12 +290,12 @@ func NewAccepter(stages, redact []string, keepRaw bool) *pipeline.Accepter {
 func serverTLS(o Options) (*tlsserve.Server, error) {
 	if o.Plaintext {
 		if o.ClientCAFile != "" {
-			return nil, errors.New("serve: client certificate authentication needs TLS")
+			return nil, errors.New("client certificate authentication needs TLS")
 		}
 		return nil, nil
 	}
 	if o.TLSCertFile == "" || o.TLSKeyFile == "" {
-		return nil, errors.New("serve: TLS needs a certificate and key (or pass the plaintext flag explicitly)")
+		return nil, errors.New("TLS needs a certificate and key (or pass the plaintext flag explicitly)")
 	}
 	return tlsserve.New(tlsserve.Options{CertFile: o.TLSCertFile, KeyFile: o.TLSKeyFile, ClientCAFile: o.ClientCAFile})
 }

@@ -1,7 +1,7 @@
 // Package spool is a durable write-ahead spool of opaque records.
 //
 // The audit sink appends each accepted batch of events here before it
-// answers the apiserver, and a background writer drains the spool into
+// answers the apiserver, and a background drainer empties the spool into
 // ClickHouse. Nothing acknowledged is lost: Append returns only after the
 // batch is written and fsynced, and a restart replays every batch that was
 // not confirmed.
@@ -14,7 +14,7 @@
 //	if _, err := sp.Append(records); errors.Is(err, spool.ErrFull) {
 //		// answer 503 with Retry-After
 //	}
-//	// one background writer:
+//	// one background drainer:
 //	for {
 //		b, err := sp.Next(ctx, 10000) // blocks until at least one batch
 //		...store b.Records downstream...

@@ -65,7 +65,7 @@ func (o *Options) setDefaults() {
 
 var (
 	// ErrFull means the batch would take the spool past Options.MaxBytes.
-	// It is temporary: retry once the writer has confirmed more.
+	// It is temporary: retry once the drainer has confirmed more.
 	ErrFull = errors.New("spool full")
 	// ErrTooLarge means the batch can never fit (larger than MaxBytes, or
 	// its body larger than 4 GiB).
@@ -938,7 +938,7 @@ func (s *Spool) Confirm(pos Position) error {
 }
 
 // rewind makes Next start again at the last confirmed position, for a
-// writer that dropped what it had read without storing it.
+// drainer that dropped what it had read without storing it.
 func (s *Spool) rewind() {
 	s.rmu.Lock()
 	defer s.rmu.Unlock()

@@ -10,7 +10,7 @@ import (
 	"github.com/ClickHouse/clickhouse-go/v2"
 )
 
-// Cluster mode. On a ClickHouse cluster every table of the single-node
+// Sharded mode. On a ClickHouse cluster every table of the single-node
 // schema becomes two: a Replicated*MergeTree table `<name>_local` on every
 // node (its ZooKeeper path keyed by the {shard} and {replica} macros), and
 // a Distributed table `<name>` over them. Code that reads and writes
@@ -102,7 +102,7 @@ func (c *clusterDDL) render(stmt string) ([]string, error) {
 		m := reCreateView.FindStringSubmatch(stmt)
 		view, target, body := m[1], m[2], m[3]
 		if isGlobalTable(target) {
-			return nil, fmt.Errorf("cluster mode: view %s writes to the global table %s", view, target)
+			return nil, fmt.Errorf("sharded mode: view %s writes to the global table %s", view, target)
 		}
 		// The view reads each node's local tables: it sees the rows that
 		// node stores, once.
@@ -134,7 +134,7 @@ func (c *clusterDDL) render(stmt string) ([]string, error) {
 		// Distributed tables it reads (and writes) the whole cluster.
 		return []string{stmt}, nil
 	}
-	return nil, fmt.Errorf("cluster mode cannot render this statement; teach clusterDDL its shape: %.80q", stmt)
+	return nil, fmt.Errorf("sharded mode cannot render this statement; teach clusterDDL its shape: %.80q", stmt)
 }
 
 var clusterName = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]*$`)
@@ -146,7 +146,7 @@ func newClusterDDL(name string) (*clusterDDL, error) {
 	return &clusterDDL{cluster: name}, nil
 }
 
-// applySettings sets what cluster mode needs on every query:
+// applySettings sets what sharded mode needs on every query:
 //   - insert_distributed_sync: an insert into a Distributed table returns
 //     only once every shard stored its rows, so an acknowledged batch is
 //     stored;
@@ -175,10 +175,10 @@ func (c *clusterDDL) applySettings(opts *clickhouse.Options) {
 }
 
 // replicaDelay is the most a replica may lag behind and still be read in
-// cluster mode.
+// sharded mode.
 const replicaDelay = time.Minute
 
-// profileSettings are settings cluster mode needs that are strings, which
+// profileSettings are settings sharded mode needs that are strings, which
 // the native protocol of 18.16 cannot carry from a client (it sends
 // settings as numbers), so they belong in the servers' default profile:
 //   - load_balancing in_order: reads and (internal_replication) writes go
@@ -190,7 +190,7 @@ const replicaDelay = time.Minute
 //     are cluster-wide, not per shard).
 var profileSettings = [][2]string{{"load_balancing", "in_order"}, {"distributed_product_mode", "global"}}
 
-// checkProfile refuses, in cluster mode, a cluster whose profile lacks
+// checkProfile refuses, in sharded mode, a cluster whose profile lacks
 // profileSettings. Migrate runs it (serve, ingest and tail migrate at
 // start), so Open still dials nothing.
 func (s *Store) checkProfile(ctx context.Context) error {
@@ -203,14 +203,14 @@ func (s *Store) checkProfile(ctx context.Context) error {
 			return fmt.Errorf("read setting %s: %w", kv[0], err)
 		}
 		if v != kv[1] {
-			return fmt.Errorf("cluster mode needs %s = '%s' in the default profile of every server (users.xml; docs/auditsink.md, \"ClickHouse cluster\"), the server has '%s'", kv[0], kv[1], v)
+			return fmt.Errorf("sharded mode needs %s = '%s' in the default profile of every server (users.xml; docs/auditsink.md, \"ClickHouse cluster\"), the server has '%s'", kv[0], kv[1], v)
 		}
 	}
 	return nil
 }
 
 // execDDL runs a schema statement with {db} filled in: as it is on one
-// node, rendered for the cluster in cluster mode.
+// node, rendered for the cluster in sharded mode.
 func (s *Store) execDDL(ctx context.Context, stmt string) error {
 	stmts := []string{stmt}
 	if s.ddl != nil {

@@ -36,7 +36,7 @@ func TestClusterDDLRendersEveryMigration(t *testing.T) {
 }
 
 // TestClusterSchemaOnARealCluster applies every migration to a 2-shard,
-// 2-replica cluster as cluster mode renders it.
+// 2-replica cluster as sharded mode renders it.
 func TestClusterSchemaOnARealCluster(t *testing.T) {
 	c := chtest.StartCluster(t, 2, 2)
 	conn := c.Shards[0][0].ClusterConn(t, "default")

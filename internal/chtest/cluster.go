@@ -193,7 +193,7 @@ func clusterXML(ports [][][]int) string {
 }
 
 // profileUsers writes a copy of Debian's users.xml whose default profile
-// holds what cluster mode needs on 18.16: LowCardinality columns allowed
+// holds what sharded mode needs on 18.16: LowCardinality columns allowed
 // (DDL that ON CLUSTER runs on other nodes does not carry the query's
 // settings), and the string settings that 18.16's native protocol cannot
 // take from a client (store.profileSettings, analytics/store/cluster.go).
@@ -312,7 +312,7 @@ func (z *ZooKeeper) Stop() {
 }
 
 // ClusterConn opens a connection to one server without per-query
-// settings: in cluster mode the servers' profile carries what 18.16 needs.
+// settings: in sharded mode the servers' profile carries what 18.16 needs.
 func (s *Server) ClusterConn(tb testing.TB, db string) driver.Conn {
 	tb.Helper()
 	conn, err := clickhouse.Open(&clickhouse.Options{

@@ -10,7 +10,7 @@ import (
 	"github.com/stampguard/stampguard/internal/chtest"
 )
 
-// TestClusterReplicatesAndShards checks the harness the way cluster mode
+// TestClusterReplicatesAndShards checks the harness the way sharded mode
 // uses it: ON CLUSTER DDL reaches all four servers, a Distributed insert
 // with insert_distributed_sync spreads rows over both shards, each shard's
 // second replica fetches its part, and a FINAL read through the Distributed

@@ -341,7 +341,7 @@ func (fl *Follower) Next(ctx context.Context) (Line, error) {
 		}
 		l, err := fl.sc.next()
 		if err == nil {
-			return fl.stamp(l)
+			return fl.withCheckpoint(l)
 		}
 		if !errors.Is(err, io.EOF) {
 			if errors.Is(err, ErrLineTooLong) {
@@ -356,7 +356,7 @@ func (fl *Follower) Next(ctx context.Context) (Line, error) {
 				if err != nil {
 					return Line{}, err
 				}
-				return fl.stamp(l)
+				return fl.withCheckpoint(l)
 			}
 			if err := fl.openNext(); err != nil {
 				return Line{}, err
@@ -486,9 +486,9 @@ func (fl *Follower) wait(ctx context.Context) error {
 	}
 }
 
-// stamp sets the line's checkpoint: the current file, the offset after
+// withCheckpoint sets the line's checkpoint: the current file, the offset after
 // the line, and the fingerprint of the file's head.
-func (fl *Follower) stamp(l Line) (Line, error) {
+func (fl *Follower) withCheckpoint(l Line) (Line, error) {
 	end := l.Offset + int64(len(l.Data))
 	if !l.NoNewline {
 		end++
