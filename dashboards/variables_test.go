@@ -7,9 +7,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/stampguard/stampguard/internal/audit"
 	asql "github.com/stampguard/stampguard/analytics/sql"
 	"github.com/stampguard/stampguard/dashboards"
+	"github.com/stampguard/stampguard/internal/audit"
 	"github.com/stampguard/stampguard/internal/chtest"
 
 	"github.com/stampguard/stampguard/analytics/record/recordtest"

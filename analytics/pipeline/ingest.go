@@ -13,9 +13,9 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/stampguard/stampguard/analytics/store"
 	"github.com/stampguard/stampguard/internal/audit"
 	"github.com/stampguard/stampguard/internal/logfile"
-	"github.com/stampguard/stampguard/analytics/store"
 )
 
 // The log file itself is the durable buffer for `ingest` and `tail`, so

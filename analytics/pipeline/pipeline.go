@@ -12,10 +12,10 @@ import (
 	"time"
 	"unsafe"
 
-	"github.com/stampguard/stampguard/internal/audit"
 	"github.com/stampguard/stampguard/analytics/record"
 	"github.com/stampguard/stampguard/analytics/spool"
 	"github.com/stampguard/stampguard/analytics/store"
+	"github.com/stampguard/stampguard/internal/audit"
 )
 
 // Accepter turns a stream of raw events into records (package record): it

@@ -8,9 +8,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/stampguard/stampguard/internal/audit"
 	"github.com/stampguard/stampguard/analytics/record/recordtest"
 	"github.com/stampguard/stampguard/analytics/store"
+	"github.com/stampguard/stampguard/internal/audit"
 	"github.com/stampguard/stampguard/internal/chtest"
 )
 

@@ -20,10 +20,10 @@ import (
 	"testing"
 	"time"
 
-	"github.com/stampguard/stampguard/internal/audit"
-	"github.com/stampguard/stampguard/internal/audit/audittest"
 	"github.com/stampguard/stampguard/analytics/record"
 	"github.com/stampguard/stampguard/analytics/store"
+	"github.com/stampguard/stampguard/internal/audit"
+	"github.com/stampguard/stampguard/internal/audit/audittest"
 	"github.com/stampguard/stampguard/internal/chtest"
 )
 

@@ -25,9 +25,9 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/stampguard/stampguard/internal/audit"
 	"github.com/stampguard/stampguard/analytics/pipeline"
 	"github.com/stampguard/stampguard/analytics/spool"
+	"github.com/stampguard/stampguard/internal/audit"
 )
 
 // DefaultMaxBodyBytes caps one request body: far above any apiserver batch

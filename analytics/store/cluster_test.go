@@ -6,8 +6,8 @@ import (
 	"sync"
 	"testing"
 
-	"github.com/stampguard/stampguard/internal/audit"
 	"github.com/stampguard/stampguard/analytics/record/recordtest"
+	"github.com/stampguard/stampguard/internal/audit"
 	"github.com/stampguard/stampguard/internal/chtest"
 )
 

@@ -11,10 +11,10 @@ import (
 	"github.com/ClickHouse/ch-go/proto"
 	"github.com/ClickHouse/clickhouse-go/v2/lib/column"
 
-	"github.com/stampguard/stampguard/internal/audit"
-	"github.com/stampguard/stampguard/internal/audit/audittest"
 	"github.com/stampguard/stampguard/analytics/record"
 	"github.com/stampguard/stampguard/analytics/record/recordtest"
+	"github.com/stampguard/stampguard/internal/audit"
+	"github.com/stampguard/stampguard/internal/audit/audittest"
 )
 
 // wantColumns is what the events row of r holds, column by column in

@@ -9,11 +9,11 @@ import (
 	"testing"
 	"time"
 
-	"github.com/stampguard/stampguard/internal/audit"
-	"github.com/stampguard/stampguard/internal/audit/audittest"
 	"github.com/stampguard/stampguard/analytics/record/recordtest"
 	"github.com/stampguard/stampguard/analytics/report"
 	asql "github.com/stampguard/stampguard/analytics/sql"
+	"github.com/stampguard/stampguard/internal/audit"
+	"github.com/stampguard/stampguard/internal/audit/audittest"
 )
 
 // The invariant (docs/auditsink.md, "Exactly once"): every figure counts

@@ -15,9 +15,9 @@ import (
 	"github.com/ClickHouse/clickhouse-go/v2/lib/driver"
 	"github.com/ClickHouse/clickhouse-go/v2/lib/proto"
 
-	"github.com/stampguard/stampguard/internal/audit"
 	"github.com/stampguard/stampguard/analytics/record"
 	asql "github.com/stampguard/stampguard/analytics/sql"
+	"github.com/stampguard/stampguard/internal/audit"
 )
 
 // Options configure a Store.
@@ -59,25 +59,9 @@ func Open(ctx context.Context, o Options) (*Store, error) {
 	if o.Database == "" {
 		o.Database = "stampguard"
 	}
-	if err := asql.ValidDatabase(o.Database); err != nil {
-		return nil, err
-	}
-	opts, err := ParseDSN(o.DSN)
+	opts, ddl, err := o.resolve()
 	if err != nil {
 		return nil, err
-	}
-	if opts.Protocol == clickhouse.HTTP {
-		return nil, fmt.Errorf("ClickHouse DSN: use the native protocol (clickhouse://host:9000); 18.16 rejects the HTTP driver")
-	}
-	if opts.DialTimeout == 0 {
-		opts.DialTimeout = 5 * time.Second
-	}
-	var ddl *clusterDDL
-	if o.ClickHouseCluster != "" {
-		if ddl, err = newClusterDDL(o.ClickHouseCluster); err != nil {
-			return nil, err
-		}
-		ddl.applySettings(opts)
 	}
 	// The settings a server needs depend on its version (settingsFor),
 	// which the first query that reaches it reads from the handshake.
@@ -86,6 +70,42 @@ func Open(ctx context.Context, o Options) (*Store, error) {
 		return nil, fmt.Errorf("open ClickHouse: %w", err)
 	}
 	return &Store{conn: conn, db: o.Database, raw: o.KeepRaw, ddl: ddl, events: asql.EventsTable}, nil
+}
+
+// Check validates o as Open does, without connecting: the database name,
+// the DSN (the native protocol) and the ClickHouse cluster name.
+func (o Options) Check() error {
+	if o.Database == "" {
+		o.Database = "stampguard"
+	}
+	_, _, err := o.resolve()
+	return err
+}
+
+// resolve validates o and turns it into the driver's options, with what
+// sharded mode needs when o names a ClickHouse cluster.
+func (o Options) resolve() (*clickhouse.Options, *clusterDDL, error) {
+	if err := asql.ValidDatabase(o.Database); err != nil {
+		return nil, nil, err
+	}
+	opts, err := ParseDSN(o.DSN)
+	if err != nil {
+		return nil, nil, err
+	}
+	if opts.Protocol == clickhouse.HTTP {
+		return nil, nil, fmt.Errorf("ClickHouse DSN: use the native protocol (clickhouse://host:9000); 18.16 rejects the HTTP driver")
+	}
+	if opts.DialTimeout == 0 {
+		opts.DialTimeout = 5 * time.Second
+	}
+	var ddl *clusterDDL
+	if o.ClickHouseCluster != "" {
+		if ddl, err = newClusterDDL(o.ClickHouseCluster); err != nil {
+			return nil, nil, err
+		}
+		ddl.applySettings(opts)
+	}
+	return opts, ddl, nil
 }
 
 // ParseDSN parses a clickhouse-go DSN, plus one parameter of ours:

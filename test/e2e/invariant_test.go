@@ -17,11 +17,11 @@ import (
 
 	"github.com/ClickHouse/clickhouse-go/v2/lib/driver"
 
-	"github.com/stampguard/stampguard/internal/audit"
 	"github.com/stampguard/stampguard/analytics/report"
 	asql "github.com/stampguard/stampguard/analytics/sql"
 	"github.com/stampguard/stampguard/analytics/store"
 	"github.com/stampguard/stampguard/dashboards"
+	"github.com/stampguard/stampguard/internal/audit"
 	"github.com/stampguard/stampguard/internal/chtest"
 	"github.com/stampguard/stampguard/internal/kubetest"
 	"github.com/stampguard/stampguard/internal/testenv"

@@ -7,8 +7,8 @@ package recordtest
 import (
 	"fmt"
 
-	"github.com/stampguard/stampguard/internal/audit"
 	"github.com/stampguard/stampguard/analytics/record"
+	"github.com/stampguard/stampguard/internal/audit"
 )
 
 // Set encodes rows and dead letters into records, one per cluster, and
