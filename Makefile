@@ -133,7 +133,7 @@ test: test-deps verify-generate ## unit and end-to-end tests against a real apis
 	$(GO) test -race -count=1 -timeout 45m ./...
 
 .PHONY: test-unit
-test-unit: helm prometheus ## tests that need neither an apiserver nor ClickHouse
+test-unit: ## tests that need nothing installed: no apiserver, ClickHouse, helm or Prometheus (go test -short)
 	$(GO) test -race -count=1 -short ./...
 
 .PHONY: bench

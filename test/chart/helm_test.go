@@ -26,6 +26,7 @@ import (
 
 	"github.com/stampguard/stampguard/internal/bintest"
 	"github.com/stampguard/stampguard/internal/kubetest"
+	"github.com/stampguard/stampguard/internal/testenv"
 )
 
 func TestMain(m *testing.M) {
@@ -61,6 +62,7 @@ func valuesFile(t testing.TB, set string) string {
 // helmBin is bin/helm, which `make helm` installs.
 func helmBin(t testing.TB) string {
 	t.Helper()
+	testenv.SkipIfShort(t, "runs helm")
 	p := filepath.Join(kubetest.RepoRoot(t), "bin", "helm")
 	if _, err := os.Stat(p); err != nil {
 		t.Fatalf("helm not found at %s: run `make helm` (make test does), which installs helm v3.22.0 from the Go module proxy", p)

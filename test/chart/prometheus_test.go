@@ -12,6 +12,7 @@ import (
 	"sigs.k8s.io/yaml"
 
 	"github.com/stampguard/stampguard/internal/promtest"
+	"github.com/stampguard/stampguard/internal/testenv"
 )
 
 // chartRules is the chart's PrometheusRule, rendered with its defaults
@@ -49,6 +50,7 @@ type promtoolTests struct {
 
 func promtool(t *testing.T) string {
 	t.Helper()
+	testenv.SkipIfShort(t, "runs promtool")
 	p, err := promtest.Binary(promtest.Promtool)
 	if err != nil {
 		t.Fatal(err)
