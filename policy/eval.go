@@ -90,7 +90,9 @@ type Environment struct {
 	Namespaces NamespaceLabels
 }
 
-// DefaultProtectedNamespaces are always protected; the webhook adds its own.
+// DefaultProtectedNamespaces are always protected, the cluster's own
+// machinery lives there; the webhook adds its own namespace. The webhook
+// configurations exclude them too (admission.ConfigOptions).
 var DefaultProtectedNamespaces = []string{"kube-system", "kube-node-lease"}
 
 // Set is an immutable, ordered collection of compiled policies.
@@ -153,7 +155,7 @@ func (p *Policy) applies(req *Request, env *Environment) matchScope {
 			scope = fullMatch
 			break
 		}
-		if req.SubResource == "scale" && isScalableWorkload(req.Group, req.Resource) && r.matches(req.Group, req.Resource, "") {
+		if req.SubResource == "scale" && IsScalableWorkload(req.Group, req.Resource) && r.matches(req.Group, req.Resource, "") {
 			scope = replicasOnly
 		}
 	}
@@ -169,10 +171,15 @@ func (p *Policy) applies(req *Request, env *Environment) matchScope {
 	return scope
 }
 
-// isScalableWorkload lists the kinds whose spec.replicas the HPA and
-// kubectl scale write through the scale subresource.
-func isScalableWorkload(group, resource string) bool {
-	return group == "apps" && (resource == "deployments" || resource == "statefulsets" || resource == "replicasets")
+// ScalableWorkloads are the apps resources whose spec.replicas the HPA and
+// kubectl scale write through the scale subresource: a policy on one of
+// them guards that subresource too, and the webhook configurations route it
+// with them.
+var ScalableWorkloads = []string{"deployments", "statefulsets", "replicasets"}
+
+// IsScalableWorkload reports whether a resource is one of ScalableWorkloads.
+func IsScalableWorkload(group, resource string) bool {
+	return group == "apps" && slices.Contains(ScalableWorkloads, resource)
 }
 
 func (p *Policy) coversNamespace(ns string, env *Environment) bool {

@@ -109,7 +109,7 @@ func (c *prefilterCompiler) stamp(ps []*Policy) WebhookFilter {
 		}
 		// A Scale carries its workload's stamp: a policy on the workload or
 		// on its scale subresource may check it there.
-		if isScalableWorkload(gr.Group, gr.Resource) && slices.ContainsFunc(ps, func(p *Policy) bool {
+		if IsScalableWorkload(gr.Group, gr.Resource) && slices.ContainsFunc(ps, func(p *Policy) bool {
 			return p.matchesResource(gr.Group, gr.Resource, "scale") || p.matchesResource(gr.Group, gr.Resource, "")
 		}) {
 			f.Resources = append(f.Resources, schema.GroupResource{Group: gr.Group, Resource: gr.Resource + "/scale"})
@@ -141,7 +141,7 @@ func (c *prefilterCompiler) fields(ps []*Policy) WebhookFilter {
 					ops[op] = true
 				}
 			}
-			if isScalableWorkload(gr.Group, gr.Resource) && (p.matchesResource(gr.Group, gr.Resource, "scale") ||
+			if IsScalableWorkload(gr.Group, gr.Resource) && (p.matchesResource(gr.Group, gr.Resource, "scale") ||
 				(p.matchesResource(gr.Group, gr.Resource, "") && p.hasReplicasRule())) {
 				scale = true
 				ops[Update] = true

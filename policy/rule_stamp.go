@@ -21,6 +21,11 @@ const RuleStampMissing RuleKind = annotation.StampMissing
 // stampRuleName names the rule in the spec's words.
 const stampRuleName = "requireResourceVersion"
 
+// StampMissingDetail is what the stamp rule says of metadata.resourceVersion
+// when an update lacks it: the apiserver's own words for a custom resource
+// updated without one, so that clients read both alike.
+const StampMissingDetail = `Invalid value: "": must be specified for an update`
+
 // StamplessCondition is the stamp webhook's matchCondition: the apiserver
 // skips the mutating call for every update that carries a resourceVersion,
 // which is nearly all of them.
@@ -67,7 +72,7 @@ func (s *Set) CheckStamp(req *Request, env *Environment) (Decision, error) {
 		d.Violations = append(d.Violations, Violation{
 			Policy: p.Name, Rule: RuleStampMissing, Index: -1, Action: p.stamp.action,
 			Path: "metadata.resourceVersion", Writer: req.User.Name,
-			Message: "ConcurrencyPolicy " + strconv.Quote(p.Name) + `: metadata.resourceVersion: Invalid value: "": must be specified for an update`,
+			Message: "ConcurrencyPolicy " + strconv.Quote(p.Name) + ": metadata.resourceVersion: " + StampMissingDetail,
 		})
 	}
 	return d, nil
