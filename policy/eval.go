@@ -7,6 +7,7 @@ import (
 	"iter"
 	"slices"
 	"strings"
+	"sync"
 
 	"k8s.io/apimachinery/pkg/labels"
 
@@ -230,9 +231,16 @@ func (s *Set) CheckFields(req *Request, env *Environment) (Decision, error) {
 func (s *Set) check(ph phase, req *Request, env *Environment) (Decision, *Policy, error) {
 	var d Decision
 	var ev *evaluation // on first need
+	defer func() {
+		if ev != nil {
+			*ev = evaluation{} // holds nothing of the request
+			evaluations.Put(ev)
+		}
+	}()
 	for p, r := range s.checked(ph, req, env) {
 		if ev == nil {
-			ev = &evaluation{req: req, set: s}
+			ev = evaluations.Get().(*evaluation)
+			ev.req, ev.set = req, s
 		}
 		v, broken, err := r.check(ev, p.Name)
 		if err != nil {
@@ -266,6 +274,10 @@ func (s *Set) checked(ph phase, req *Request, env *Environment) iter.Seq2[*Polic
 		}
 	}
 }
+
+// evaluations are reused: passed to the rules through their interface, an
+// evaluation escapes, and would cost an allocation per request.
+var evaluations = sync.Pool{New: func() any { return new(evaluation) }}
 
 // evaluation holds what one request's objects hold: each object is
 // walked once for the paths of every rule in the set, on first need.
