@@ -2,7 +2,9 @@ package policy
 
 import (
 	"fmt"
+	"iter"
 	"slices"
+	"strconv"
 	"strings"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -17,6 +19,82 @@ import (
 // file (rule_*.go), with its compile, its check and its condition.
 type RuleKind string
 
+// ruleKinds lists the kinds of rule. A policy's rules are compiled in this
+// order, then in the order of the spec's lists, and that is the order in
+// which they are checked and written into the pre-filter. A new kind is a
+// file and a line here.
+var ruleKinds = []*ruleKind{&stampKind, &ownerKind, &immutableKind, &deleteKind}
+
+// ruleKind describes a kind of rule.
+type ruleKind struct {
+	kind RuleKind
+	// field is the spec's field that holds the rule, or with list the
+	// rules (then each is named field[i]).
+	field string
+	list  bool
+	// compile turns the kind's fields of spec into rules; inherited is the
+	// policy's action, spec the spec's path.
+	compile func(spec *v1alpha1.ConcurrencyPolicySpec, inherited v1alpha1.Action, path *field.Path, errs *field.ErrorList) []rule
+}
+
+// name names a rule of the kind in the spec's words.
+func (k *ruleKind) name(index int) string {
+	if !k.list {
+		return k.field
+	}
+	return k.field + "[" + strconv.Itoa(index) + "]"
+}
+
+// rule is one compiled rule of a policy, each kind in its own file. As
+// cert-manager's admission PluginChain loops over its plugins, compile,
+// check, pre-filter and replay loop over a policy's rules.
+type rule interface {
+	// phase is the webhook that checks the rule.
+	phase() phase
+	// operations are what the rule checks. The slice is shared: never
+	// modify it.
+	operations() []Operation
+	// onScale reports whether the rule is checked on the scale subresource
+	// of a workload that its policy guards (matchScope replicasOnly): a
+	// Scale carries the workload's stamp and spec.replicas, nothing else.
+	onScale() bool
+	// paths are the fields the rule reads from the objects; a Set extracts
+	// those of all its rules in one pass over each object.
+	paths() []FieldPath
+	// condition is the rule's part of its policy's term in the phase's
+	// pre-filter: CEL that is true whenever check could find a violation
+	// in a request the policy applies to.
+	condition() string
+	// ref names the rule; the caller fills in the policy.
+	ref() RuleRef
+	// check evaluates the rule for a request that its policy applies to
+	// and that it checks (checks).
+	check(ev *evaluation, policy string) (Violation, bool, error)
+}
+
+// checks reports whether r is evaluated for an operation under a scope.
+func checks(r rule, op Operation, scope matchScope) bool {
+	return slices.Contains(r.operations(), op) && (scope == fullMatch || (scope == replicasOnly && r.onScale()))
+}
+
+// phase is the admission webhook that checks a rule.
+type phase uint8
+
+const (
+	// phaseStamp is the mutating webhook: only it still sees an update
+	// without its resourceVersion.
+	phaseStamp phase = iota
+	// phaseFields is the validating webhook.
+	phaseFields
+)
+
+// Operation lists, shared by the rules' operations.
+var (
+	updates           = []Operation{Update}
+	updatesAndCreates = []Operation{Update, Create}
+	deletes           = []Operation{Delete}
+)
+
 // Policy is a compiled ConcurrencyPolicy. It is immutable.
 type Policy struct {
 	Name string
@@ -28,10 +106,7 @@ type Policy struct {
 	excludeUsers      []string
 	excludeGroups     []string
 
-	stamp      *stampRule
-	delete     *deleteRule
-	owners     []ownerRule
-	immutables []immutableRule
+	rules []rule // in the order of ruleKinds
 }
 
 // Compile checks a policy and turns it into its evaluable form. The error
@@ -77,16 +152,11 @@ func Compile(p *v1alpha1.ConcurrencyPolicy) (*Policy, error) {
 	out.excludeUsers = sortedCopy(m.ExcludeUsers)
 	out.excludeGroups = sortedCopy(m.ExcludeGroups)
 
-	out.stamp = compileStamp(&p.Spec, action, spec, &errs)
-	out.delete = compileDelete(&p.Spec, action, spec, &errs)
-	for i, fo := range p.Spec.FieldOwners {
-		out.owners = append(out.owners, compileOwner(i, fo, action, spec.Child("fieldOwners").Index(i), &errs))
+	for _, k := range ruleKinds {
+		out.rules = append(out.rules, k.compile(&p.Spec, action, spec, &errs)...)
 	}
-	for i, im := range p.Spec.ImmutableFields {
-		out.immutables = append(out.immutables, compileImmutable(i, im, action, spec.Child("immutableFields").Index(i), &errs))
-	}
-	if out.stamp == nil && out.delete == nil && len(out.owners) == 0 && len(out.immutables) == 0 {
-		errs = append(errs, field.Required(spec, "the policy enforces nothing: set requireResourceVersion, requireDeletePreconditions, fieldOwners or immutableFields"))
+	if len(out.rules) == 0 {
+		errs = append(errs, field.Required(spec, "the policy enforces nothing: set "+ruleFields()))
 	}
 	if len(errs) > 0 {
 		return nil, errs.ToAggregate()
@@ -94,20 +164,42 @@ func Compile(p *v1alpha1.ConcurrencyPolicy) (*Policy, error) {
 	return out, nil
 }
 
-// fieldOperations are the operations the policy's fields-phase rules
-// check, each rule saying its own.
-func (p *Policy) fieldOperations() []Operation {
-	var out []Operation
-	for _, r := range p.owners {
-		out = append(out, r.operations()...)
+// ruleFields lists the spec's rule fields: "a, b or c".
+func ruleFields() string {
+	var b strings.Builder
+	for i, k := range ruleKinds {
+		switch {
+		case i == 0:
+		case i == len(ruleKinds)-1:
+			b.WriteString(" or ")
+		default:
+			b.WriteString(", ")
+		}
+		b.WriteString(k.field)
 	}
-	for _, r := range p.immutables {
-		out = append(out, r.operations()...)
+	return b.String()
+}
+
+// rulesIn yields the policy's rules of a phase, in order.
+func (p *Policy) rulesIn(ph phase) iter.Seq[rule] {
+	return func(yield func(rule) bool) {
+		for _, r := range p.rules {
+			if r.phase() == ph && !yield(r) {
+				return
+			}
+		}
 	}
-	if p.delete != nil {
-		out = append(out, p.delete.operations()...)
-	}
-	return out
+}
+
+// has reports whether the policy has a rule in a phase.
+func (p *Policy) has(ph phase) bool {
+	return slices.ContainsFunc(p.rules, func(r rule) bool { return r.phase() == ph })
+}
+
+// checksOperation reports whether a rule of the phase checks op in some
+// scope: a cheap test before applies.
+func (p *Policy) checksOperation(ph phase, op Operation) bool {
+	return slices.ContainsFunc(p.rules, func(r rule) bool { return r.phase() == ph && slices.Contains(r.operations(), op) })
 }
 
 func checkAction(a, inherited v1alpha1.Action, path *field.Path, errs *field.ErrorList) v1alpha1.Action {

@@ -4,8 +4,10 @@ import (
 	"bytes"
 	"encoding/json"
 	"fmt"
+	"iter"
 	"slices"
 	"strings"
+	"sync"
 
 	"k8s.io/apimachinery/pkg/labels"
 
@@ -31,15 +33,10 @@ type Violation struct {
 // words: requireResourceVersion, requireDeletePreconditions,
 // fieldOwners[i], immutableFields[i]. The audit annotations carry it.
 func (v Violation) RuleName() string {
-	switch v.Rule {
-	case RuleStampMissing:
-		return stampRuleName
-	case RuleDeletePrecondition:
-		return deleteRuleName
-	case RuleFieldOwner:
-		return ownerRuleName(v.Index)
-	case RuleImmutableField:
-		return immutableRuleName(v.Index)
+	for _, k := range ruleKinds {
+		if k.kind == v.Rule {
+			return k.name(v.Index)
+		}
 	}
 	return string(v.Rule)
 }
@@ -90,7 +87,9 @@ type Environment struct {
 	Namespaces NamespaceLabels
 }
 
-// DefaultProtectedNamespaces are always protected; the webhook adds its own.
+// DefaultProtectedNamespaces are always protected, the cluster's own
+// machinery lives there; the webhook adds its own namespace. The webhook
+// configurations exclude them too (admission.ConfigOptions).
 var DefaultProtectedNamespaces = []string{"kube-system", "kube-node-lease"}
 
 // Set is an immutable, ordered collection of compiled policies.
@@ -112,13 +111,12 @@ func NewSet(policies ...*Policy) *Set {
 			s.tree.add(p, i)
 		}
 	}
-	add(resourceVersionPath)
+	add(resourceVersionPath) // always, first: ScanObject extracts it for any set
 	for _, p := range ps {
-		for _, r := range p.owners {
-			add(r.path)
-		}
-		for _, r := range p.immutables {
-			add(r.path)
+		for _, r := range p.rules {
+			for _, fp := range r.paths() {
+				add(fp)
+			}
 		}
 	}
 	s.tree.finish()
@@ -153,7 +151,7 @@ func (p *Policy) applies(req *Request, env *Environment) matchScope {
 			scope = fullMatch
 			break
 		}
-		if req.SubResource == "scale" && isScalableWorkload(req.Group, req.Resource) && r.matches(req.Group, req.Resource, "") {
+		if req.SubResource == "scale" && IsScalableWorkload(req.Group, req.Resource) && r.matches(req.Group, req.Resource, "") {
 			scope = replicasOnly
 		}
 	}
@@ -169,10 +167,15 @@ func (p *Policy) applies(req *Request, env *Environment) matchScope {
 	return scope
 }
 
-// isScalableWorkload lists the kinds whose spec.replicas the HPA and
-// kubectl scale write through the scale subresource.
-func isScalableWorkload(group, resource string) bool {
-	return group == "apps" && (resource == "deployments" || resource == "statefulsets" || resource == "replicasets")
+// ScalableWorkloads are the apps resources whose spec.replicas the HPA and
+// kubectl scale write through the scale subresource: a policy on one of
+// them guards that subresource too, and the webhook configurations route it
+// with them.
+var ScalableWorkloads = []string{"deployments", "statefulsets", "replicasets"}
+
+// IsScalableWorkload reports whether a resource is one of ScalableWorkloads.
+func IsScalableWorkload(group, resource string) bool {
+	return group == "apps" && slices.Contains(ScalableWorkloads, resource)
 }
 
 func (p *Policy) coversNamespace(ns string, env *Environment) bool {
@@ -207,47 +210,89 @@ func (s *Set) Guards(req *Request, env *Environment) bool {
 	return false
 }
 
+// CheckStamp evaluates the stamp rule: the mutating phase.
+func (s *Set) CheckStamp(req *Request, env *Environment) (Decision, error) {
+	d, _, err := s.check(phaseStamp, req, env)
+	return d, err
+}
+
 // CheckFields evaluates field owners, immutable fields and delete
 // preconditions: the validating phase.
 func (s *Set) CheckFields(req *Request, env *Environment) (Decision, error) {
-	var d Decision
-	ev := fieldEvaluation{req: req, set: s}
-	for _, p := range s.policies {
-		scope := p.applies(req, env)
-		if scope == noMatch {
-			continue
-		}
-		var err error
-		switch req.Operation {
-		case Update, Create:
-			err = ev.checkOwners(p, scope, &d)
-			if err == nil && req.Operation == Update {
-				err = ev.checkImmutables(p, scope, &d)
-			}
-		case Delete:
-			if scope == fullMatch {
-				err = ev.checkDelete(p, &d)
-			}
-		}
-		if err != nil {
-			return Decision{}, fmt.Errorf("ConcurrencyPolicy %q: %w", p.Name, err)
-		}
+	d, p, err := s.check(phaseFields, req, env)
+	if err != nil {
+		return Decision{}, fmt.Errorf("ConcurrencyPolicy %q: %w", p.Name, err)
 	}
 	return d, nil
 }
 
-// fieldEvaluation holds what one request's objects hold: each object is
+// check evaluates a phase's rules of every policy that applies, in order.
+// An error comes with the policy whose rule could not be evaluated.
+func (s *Set) check(ph phase, req *Request, env *Environment) (Decision, *Policy, error) {
+	var d Decision
+	var ev *evaluation // on first need
+	defer func() {
+		if ev != nil {
+			*ev = evaluation{} // holds nothing of the request
+			evaluations.Put(ev)
+		}
+	}()
+	for p, r := range s.checked(ph, req, env) {
+		if ev == nil {
+			ev = evaluations.Get().(*evaluation)
+			ev.req, ev.set = req, s
+		}
+		v, broken, err := r.check(ev, p.Name)
+		if err != nil {
+			return Decision{}, p, err
+		}
+		if broken {
+			d.Violations = append(d.Violations, v)
+		}
+	}
+	return d, nil, nil
+}
+
+// checked yields the rules of a phase that check evaluates for req, with
+// their policies, in order: those of the policies that apply, that check
+// its operation in its scope.
+func (s *Set) checked(ph phase, req *Request, env *Environment) iter.Seq2[*Policy, rule] {
+	return func(yield func(*Policy, rule) bool) {
+		for _, p := range s.policies {
+			if !p.checksOperation(ph, req.Operation) {
+				continue // before applies, which costs more
+			}
+			scope := p.applies(req, env)
+			if scope == noMatch {
+				continue
+			}
+			for _, r := range p.rules { // not rulesIn: nested, it allocates
+				if r.phase() == ph && checks(r, req.Operation, scope) && !yield(p, r) {
+					return
+				}
+			}
+		}
+	}
+}
+
+// evaluations are reused: passed to the rules through their interface, an
+// evaluation escapes, and would cost an allocation per request.
+var evaluations = sync.Pool{New: func() any { return new(evaluation) }}
+
+// evaluation holds what one request's objects hold: each object is
 // walked once for the paths of every rule in the set, on first need.
-type fieldEvaluation struct {
+type evaluation struct {
 	req          *Request
 	set          *Set
 	extracted    bool
 	old, cur     []valueRef
 	scratch      [2][4][]byte // backing for the values of one rule
 	fieldManager *string
+	stampRead    bool // stamped holds whether the object carries a resourceVersion
+	stamped      bool
 }
 
-func (ev *fieldEvaluation) values(p FieldPath) (old, cur [][]byte, err error) {
+func (ev *evaluation) values(p FieldPath) (old, cur [][]byte, err error) {
 	if !ev.extracted {
 		ev.extracted = true
 		ev.cur, err = ev.set.extracted(ev.req, curObject)
@@ -308,7 +353,7 @@ func (s *Set) ScanObject(req *Request, old bool, data []byte, start int) (int, e
 	return end, nil
 }
 
-func (ev *fieldEvaluation) manager() string {
+func (ev *evaluation) manager() string {
 	if ev.fieldManager == nil {
 		var fm string
 		if len(ev.req.Options) > 0 && rawjson.Kind(ev.req.Options) == '{' {
@@ -397,49 +442,22 @@ func (r RuleRef) RuleName() string {
 
 // StampRules lists the rules CheckStamp evaluates for req, in its order.
 func (s *Set) StampRules(req *Request, env *Environment) []RuleRef {
-	var out []RuleRef
-	if req.Operation != Update {
-		return nil
-	}
-	for _, p := range s.policies {
-		if p.stamp != nil && p.applies(req, env) != noMatch {
-			out = append(out, RuleRef{Policy: p.Name, Rule: RuleStampMissing, Index: -1, Action: p.stamp.action})
-		}
-	}
-	return out
+	return s.rulesFor(phaseStamp, req, env)
 }
 
 // FieldRules lists the rules CheckFields evaluates for req, in its order:
 // what a replay that lacks the objects counts as undecidable, and what it
 // counts as allowed when they break nothing.
 func (s *Set) FieldRules(req *Request, env *Environment) []RuleRef {
+	return s.rulesFor(phaseFields, req, env)
+}
+
+func (s *Set) rulesFor(ph phase, req *Request, env *Environment) []RuleRef {
 	var out []RuleRef
-	for _, p := range s.policies {
-		scope := p.applies(req, env)
-		if scope == noMatch {
-			continue
-		}
-		switch req.Operation {
-		case Update, Create:
-			for _, r := range p.owners {
-				if !r.checks(req.Operation, scope) {
-					continue
-				}
-				out = append(out, RuleRef{Policy: p.Name, Rule: RuleFieldOwner, Index: r.index, Action: r.action})
-			}
-			if req.Operation == Update {
-				for _, r := range p.immutables {
-					if !r.checks(scope) {
-						continue
-					}
-					out = append(out, RuleRef{Policy: p.Name, Rule: RuleImmutableField, Index: r.index, Action: r.action})
-				}
-			}
-		case Delete:
-			if scope == fullMatch && p.delete != nil {
-				out = append(out, RuleRef{Policy: p.Name, Rule: RuleDeletePrecondition, Index: -1, Action: p.delete.action})
-			}
-		}
+	for p, r := range s.checked(ph, req, env) {
+		ref := r.ref()
+		ref.Policy = p.Name
+		out = append(out, ref)
 	}
 	return out
 }

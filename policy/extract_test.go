@@ -32,7 +32,7 @@ func treeSet(t testing.TB) (*Set, []FieldPath) {
 			t.Fatal(err)
 		}
 		paths = append(paths, fp)
-		p.immutables = append(p.immutables, immutableRule{index: i, path: fp})
+		p.rules = append(p.rules, &immutableRule{index: i, path: fp})
 	}
 	return NewSet(p), paths
 }

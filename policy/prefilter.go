@@ -87,49 +87,20 @@ func (s *Set) Prefilter(o PrefilterOptions) Prefilter {
 		o.MaxConditionBytes = DefaultMaxConditionBytes
 	}
 	c := prefilterCompiler{o: o}
-	var stamp, fields []*Policy
-	for _, p := range s.policies {
-		if p.stamp != nil {
-			stamp = append(stamp, p)
-		}
-		if p.delete != nil || len(p.owners) > 0 || len(p.immutables) > 0 {
-			fields = append(fields, p)
-		}
-	}
-	return Prefilter{Stamp: c.stamp(stamp), Fields: c.fields(fields)}
+	return Prefilter{Stamp: c.webhook(s, phaseStamp), Fields: c.webhook(s, phaseFields)}
 }
 
 type prefilterCompiler struct{ o PrefilterOptions }
 
-func (c *prefilterCompiler) stamp(ps []*Policy) WebhookFilter {
-	f := WebhookFilter{Exact: true}
-	for _, gr := range c.o.Resources {
-		if slices.ContainsFunc(ps, func(p *Policy) bool { return p.matchesResource(gr.Group, gr.Resource, "") }) {
-			f.Resources = append(f.Resources, gr)
-		}
-		// A Scale carries its workload's stamp: a policy on the workload or
-		// on its scale subresource may check it there.
-		if isScalableWorkload(gr.Group, gr.Resource) && slices.ContainsFunc(ps, func(p *Policy) bool {
-			return p.matchesResource(gr.Group, gr.Resource, "scale") || p.matchesResource(gr.Group, gr.Resource, "")
-		}) {
-			f.Resources = append(f.Resources, schema.GroupResource{Group: gr.Group, Resource: gr.Resource + "/scale"})
+// webhook compiles the filter of a phase's webhook from the policies with
+// rules in that phase.
+func (c *prefilterCompiler) webhook(s *Set, ph phase) WebhookFilter {
+	var ps []*Policy
+	for _, p := range s.policies {
+		if p.has(ph) {
+			ps = append(ps, p)
 		}
 	}
-	if len(f.Resources) == 0 {
-		f.Condition = "false"
-		return f
-	}
-	f.Operations = []Operation{Update}
-	c.narrowNamespaces(&f, ps)
-	var terms []string
-	for _, p := range ps {
-		terms = append(terms, and(c.policyMatch(p), stampCondition(p.stamp)))
-	}
-	c.finish(&f, terms, terms)
-	return f
-}
-
-func (c *prefilterCompiler) fields(ps []*Policy) WebhookFilter {
 	f := WebhookFilter{Exact: true}
 	ops := map[Operation]bool{}
 	for _, gr := range c.o.Resources {
@@ -137,12 +108,17 @@ func (c *prefilterCompiler) fields(ps []*Policy) WebhookFilter {
 		for _, p := range ps {
 			if p.matchesResource(gr.Group, gr.Resource, "") {
 				top = true
-				for _, op := range p.fieldOperations() {
-					ops[op] = true
+				for r := range p.rulesIn(ph) {
+					for _, op := range r.operations() {
+						ops[op] = true
+					}
 				}
 			}
-			if isScalableWorkload(gr.Group, gr.Resource) && (p.matchesResource(gr.Group, gr.Resource, "scale") ||
-				(p.matchesResource(gr.Group, gr.Resource, "") && p.hasReplicasRule())) {
+			// A Scale carries its workload's stamp and spec.replicas: a
+			// policy on the scale subresource, or one on the workload with
+			// a rule there, may check it. A Scale is only ever updated.
+			if IsScalableWorkload(gr.Group, gr.Resource) && (p.matchesResource(gr.Group, gr.Resource, "scale") ||
+				(p.matchesResource(gr.Group, gr.Resource, "") && p.checksScale(ph))) {
 				scale = true
 				ops[Update] = true
 			}
@@ -169,14 +145,8 @@ func (c *prefilterCompiler) fields(ps []*Policy) WebhookFilter {
 		match := c.policyMatch(p)
 		coarse = append(coarse, match)
 		var rules []string
-		for _, r := range p.owners {
-			rules = append(rules, ownerCondition(r))
-		}
-		for _, r := range p.immutables {
-			rules = append(rules, immutableCondition(r))
-		}
-		if p.delete != nil {
-			rules = append(rules, deleteCondition(p.delete))
+		for r := range p.rulesIn(ph) {
+			rules = append(rules, r.condition())
 		}
 		terms = append(terms, and(match, or(rules)))
 	}
@@ -478,7 +448,8 @@ func (p *Policy) matchesResource(group, resource, sub string) bool {
 	return slices.ContainsFunc(p.resources, func(r resourceMatcher) bool { return r.matches(group, resource, sub) })
 }
 
-func (p *Policy) hasReplicasRule() bool {
-	return slices.ContainsFunc(p.owners, func(r ownerRule) bool { return r.path.pathIs("spec", "replicas") }) ||
-		slices.ContainsFunc(p.immutables, func(r immutableRule) bool { return r.path.pathIs("spec", "replicas") })
+// checksScale reports whether a rule of the phase is checked on the scale
+// subresource of a workload the policy names.
+func (p *Policy) checksScale(ph phase) bool {
+	return slices.ContainsFunc(p.rules, func(r rule) bool { return r.phase() == ph && r.onScale() })
 }

@@ -18,8 +18,7 @@ import (
 // RuleDeletePrecondition is the delete rule's kind and audit annotation key.
 const RuleDeletePrecondition RuleKind = annotation.DeletePrecondition
 
-// deleteRuleName names the rule in the spec's words.
-const deleteRuleName = "requireDeletePreconditions"
+var deleteKind = ruleKind{kind: RuleDeletePrecondition, field: "requireDeletePreconditions", compile: compileDelete}
 
 // Default exemptions from requireDeletePreconditions: these controllers
 // delete by name in bulk and cannot know a uid for every object.
@@ -35,56 +34,63 @@ type deleteRule struct {
 	collectionExempt bool
 }
 
-func compileDelete(spec *v1alpha1.ConcurrencyPolicySpec, inherited v1alpha1.Action, path *field.Path, errs *field.ErrorList) *deleteRule {
+var _ rule = (*deleteRule)(nil)
+
+func compileDelete(spec *v1alpha1.ConcurrencyPolicySpec, inherited v1alpha1.Action, path *field.Path, errs *field.ErrorList) []rule {
 	switch d := spec.RequireDeletePreconditions; d {
 	case "", v1alpha1.DeletePreconditionNone:
 		return nil
 	case v1alpha1.DeletePreconditionUID, v1alpha1.DeletePreconditionResourceVersion:
-		rule := &deleteRule{
+		r := &deleteRule{
 			require:          d,
 			action:           checkAction(spec.DeletePreconditionsAction, inherited, path.Child("deletePreconditionsAction"), errs),
 			exemptUsers:      defaultDeleteExemptUsers,
 			collectionExempt: spec.DeleteCollectionExempt == nil || *spec.DeleteCollectionExempt,
 		}
 		if spec.DeletePreconditionExemptUsers != nil {
-			rule.exemptUsers = sortedCopy(*spec.DeletePreconditionExemptUsers)
+			r.exemptUsers = sortedCopy(*spec.DeletePreconditionExemptUsers)
 		}
-		return rule
+		return []rule{r}
 	default:
 		*errs = append(*errs, field.NotSupported(path.Child("requireDeletePreconditions"), d, []string{"none", "uid", "resourceVersion"}))
 		return nil
 	}
 }
 
-func (ev *fieldEvaluation) checkDelete(p *Policy, d *Decision) error {
-	r := p.delete
-	if r == nil {
-		return nil
-	}
+func (*deleteRule) phase() phase            { return phaseFields }
+func (*deleteRule) operations() []Operation { return deletes }
+func (*deleteRule) paths() []FieldPath      { return nil } // it reads the DeleteOptions only
+func (r *deleteRule) ref() RuleRef {
+	return RuleRef{Rule: RuleDeletePrecondition, Index: -1, Action: r.action}
+}
+
+// onScale: a Scale is never deleted.
+func (*deleteRule) onScale() bool { return false }
+
+func (r *deleteRule) check(ev *evaluation, policy string) (Violation, bool, error) {
 	if slices.Contains(r.exemptUsers, ev.req.User.Name) {
-		return nil
+		return Violation{}, false, nil
 	}
 	if ev.req.Name == "" && r.collectionExempt {
-		return nil // an item of a deletecollection: it cannot carry preconditions
+		return Violation{}, false, nil // an item of a deletecollection: it cannot carry preconditions
 	}
 	uid, rv, err := preconditions(ev.req.Options)
 	if err != nil {
-		return err
+		return Violation{}, false, err
 	}
 	want, have := "uid", uid
 	if r.require == v1alpha1.DeletePreconditionResourceVersion {
 		want, have = "resourceVersion", rv
 	}
 	if have != "" {
-		return nil
+		return Violation{}, false, nil
 	}
-	d.Violations = append(d.Violations, Violation{
-		Policy: p.Name, Rule: RuleDeletePrecondition, Index: -1, Action: r.action,
+	return Violation{
+		Policy: policy, Rule: RuleDeletePrecondition, Index: -1, Action: r.action,
 		Path: "preconditions." + want, Writer: ev.req.User.Name,
-		Message: "ConcurrencyPolicy " + strconv.Quote(p.Name) + ": deletes of " + resourceName(ev.req.Group, ev.req.Resource) +
+		Message: "ConcurrencyPolicy " + strconv.Quote(policy) + ": deletes of " + resourceName(ev.req.Group, ev.req.Resource) +
 			" must carry a " + want + " precondition; " + ev.req.User.Name + " sent none",
-	})
-	return nil
+	}, true, nil
 }
 
 func preconditions(options []byte) (uid, rv string, err error) {
@@ -110,8 +116,8 @@ func preconditions(options []byte) (uid, rv string, err error) {
 	return uid, rv, nil
 }
 
-// deleteCondition: a delete by someone not exempt without the precondition.
-func deleteCondition(r *deleteRule) string {
+// condition: a delete by someone not exempt without the precondition.
+func (r *deleteRule) condition() string {
 	terms := []string{"request.operation == 'DELETE'"}
 	if len(r.exemptUsers) > 0 {
 		terms = append(terms, "!("+reqUser+" in "+celList(r.exemptUsers)+")")
@@ -129,6 +135,3 @@ func deleteCondition(r *deleteRule) string {
 	terms = append(terms, "(type("+v+") != string || "+v+" == '')")
 	return and(terms...)
 }
-
-// operations are what the rule checks: deletes.
-func (*deleteRule) operations() []Operation { return []Operation{Delete} }

@@ -17,8 +17,7 @@ import (
 // RuleFieldOwner is the field owner rule's kind and audit annotation key.
 const RuleFieldOwner RuleKind = annotation.FieldOwner
 
-// ownerRuleName names the rule in the spec's words.
-func ownerRuleName(i int) string { return "fieldOwners[" + strconv.Itoa(i) + "]" }
+var ownerKind = ruleKind{kind: RuleFieldOwner, field: "fieldOwners", list: true, compile: compileOwners}
 
 type ownerRule struct {
 	index    int
@@ -35,14 +34,24 @@ type writers struct {
 	display  string
 }
 
-func compileOwner(i int, fo v1alpha1.FieldOwner, inherited v1alpha1.Action, fp *field.Path, errs *field.ErrorList) ownerRule {
+var _ rule = (*ownerRule)(nil)
+
+func compileOwners(spec *v1alpha1.ConcurrencyPolicySpec, inherited v1alpha1.Action, path *field.Path, errs *field.ErrorList) []rule {
+	var out []rule
+	for i, fo := range spec.FieldOwners {
+		out = append(out, compileOwner(i, fo, inherited, path.Child("fieldOwners").Index(i), errs))
+	}
+	return out
+}
+
+func compileOwner(i int, fo v1alpha1.FieldOwner, inherited v1alpha1.Action, fp *field.Path, errs *field.ErrorList) *ownerRule {
 	path, err := ParseFieldPath(fo.Path)
 	if err != nil {
 		*errs = append(*errs, field.Invalid(fp.Child("path"), fo.Path, err.Error()))
 	}
 	w, werrs := compileWriters(fo.Writers, fp.Child("writers"))
 	*errs = append(*errs, werrs...)
-	return ownerRule{
+	return &ownerRule{
 		index: i, path: path, writers: w, onCreate: fo.OnCreate,
 		action: checkAction(fo.Action, inherited, fp.Child("action"), errs),
 	}
@@ -98,37 +107,41 @@ func (w writers) allows(u UserInfo, fieldManager string) bool {
 	return true
 }
 
-// checks reports whether the rule is evaluated for an operation: a create
-// only with onCreate, a workload's scale subresource only for spec.replicas.
-func (r *ownerRule) checks(op Operation, scope matchScope) bool {
-	return (op != Create || r.onCreate) && (scope != replicasOnly || r.path.pathIs("spec", "replicas"))
+func (*ownerRule) phase() phase         { return phaseFields }
+func (r *ownerRule) paths() []FieldPath { return []FieldPath{r.path} }
+func (r *ownerRule) ref() RuleRef {
+	return RuleRef{Rule: RuleFieldOwner, Index: r.index, Action: r.action}
 }
 
-func (ev *fieldEvaluation) checkOwners(p *Policy, scope matchScope, d *Decision) error {
-	for i := range p.owners {
-		r := &p.owners[i]
-		if !r.checks(ev.req.Operation, scope) {
-			continue
-		}
-		old, cur, err := ev.values(r.path)
-		if err != nil {
-			return err
-		}
-		if sameValues(old, cur) || r.writers.allows(ev.req.User, ev.manager()) {
-			continue
-		}
-		d.Violations = append(d.Violations, Violation{
-			Policy: p.Name, Rule: RuleFieldOwner, Index: r.index, Action: r.action,
-			Path: r.path.text, Writer: ev.req.User.Name,
-			Message: "ConcurrencyPolicy " + strconv.Quote(p.Name) + ": " + r.path.text + " is owned by " + r.writers.display + "; " +
-				ev.req.User.Name + " may not change it (" + showValues(old) + " -> " + showValues(cur) + ")",
-		})
+// operations are what the rule checks: updates, and creates with onCreate.
+func (r *ownerRule) operations() []Operation {
+	if r.onCreate {
+		return updatesAndCreates
 	}
-	return nil
+	return updates
 }
 
-// ownerCondition: the field changed and the writer is not an owner.
-func ownerCondition(r ownerRule) string {
+// onScale: a Scale carries spec.replicas.
+func (r *ownerRule) onScale() bool { return r.path.pathIs("spec", "replicas") }
+
+func (r *ownerRule) check(ev *evaluation, policy string) (Violation, bool, error) {
+	old, cur, err := ev.values(r.path)
+	if err != nil {
+		return Violation{}, false, err
+	}
+	if sameValues(old, cur) || r.writers.allows(ev.req.User, ev.manager()) {
+		return Violation{}, false, nil
+	}
+	return Violation{
+		Policy: policy, Rule: RuleFieldOwner, Index: r.index, Action: r.action,
+		Path: r.path.text, Writer: ev.req.User.Name,
+		Message: "ConcurrencyPolicy " + strconv.Quote(policy) + ": " + r.path.text + " is owned by " + r.writers.display + "; " +
+			ev.req.User.Name + " may not change it (" + showValues(old) + " -> " + showValues(cur) + ")",
+	}, true, nil
+}
+
+// condition: the field changed and the writer is not an owner.
+func (r *ownerRule) condition() string {
 	v, ok := compilePath(r.path)
 	if !ok {
 		return "true"
@@ -157,12 +170,4 @@ func writersCondition(w writers) string {
 		terms = append(terms, "request.?options.?fieldManager.orValue('') in "+celList(w.managers))
 	}
 	return and(terms...)
-}
-
-// operations are what the rule checks: updates, and creates with onCreate.
-func (r *ownerRule) operations() []Operation {
-	if r.onCreate {
-		return []Operation{Update, Create}
-	}
-	return []Operation{Update}
 }

@@ -16,8 +16,7 @@ import (
 // annotation key.
 const RuleImmutableField RuleKind = annotation.ImmutableField
 
-// immutableRuleName names the rule in the spec's words.
-func immutableRuleName(i int) string { return "immutableFields[" + strconv.Itoa(i) + "]" }
+var immutableKind = ruleKind{kind: RuleImmutableField, field: "immutableFields", list: true, compile: compileImmutables}
 
 type immutableRule struct {
 	index  int
@@ -26,7 +25,17 @@ type immutableRule struct {
 	action v1alpha1.Action
 }
 
-func compileImmutable(i int, im v1alpha1.ImmutableField, inherited v1alpha1.Action, ip *field.Path, errs *field.ErrorList) immutableRule {
+var _ rule = (*immutableRule)(nil)
+
+func compileImmutables(spec *v1alpha1.ConcurrencyPolicySpec, inherited v1alpha1.Action, path *field.Path, errs *field.ErrorList) []rule {
+	var out []rule
+	for i, im := range spec.ImmutableFields {
+		out = append(out, compileImmutable(i, im, inherited, path.Child("immutableFields").Index(i), errs))
+	}
+	return out
+}
+
+func compileImmutable(i int, im v1alpha1.ImmutableField, inherited v1alpha1.Action, ip *field.Path, errs *field.ErrorList) *immutableRule {
 	path, err := ParseFieldPath(im.Path)
 	if err != nil {
 		*errs = append(*errs, field.Invalid(ip.Child("path"), im.Path, err.Error()))
@@ -39,47 +48,44 @@ func compileImmutable(i int, im v1alpha1.ImmutableField, inherited v1alpha1.Acti
 	default:
 		*errs = append(*errs, field.NotSupported(ip.Child("mode"), mode, []string{"Always", "OnceSet"}))
 	}
-	return immutableRule{
+	return &immutableRule{
 		index: i, path: path, mode: mode,
 		action: checkAction(im.Action, inherited, ip.Child("action"), errs),
 	}
 }
 
-// checks reports whether the rule is evaluated: on a workload's scale
-// subresource only for spec.replicas.
-func (r *immutableRule) checks(scope matchScope) bool {
-	return scope != replicasOnly || r.path.pathIs("spec", "replicas")
+func (*immutableRule) phase() phase            { return phaseFields }
+func (*immutableRule) operations() []Operation { return updates }
+func (r *immutableRule) paths() []FieldPath    { return []FieldPath{r.path} }
+func (r *immutableRule) ref() RuleRef {
+	return RuleRef{Rule: RuleImmutableField, Index: r.index, Action: r.action}
 }
 
-func (ev *fieldEvaluation) checkImmutables(p *Policy, scope matchScope, d *Decision) error {
-	for i := range p.immutables {
-		r := &p.immutables[i]
-		if !r.checks(scope) {
-			continue
-		}
-		old, cur, err := ev.values(r.path)
-		if err != nil {
-			return err
-		}
-		if sameValues(old, cur) || (r.mode == v1alpha1.ImmutableOnceSet && len(old) == 0) {
-			continue
-		}
-		what := "immutable"
-		if r.mode == v1alpha1.ImmutableOnceSet {
-			what = "immutable once set"
-		}
-		d.Violations = append(d.Violations, Violation{
-			Policy: p.Name, Rule: RuleImmutableField, Index: r.index, Action: r.action,
-			Path: r.path.text, Writer: ev.req.User.Name,
-			Message: "ConcurrencyPolicy " + strconv.Quote(p.Name) + ": " + r.path.text + " is " + what + "; " +
-				ev.req.User.Name + " may not change it (" + showValues(old) + " -> " + showValues(cur) + ")",
-		})
+// onScale: a Scale carries spec.replicas.
+func (r *immutableRule) onScale() bool { return r.path.pathIs("spec", "replicas") }
+
+func (r *immutableRule) check(ev *evaluation, policy string) (Violation, bool, error) {
+	old, cur, err := ev.values(r.path)
+	if err != nil {
+		return Violation{}, false, err
 	}
-	return nil
+	if sameValues(old, cur) || (r.mode == v1alpha1.ImmutableOnceSet && len(old) == 0) {
+		return Violation{}, false, nil
+	}
+	what := "immutable"
+	if r.mode == v1alpha1.ImmutableOnceSet {
+		what = "immutable once set"
+	}
+	return Violation{
+		Policy: policy, Rule: RuleImmutableField, Index: r.index, Action: r.action,
+		Path: r.path.text, Writer: ev.req.User.Name,
+		Message: "ConcurrencyPolicy " + strconv.Quote(policy) + ": " + r.path.text + " is " + what + "; " +
+			ev.req.User.Name + " may not change it (" + showValues(old) + " -> " + showValues(cur) + ")",
+	}, true, nil
 }
 
-// immutableCondition: the field changed (and, for OnceSet, was set before).
-func immutableCondition(r immutableRule) string {
+// condition: the field changed (and, for OnceSet, was set before).
+func (r *immutableRule) condition() string {
 	v, ok := compilePath(r.path)
 	if !ok {
 		return "true"
@@ -90,6 +96,3 @@ func immutableCondition(r immutableRule) string {
 	}
 	return and(terms...)
 }
-
-// operations are what the rule checks: updates.
-func (*immutableRule) operations() []Operation { return []Operation{Update} }

@@ -18,8 +18,12 @@ import (
 // RuleStampMissing is the stamp rule's kind and audit annotation key.
 const RuleStampMissing RuleKind = annotation.StampMissing
 
-// stampRuleName names the rule in the spec's words.
-const stampRuleName = "requireResourceVersion"
+var stampKind = ruleKind{kind: RuleStampMissing, field: "requireResourceVersion", compile: compileStamp}
+
+// StampMissingDetail is what the stamp rule says of metadata.resourceVersion
+// when an update lacks it: the apiserver's own words for a custom resource
+// updated without one, so that clients read both alike.
+const StampMissingDetail = `Invalid value: "": must be specified for an update`
 
 // StamplessCondition is the stamp webhook's matchCondition: the apiserver
 // skips the mutating call for every update that carries a resourceVersion,
@@ -28,49 +32,47 @@ const StamplessCondition = `!has(object.metadata.resourceVersion) || object.meta
 
 type stampRule struct{ action v1alpha1.Action }
 
-func compileStamp(spec *v1alpha1.ConcurrencyPolicySpec, inherited v1alpha1.Action, path *field.Path, errs *field.ErrorList) *stampRule {
+var _ rule = (*stampRule)(nil)
+
+func compileStamp(spec *v1alpha1.ConcurrencyPolicySpec, inherited v1alpha1.Action, path *field.Path, errs *field.ErrorList) []rule {
 	if !spec.RequireResourceVersion {
 		return nil
 	}
-	return &stampRule{action: checkAction(spec.RequireResourceVersionAction, inherited, path.Child("requireResourceVersionAction"), errs)}
+	return []rule{&stampRule{action: checkAction(spec.RequireResourceVersionAction, inherited, path.Child("requireResourceVersionAction"), errs)}}
 }
 
-// stampCondition is the part of a policy's term in the stamp webhook's
-// condition that is the rule's own: none, StamplessCondition says it.
-func stampCondition(*stampRule) string { return "true" }
+func (*stampRule) phase() phase            { return phaseStamp }
+func (*stampRule) operations() []Operation { return updates }
+func (*stampRule) paths() []FieldPath      { return []FieldPath{resourceVersionPath} }
+func (r *stampRule) ref() RuleRef {
+	return RuleRef{Rule: RuleStampMissing, Index: -1, Action: r.action}
+}
 
-// CheckStamp evaluates the stamp rule: the mutating phase.
-func (s *Set) CheckStamp(req *Request, env *Environment) (Decision, error) {
-	var d Decision
-	if req.Operation != Update {
-		return d, nil
+// onScale: a policy on a workload also guards its scale subresource: a
+// Scale carries the workload's resourceVersion, and a stampless Scale PUT
+// overwrites spec.replicas unconditionally.
+func (*stampRule) onScale() bool { return true }
+
+// condition is the rule's own part of a policy's term in the stamp
+// webhook's condition: none, StamplessCondition says it.
+func (*stampRule) condition() string { return "true" }
+
+func (r *stampRule) check(ev *evaluation, policy string) (Violation, bool, error) {
+	if !ev.stampRead {
+		stamped, err := ev.set.hasStamp(ev.req)
+		if err != nil {
+			return Violation{}, false, err
+		}
+		ev.stampRead, ev.stamped = true, stamped
 	}
-	stampChecked, stamped := false, false
-	for _, p := range s.policies {
-		// A policy on a workload also guards its scale subresource: a Scale
-		// carries the workload's resourceVersion, and a stampless Scale PUT
-		// overwrites spec.replicas unconditionally.
-		if p.stamp == nil || p.applies(req, env) == noMatch {
-			continue
-		}
-		if !stampChecked {
-			var err error
-			stamped, err = s.hasStamp(req)
-			if err != nil {
-				return d, err
-			}
-			stampChecked = true
-		}
-		if stamped {
-			return d, nil
-		}
-		d.Violations = append(d.Violations, Violation{
-			Policy: p.Name, Rule: RuleStampMissing, Index: -1, Action: p.stamp.action,
-			Path: "metadata.resourceVersion", Writer: req.User.Name,
-			Message: "ConcurrencyPolicy " + strconv.Quote(p.Name) + `: metadata.resourceVersion: Invalid value: "": must be specified for an update`,
-		})
+	if ev.stamped {
+		return Violation{}, false, nil
 	}
-	return d, nil
+	return Violation{
+		Policy: policy, Rule: RuleStampMissing, Index: -1, Action: r.action,
+		Path: "metadata.resourceVersion", Writer: ev.req.User.Name,
+		Message: "ConcurrencyPolicy " + strconv.Quote(policy) + ": metadata.resourceVersion: " + StampMissingDetail,
+	}, true, nil
 }
 
 var resourceVersionPath = mustPath("metadata.resourceVersion")

@@ -42,11 +42,6 @@ const HelmReleaseCondition = `!(request.resource.group == '' && (request.resourc
 // it away from both webhooks, whatever the policies say.
 const ExemptLabel = annotation.Domain + "/exempt"
 
-// DefaultExcludedNamespaces are never sent to the webhook: the cluster's own
-// machinery lives there. The webhook's own namespace is added (see
-// ConfigOptions.ExcludedNamespaces).
-var DefaultExcludedNamespaces = []string{"kube-system", "kube-node-lease"}
-
 // GuardedResource is a resource the webhook configurations send to the
 // webhook. Policies can only act on resources listed here.
 type GuardedResource struct {
@@ -61,11 +56,6 @@ var DefaultGuardedResources = []GuardedResource{
 	{"", "configmaps"}, {"", "secrets"}, {"", "services"},
 	{"apps", "deployments"}, {"apps", "statefulsets"}, {"apps", "replicasets"}, {"apps", "daemonsets"},
 }
-
-// ScalableWorkloads are the apps resources whose replicas the HPA and
-// kubectl scale write through the scale subresource; the configurations
-// route that subresource with them.
-var ScalableWorkloads = []string{"deployments", "statefulsets", "replicasets"}
 
 // Defaults of ConfigOptions, the chart's defaults too.
 const (
@@ -103,7 +93,7 @@ type ConfigOptions struct {
 	// NamespaceSelector narrows the namespaces sent to the webhook further.
 	NamespaceSelector *metav1.LabelSelector
 	// ExcludedNamespaces are never sent to the webhook, whatever the
-	// policies say. Nil defaults to DefaultExcludedNamespaces and the
+	// policies say. Nil defaults to policy.DefaultProtectedNamespaces and the
 	// Service's namespace (the webhook's own, so that it can always be
 	// repaired); an empty, non-nil list excludes none. Namespaces labelled
 	// ExemptLabel=true are excluded too, always.
@@ -147,7 +137,7 @@ func (o *ConfigOptions) setDefaults() {
 		o.Resources = DefaultGuardedResources
 	}
 	if o.ExcludedNamespaces == nil {
-		o.ExcludedNamespaces = slices.Clone(DefaultExcludedNamespaces)
+		o.ExcludedNamespaces = slices.Clone(policy.DefaultProtectedNamespaces)
 		if o.Service != nil && o.Service.Namespace != "" {
 			o.ExcludedNamespaces = append(o.ExcludedNamespaces, o.Service.Namespace)
 		}
@@ -287,7 +277,7 @@ func (o *ConfigOptions) rules(ops ...admissionregistrationv1.OperationType) []ad
 	out := make([]admissionregistrationv1.RuleWithOperations, 0, len(o.Resources))
 	for _, r := range o.Resources {
 		resources := []string{r.Resource}
-		if r.Group == "apps" && slices.Contains(ScalableWorkloads, r.Resource) {
+		if policy.IsScalableWorkload(r.Group, r.Resource) {
 			resources = append(resources, r.Resource+"/scale")
 		}
 		out = append(out, admissionregistrationv1.RuleWithOperations{

@@ -121,7 +121,7 @@ func RegisterConfigFlags(fs *flag.FlagSet, o *ConfigOptions) {
 		},
 		func() string {
 			if o.ExcludedNamespaces == nil {
-				return strings.Join(DefaultExcludedNamespaces, ",") + ",<the --service namespace>"
+				return strings.Join(policy.DefaultProtectedNamespaces, ",") + ",<the --service namespace>"
 			}
 			return strings.Join(o.ExcludedNamespaces, ",")
 		}),

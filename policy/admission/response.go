@@ -93,7 +93,7 @@ func stampStatus(denied []policy.Violation) *statusOut {
 	for _, v := range denied {
 		names = append(names, `"`+v.Policy+`"`)
 	}
-	const detail = `Invalid value: "": must be specified for an update`
+	const detail = policy.StampMissingDetail
 	return &statusOut{
 		Status:  metav1.StatusFailure,
 		Reason:  metav1.StatusReasonInvalid,

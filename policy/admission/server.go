@@ -222,7 +222,7 @@ func Run(ctx context.Context, o Options) error {
 			if co.ExcludedNamespaces == nil {
 				// As `webhook configurations --service` excludes the
 				// Service's namespace, the webhook's own.
-				co.ExcludedNamespaces = append(slices.Clone(DefaultExcludedNamespaces), o.Namespace)
+				co.ExcludedNamespaces = append(slices.Clone(policy.DefaultProtectedNamespaces), o.Namespace)
 				co.ExcludedNamespaces = slices.DeleteFunc(co.ExcludedNamespaces, func(ns string) bool { return ns == "" })
 			}
 			cs.configs = newConfigSync(mgr.GetAPIReader(), mgr.GetClient(), co, metrics, log)

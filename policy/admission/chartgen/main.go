@@ -29,6 +29,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/yaml"
 
+	"github.com/stampguard/stampguard/policy"
 	"github.com/stampguard/stampguard/policy/admission"
 )
 
@@ -239,7 +240,7 @@ func substitute(l string, prev *string) string {
 		return ind + "- {{ $r.group | toJson }}\n"
 	case "- " + sResource:
 		return ind + "- {{ $r.resource | toJson }}\n" +
-			ind + "{{- if and (eq $r.group \"apps\") (has $r.resource " + listLiteral(admission.ScalableWorkloads) + ") }}\n" +
+			ind + "{{- if and (eq $r.group \"apps\") (has $r.resource " + listLiteral(policy.ScalableWorkloads) + ") }}\n" +
 			ind + "- {{ printf \"%s/scale\" $r.resource | toJson }}\n" +
 			ind + "{{- end }}\n"
 	case "scope: '*'":
