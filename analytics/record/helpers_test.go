@@ -12,6 +12,7 @@ import (
 // lists nil, so that rows compare with reflect.DeepEqual.
 func normalize(r *audit.Row) {
 	r.Raw = ""
+	r.RequestObject, r.ResponseObject, r.ImpersonatedGroups = "", "", nil // notRecorded
 	for _, p := range []*[]string{&r.UserGroups, &r.CauseReasons, &r.CauseFields, &r.AnnotationKeys, &r.AnnotationValues} {
 		if len(*p) == 0 {
 			*p = nil
