@@ -11,8 +11,8 @@ import (
 
 	"k8s.io/apimachinery/pkg/labels"
 
+	"github.com/stampguard/stampguard/internal/rawjson"
 	"github.com/stampguard/stampguard/policy/api/v1alpha1"
-	"github.com/stampguard/stampguard/policy/internal/rawjson"
 )
 
 // Violation is one rule that a request breaks.

@@ -4,7 +4,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"fmt"
-	"github.com/stampguard/stampguard/policy/internal/rawjson"
+	"github.com/stampguard/stampguard/internal/rawjson"
 	"slices"
 )
 

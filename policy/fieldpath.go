@@ -4,7 +4,7 @@ import (
 	"fmt"
 	"strings"
 
-	"github.com/stampguard/stampguard/policy/internal/rawjson"
+	"github.com/stampguard/stampguard/internal/rawjson"
 )
 
 // segmentKind is one step of a field path.

@@ -4,7 +4,7 @@ import (
 	"errors"
 	"slices"
 
-	"github.com/stampguard/stampguard/policy/internal/rawjson"
+	"github.com/stampguard/stampguard/internal/rawjson"
 )
 
 // Operation is the admission operation.

@@ -7,9 +7,9 @@ import (
 
 	"k8s.io/apimachinery/pkg/util/validation/field"
 
+	"github.com/stampguard/stampguard/internal/rawjson"
 	"github.com/stampguard/stampguard/policy/api/annotation"
 	"github.com/stampguard/stampguard/policy/api/v1alpha1"
-	"github.com/stampguard/stampguard/policy/internal/rawjson"
 )
 
 // The delete rule (spec.requireDeletePreconditions): a delete must carry a

@@ -6,9 +6,9 @@ import (
 
 	"k8s.io/apimachinery/pkg/util/validation/field"
 
+	"github.com/stampguard/stampguard/internal/rawjson"
 	"github.com/stampguard/stampguard/policy/api/annotation"
 	"github.com/stampguard/stampguard/policy/api/v1alpha1"
-	"github.com/stampguard/stampguard/policy/internal/rawjson"
 )
 
 // The stamp rule (spec.requireResourceVersion): an update must carry the

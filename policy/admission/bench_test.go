@@ -9,9 +9,9 @@ import (
 
 	"github.com/google/cel-go/cel"
 
+	"github.com/stampguard/stampguard/internal/rawjson"
 	"github.com/stampguard/stampguard/policy"
 	"github.com/stampguard/stampguard/policy/api/v1alpha1"
-	"github.com/stampguard/stampguard/policy/internal/rawjson"
 )
 
 // discardWriter is the cheapest ResponseWriter, so the benchmark measures

@@ -6,7 +6,7 @@ import (
 	"strings"
 	"unicode/utf8"
 
-	"github.com/stampguard/stampguard/policy/internal/rawjson"
+	"github.com/stampguard/stampguard/internal/rawjson"
 )
 
 // appendReview appends the AdmissionReview that carries out, as

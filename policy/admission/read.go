@@ -10,7 +10,7 @@ import (
 
 	"golang.org/x/sync/semaphore"
 
-	"github.com/stampguard/stampguard/policy/internal/rawjson"
+	"github.com/stampguard/stampguard/internal/rawjson"
 )
 
 // DefaultMaxReviewBytesInFlight bounds the review bytes buffered at once

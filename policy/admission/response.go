@@ -7,10 +7,10 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/validation/field"
 
+	"github.com/stampguard/stampguard/internal/rawjson"
 	"github.com/stampguard/stampguard/policy"
 	"github.com/stampguard/stampguard/policy/api/annotation"
 	"github.com/stampguard/stampguard/policy/api/v1alpha1"
-	"github.com/stampguard/stampguard/policy/internal/rawjson"
 )
 
 // The answer is written with these small types rather than the k8s.io

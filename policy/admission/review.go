@@ -4,8 +4,8 @@ import (
 	"errors"
 	"fmt"
 
+	"github.com/stampguard/stampguard/internal/rawjson"
 	"github.com/stampguard/stampguard/policy"
-	"github.com/stampguard/stampguard/policy/internal/rawjson"
 )
 
 // reviewAPIVersion is the only AdmissionReview version the webhook speaks;

@@ -22,9 +22,9 @@ import (
 	"k8s.io/apimachinery/pkg/labels"
 
 	"github.com/stampguard/stampguard/internal/audit"
+	"github.com/stampguard/stampguard/internal/rawjson"
 	"github.com/stampguard/stampguard/policy"
 	"github.com/stampguard/stampguard/policy/admission"
-	"github.com/stampguard/stampguard/policy/internal/rawjson"
 )
 
 // Options configure a Replayer.

@@ -7,7 +7,7 @@ import (
 
 	"k8s.io/apimachinery/pkg/labels"
 
-	"github.com/stampguard/stampguard/policy/internal/rawjson"
+	"github.com/stampguard/stampguard/internal/rawjson"
 )
 
 // The objects' states, rebuilt from the log: every response that carries
