@@ -7,6 +7,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/stampguard/stampguard/internal/rawjson"
 	"github.com/stampguard/stampguard/policy/api/annotation"
 )
 
@@ -48,7 +49,7 @@ func (d *Decoder) decode(raw string, r *Row, prefix bool) (int, error) {
 	*r = Row{UserGroups: r.UserGroups[:0], ImpersonatedGroups: r.ImpersonatedGroups[:0], CauseReasons: r.CauseReasons[:0],
 		CauseFields: r.CauseFields[:0], AnnotationKeys: r.AnnotationKeys[:0],
 		AnnotationValues: r.AnnotationValues[:0]}
-	p := scanner{s: raw}
+	p := rawjson.NewScanner(raw)
 	var (
 		objBuf       [2]span
 		objects      = objBuf[:0] // requestObject, responseObject values, for redaction
@@ -61,26 +62,26 @@ func (d *Decoder) decode(raw string, r *Row, prefix bool) (int, error) {
 	if annotMatch == "" {
 		annotMatch = annotation.Kept
 	}
-	if p.peek() != '{' {
+	if p.Peek() != '{' {
 		return 0, fmt.Errorf("event is not a JSON object")
 	}
-	err := p.members(func(key string) error {
+	err := p.Members(func(key string) error {
 		var err error
 		switch key {
 		case "auditID":
-			r.AuditID, err = p.optStr()
+			r.AuditID, err = p.OptStr()
 		case "stage":
-			r.Stage, err = p.optStr()
+			r.Stage, err = p.OptStr()
 		case "level":
-			r.Level, err = p.optStr()
+			r.Level, err = p.OptStr()
 		case "verb":
-			r.Verb, err = p.optStr()
+			r.Verb, err = p.OptStr()
 		case "requestURI":
-			r.RequestURI, err = p.optStr()
+			r.RequestURI, err = p.OptStr()
 		case "userAgent":
-			r.UserAgent, err = p.optStr()
+			r.UserAgent, err = p.OptStr()
 		case "sourceIPs":
-			r.SourceIP, err = p.firstStr()
+			r.SourceIP, err = p.FirstStr()
 		case "user":
 			r.UserGroups = r.UserGroups[:0]
 			err = d.user(&p, &r.User, &r.UserGroups)
@@ -92,16 +93,16 @@ func (d *Decoder) decode(raw string, r *Row, prefix bool) (int, error) {
 		case "responseStatus":
 			err = d.status(&p, r)
 		case "requestObject", "responseObject":
-			from := p.i
+			from := p.Pos()
 			if key == "requestObject" {
 				holder, err = leaseHolder(&p)
 				ignoreHolder = err != nil
 			} else {
-				err = p.skipFast()
+				err = p.SkipFast()
 			}
 			if err == nil {
-				objects = append(objects, span{from, p.i})
-				if obj := strings.TrimLeft(raw[from:p.i], " \t\r\n"); obj != "null" {
+				objects = append(objects, span{from, p.Pos()})
+				if obj := strings.TrimLeft(raw[from:p.Pos()], " \t\r\n"); obj != "null" {
 					if key == "requestObject" {
 						r.RequestObject = obj
 					} else {
@@ -110,13 +111,13 @@ func (d *Decoder) decode(raw string, r *Row, prefix bool) (int, error) {
 				}
 			}
 		case "requestReceivedTimestamp":
-			received, err = p.optStr()
+			received, err = p.OptStr()
 		case "stageTimestamp":
-			stage, err = p.optStr()
+			stage, err = p.OptStr()
 		case "annotations":
 			r.AnnotationKeys, r.AnnotationValues = r.AnnotationKeys[:0], r.AnnotationValues[:0]
-			err = p.members(func(k string) error {
-				v, err := p.optStr()
+			err = p.Members(func(k string) error {
+				v, err := p.OptStr()
 				switch {
 				case err != nil:
 				case k == "authorization.k8s.io/decision":
@@ -128,7 +129,7 @@ func (d *Decoder) decode(raw string, r *Row, prefix bool) (int, error) {
 				return err
 			})
 		default:
-			err = p.skipFast()
+			err = p.SkipFast()
 		}
 		if err != nil {
 			return fmt.Errorf("%s: %w", key, err)
@@ -139,9 +140,9 @@ func (d *Decoder) decode(raw string, r *Row, prefix bool) (int, error) {
 		return 0, err
 	}
 	if prefix {
-		raw = raw[:p.i]
-	} else if p.peek() != 0 {
-		return 0, p.errorf("data after the event object")
+		raw = raw[:p.Pos()]
+	} else if p.Peek() != 0 {
+		return 0, p.Errorf("data after the event object")
 	}
 	if r.AuditID == "" {
 		return 0, ErrMissingAuditID
@@ -203,93 +204,93 @@ func redact(raw string, spans []span) string {
 	return b.String()
 }
 
-func (d *Decoder) user(p *scanner, name *string, groups *[]string) error {
-	if p.peek() == 'n' && p.null() {
+func (d *Decoder) user(p *rawjson.Scanner, name *string, groups *[]string) error {
+	if p.Peek() == 'n' && p.Null() {
 		return nil
 	}
-	return p.members(func(k string) error {
+	return p.Members(func(k string) error {
 		var err error
 		switch k {
 		case "username":
-			*name, err = p.optStr()
+			*name, err = p.OptStr()
 		case "groups":
-			*groups, err = p.strList((*groups)[:0])
+			*groups, err = p.StrList((*groups)[:0])
 		default:
-			err = p.skipFast()
+			err = p.SkipFast()
 		}
 		return err
 	})
 }
 
-func (d *Decoder) objectRef(p *scanner, r *Row) error {
-	if p.peek() == 'n' && p.null() {
+func (d *Decoder) objectRef(p *rawjson.Scanner, r *Row) error {
+	if p.Peek() == 'n' && p.Null() {
 		return nil
 	}
-	return p.members(func(k string) error {
+	return p.Members(func(k string) error {
 		var err error
 		switch k {
 		case "resource":
-			r.Resource, err = p.optStr()
+			r.Resource, err = p.OptStr()
 		case "namespace":
-			r.Namespace, err = p.optStr()
+			r.Namespace, err = p.OptStr()
 		case "name":
-			r.Name, err = p.optStr()
+			r.Name, err = p.OptStr()
 		case "uid":
-			r.ObjectUID, err = p.optStr()
+			r.ObjectUID, err = p.OptStr()
 		case "apiGroup":
-			r.APIGroup, err = p.optStr()
+			r.APIGroup, err = p.OptStr()
 		case "apiVersion":
-			r.APIVersion, err = p.optStr()
+			r.APIVersion, err = p.OptStr()
 		case "resourceVersion":
-			r.Stamp, err = p.optStr()
+			r.Stamp, err = p.OptStr()
 		case "subresource":
-			r.Subresource, err = p.optStr()
+			r.Subresource, err = p.OptStr()
 		default:
-			err = p.skipFast()
+			err = p.SkipFast()
 		}
 		return err
 	})
 }
 
-func (d *Decoder) status(p *scanner, r *Row) error {
-	if p.peek() == 'n' && p.null() {
+func (d *Decoder) status(p *rawjson.Scanner, r *Row) error {
+	if p.Peek() == 'n' && p.Null() {
 		return nil
 	}
-	return p.members(func(k string) error {
+	return p.Members(func(k string) error {
 		var err error
 		switch k {
 		case "code":
-			r.Code, err = p.int32()
+			r.Code, err = p.Int32()
 		case "reason":
-			r.Reason, err = p.optStr()
+			r.Reason, err = p.OptStr()
 		case "message":
-			r.Message, err = p.optStr()
+			r.Message, err = p.OptStr()
 		case "details":
-			if p.peek() == 'n' && p.null() {
+			if p.Peek() == 'n' && p.Null() {
 				return nil
 			}
-			err = p.members(func(k string) error {
+			err = p.Members(func(k string) error {
 				if k != "causes" {
-					return p.skipFast()
+					return p.SkipFast()
 				}
 				r.CauseReasons, r.CauseFields = r.CauseReasons[:0], r.CauseFields[:0]
-				if p.peek() == 'n' && p.null() {
+				if p.Peek() == 'n' && p.Null() {
 					return nil
 				}
-				return p.elements(func() error {
+				return p.Elements(func() error {
 					var reason, field string
-					if p.peek() == 'n' && p.null() {
+					if p.Peek() == 'n' && p.Null() {
 						return nil
 					}
-					err := p.members(func(k string) error {
+					err := p.Members(func(k string) error {
 						var err error
 						switch k {
 						case "reason":
-							reason, err = p.optStr()
+							reason, err = p.OptStr()
 						case "field":
-							field, err = p.optStr()
+							field, err = p.OptStr()
 						default:
-							err = p.skipFast()
+							err = p.SkipFast()
 						}
 						return err
 					})
@@ -299,68 +300,35 @@ func (d *Decoder) status(p *scanner, r *Row) error {
 				})
 			})
 		default:
-			err = p.skipFast()
+			err = p.SkipFast()
 		}
 		return err
 	})
 }
 
 // leaseHolder skips requestObject and returns its spec.holderIdentity.
-func leaseHolder(p *scanner) (string, error) {
+func leaseHolder(p *rawjson.Scanner) (string, error) {
 	var holder string
-	if p.peek() != '{' {
-		return "", p.skipFast()
+	if p.Peek() != '{' {
+		return "", p.SkipFast()
 	}
-	err := p.members(func(k string) error {
-		if k != "spec" || p.peek() != '{' {
-			return p.skipFast()
+	err := p.Members(func(k string) error {
+		if k != "spec" || p.Peek() != '{' {
+			return p.SkipFast()
 		}
-		return p.members(func(k string) error {
+		return p.Members(func(k string) error {
 			if k != "holderIdentity" {
-				return p.skipFast()
+				return p.SkipFast()
 			}
-			if p.peek() != '"' {
-				return p.skipFast()
+			if p.Peek() != '"' {
+				return p.SkipFast()
 			}
 			var err error
-			holder, err = p.str()
+			holder, err = p.Str()
 			return err
 		})
 	})
 	return holder, err
-}
-
-// int32 reads an integer number that fits an int32 (null reads as 0).
-func (p *scanner) int32() (int32, error) {
-	if p.peek() == 'n' && p.null() {
-		return 0, nil
-	}
-	s, err := p.number()
-	if err != nil {
-		return 0, err
-	}
-	var n int64
-	neg := false
-	for i := 0; i < len(s); i++ {
-		switch c := s[i]; {
-		case c == '-':
-			neg = true
-		case '0' <= c && c <= '9':
-			n = n*10 + int64(c-'0')
-			if n > 1<<31 {
-				return 0, fmt.Errorf("number %s out of range", s)
-			}
-		default:
-			return 0, fmt.Errorf("number %s is not an integer", s)
-		}
-	}
-	if neg {
-		n = -n
-	}
-	if n > 1<<31-1 || n < -1<<31 {
-		return 0, fmt.Errorf("number %s out of range", s)
-	}
-	return int32(n), nil
 }
 
 // parseMicros parses an RFC 3339 timestamp as the apiserver writes it

@@ -11,6 +11,8 @@ import (
 	"testing"
 	"time"
 	"unicode/utf8"
+
+	"github.com/stampguard/stampguard/internal/rawjson"
 )
 
 // realEvents returns the JSON lines of analytics/testdata/events.jsonl, real apiserver
@@ -210,7 +212,7 @@ func TestDecodeRejectsWhatCannotBeARow(t *testing.T) {
 		{"an event without auditID is rejected", `{"stage":"ResponseComplete","stageTimestamp":"2026-11-29T08:50:48Z"}`, ErrMissingAuditID},
 		{"an event without stage is rejected", `{"auditID":"x","stageTimestamp":"2026-11-29T08:50:48Z"}`, ErrMissingStage},
 		{"an event without stageTimestamp is rejected", `{"auditID":"x","stage":"Panic"}`, ErrMissingTimestamp},
-		{"truncated JSON is rejected", `{"auditID":"x","stage":"Panic","requestObject":{"a":[1,2`, errEnd},
+		{"truncated JSON is rejected", `{"auditID":"x","stage":"Panic","requestObject":{"a":[1,2`, rawjson.ErrEnd},
 		{"a bad timestamp is rejected", `{"auditID":"x","stage":"Panic","stageTimestamp":"yesterday"}`, nil},
 		{"trailing data is rejected", `{"auditID":"x","stage":"Panic","stageTimestamp":"2026-11-29T08:50:48Z"} {}`, nil},
 		{"a JSON array is rejected", `[{"auditID":"x"}]`, nil},

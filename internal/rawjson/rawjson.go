@@ -14,7 +14,8 @@ import (
 	"fmt"
 	"math/bits"
 	"strconv"
-	"unicode/utf8"
+	"strings"
+	"unsafe"
 )
 
 // ErrSyntax reports malformed JSON.
@@ -56,7 +57,7 @@ func Trim(v []byte) []byte {
 }
 
 // skipString returns the index after the closing quote of the string whose
-// opening quote is at i.
+// opening quote is at i, its escapes checked as the Scanner checks them.
 func skipString(data []byte, i int) (int, error) {
 	// Most keys and values end within eight bytes: settle those with one
 	// word test before the general loop.
@@ -68,17 +69,11 @@ func skipString(data []byte, i int) (int, error) {
 			return i + 2 + bits.TrailingZeros64(mq)/8, nil
 		}
 	}
-	j := i + 1
-	for {
-		k := quoteOrBackslash(data, j)
-		if k < 0 {
-			return 0, syntaxErr(data, i, "unterminated string")
-		}
-		if data[k] == '"' {
-			return k + 1, nil
-		}
-		j = k + 2 // an escape: the next byte cannot end the string
+	end, ok := skipStr(view(data), i+1)
+	if !ok {
+		return 0, syntaxErr(data, i, "unterminated string or a bad escape in it")
 	}
+	return end, nil
 }
 
 const (
@@ -88,116 +83,28 @@ const (
 	slashs = '\\' * ones
 )
 
-// quoteOrBackslash finds the first '"' or '\\' at or after j. Keys and
-// values in Kubernetes objects are mostly short, where a scan of eight bytes
-// at a time beats a call to bytes.IndexByte; past 32 bytes the string is
-// probably long (an annotation, a certificate) and vector search wins.
-func quoteOrBackslash(data []byte, j int) int {
-	if j >= len(data) {
-		return -1 // an escape at the very end
-	}
-	for short := min(j+32, len(data)); j+8 <= short; j += 8 {
-		w := binary.LittleEndian.Uint64(data[j:])
-		q, b := w^quotes, w^slashs
-		if m := ((q - ones) &^ q & highs) | ((b - ones) &^ b & highs); m != 0 {
-			return j + bits.TrailingZeros64(m)/8
-		}
-	}
-	rest := data[j:]
-	q := bytes.IndexByte(rest, '"')
-	if q < 0 {
-		q = len(rest)
-	}
-	if b := bytes.IndexByte(rest[:q], '\\'); b >= 0 {
-		return j + b
-	}
-	if q == len(rest) {
-		return -1
-	}
-	return j + q
-}
+// view is data as a string, without a copy: the functions of this file
+// only read their input.
+func view(data []byte) string { return unsafe.String(unsafe.SliceData(data), len(data)) }
 
 // Skip returns the index just after the JSON value that starts at or after i
-// (leading white space is skipped).
+// (leading white space is skipped). The value is validated whole, as the
+// Scanner's SkipFast validates it.
 func Skip(data []byte, i int) (int, error) {
 	i = skipSpace(data, i)
 	if i >= len(data) {
 		return 0, syntaxErr(data, i, "unexpected end of input")
 	}
-	switch c := data[i]; c {
-	case '"':
-		return skipString(data, i)
-	case '{', '[':
-		return skipContainer(data, i)
-	default:
-		j := i
-		for j < len(data) {
-			c := data[j]
-			if c == ',' || c == '}' || c == ']' || isSpace(c) {
-				break
-			}
-			j++
-		}
-		if j == i {
-			return 0, syntaxErr(data, i, fmt.Sprintf("unexpected %q", c))
-		}
-		if !validLiteral(data[i:j]) {
-			return 0, syntaxErr(data, i, fmt.Sprintf("invalid literal %.20q", data[i:j]))
-		}
-		return j, nil
+	if end, ok := skipValue(view(data), i, maxDepth); ok {
+		return end, nil
 	}
-}
-
-func validLiteral(v []byte) bool {
-	switch string(v) {
-	case "true", "false", "null":
-		return true
+	// skipValue names no problem and leaves values nested deeper than 64
+	// levels to the Scanner, which names what it refuses.
+	p := Scanner{s: view(data), i: i}
+	if err := p.skip(); err != nil {
+		return 0, fmt.Errorf("%w: %w", ErrSyntax, err)
 	}
-	c := v[0]
-	if c != '-' && (c < '0' || c > '9') {
-		return false
-	}
-	for _, c := range v {
-		if (c < '0' || c > '9') && c != '-' && c != '+' && c != '.' && c != 'e' && c != 'E' {
-			return false
-		}
-	}
-	return true
-}
-
-// skipContainer skips an object or array by counting brackets outside
-// strings. It checks balance and kind of brackets, not full grammar: the
-// values it hands out are checked again when they are read.
-func skipContainer(data []byte, i int) (int, error) {
-	var stack [64]byte
-	open := stack[:0]
-	j := i
-	for j < len(data) {
-		switch c := data[j]; c {
-		case '"':
-			end, err := skipString(data, j)
-			if err != nil {
-				return 0, err
-			}
-			j = end
-			continue
-		case '{', '[':
-			if len(open) >= maxDepth {
-				return 0, syntaxErr(data, j, "nesting too deep")
-			}
-			open = append(open, c)
-		case '}', ']':
-			if len(open) == 0 || (c == '}') != (open[len(open)-1] == '{') {
-				return 0, syntaxErr(data, j, fmt.Sprintf("unbalanced %q", c))
-			}
-			open = open[:len(open)-1]
-			if len(open) == 0 {
-				return j + 1, nil
-			}
-		}
-		j++
-	}
-	return 0, syntaxErr(data, i, "unterminated container")
+	return p.i, nil
 }
 
 // ObjectEach calls fn for every member of the object in obj, with the raw
@@ -326,22 +233,28 @@ func Kind(v []byte) byte {
 	}
 }
 
-// Unquote decodes a raw JSON string. The common case, a string without
-// escapes, costs one allocation.
+// Unquote decodes a raw JSON string as the Scanner's Str does: escapes
+// decoded (a lone surrogate becomes U+FFFD), everything else passed
+// through. The common case, a string without escapes, costs one
+// allocation.
 func Unquote(raw []byte) (string, error) {
 	raw = Trim(raw)
 	if len(raw) < 2 || raw[0] != '"' || raw[len(raw)-1] != '"' {
 		return "", fmt.Errorf("%w: expected a string, got %.20q", ErrSyntax, raw)
 	}
 	body := raw[1 : len(raw)-1]
-	if bytes.IndexByte(body, '\\') < 0 && utf8.Valid(body) {
+	if bytes.IndexByte(body, '\\') < 0 && bytes.IndexByte(body, '"') < 0 {
 		return string(body), nil
 	}
-	var s string
-	if err := json.Unmarshal(raw, &s); err != nil {
+	p := Scanner{s: view(raw)}
+	s, err := p.Str()
+	if err == nil && p.i != len(raw) {
+		err = p.Errorf("data after the string")
+	}
+	if err != nil {
 		return "", fmt.Errorf("%w: %w", ErrSyntax, err)
 	}
-	return s, nil
+	return strings.Clone(s), nil
 }
 
 // String returns v as a string if it is a JSON string, "" if it is null or

@@ -1,4 +1,4 @@
-package audit
+package rawjson
 
 import (
 	"encoding/binary"
@@ -11,28 +11,34 @@ import (
 	"unsafe"
 )
 
-// A small validating JSON scanner over a string. Audit events are decoded
-// field by field with it; the objects the sink does not need (requestObject,
-// responseObject, user.extra, ...) are validated and skipped without being
-// materialised. Strings without escapes are returned as substrings of the
-// input, so a decoded Row mostly points into its raw event.
-
-// maxDepth matches encoding/json's nesting limit.
-const maxDepth = 10000
-
-var errEnd = errors.New("unexpected end of JSON input")
-
-type scanner struct {
+// Scanner is a validating JSON scanner over a string, read from the
+// front: the audit decoder reads an event member by member with it, and
+// passes over what it does not keep (requestObject, responseObject,
+// user.extra, ...) validated but not materialised. Strings without escapes
+// are returned as substrings of the input, so what is decoded mostly
+// points into the input. The value-slice functions of this package (Skip,
+// ObjectEach, Unquote, ...) share its skipping and unescaping.
+type Scanner struct {
 	s     string
 	i     int
 	depth int
 }
 
-func (p *scanner) errorf(format string, args ...any) error {
+// NewScanner returns a Scanner at the start of s.
+func NewScanner(s string) Scanner { return Scanner{s: s} }
+
+// Pos is the cursor's offset in the input.
+func (p *Scanner) Pos() int { return p.i }
+
+// ErrEnd is the Scanner's error for input that ends inside a value.
+var ErrEnd = errors.New("unexpected end of JSON input")
+
+// Errorf is an error at the cursor.
+func (p *Scanner) Errorf(format string, args ...any) error {
 	return fmt.Errorf("offset %d: %s", p.i, fmt.Sprintf(format, args...))
 }
 
-func (p *scanner) ws() {
+func (p *Scanner) ws() {
 	// Most values follow their ':' or ',' directly.
 	if p.i < len(p.s) && p.s[p.i] > ' ' {
 		return
@@ -47,8 +53,8 @@ func (p *scanner) ws() {
 	}
 }
 
-// peek skips whitespace and returns the next byte, or 0 at the end.
-func (p *scanner) peek() byte {
+// Peek skips whitespace and returns the next byte, or 0 at the end.
+func (p *Scanner) Peek() byte {
 	p.ws()
 	if p.i >= len(p.s) {
 		return 0
@@ -56,12 +62,12 @@ func (p *scanner) peek() byte {
 	return p.s[p.i]
 }
 
-func (p *scanner) expect(c byte) error {
-	if p.peek() != c {
+func (p *Scanner) expect(c byte) error {
+	if p.Peek() != c {
 		if p.i >= len(p.s) {
-			return errEnd
+			return ErrEnd
 		}
-		return p.errorf("expected %q, found %q", c, p.s[p.i])
+		return p.Errorf("expected %q, found %q", c, p.s[p.i])
 	}
 	p.i++
 	return nil
@@ -70,14 +76,14 @@ func (p *scanner) expect(c byte) error {
 // open consumes the start byte of an object or array at the cursor, one
 // level deeper, and reports whether the container is empty (then its end
 // byte is consumed too and the level closed).
-func (p *scanner) open(start, end byte) (empty bool, err error) {
+func (p *Scanner) open(start, end byte) (empty bool, err error) {
 	if err := p.expect(start); err != nil {
 		return false, err
 	}
 	if p.depth++; p.depth > maxDepth {
-		return false, p.errorf("nesting deeper than %d", maxDepth)
+		return false, p.Errorf("nesting too deep: more than %d levels", maxDepth)
 	}
-	if p.peek() == end {
+	if p.Peek() == end {
 		p.i++
 		p.depth--
 		return true, nil
@@ -85,17 +91,17 @@ func (p *scanner) open(start, end byte) (empty bool, err error) {
 	return false, nil
 }
 
-// members calls fn for each member of the object at the cursor, with the
+// Members calls fn for each member of the object at the cursor, with the
 // cursor on the member's value; fn must consume the value.
-func (p *scanner) members(fn func(key string) error) error {
+func (p *Scanner) Members(fn func(key string) error) error {
 	if empty, err := p.open('{', '}'); empty || err != nil {
 		return err
 	}
 	for {
-		if p.peek() != '"' {
-			return p.errorf("expected an object key")
+		if p.Peek() != '"' {
+			return p.Errorf("expected an object key")
 		}
-		key, err := p.str()
+		key, err := p.Str()
 		if err != nil {
 			return err
 		}
@@ -106,7 +112,7 @@ func (p *scanner) members(fn func(key string) error) error {
 		if err := fn(key); err != nil {
 			return err
 		}
-		switch p.peek() {
+		switch p.Peek() {
 		case ',':
 			p.i++
 		case '}':
@@ -114,15 +120,15 @@ func (p *scanner) members(fn func(key string) error) error {
 			p.depth--
 			return nil
 		case 0:
-			return errEnd
+			return ErrEnd
 		default:
-			return p.errorf("expected ',' or '}' after object member %q", key)
+			return p.Errorf("expected ',' or '}' after object member %q", key)
 		}
 	}
 }
 
-// elements calls fn for each element of the array at the cursor.
-func (p *scanner) elements(fn func() error) error {
+// Elements calls fn for each element of the array at the cursor.
+func (p *Scanner) Elements(fn func() error) error {
 	if empty, err := p.open('[', ']'); empty || err != nil {
 		return err
 	}
@@ -131,7 +137,7 @@ func (p *scanner) elements(fn func() error) error {
 		if err := fn(); err != nil {
 			return err
 		}
-		switch p.peek() {
+		switch p.Peek() {
 		case ',':
 			p.i++
 		case ']':
@@ -139,25 +145,25 @@ func (p *scanner) elements(fn func() error) error {
 			p.depth--
 			return nil
 		case 0:
-			return errEnd
+			return ErrEnd
 		default:
-			return p.errorf("expected ',' or ']' in array")
+			return p.Errorf("expected ',' or ']' in array")
 		}
 	}
 }
 
-// str reads the string at the cursor and returns it unescaped. Strings
+// Str reads the string at the cursor and returns it unescaped. Strings
 // without escapes (nearly all of them) are found with two IndexByte scans
 // and returned as substrings. Raw control characters are passed through.
-func (p *scanner) str() (string, error) {
-	if p.peek() != '"' {
-		return "", p.errorf("expected a string")
+func (p *Scanner) Str() (string, error) {
+	if p.Peek() != '"' {
+		return "", p.Errorf("expected a string")
 	}
 	p.i++
 	start := p.i
 	j := quoteOrBackslash(p.s, start)
 	if j < 0 {
-		return "", errEnd
+		return "", ErrEnd
 	}
 	if p.s[j] == '\\' {
 		p.i = j
@@ -203,7 +209,7 @@ func quoteOrBackslash(s string, i int) int {
 	return -1
 }
 
-func (p *scanner) strSlow(start int) (string, error) {
+func (p *Scanner) strSlow(start int) (string, error) {
 	var b strings.Builder
 	b.Grow(p.i - start + 64)
 	b.WriteString(p.s[start:p.i])
@@ -219,7 +225,7 @@ func (p *scanner) strSlow(start int) (string, error) {
 			continue
 		}
 		if p.i+1 >= len(p.s) {
-			return "", errEnd
+			return "", ErrEnd
 		}
 		e := p.s[p.i+1]
 		p.i += 2
@@ -239,7 +245,7 @@ func (p *scanner) strSlow(start int) (string, error) {
 		case 'u':
 			r, ok := p.hex4()
 			if !ok {
-				return "", p.errorf("invalid \\u escape")
+				return "", p.Errorf("invalid \\u escape")
 			}
 			if utf16.IsSurrogate(r) {
 				// A valid pair decodes to one rune; anything else is U+FFFD,
@@ -259,13 +265,13 @@ func (p *scanner) strSlow(start int) (string, error) {
 			}
 			b.WriteRune(r)
 		default:
-			return "", p.errorf("invalid escape \\%c", e)
+			return "", p.Errorf("invalid escape \\%c", e)
 		}
 	}
-	return "", errEnd
+	return "", ErrEnd
 }
 
-func (p *scanner) hex4() (rune, bool) {
+func (p *Scanner) hex4() (rune, bool) {
 	if p.i+4 > len(p.s) {
 		return 0, false
 	}
@@ -289,12 +295,12 @@ func (p *scanner) hex4() (rune, bool) {
 
 // skipString validates the escapes of a string and skips it without
 // building it.
-func (p *scanner) skipString() error {
+func (p *Scanner) skipString() error {
 	p.i++ // opening quote
 	for {
 		j := strings.IndexByte(p.s[p.i:], '"')
 		if j < 0 {
-			return errEnd
+			return ErrEnd
 		}
 		k := strings.IndexByte(p.s[p.i:p.i+j], '\\')
 		if k < 0 {
@@ -303,7 +309,7 @@ func (p *scanner) skipString() error {
 		}
 		p.i += k
 		if p.i+1 >= len(p.s) {
-			return errEnd
+			return ErrEnd
 		}
 		switch p.s[p.i+1] {
 		case '"', '\\', '/', 'b', 'f', 'n', 'r', 't':
@@ -311,23 +317,23 @@ func (p *scanner) skipString() error {
 		case 'u':
 			p.i += 2
 			if _, ok := p.hex4(); !ok {
-				return p.errorf("invalid \\u escape")
+				return p.Errorf("invalid \\u escape")
 			}
 		default:
-			return p.errorf("invalid escape")
+			return p.Errorf("invalid escape")
 		}
 	}
 }
 
 // skip validates and skips the value at the cursor.
-func (p *scanner) skip() error {
-	switch c := p.peek(); {
+func (p *Scanner) skip() error {
+	switch c := p.Peek(); {
 	case c == '"':
 		return p.skipString()
 	case c == '{':
-		return p.members(func(string) error { return p.skip() })
+		return p.Members(func(string) error { return p.skip() })
 	case c == '[':
-		return p.elements(p.skip)
+		return p.Elements(p.skip)
 	case c == 't':
 		return p.literal("true")
 	case c == 'f':
@@ -335,25 +341,25 @@ func (p *scanner) skip() error {
 	case c == 'n':
 		return p.literal("null")
 	case c == '-' || ('0' <= c && c <= '9'):
-		_, err := p.number()
+		_, err := p.Number()
 		return err
 	case c == 0:
-		return errEnd
+		return ErrEnd
 	default:
-		return p.errorf("unexpected %q", c)
+		return p.Errorf("unexpected %q", c)
 	}
 }
 
-func (p *scanner) literal(lit string) error {
+func (p *Scanner) literal(lit string) error {
 	if !strings.HasPrefix(p.s[p.i:], lit) {
-		return p.errorf("invalid literal")
+		return p.Errorf("invalid literal")
 	}
 	p.i += len(lit)
 	return nil
 }
 
-// null consumes a null at the cursor and reports whether there was one.
-func (p *scanner) null() bool {
+// Null consumes a null at the cursor and reports whether there was one.
+func (p *Scanner) Null() bool {
 	if strings.HasPrefix(p.s[p.i:], "null") {
 		p.i += 4
 		return true
@@ -361,8 +367,8 @@ func (p *scanner) null() bool {
 	return false
 }
 
-// number validates a JSON number and returns its text.
-func (p *scanner) number() (string, error) {
+// Number validates a JSON number and returns its text.
+func (p *Scanner) Number() (string, error) {
 	start := p.i
 	if p.i < len(p.s) && p.s[p.i] == '-' {
 		p.i++
@@ -378,12 +384,12 @@ func (p *scanner) number() (string, error) {
 	if p.i < len(p.s) && p.s[p.i] == '0' {
 		p.i++
 	} else if digits() == 0 {
-		return "", p.errorf("invalid number")
+		return "", p.Errorf("invalid number")
 	}
 	if p.i < len(p.s) && p.s[p.i] == '.' {
 		p.i++
 		if digits() == 0 {
-			return "", p.errorf("invalid number")
+			return "", p.Errorf("invalid number")
 		}
 	}
 	if p.i < len(p.s) && (p.s[p.i] == 'e' || p.s[p.i] == 'E') {
@@ -392,39 +398,39 @@ func (p *scanner) number() (string, error) {
 			p.i++
 		}
 		if digits() == 0 {
-			return "", p.errorf("invalid number")
+			return "", p.Errorf("invalid number")
 		}
 	}
 	return p.s[start:p.i], nil
 }
 
-// optStr reads a string or null (as "").
-func (p *scanner) optStr() (string, error) {
-	if p.peek() == 'n' && p.null() {
+// OptStr reads a string or null (as "").
+func (p *Scanner) OptStr() (string, error) {
+	if p.Peek() == 'n' && p.Null() {
 		return "", nil
 	}
-	return p.str()
+	return p.Str()
 }
 
-// strList reads an array of strings (or null), appending to dst.
-func (p *scanner) strList(dst []string) ([]string, error) {
-	if p.peek() == 'n' && p.null() {
+// StrList reads an array of strings (or null), appending to dst.
+func (p *Scanner) StrList(dst []string) ([]string, error) {
+	if p.Peek() == 'n' && p.Null() {
 		return dst, nil
 	}
-	err := p.elements(func() error {
-		s, err := p.optStr()
+	err := p.Elements(func() error {
+		s, err := p.OptStr()
 		dst = append(dst, s)
 		return err
 	})
 	return dst, err
 }
 
-// skipFast skips the value at the cursor as skip does, accepting exactly
+// SkipFast skips the value at the cursor as skip does, accepting exactly
 // what skip accepts, but in one loop without a call per member: it is
 // how the decoder passes over requestObject, responseObject and the rest
 // it does not keep, most of an event's bytes. On anything it does not
 // accept it rewinds and lets skip find and name the problem.
-func (p *scanner) skipFast() error {
+func (p *Scanner) SkipFast() error {
 	if end, ok := skipValue(p.s, p.i, maxDepth-p.depth); ok {
 		p.i = end
 		return nil
@@ -608,15 +614,15 @@ func skipNumber(s string, i int) (int, bool) {
 	return i, true
 }
 
-// firstStr reads an array of strings (or null) and returns its first
+// FirstStr reads an array of strings (or null) and returns its first
 // element ("" when empty or null), building no list.
-func (p *scanner) firstStr() (string, error) {
-	if p.peek() == 'n' && p.null() {
+func (p *Scanner) FirstStr() (string, error) {
+	if p.Peek() == 'n' && p.Null() {
 		return "", nil
 	}
 	first, n := "", 0
-	err := p.elements(func() error {
-		s, err := p.optStr()
+	err := p.Elements(func() error {
+		s, err := p.OptStr()
 		if n == 0 {
 			first = s
 		}
@@ -624,4 +630,37 @@ func (p *scanner) firstStr() (string, error) {
 		return err
 	})
 	return first, err
+}
+
+// Int32 reads an integer number that fits an int32 (null reads as 0).
+func (p *Scanner) Int32() (int32, error) {
+	if p.Peek() == 'n' && p.Null() {
+		return 0, nil
+	}
+	s, err := p.Number()
+	if err != nil {
+		return 0, err
+	}
+	var n int64
+	neg := false
+	for i := 0; i < len(s); i++ {
+		switch c := s[i]; {
+		case c == '-':
+			neg = true
+		case '0' <= c && c <= '9':
+			n = n*10 + int64(c-'0')
+			if n > 1<<31 {
+				return 0, fmt.Errorf("number %s out of range", s)
+			}
+		default:
+			return 0, fmt.Errorf("number %s is not an integer", s)
+		}
+	}
+	if neg {
+		n = -n
+	}
+	if n > 1<<31-1 || n < -1<<31 {
+		return 0, fmt.Errorf("number %s out of range", s)
+	}
+	return int32(n), nil
 }
