@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"math"
+	"slices"
 	"strings"
 	"sync"
 
@@ -16,80 +17,8 @@ import (
 // The insert side: the events column table, defined once, and the native
 // ClickHouse blocks built straight from a Set's records.
 
-// block builds one events insert block in ClickHouse's native
-// column format straight from spool records: no Row per event, no boxing
-// of values, and LowCardinality dictionaries kept in typed maps. The
-// driver's own append path costs about three times as much CPU per event
-// (reflection and a map[any]int per LowCardinality value).
-//
-// The finished columns are loaded into the driver's batch with Decode, the
-// same call that reads a block from the server, so the driver sends exactly
-// the bytes built here. load checks the types the server asked for first.
-type block struct {
-	n       int
-	cols    [len(columnTable)]nativeColumn
-	scratch []byte // a LowCardinality column's encoding, one at a time
-}
-
-// columnTable is the events insert's column table, defined here once:
-// each column's name and type as the events table declares them
-// (migration 1), in the order the insert sends them. The col* constants
-// below are positions in it, and the row layout (rowStringFields and
-// rowListFields, above) says which of a row's fields fills which column.
-var columnTable = [...]struct{ name, typ string }{
-	{"event_date", "Date"},
-	{"event_time", "DateTime"},
-	{"event_time_us", "UInt64"},
-	{"request_received_us", "UInt64"},
-	{"latency_us", "UInt64"},
-	{"cluster", lcString},
-	{"audit_id", "String"},
-	{"stage", lcString},
-	{"fingerprint", "UInt64"},
-	{"level", lcString},
-	{"verb", lcString},
-	{"request_uri", "String"},
-	{"dry_run", "UInt8"},
-	{"user", lcString},
-	{"user_groups", "Array(String)"},
-	{"impersonated_user", lcString},
-	{"writer", lcString},
-	{"user_agent", lcString},
-	{"source_ip", "String"},
-	{"api_group", lcString},
-	{"api_version", lcString},
-	{"resource", lcString},
-	{"subresource", lcString},
-	{"namespace", lcString},
-	{"name", "String"},
-	{"object_uid", "String"},
-	{"stamp", "String"},
-	{"field_manager", lcString},
-	{"code", "UInt16"},
-	{"reason", lcString},
-	{"message", "String"},
-	{"cause_reasons", "Array(String)"},
-	{"cause_fields", "Array(String)"},
-	{"authz_decision", lcString},
-	{"annotation_keys", "Array(String)"},
-	{"annotation_values", "Array(String)"},
-	{"lease_holder", "String"},
-	{"raw", "String"},
-}
-
-// EventColumns is the events insert's column list, in the order the blocks
-// hold them ("event_date, event_time, ...").
-var EventColumns = func() string {
-	names := make([]string, len(columnTable))
-	for i, c := range columnTable {
-		names[i] = c.name
-	}
-	return strings.Join(names, ", ")
-}()
-
-const lcString = "LowCardinality(String)"
-
-// Column positions in columnTable.
+// Column positions in columnTable, in the order of the events tables' DDL
+// and of the insert.
 const (
 	colDate = iota
 	colTime
@@ -131,20 +60,233 @@ const (
 	colRaw
 )
 
-// recordStringLC says, by position in a row's record, which strings go
-// to a LowCardinality column.
-var recordStringLC = func() (lc [rowStrings]bool) {
-	for i, f := range rowStringFields {
-		lc[i] = columnTable[f.col].typ == lcString
+// columnTable is the events tables' column table, the one definition of
+// their columns: each column's name and ClickHouse type, and what fills
+// it from a row. The store writes the column list of the events and
+// events_by_hour DDL from it (Columns), the insert names its columns from
+// it (EventColumns), and the blocks are built and checked against it
+// (newBlock, block.appendRow, block.load), so the table and the insert
+// cannot disagree.
+//
+// Entries are keyed by their col* constant, so each constant is bound to
+// its column by name here rather than by counting; checkColumns refuses a
+// table with a gap.
+var columnTable = [...]eventColumn{
+	colDate:             {"event_date", "Date", fillStageDay},
+	colTime:             {"event_time", "DateTime", fillStageSecond},
+	colTimeUS:           {"event_time_us", "UInt64", fillStageMicros},
+	colReceivedUS:       {"request_received_us", "UInt64", fillReceivedMicros},
+	colLatencyUS:        {"latency_us", "UInt64", fillLatency},
+	colCluster:          {"cluster", lcString, fillCluster},
+	colAuditID:          {"audit_id", "String", fillRecord},
+	colStage:            {"stage", lcString, fillRecord},
+	colFingerprint:      {"fingerprint", "UInt64", fillFingerprint},
+	colLevel:            {"level", lcString, fillRecord},
+	colVerb:             {"verb", lcString, fillRecord},
+	colRequestURI:       {"request_uri", "String", fillRecord},
+	colDryRun:           {"dry_run", "UInt8", fillDryRun},
+	colUser:             {"user", lcString, fillRecord},
+	colUserGroups:       {"user_groups", arrayString, fillRecord},
+	colImpersonatedUser: {"impersonated_user", lcString, fillRecord},
+	colWriter:           {"writer", lcString, fillWriter},
+	colUserAgent:        {"user_agent", lcString, fillRecord},
+	colSourceIP:         {"source_ip", "String", fillRecord},
+	colAPIGroup:         {"api_group", lcString, fillRecord},
+	colAPIVersion:       {"api_version", lcString, fillRecord},
+	colResource:         {"resource", lcString, fillRecord},
+	colSubresource:      {"subresource", lcString, fillRecord},
+	colNamespace:        {"namespace", lcString, fillRecord},
+	colName:             {"name", "String", fillRecord},
+	colObjectUID:        {"object_uid", "String", fillRecord},
+	colStamp:            {"stamp", "String", fillRecord},
+	colFieldManager:     {"field_manager", lcString, fillRecord},
+	colCode:             {"code", "UInt16", fillCode},
+	colReason:           {"reason", lcString, fillRecord},
+	colMessage:          {"message", "String", fillRecord},
+	colCauseReasons:     {"cause_reasons", arrayString, fillRecord},
+	colCauseFields:      {"cause_fields", arrayString, fillRecord},
+	colAuthzDecision:    {"authz_decision", lcString, fillRecord},
+	colAnnotationKeys:   {"annotation_keys", arrayString, fillRecord},
+	colAnnotationValues: {"annotation_values", arrayString, fillRecord},
+	colLeaseHolder:      {"lease_holder", "String", fillRecord},
+	colRaw:              {"raw", "String", fillRecord}, // empty unless the store keeps raw
+}
+
+// eventColumn is one column of columnTable.
+type eventColumn struct {
+	name, typ string
+	fill      fill
+}
+
+// The types of string columns besides String. With String and the types
+// of fixedWidths they are all the encoder writes; checkColumns refuses
+// any other.
+const (
+	lcString    = "LowCardinality(String)"
+	arrayString = "Array(String)"
+)
+
+// fixedWidths are the fixed-width types the encoder writes, each with the
+// bytes of one value (little endian, as the Native format has them).
+var fixedWidths = map[string]int{"Date": 2, "DateTime": 4, "UInt8": 1, "UInt16": 2, "UInt64": 8}
+
+// A fill says what fills a column from a row. Its type alone decides how
+// a value is encoded (nativeColumn.putString, putUint), so a fill only
+// names the value; fillTypes says which type holds each computed one.
+type fill uint8
+
+const (
+	// fillRecord is a string or list of the row's record: the row layout
+	// (rowStringFields, rowListFields, layout.go) says which.
+	fillRecord         fill = iota
+	fillCluster             // the record's cluster
+	fillWriter              // the impersonated user, else the user (audit.Row.Writer)
+	fillStageDay            // the stage time's day (UTC), days since 1970
+	fillStageSecond         // the stage time, Unix seconds
+	fillStageMicros         // the stage time, Unix microseconds
+	fillReceivedMicros      // the request's receipt, Unix microseconds (0: unknown)
+	fillLatency             // stage minus receipt, 0 when the receipt is unknown or later
+	fillFingerprint         // the row's Fingerprint
+	fillDryRun              // 1 for a dry run, else 0
+	fillCode                // the response code
+)
+
+// fillTypes are the types that hold the value of each fill other than
+// fillRecord, whose types the row layout's fields decide.
+var fillTypes = map[fill][]string{
+	fillCluster:        {"String", lcString},
+	fillWriter:         {"String", lcString},
+	fillStageDay:       {"Date"},
+	fillStageSecond:    {"DateTime"},
+	fillStageMicros:    {"UInt64"},
+	fillReceivedMicros: {"UInt64"},
+	fillLatency:        {"UInt64"},
+	fillFingerprint:    {"UInt64"},
+	fillDryRun:         {"UInt8"},
+	fillCode:           {"UInt16"},
+}
+
+// A Column is one column of the events tables, as their DDL declares it.
+type Column struct {
+	Name string
+	Type string // as ClickHouse spells it, e.g. LowCardinality(String)
+}
+
+// Columns are the columns of the events tables (events, events_by_hour),
+// in the order of their DDL and of the insert's blocks: the store writes
+// the tables' column list from them, so the tables and the insert cannot
+// disagree. The slice is the caller's.
+func Columns() []Column {
+	cols := make([]Column, len(columnTable))
+	for i, c := range columnTable {
+		cols[i] = Column{Name: c.name, Type: c.typ}
 	}
-	return lc
+	return cols
+}
+
+// EventColumns is the events insert's column list, in the order the blocks
+// hold them ("event_date, event_time, ...").
+var EventColumns = func() string {
+	names := make([]string, len(columnTable))
+	for i, c := range columnTable {
+		names[i] = c.name
+	}
+	return strings.Join(names, ", ")
 }()
+
+// computedColumns are the columns whose fill is not fillRecord, which
+// block.appendRow fills after the record's fields.
+var computedColumns = func() (cc []computedColumn) {
+	for i, c := range columnTable {
+		if c.fill != fillRecord {
+			cc = append(cc, computedColumn{col: i, fill: c.fill})
+		}
+	}
+	return cc
+}()
+
+// computedColumn is a column of columnTable and its fill.
+type computedColumn struct {
+	col  int
+	fill fill
+}
 
 // The positions of the strings block.appendRow reads by name.
 var (
 	strUser         = stringPos(colUser)
 	strImpersonated = stringPos(colImpersonatedUser)
+	strRaw          = stringPos(colRaw)
 )
+
+// checkColumns checks the column table against itself and the row layout:
+// every column has a name of its own and a type the encoder writes, each
+// computed value goes to a type that holds it, and every column filled
+// from the record takes exactly one field of the row layout, a string to
+// a String or LowCardinality(String) column and a list to an
+// Array(String) one. A table that fails would build blocks the server misreads, so the
+// package refuses to start with it (init).
+func checkColumns() error {
+	names := map[string]bool{}
+	for i, c := range columnTable {
+		if c.name == "" || names[c.name] {
+			return fmt.Errorf("record: column %d is named %q, want a name of its own", i, c.name)
+		}
+		names[c.name] = true
+		if _, fixed := fixedWidths[c.typ]; !fixed && c.typ != "String" && c.typ != lcString && c.typ != arrayString {
+			return fmt.Errorf("record: column %s is a %s, which the encoder does not write", c.name, c.typ)
+		}
+		if c.fill != fillRecord && !slices.Contains(fillTypes[c.fill], c.typ) {
+			return fmt.Errorf("record: column %s is a %s, which cannot hold its value (want one of %q)", c.name, c.typ, fillTypes[c.fill])
+		}
+	}
+	fields := make([]int, len(columnTable)) // layout fields per column
+	check := func(layout []rowField, kind string, types ...string) error {
+		for _, f := range layout {
+			c := columnTable[f.col]
+			switch {
+			case c.fill != fillRecord:
+				return fmt.Errorf("record: the row layout fills column %s, which the column table fills otherwise", c.name)
+			case !slices.Contains(types, c.typ):
+				return fmt.Errorf("record: the row layout puts a %s into column %s, a %s (want one of %q)", kind, c.name, c.typ, types)
+			}
+			fields[f.col]++
+		}
+		return nil
+	}
+	if err := check(rowStringFields[:], "string", "String", lcString); err != nil {
+		return err
+	}
+	if err := check(rowListFields[:], "list", arrayString); err != nil {
+		return err
+	}
+	for i, c := range columnTable {
+		if c.fill == fillRecord && fields[i] != 1 {
+			return fmt.Errorf("record: column %s takes %d fields of the row layout, want 1", c.name, fields[i])
+		}
+	}
+	return nil
+}
+
+func init() {
+	if err := checkColumns(); err != nil {
+		panic(err)
+	}
+}
+
+// block builds one events insert block in ClickHouse's native
+// column format straight from spool records: no Row per event, no boxing
+// of values, and LowCardinality dictionaries kept in typed maps. The
+// driver's own append path costs about three times as much CPU per event
+// (reflection and a map[any]int per LowCardinality value).
+//
+// The finished columns are loaded into the driver's batch with Decode, the
+// same call that reads a block from the server, so the driver sends exactly
+// the bytes built here. load checks the types the server asked for first.
+type block struct {
+	n       int
+	cols    [len(columnTable)]nativeColumn
+	scratch []byte // a LowCardinality column's encoding, one at a time
+}
 
 var columnsPool = sync.Pool{New: func() any { return newBlock() }}
 
@@ -154,10 +296,12 @@ func newBlock() *block {
 		switch c.typ {
 		case lcString:
 			b.cols[i].dict = map[string]uint32{}
-		case "Array(String)":
+		case arrayString:
 			b.cols[i].array = true
 		case "String":
 			b.cols[i].plain = true
+		default:
+			b.cols[i].width = fixedWidths[c.typ]
 		}
 	}
 	return b
@@ -176,6 +320,7 @@ func (c *block) reset() {
 // offsets apart; a LowCardinality column keeps a dictionary and one key
 // per row.
 type nativeColumn struct {
+	width int // of a fixed-width value, in bytes; 0 for the other types
 	array bool
 	data  []byte
 	// A String column keeps its values as they are (they point into the
@@ -240,10 +385,31 @@ func (c *nativeColumn) lc(s string) {
 	c.last, c.lastKey, c.hasLast = s, k, true
 }
 
-func (c *nativeColumn) u8(v uint8)   { c.data = append(c.data, v) }
-func (c *nativeColumn) u16(v uint16) { c.data = binary.LittleEndian.AppendUint16(c.data, v) }
-func (c *nativeColumn) u32(v uint32) { c.data = binary.LittleEndian.AppendUint32(c.data, v) }
-func (c *nativeColumn) u64(v uint64) { c.data = binary.LittleEndian.AppendUint64(c.data, v) }
+// putString appends a row's value to a String or LowCardinality(String)
+// column, in the encoding of its type.
+func (c *nativeColumn) putString(s string) {
+	if c.dict != nil {
+		c.lc(s)
+		return
+	}
+	c.str(s)
+}
+
+// putUint appends a row's value to a fixed-width column: its low width
+// bytes, little endian, which is the conversion to the column's type (a
+// Date or DateTime out of range wraps, as it did through the driver).
+func (c *nativeColumn) putUint(v uint64) {
+	switch c.width {
+	case 1:
+		c.data = append(c.data, uint8(v))
+	case 2:
+		c.data = binary.LittleEndian.AppendUint16(c.data, uint16(v))
+	case 4:
+		c.data = binary.LittleEndian.AppendUint32(c.data, uint32(v))
+	default:
+		c.data = binary.LittleEndian.AppendUint64(c.data, v)
+	}
+}
 
 // endArray closes a row of an array column after its elements went to data.
 func (c *nativeColumn) endArray(elems int) {
@@ -332,43 +498,60 @@ func (c *block) appendRow(r *rowRef, keepRaw bool) error {
 	if d.err != nil {
 		return fmt.Errorf("spool record row: %w", d.err)
 	}
+	if !keepRaw {
+		strs[strRaw] = ""
+	}
 	for i, f := range &rowStringFields {
-		switch {
-		case f.col == colRaw:
-			if !keepRaw {
-				strs[i] = ""
+		cols[f.col].putString(strs[i])
+	}
+	for _, cc := range computedColumns {
+		col := &cols[cc.col]
+		switch cc.fill {
+		case fillCluster:
+			col.putString(r.key.cluster)
+		case fillWriter:
+			writer := strs[strImpersonated]
+			if writer == "" {
+				writer = strs[strUser]
 			}
-			cols[f.col].str(strs[i])
-		case recordStringLC[i]:
-			cols[f.col].lc(strs[i])
+			col.putString(writer)
 		default:
-			cols[f.col].str(strs[i])
+			col.putUint(t.value(cc.fill))
 		}
 	}
-	writer := strs[strImpersonated]
-	if writer == "" {
-		writer = strs[strUser]
-	}
-	cols[colWriter].lc(writer)
-	cols[colCluster].lc(r.key.cluster)
-
-	secs := floorDiv(t.stage, 1e6)
-	cols[colDate].u16(uint16(floorDiv(secs, 86400)))
-	cols[colTime].u32(uint32(secs))
-	cols[colTimeUS].u64(uint64(t.stage))
-	cols[colReceivedUS].u64(uint64(t.received))
-	var latency int64
-	if t.received != 0 && t.stage >= t.received {
-		latency = t.stage - t.received
-	}
-	cols[colLatencyUS].u64(uint64(latency))
-	cols[colFingerprint].u64(t.fingerprint)
-	cols[colDryRun].u8(uint8(t.flags & 1))
-	cols[colCode].u16(uint16(t.code))
 	c.n++
 	return nil
 }
 
+// value is the computed value of fill (not fillRecord, fillCluster or
+// fillWriter) for the row whose tail t is.
+func (t *rowTail) value(f fill) uint64 {
+	switch f {
+	case fillStageDay:
+		return uint64(floorDiv(floorDiv(t.stage, 1e6), 86400))
+	case fillStageSecond:
+		return uint64(floorDiv(t.stage, 1e6))
+	case fillStageMicros:
+		return uint64(t.stage)
+	case fillReceivedMicros:
+		return uint64(t.received)
+	case fillLatency:
+		if t.received != 0 && t.stage >= t.received {
+			return uint64(t.stage - t.received)
+		}
+		return 0
+	case fillFingerprint:
+		return t.fingerprint
+	case fillDryRun:
+		return t.flags & 1
+	case fillCode:
+		return uint64(t.code)
+	}
+	panic(fmt.Sprintf("record: fill %d is no computed value", f))
+}
+
+// floorDiv is a/b rounded down, so that a time before 1970 falls in the
+// second and day it is in.
 func floorDiv(a, b int64) int64 {
 	q := a / b
 	if a%b != 0 && (a < 0) != (b < 0) {

@@ -182,7 +182,9 @@ func (d *recordReader) uint64() uint64 {
 // each with the Row field it holds and the events column it fills; then
 // its rowTail. AppendRow (Row to record), Set.add (record to key) and
 // block.appendRow (record to columns) all follow these tables, so a new
-// field is one row here (and its column in columnTable, below).
+// field is one row here (and its column in columnTable, columns.go, with
+// fillRecord). The layout is the spool's format on disk, which a
+// restarted sink reads back, so a change to it needs a new recordVersion.
 //
 // A string is its length (uvarint) and its bytes; a list is its length
 // and its strings.
