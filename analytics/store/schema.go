@@ -5,8 +5,10 @@ import (
 	"fmt"
 	"regexp"
 	"slices"
+	"strings"
 	"time"
 
+	"github.com/stampguard/stampguard/analytics/record"
 	asql "github.com/stampguard/stampguard/analytics/sql"
 )
 
@@ -25,7 +27,10 @@ type Migration struct {
 // Migrations are applied in order by Store.Migrate. Append new versions;
 // never edit a released one. Their SQL is fixed text, never built from
 // constants that a later change could edit: a database migrated later must
-// compute what one migrated earlier computes.
+// compute what one migrated earlier computes. The one exception is the
+// events tables' column list, written out from record's column table so
+// that the tables and the insert agree (eventsColumnsDDL); the text of
+// every released migration is pinned by TestReleasedMigrationsAreFixed.
 var Migrations = []Migration{
 	{
 		Version: 1,
@@ -544,47 +549,35 @@ const counterColumnsDDL = `				requests                      UInt64,
 				gone                          UInt64
 `
 
-// eventsColumnsDDL are the columns of events and events_by_hour.
-const eventsColumnsDDL = `(
-				event_date          Date,
-				event_time          DateTime,
-				event_time_us       UInt64,
-				request_received_us UInt64,
-				latency_us          UInt64,
-				cluster             LowCardinality(String),
-				audit_id            String,
-				stage               LowCardinality(String),
-				fingerprint         UInt64,
-				level               LowCardinality(String),
-				verb                LowCardinality(String),
-				request_uri         String,
-				dry_run             UInt8,
-				user                LowCardinality(String),
-				user_groups         Array(String),
-				impersonated_user   LowCardinality(String),
-				writer              LowCardinality(String),
-				user_agent          LowCardinality(String),
-				source_ip           String,
-				api_group           LowCardinality(String),
-				api_version         LowCardinality(String),
-				resource            LowCardinality(String),
-				subresource         LowCardinality(String),
-				namespace           LowCardinality(String),
-				name                String,
-				object_uid          String,
-				stamp               String,
-				field_manager       LowCardinality(String),
-				code                UInt16,
-				reason              LowCardinality(String),
-				message             String,
-				cause_reasons       Array(String),
-				cause_fields        Array(String),
-				authz_decision      LowCardinality(String),
-				annotation_keys     Array(String),
-				annotation_values   Array(String),
-				lease_holder        String,
-				raw                 String
-			)`
+// eventsColumnsDDL are the columns of events and events_by_hour
+// (migrations 1 and 6), written out from record.Columns: the column table
+// (columnTable, record/columns.go) the insert builds its blocks from, so
+// that the tables and the insert cannot disagree. The text is byte for byte what those migrations have
+// always run, and TestReleasedMigrationsAreFixed keeps it so: a column
+// added to record's table would change it, so such a column needs a
+// migration of its own (ALTER TABLE ... ADD COLUMN) and this list kept to
+// the columns migrations 1 and 6 created.
+var eventsColumnsDDL = columnListDDL(record.Columns())
+
+// columnListDDL writes cols as the parenthesized column list of a CREATE
+// TABLE, laid out as the migrations' statements are: a column a line,
+// indented four tabs, each type one space after the longest name.
+func columnListDDL(cols []record.Column) string {
+	width := 0
+	for _, c := range cols {
+		width = max(width, len(c.Name))
+	}
+	var b strings.Builder
+	b.WriteString("(\n")
+	for i, c := range cols {
+		if i > 0 {
+			b.WriteString(",\n")
+		}
+		fmt.Fprintf(&b, "\t\t\t\t%-*s %s", width, c.Name, c.Type)
+	}
+	b.WriteString("\n\t\t\t)")
+	return b.String()
+}
 
 // Tables whose day partitions retention drops.
 var retentionTables = []string{asql.EventsTable, asql.LegacyEventsTable, "hour_marks", "hour_compactions", "hour_caches", "hour_requests", "minute_requests", "hour_writer_requests", "minute_writer_requests",
