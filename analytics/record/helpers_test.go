@@ -8,11 +8,13 @@ import (
 	"github.com/stampguard/stampguard/internal/audit/audittest"
 )
 
-// normalize drops what a stored row does not keep (Raw) and makes empty
-// lists nil, so that rows compare with reflect.DeepEqual.
+// normalize drops what a stored row does not keep (Raw, and what no
+// column stores: the impersonated user's groups and the request and
+// response bodies) and makes empty lists nil, so that rows compare with
+// reflect.DeepEqual.
 func normalize(r *audit.Row) {
 	r.Raw = ""
-	r.RequestObject, r.ResponseObject, r.ImpersonatedGroups = "", "", nil // notRecorded
+	r.ImpersonatedGroups, r.RequestObject, r.ResponseObject = nil, "", ""
 	for _, p := range []*[]string{&r.UserGroups, &r.CauseReasons, &r.CauseFields, &r.AnnotationKeys, &r.AnnotationValues} {
 		if len(*p) == 0 {
 			*p = nil

@@ -8,23 +8,22 @@ import (
 	"github.com/stampguard/stampguard/internal/audit"
 )
 
-// notRecorded are the string fields of audit.Row that no record holds:
-// the cluster is the record's, and the rest no column stores (the bodies
-// serve replay, which reads them straight from the decoded event).
-var notRecorded = map[string]bool{"Cluster": true, "RequestObject": true, "ResponseObject": true, "ImpersonatedGroups": true}
-
 // TestRowLayoutNamesRowFields checks the record layout's tables: each
-// offset is a string (or list) field of audit.Row, every such field but
-// those notRecorded is in the layout exactly once, and each goes to
-// its own column of a matching type.
+// offset is a string (or list) field of audit.Row, every such field a
+// column stores is in the layout exactly once, and each goes to its own
+// column of a matching type.
 func TestRowLayoutNamesRowFields(t *testing.T) {
 	rt := reflect.TypeFor[audit.Row]()
 	byOffset := map[uintptr]reflect.StructField{}
+	// The string fields no record carries: Cluster is the record's, and no
+	// column stores what only replay reads (the impersonated user's groups
+	// and the request and response bodies, which Raw holds redacted).
+	notInRecord := map[string]bool{"Cluster": true, "ImpersonatedGroups": true, "RequestObject": true, "ResponseObject": true}
 	want := map[string]bool{}
 	for i := range rt.NumField() {
 		f := rt.Field(i)
 		byOffset[f.Offset] = f
-		if (f.Type.Kind() == reflect.String || f.Type == reflect.TypeFor[[]string]()) && !notRecorded[f.Name] {
+		if (f.Type.Kind() == reflect.String || f.Type == reflect.TypeFor[[]string]()) && !notInRecord[f.Name] {
 			want[f.Name] = true
 		}
 	}

@@ -2,8 +2,10 @@
 // connection (Open, ParseDSN, and the settings a server's version needs)
 // and the insert of a record.Set (InsertRecords), both in store.go; the
 // schema as fixed migrations (schema.go, over the definitions of package
-// analytics/sql; cluster.go renders them for a ClickHouse cluster); the
-// hour caches (Compact, compact.go) and retention (DropPartitionsBefore).
+// analytics/sql and the events columns of package analytics/record;
+// Migrate, migrate.go, applies them, and cluster.go renders them for a
+// ClickHouse cluster); the hour caches (Compact, compact.go) and retention
+// (DropPartitionsBefore).
 //
 // Exactness is a property of the schema, not of the writers: every read
 // takes each event once by its identity, however often it was inserted,

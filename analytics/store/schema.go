@@ -8,6 +8,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/stampguard/stampguard/analytics/record"
 	asql "github.com/stampguard/stampguard/analytics/sql"
 )
 
@@ -26,7 +27,10 @@ type Migration struct {
 // Migrations are applied in order by Store.Migrate. Append new versions;
 // never edit a released one. Their SQL is fixed text, never built from
 // constants that a later change could edit: a database migrated later must
-// compute what one migrated earlier computes.
+// compute what one migrated earlier computes. The one exception is the
+// events tables' column list, written out from record's column table so
+// that the tables and the insert agree (eventsColumnsDDL); the text of
+// every released migration is pinned by TestReleasedMigrationsAreFixed.
 var Migrations = []Migration{
 	{
 		Version: 1,
@@ -545,147 +549,41 @@ const counterColumnsDDL = `				requests                      UInt64,
 				gone                          UInt64
 `
 
-// eventsColumnsDDL are the columns of events and events_by_hour.
-const eventsColumnsDDL = `(
-				event_date          Date,
-				event_time          DateTime,
-				event_time_us       UInt64,
-				request_received_us UInt64,
-				latency_us          UInt64,
-				cluster             LowCardinality(String),
-				audit_id            String,
-				stage               LowCardinality(String),
-				fingerprint         UInt64,
-				level               LowCardinality(String),
-				verb                LowCardinality(String),
-				request_uri         String,
-				dry_run             UInt8,
-				user                LowCardinality(String),
-				user_groups         Array(String),
-				impersonated_user   LowCardinality(String),
-				writer              LowCardinality(String),
-				user_agent          LowCardinality(String),
-				source_ip           String,
-				api_group           LowCardinality(String),
-				api_version         LowCardinality(String),
-				resource            LowCardinality(String),
-				subresource         LowCardinality(String),
-				namespace           LowCardinality(String),
-				name                String,
-				object_uid          String,
-				stamp               String,
-				field_manager       LowCardinality(String),
-				code                UInt16,
-				reason              LowCardinality(String),
-				message             String,
-				cause_reasons       Array(String),
-				cause_fields        Array(String),
-				authz_decision      LowCardinality(String),
-				annotation_keys     Array(String),
-				annotation_values   Array(String),
-				lease_holder        String,
-				raw                 String
-			)`
+// eventsColumnsDDL are the columns of events and events_by_hour
+// (migrations 1 and 6), written out from record.Columns: the column table
+// (columnTable, record/columns.go) the insert builds its blocks from, so
+// that the tables and the insert cannot disagree. The text is byte for byte what those migrations have
+// always run, and TestReleasedMigrationsAreFixed keeps it so: a column
+// added to record's table would change it, so such a column needs a
+// migration of its own (ALTER TABLE ... ADD COLUMN) and this list kept to
+// the columns migrations 1 and 6 created.
+var eventsColumnsDDL = columnListDDL(record.Columns())
+
+// columnListDDL writes cols as the parenthesized column list of a CREATE
+// TABLE, laid out as the migrations' statements are: a column a line,
+// indented four tabs, each type one space after the longest name.
+func columnListDDL(cols []record.Column) string {
+	width := 0
+	for _, c := range cols {
+		width = max(width, len(c.Name))
+	}
+	var b strings.Builder
+	b.WriteString("(\n")
+	for i, c := range cols {
+		if i > 0 {
+			b.WriteString(",\n")
+		}
+		fmt.Fprintf(&b, "\t\t\t\t%-*s %s", width, c.Name, c.Type)
+	}
+	b.WriteString("\n\t\t\t)")
+	return b.String()
+}
 
 // Tables whose day partitions retention drops.
 var retentionTables = []string{asql.EventsTable, asql.LegacyEventsTable, "hour_marks", "hour_compactions", "hour_caches", "hour_requests", "minute_requests", "hour_writer_requests", "minute_writer_requests",
 	"hour_agent_requests", "minute_agent_requests", "minute_write_latencies", "hour_loop_conflicts", "hour_loop_successes", "dead_letters",
 	// unfed since migration 5
 	"event_keys", "stored_keys", "duplicate_events", "request_rollup", "loop_conflicts", "loop_successes"}
-
-// Migrate creates the database and applies the migrations not yet recorded
-// in schema_migrations. It returns the versions it applied.
-//
-// Everything it runs is SQL text (MigrateSetupSQL, SchemaVersionSQL,
-// Migration.SQL), so that a test can apply the same sequence to an engine
-// it has no driver for.
-func (s *Store) Migrate(ctx context.Context) ([]int, error) {
-	if err := s.checkProfile(ctx); err != nil {
-		return nil, err
-	}
-	// Statements keep {db} for execDDL, which renders them for a cluster.
-	for _, q := range MigrateSetupSQL("{db}") {
-		if err := s.execDDL(ctx, q); err != nil {
-			return nil, fmt.Errorf("migrate: %w", err)
-		}
-	}
-	current, err := s.SchemaVersion(ctx)
-	if err != nil {
-		return nil, err
-	}
-	var applied []int
-	for _, m := range Migrations {
-		if m.Version <= current {
-			continue
-		}
-		for _, q := range m.SQL("{db}") {
-			if err := s.execDDL(ctx, q); err != nil {
-				return applied, fmt.Errorf("migration %d (%s): %w", m.Version, m.Name, err)
-			}
-		}
-		applied = append(applied, m.Version)
-	}
-	return applied, nil
-}
-
-// MigrateSetupSQL are the statements Migrate runs first, on every start:
-// the database and the schema_migrations table.
-func MigrateSetupSQL(db string) []string {
-	return []string{
-		"CREATE DATABASE IF NOT EXISTS " + db,
-		`CREATE TABLE IF NOT EXISTS ` + db + `.schema_migrations (
-			version    UInt32,
-			name       String,
-			applied_at DateTime
-		) ENGINE = MergeTree() ORDER BY version`,
-	}
-}
-
-// SchemaVersionSQL selects the highest applied migration (0 for none), one
-// UInt32.
-func SchemaVersionSQL(db string) string {
-	return "SELECT max(version) FROM " + db + ".schema_migrations"
-}
-
-// SQL is the migration for database db: its statements with {db} filled
-// in, then the INSERT that records it in schema_migrations.
-func (m Migration) SQL(db string) []string {
-	out := make([]string, 0, len(m.Statements)+1)
-	for _, q := range m.Statements {
-		out = append(out, strings.ReplaceAll(q, "{db}", db))
-	}
-	return append(out, fmt.Sprintf("INSERT INTO %s.schema_migrations (version, name, applied_at) SELECT toUInt32(%d), %s, now()",
-		db, m.Version, quoteString(m.Name)))
-}
-
-// quoteString is s as a ClickHouse string literal.
-func quoteString(s string) string {
-	return "'" + strings.NewReplacer(`\`, `\\`, `'`, `\'`).Replace(s) + "'"
-}
-
-// SchemaCurrent reports, without DDL, whether the schema is at this
-// binary's latest migration or newer, so that a writer without DDL rights
-// (serve --no-migrate) can skip Migrate. A database or schema_migrations
-// table that does not exist is an error.
-func (s *Store) SchemaCurrent(ctx context.Context) (bool, error) {
-	if err := s.checkProfile(ctx); err != nil {
-		return false, err
-	}
-	v, err := s.SchemaVersion(ctx)
-	if err != nil {
-		return false, err
-	}
-	return v >= Migrations[len(Migrations)-1].Version, nil
-}
-
-// SchemaVersion is the highest applied migration (0 for none).
-func (s *Store) SchemaVersion(ctx context.Context) (int, error) {
-	var v uint32
-	if err := s.conn.QueryRow(ctx, SchemaVersionSQL(s.db)).Scan(&v); err != nil {
-		return 0, fmt.Errorf("read schema version: %w", err)
-	}
-	return int(v), nil
-}
 
 // DropPartitionsBefore drops the day partitions older than cutoff's day
 // from every table (retention without TTL, which 18.16 lacks). It returns
