@@ -9,8 +9,8 @@ import (
 	"time"
 
 	"github.com/stampguard/stampguard/analytics/store"
+	"github.com/stampguard/stampguard/analytics/store/enginetest"
 	"github.com/stampguard/stampguard/internal/chtest"
-	"github.com/stampguard/stampguard/internal/enginetest"
 )
 
 // benchEvents is the table size of the report benchmarks; REPORT_BENCH_EVENTS overrides it.

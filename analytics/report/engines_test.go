@@ -14,16 +14,16 @@ import (
 	"github.com/stampguard/stampguard/analytics/record/recordtest"
 	asql "github.com/stampguard/stampguard/analytics/sql"
 	"github.com/stampguard/stampguard/analytics/store"
+	"github.com/stampguard/stampguard/analytics/store/enginetest"
 	"github.com/stampguard/stampguard/internal/audit"
 	"github.com/stampguard/stampguard/internal/chdbtest"
 	"github.com/stampguard/stampguard/internal/chtest"
-	"github.com/stampguard/stampguard/internal/enginetest"
 	"github.com/stampguard/stampguard/internal/testenv"
 )
 
-// The cross-engine suite (internal/enginetest): the report tests' rows on
-// ClickHouse 18.16 and 26.7, and every statement the store and the report
-// send to 18.16, taken from its query log, run on both.
+// The cross-engine suite (analytics/store/enginetest): the report tests'
+// rows on ClickHouse 18.16 and 26.7, and every statement the store and the
+// report send to 18.16, taken from its query log, run on both.
 
 // reportShapes are the windows the report is compared over, on the rows
 // of engineRows.

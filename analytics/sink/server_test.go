@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"compress/gzip"
 	"context"
-	"crypto/tls"
 	"crypto/x509"
 	"encoding/json"
 	"io"
@@ -24,6 +23,7 @@ import (
 	"github.com/stampguard/stampguard/analytics/spool"
 	"github.com/stampguard/stampguard/analytics/store"
 	"github.com/stampguard/stampguard/internal/chtest"
+	"github.com/stampguard/stampguard/internal/pkitest"
 
 	"github.com/stampguard/stampguard/internal/audit/audittest"
 	"github.com/stampguard/stampguard/internal/testenv"
@@ -388,20 +388,18 @@ func TestServeOverTLSWithClientCertificatesStoresInClickHouse(t *testing.T) {
 	testenv.SkipIfShort(t, "starts clickhouse-server")
 	ch := chtest.Start(t)
 	db := ch.NewDatabase(t)
-	pki, otherCA := newPKI(t), newPKI(t)
-	spoolDir := t.TempDir()
-	opts := Options{TLSCertFile: pki.ServerCert, TLSKeyFile: pki.ServerKey, ClientCAFile: pki.CAFile, Token: "tok",
+	ca, otherCA := pkitest.NewCA("test-ca"), pkitest.NewCA("other-ca")
+	pkiDir, spoolDir := t.TempDir(), t.TempDir()
+	certFile, keyFile := ca.Server("auditsink", "127.0.0.1").WriteFiles(t, pkiDir)
+	apiserver, stranger := ca.Client("kube-apiserver"), otherCA.Client("kube-apiserver")
+	opts := Options{TLSCertFile: certFile, TLSKeyFile: keyFile, ClientCAFile: ca.WriteFile(t, pkiDir), Token: "tok",
 		ClientNames: map[string][]string{"kube-apiserver": nil},
 		Store:       store.Options{DSN: ch.DSN(), Database: db}, SpoolDir: spoolDir}
 	url, stop := startSink(t, opts)
 
 	events := audittest.Events(t)
-	client := func(cert *tls.Certificate) *http.Client {
-		cfg := &tls.Config{RootCAs: pki.Pool}
-		if cert != nil {
-			cfg.Certificates = []tls.Certificate{*cert}
-		}
-		return &http.Client{Transport: &http.Transport{TLSClientConfig: cfg}, Timeout: 10 * time.Second}
+	client := func(cert *pkitest.Cert) *http.Client {
+		return &http.Client{Transport: &http.Transport{TLSClientConfig: ca.ClientConfig(cert)}, Timeout: 10 * time.Second}
 	}
 	send := func(c *http.Client, path, token string) int {
 		req, _ := http.NewRequestWithContext(t.Context(), http.MethodPost, url+path, strings.NewReader(eventList(events...)))
@@ -420,16 +418,16 @@ func TestServeOverTLSWithClientCertificatesStoresInClickHouse(t *testing.T) {
 	}
 	for _, c := range []struct {
 		what   string
-		cert   *tls.Certificate
+		cert   *pkitest.Cert
 		token  string
 		path   string
 		status int
 	}{
 		{"without a client certificate or token", nil, "", "/clusters/prod/events", 401},
-		{"with a certificate of another CA and no token", &otherCA.Client, "", "/clusters/prod/events", 401},
-		{"with a client certificate", &pki.Client, "", "/clusters/prod/events", 200},
-		{"redelivered by the apiserver", &pki.Client, "", "/clusters/prod/events", 200},
-		{"with a certificate of another CA and the token (a CA rotation)", &otherCA.Client, "tok", "/events", 200},
+		{"with a certificate of another CA and no token", stranger, "", "/clusters/prod/events", 401},
+		{"with a client certificate", apiserver, "", "/clusters/prod/events", 200},
+		{"redelivered by the apiserver", apiserver, "", "/clusters/prod/events", 200},
+		{"with a certificate of another CA and the token (a CA rotation)", stranger, "tok", "/events", 200},
 		{"with the token alone", nil, "tok", "/events", 200},
 	} {
 		if got := send(client(c.cert), c.path, c.token); got != c.status {

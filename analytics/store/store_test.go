@@ -2,16 +2,8 @@ package store
 
 import (
 	"context"
-	"crypto/ecdsa"
-	"crypto/elliptic"
-	"crypto/rand"
-	"crypto/x509"
-	"crypto/x509/pkix"
-	"encoding/pem"
 	"errors"
 	"fmt"
-	"math/big"
-	"os"
 	"slices"
 	"strings"
 	"sync"
@@ -22,6 +14,7 @@ import (
 	asql "github.com/stampguard/stampguard/analytics/sql"
 	"github.com/stampguard/stampguard/internal/audit"
 	"github.com/stampguard/stampguard/internal/chtest"
+	"github.com/stampguard/stampguard/internal/pkitest"
 
 	"github.com/stampguard/stampguard/internal/audit/audittest"
 	"github.com/stampguard/stampguard/internal/testenv"
@@ -237,10 +230,7 @@ func (p *processTB) Context() context.Context {
 
 func TestParseDSNTakesCredentialsAndTLSFromTheDSN(t *testing.T) {
 	dir := t.TempDir()
-	caFile := dir + "/ca.pem"
-	if err := os.WriteFile(caFile, testCA(t), 0o600); err != nil {
-		t.Fatal(err)
-	}
+	caFile := pkitest.NewCA("ca").WriteFile(t, dir)
 	opts, err := ParseDSN("clickhouse://sink:pw@127.0.0.1:9440/db?secure=true&ca_file=" + caFile + "&dial_timeout=3s")
 	if err != nil {
 		t.Fatal(err)
@@ -261,22 +251,6 @@ func TestParseDSNTakesCredentialsAndTLSFromTheDSN(t *testing.T) {
 			t.Errorf("error echoes the DSN: %v", err)
 		}
 	}
-}
-
-// testCA is a fresh self-signed CA certificate in PEM.
-func testCA(t *testing.T) []byte {
-	t.Helper()
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		t.Fatal(err)
-	}
-	tmpl := &x509.Certificate{SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "ca"},
-		NotBefore: time.Now(), NotAfter: time.Now().Add(time.Hour), IsCA: true, BasicConstraintsValid: true}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der})
 }
 
 // TestMigration5CountsEventsStoredBefore: a database written at migration

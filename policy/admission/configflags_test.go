@@ -3,22 +3,14 @@ package admission
 import (
 	"bufio"
 	"bytes"
-	"crypto/ecdsa"
-	"crypto/elliptic"
-	"crypto/rand"
-	"crypto/x509"
-	"crypto/x509/pkix"
-	"encoding/pem"
 	"errors"
 	"flag"
 	"io"
-	"math/big"
 	"os"
 	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
-	"time"
 
 	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
 	"k8s.io/apimachinery/pkg/api/equality"
@@ -27,6 +19,7 @@ import (
 	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
 	"sigs.k8s.io/yaml"
 
+	"github.com/stampguard/stampguard/internal/pkitest"
 	"github.com/stampguard/stampguard/policy/api/v1alpha1"
 )
 
@@ -39,30 +32,9 @@ func parseConfigFlags(t *testing.T, args ...string) (ConfigOptions, error) {
 	return o, fs.Parse(args)
 }
 
-// writeCA writes a self-signed CA certificate, all a CA bundle needs to be here.
-func writeCA(t *testing.T) string {
-	t.Helper()
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		t.Fatal(err)
-	}
-	tmpl := &x509.Certificate{SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "test-ca"},
-		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour),
-		IsCA: true, BasicConstraintsValid: true, KeyUsage: x509.KeyUsageCertSign}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	p := filepath.Join(t.TempDir(), "ca.crt")
-	if err := os.WriteFile(p, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	return p
-}
-
 // The stream is exactly what Configurations builds, decoded as kubectl would.
 func TestWriteConfigurationsIsConfigurations(t *testing.T) {
-	ca := writeCA(t)
+	ca := pkitest.NewCA("test-ca").WriteFile(t, t.TempDir())
 	for _, args := range [][]string{
 		{"--url", "https://127.0.0.1:9443/", "--ca-bundle", ca},
 		{"--service", "stampguard-system/stampguard:8443", "--ca-bundle", ca, "--stamp-failure-policy", "Ignore",
@@ -160,7 +132,7 @@ func TestConfigFlagsFillConfigOptions(t *testing.T) {
 }
 
 func TestBadConfigFlagsAreNamed(t *testing.T) {
-	ca := writeCA(t)
+	ca := pkitest.NewCA("test-ca").WriteFile(t, t.TempDir())
 	notPEM := filepath.Join(t.TempDir(), "not.pem")
 	if err := os.WriteFile(notPEM, []byte("hello"), 0o600); err != nil {
 		t.Fatal(err)

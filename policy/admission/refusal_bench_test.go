@@ -22,6 +22,7 @@ import (
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/utils/ptr"
 
+	"github.com/stampguard/stampguard/internal/pkitest"
 	"github.com/stampguard/stampguard/policy"
 )
 
@@ -97,7 +98,7 @@ func configMapReview(t testing.TB, stampless bool) []byte {
 // per call). Profile it with -cpuprofile.
 func BenchmarkRefusalOverHTTPS(b *testing.B) {
 	dir := b.TempDir()
-	writeCert(b, dir, 1)
+	pkitest.NewCA("test-ca").Server("stampguard-test", "127.0.0.1").WriteFiles(b, dir)
 	file := filepath.Join(dir, "policies.yaml")
 	if err := os.WriteFile(file, []byte(refusalPolicies), 0o600); err != nil {
 		b.Fatal(err)

@@ -3,16 +3,9 @@ package admission
 import (
 	"bytes"
 	"context"
-	"crypto/ecdsa"
-	"crypto/elliptic"
-	"crypto/rand"
 	"crypto/tls"
-	"crypto/x509"
-	"crypto/x509/pkix"
-	"encoding/pem"
 	"io"
 	"log/slog"
-	"math/big"
 	"net"
 	"net/http"
 	"net/http/httptest"
@@ -25,35 +18,9 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/stampguard/stampguard/internal/pkitest"
 	"github.com/stampguard/stampguard/policy"
 )
-
-func writeCert(t testing.TB, dir string, serial int64) {
-	t.Helper()
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		t.Fatal(err)
-	}
-	tmpl := &x509.Certificate{
-		SerialNumber: big.NewInt(serial), Subject: pkix.Name{CommonName: "stampguard-test"},
-		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour),
-		IPAddresses: []net.IP{net.ParseIP("127.0.0.1")}, KeyUsage: x509.KeyUsageDigitalSignature,
-		ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
-	}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	kb, err := x509.MarshalECPrivateKey(key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	for name, block := range map[string]*pem.Block{"tls.crt": {Type: "CERTIFICATE", Bytes: der}, "tls.key": {Type: "EC PRIVATE KEY", Bytes: kb}} {
-		if err := os.WriteFile(filepath.Join(dir, name), pem.EncodeToMemory(block), 0o600); err != nil {
-			t.Fatal(err)
-		}
-	}
-}
 
 func freePort(t testing.TB) int {
 	t.Helper()
@@ -77,7 +44,9 @@ spec:
 // admission endpoints, probes and metrics, and a graceful stop.
 func TestRunFileMode(t *testing.T) {
 	dir := t.TempDir()
-	writeCert(t, dir, 1)
+	ca := pkitest.NewCA("test-ca")
+	first := ca.Server("stampguard-test", "127.0.0.1")
+	first.WriteFiles(t, dir)
 	file := filepath.Join(dir, "policies.yaml")
 	if err := os.WriteFile(file, []byte(filePolicy), 0o600); err != nil {
 		t.Fatal(err)
@@ -161,12 +130,13 @@ func TestRunFileMode(t *testing.T) {
 		defer conn.Close()
 		return conn.ConnectionState().PeerCertificates[0].SerialNumber.Int64()
 	}
-	if got := servedSerial(); got != 1 {
-		t.Fatalf("serving certificate %d, want 1", got)
+	if got := servedSerial(); got != first.Serial() {
+		t.Fatalf("serving certificate %d, want %d", got, first.Serial())
 	}
-	writeCert(t, dir, 2)
+	renewed := ca.Server("stampguard-test", "127.0.0.1")
+	renewed.WriteFiles(t, dir)
 	deadline := time.Now().Add(30 * time.Second)
-	for servedSerial() != 2 {
+	for servedSerial() != renewed.Serial() {
 		if time.Now().After(deadline) {
 			t.Fatal("the new certificate was not served within 30s")
 		}

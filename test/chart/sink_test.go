@@ -1,15 +1,8 @@
 package chart
 
 import (
-	"crypto/ecdsa"
-	"crypto/elliptic"
-	"crypto/rand"
 	"crypto/tls"
-	"crypto/x509"
-	"crypto/x509/pkix"
-	"encoding/pem"
 	"fmt"
-	"math/big"
 	"net/http"
 	"strconv"
 	"strings"
@@ -22,6 +15,7 @@ import (
 
 	"github.com/stampguard/stampguard/internal/bintest"
 	"github.com/stampguard/stampguard/internal/chtest"
+	"github.com/stampguard/stampguard/internal/pkitest"
 	"github.com/stampguard/stampguard/internal/testenv"
 )
 
@@ -37,7 +31,9 @@ func TestSinkWiring(t *testing.T) {
 	ch := chtest.Start(t)
 	bin := bintest.Build(t, "./cmd/auditsink")
 	name := release + "-stampguard-auditsink"
-	clientCA, clientCert := clientPKI(t)
+	// A client CA and certificate, as a platform makes them for the apiserver.
+	clientCA := pkitest.NewCA("apiserver-client-ca")
+	clientCert := clientCA.Client("kube-apiserver")
 
 	for _, tc := range []struct {
 		name    string
@@ -50,7 +46,7 @@ func TestSinkWiring(t *testing.T) {
 			name: "a client certificate", cluster: "mtls",
 			sets: []string{"auditSink.cluster=mtls", "auditSink.auth.token.enabled=false",
 				"auditSink.auth.clientCA.enabled=true", "auditSink.auth.clientCA.existingSecret=apiserver-client-ca"},
-			secrets: []*corev1.Secret{{ObjectMeta: metav1.ObjectMeta{Name: "apiserver-client-ca"}, Data: map[string][]byte{"ca.crt": clientCA}}},
+			secrets: []*corev1.Secret{{ObjectMeta: metav1.ObjectMeta{Name: "apiserver-client-ca"}, Data: map[string][]byte{"ca.crt": clientCA.PEM}}},
 		},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -108,7 +104,7 @@ func TestSinkWiring(t *testing.T) {
 				}
 			} else {
 				withCert := tlsClient(t, tlsSecret.Data["ca.crt"])
-				withCert.Transport.(*http.Transport).TLSClientConfig.Certificates = []tls.Certificate{clientCert}
+				withCert.Transport.(*http.Transport).TLSClientConfig.Certificates = []tls.Certificate{clientCert.TLS}
 				if code := post(withCert, ""); code != http.StatusOK {
 					t.Fatalf("a batch with a client certificate: %d, want 200", code)
 				}
@@ -144,41 +140,4 @@ func auditBatch(now time.Time, n int) (string, []string) {
 			`"responseStatus":{"metadata":{},"code":200},"requestReceivedTimestamp":"`+ts+`","stageTimestamp":"`+ts+`"}`)
 	}
 	return `{"kind":"EventList","apiVersion":"audit.k8s.io/v1","metadata":{},"items":[` + strings.Join(events, ",") + `]}`, ids
-}
-
-// clientPKI makes a CA (PEM) and a client certificate it signs, as a
-// platform would for the apiserver.
-func clientPKI(t testing.TB) ([]byte, tls.Certificate) {
-	t.Helper()
-	caKey, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ca := &x509.Certificate{
-		SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "apiserver-client-ca"},
-		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(24 * time.Hour),
-		IsCA: true, BasicConstraintsValid: true, KeyUsage: x509.KeyUsageCertSign,
-	}
-	caDER, err := x509.CreateCertificate(rand.Reader, ca, ca, &caKey.PublicKey, caKey)
-	if err != nil {
-		t.Fatal(err)
-	}
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		t.Fatal(err)
-	}
-	leaf := &x509.Certificate{
-		SerialNumber: big.NewInt(2), Subject: pkix.Name{CommonName: "kube-apiserver"},
-		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(24 * time.Hour),
-		KeyUsage: x509.KeyUsageDigitalSignature, ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth},
-	}
-	caCert, err := x509.ParseCertificate(caDER)
-	if err != nil {
-		t.Fatal(err)
-	}
-	der, err := x509.CreateCertificate(rand.Reader, leaf, caCert, &key.PublicKey, caKey)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: caDER}), tls.Certificate{Certificate: [][]byte{der}, PrivateKey: key}
 }

@@ -5,9 +5,9 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/stampguard/stampguard/internal/replaytest"
 	"github.com/stampguard/stampguard/policy"
 	"github.com/stampguard/stampguard/policy/replay"
+	"github.com/stampguard/stampguard/test/replaytest"
 )
 
 // replayEqualsEnforcement replays the demo's policies over the demo's own

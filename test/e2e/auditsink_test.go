@@ -4,18 +4,11 @@ import (
 	"bufio"
 	"bytes"
 	"context"
-	"crypto/ecdsa"
-	"crypto/elliptic"
-	"crypto/rand"
 	"crypto/tls"
-	"crypto/x509"
-	"crypto/x509/pkix"
 	"encoding/json"
-	"encoding/pem"
 	"errors"
 	"fmt"
 	"io"
-	"math/big"
 	"net"
 	"net/http"
 	"os"
@@ -47,6 +40,7 @@ import (
 	"github.com/stampguard/stampguard/internal/chtest"
 	"github.com/stampguard/stampguard/internal/kubetest"
 	"github.com/stampguard/stampguard/internal/logfile"
+	"github.com/stampguard/stampguard/internal/pkitest"
 
 	"github.com/stampguard/stampguard/internal/testenv"
 )
@@ -71,21 +65,23 @@ func TestAuditSink(t *testing.T) {
 	const db = "e2e"
 	migrate(t, ch, db)
 
-	pki := newSinkPKI(t, dir)
+	sinkCA := pkitest.NewCA("e2e-sink-ca")
+	serving := sinkCA.Server("auditsink", "127.0.0.1")
+	certFile, keyFile := serving.WriteFiles(t, dir)
 	tokenFile := filepath.Join(dir, "token")
 	if err := os.WriteFile(tokenFile, []byte("e2e-token-0123456789abcdef0123456789\n"), 0o600); err != nil {
 		t.Fatal(err)
 	}
 	sinkAddr, metricsAddr := freeAddr(t), freeAddr(t)
 	sink := &sinkProcess{t: t, bin: bin, args: []string{"serve", "--listen", sinkAddr,
-		"--tls-cert", pki.cert, "--tls-key", pki.key, "--token-file", tokenFile,
+		"--tls-cert", certFile, "--tls-key", keyFile, "--token-file", tokenFile,
 		"--spool-dir", filepath.Join(dir, "spool"), "--metrics-listen", metricsAddr, "--database", db, "--keep-raw",
 		"--log-level", "warn"},
 		env: append(os.Environ(), "AUDITSINK_CLICKHOUSE_DSN="+ch.DSN()), log: filepath.Join(dir, "sink.log")}
 	sink.start()
 	t.Cleanup(sink.kill)
 
-	proxy := newRecordingProxy(t, pki, "https://"+sinkAddr)
+	proxy := newRecordingProxy(t, sinkCA, serving, "https://"+sinkAddr)
 
 	policy, err := os.ReadFile(filepath.Join(root, "docs", "audit-policy.yaml"))
 	if err != nil {
@@ -95,7 +91,7 @@ func TestAuditSink(t *testing.T) {
 		AuditPolicy:        string(policy),
 		AuditLog:           true,
 		AuditWebhookURL:    proxy.url + "/clusters/webhook/events",
-		AuditWebhookCAFile: pki.caFile,
+		AuditWebhookCAFile: sinkCA.WriteFile(t, dir),
 		AuditWebhookToken:  "e2e-token-0123456789abcdef0123456789",
 		Flags:              map[string]string{"audit-log-maxsize": "1", "audit-log-maxbackup": "100"},
 	})
@@ -623,15 +619,11 @@ type recordingProxy struct {
 	kept   [][]byte
 }
 
-func newRecordingProxy(t *testing.T, pki *sinkPKI, target string) *recordingProxy {
+func newRecordingProxy(t *testing.T, ca *pkitest.CA, serving *pkitest.Cert, target string) *recordingProxy {
 	t.Helper()
 	p := &recordingProxy{target: target, client: &http.Client{Timeout: 30 * time.Second,
-		Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: pki.pool}}}}
-	cert, err := tls.LoadX509KeyPair(pki.cert, pki.key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ln, err := tls.Listen("tcp", "127.0.0.1:0", &tls.Config{Certificates: []tls.Certificate{cert}})
+		Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: ca.Pool()}}}}
+	ln, err := tls.Listen("tcp", "127.0.0.1:0", &tls.Config{Certificates: []tls.Certificate{serving.TLS}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -715,45 +707,6 @@ func eventuallyTrue(t *testing.T, what string, cond func() bool) {
 }
 
 func slicesClone(b [][]byte) [][]byte { return append([][]byte(nil), b...) }
-
-type sinkPKI struct {
-	caFile, cert, key string
-	pool              *x509.CertPool
-}
-
-// newSinkPKI writes a CA and a serving certificate for 127.0.0.1.
-func newSinkPKI(t *testing.T, dir string) *sinkPKI {
-	t.Helper()
-	caKey, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	caTmpl := &x509.Certificate{SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "e2e-sink-ca"},
-		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(24 * time.Hour),
-		IsCA: true, BasicConstraintsValid: true, KeyUsage: x509.KeyUsageCertSign}
-	caDER, err := x509.CreateCertificate(rand.Reader, caTmpl, caTmpl, &caKey.PublicKey, caKey)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ca, _ := x509.ParseCertificate(caDER)
-	key, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	tmpl := &x509.Certificate{SerialNumber: big.NewInt(2), Subject: pkix.Name{CommonName: "auditsink"},
-		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(24 * time.Hour),
-		ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth}, IPAddresses: []net.IP{net.IPv4(127, 0, 0, 1)}}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, ca, &key.PublicKey, caKey)
-	if err != nil {
-		t.Fatal(err)
-	}
-	kb, _ := x509.MarshalECPrivateKey(key)
-	write := func(name, typ string, b []byte) string {
-		p := filepath.Join(dir, name)
-		if err := os.WriteFile(p, pem.EncodeToMemory(&pem.Block{Type: typ, Bytes: b}), 0o600); err != nil {
-			t.Fatal(err)
-		}
-		return p
-	}
-	pool := x509.NewCertPool()
-	pool.AddCert(ca)
-	return &sinkPKI{caFile: write("sink-ca.crt", "CERTIFICATE", caDER), cert: write("sink.crt", "CERTIFICATE", der),
-		key: write("sink.key", "EC PRIVATE KEY", kb), pool: pool}
-}
 
 func freeAddr(t testing.TB) string {
 	t.Helper()

@@ -20,6 +20,7 @@ import (
 	"github.com/stampguard/stampguard/analytics/store"
 	"github.com/stampguard/stampguard/internal/chtest"
 	"github.com/stampguard/stampguard/internal/kubetest"
+	"github.com/stampguard/stampguard/internal/pkitest"
 	"github.com/stampguard/stampguard/internal/testenv"
 	wl "github.com/stampguard/stampguard/test/workload"
 )
@@ -65,7 +66,8 @@ func TestClusterMode(t *testing.T) {
 	gt := sharedGroundTruth(t) // every section nonzero, in closed hours
 	res, want := gt.res, gt.want
 
-	pki := newSinkPKI(t, dir)
+	sinkCA := pkitest.NewCA("e2e-sink-ca")
+	certFile, keyFile := sinkCA.Server("auditsink", "127.0.0.1").WriteFiles(t, dir)
 	tokenFile := filepath.Join(dir, "token")
 	if err := os.WriteFile(tokenFile, []byte("cluster-token-0123456789abcdef0123456789\n"), 0o600); err != nil {
 		t.Fatal(err)
@@ -75,7 +77,7 @@ func TestClusterMode(t *testing.T) {
 	for i := range 2 {
 		addr := freeAddr(t)
 		s := &sinkProcess{t: t, bin: bin, args: []string{"serve", "--listen", addr,
-			"--tls-cert", pki.cert, "--tls-key", pki.key, "--token-file", tokenFile,
+			"--tls-cert", certFile, "--tls-key", keyFile, "--token-file", tokenFile,
 			"--spool-dir", filepath.Join(dir, fmt.Sprintf("spool-%d", i)), "--metrics-listen", "",
 			"--database", db, "--log-level", "warn"},
 			env: append(os.Environ(), env...), log: filepath.Join(dir, fmt.Sprintf("sink-%d.log", i))}
@@ -84,7 +86,7 @@ func TestClusterMode(t *testing.T) {
 		sinks, addrs = append(sinks, s), append(addrs, addr)
 	}
 
-	client := &http.Client{Timeout: 30 * time.Second, Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: pki.pool}}}
+	client := &http.Client{Timeout: 30 * time.Second, Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: sinkCA.Pool()}}}
 	post := func(addr string, body []byte) error {
 		req, err := http.NewRequestWithContext(ctx, http.MethodPost, "https://"+addr+"/clusters/e2e/events", bytes.NewReader(body))
 		if err != nil {

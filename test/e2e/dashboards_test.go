@@ -16,10 +16,10 @@ import (
 
 	"github.com/stampguard/stampguard/analytics/report"
 	asql "github.com/stampguard/stampguard/analytics/sql"
+	"github.com/stampguard/stampguard/analytics/store/enginetest"
 	"github.com/stampguard/stampguard/dashboards"
 	"github.com/stampguard/stampguard/internal/chdbtest"
 	"github.com/stampguard/stampguard/internal/chtest"
-	"github.com/stampguard/stampguard/internal/enginetest"
 	"github.com/stampguard/stampguard/internal/kubetest"
 	"github.com/stampguard/stampguard/internal/testenv"
 	"github.com/stampguard/stampguard/policy/api/v1alpha1"

@@ -3,18 +3,12 @@ package e2e
 import (
 	"bufio"
 	"bytes"
-	"crypto/ecdsa"
-	"crypto/elliptic"
-	"crypto/rand"
 	"crypto/tls"
 	"crypto/x509"
-	"crypto/x509/pkix"
 	"encoding/json"
-	"encoding/pem"
 	"errors"
 	"fmt"
 	"io"
-	"math/big"
 	"net"
 	"net/http"
 	"os"
@@ -29,66 +23,9 @@ import (
 
 	"github.com/stampguard/stampguard/internal/bintest"
 	"github.com/stampguard/stampguard/internal/kubetest"
+	"github.com/stampguard/stampguard/internal/pkitest"
 	"github.com/stampguard/stampguard/policy/admission"
 )
-
-// testCA issues certificates for the tests of hostile clients.
-type testCA struct {
-	cert   *x509.Certificate
-	key    *ecdsa.PrivateKey
-	pem    []byte
-	serial int64
-}
-
-func newTestCA(t *testing.T, name string) *testCA {
-	t.Helper()
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		t.Fatal(err)
-	}
-	tmpl := &x509.Certificate{SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: name},
-		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(24 * time.Hour),
-		IsCA: true, BasicConstraintsValid: true, KeyUsage: x509.KeyUsageCertSign}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cert, _ := x509.ParseCertificate(der)
-	return &testCA{cert: cert, key: key, pem: pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}), serial: 1}
-}
-
-func (ca *testCA) pool() *x509.CertPool {
-	p := x509.NewCertPool()
-	p.AddCert(ca.cert)
-	return p
-}
-
-// issue signs a certificate named cn (server certificates are for
-// 127.0.0.1) and returns it as PEM and as a tls.Certificate, with its
-// serial number.
-func (ca *testCA) issue(t *testing.T, cn string, usage x509.ExtKeyUsage) (certPEM, keyPEM []byte, pair tls.Certificate, serial int64) {
-	t.Helper()
-	ca.serial++
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		t.Fatal(err)
-	}
-	tmpl := &x509.Certificate{SerialNumber: big.NewInt(ca.serial), Subject: pkix.Name{CommonName: cn},
-		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(24 * time.Hour),
-		ExtKeyUsage: []x509.ExtKeyUsage{usage}, IPAddresses: []net.IP{net.IPv4(127, 0, 0, 1)}}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, ca.cert, &key.PublicKey, ca.key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	kb, _ := x509.MarshalECPrivateKey(key)
-	certPEM = pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der})
-	keyPEM = pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: kb})
-	pair, err = tls.X509KeyPair(certPEM, keyPEM)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return certPEM, keyPEM, pair, ca.serial
-}
 
 // writeAtomic replaces path as a renewal does: a new file renamed over
 // the old one.
@@ -196,13 +133,8 @@ func TestWebhookAgainstHostileClients(t *testing.T) {
 	webhook := bintest.Build(t, "./cmd/webhook")
 	root := kubetest.RepoRoot(t)
 	dir := t.TempDir()
-	ca := newTestCA(t, "webhook-ca")
-	certPEM, keyPEM, _, _ := ca.issue(t, "webhook", x509.ExtKeyUsageServerAuth)
-	for name, b := range map[string][]byte{"tls.crt": certPEM, "tls.key": keyPEM} {
-		if err := os.WriteFile(filepath.Join(dir, name), b, 0o600); err != nil {
-			t.Fatal(err)
-		}
-	}
+	ca := pkitest.NewCA("webhook-ca")
+	ca.Server("webhook", "127.0.0.1").WriteFiles(t, dir)
 	start := func(extra ...string) (p *process, addr, probes string) {
 		addr, probes = freeAddr(t), freeAddr(t)
 		host, port, _ := net.SplitHostPort(addr)
@@ -212,7 +144,7 @@ func TestWebhookAgainstHostileClients(t *testing.T) {
 		return p, addr, probes
 	}
 	p, addr, _ := start("--review-read-timeout", "3s", "--max-review-bytes", strconv.Itoa(4<<20), "--max-review-bytes-in-flight", strconv.Itoa(8<<20))
-	client := &http.Client{Timeout: time.Minute, Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: ca.pool()}}}
+	client := &http.Client{Timeout: time.Minute, Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: ca.Pool()}}}
 	fields := "https://" + addr + admission.FieldsPath
 	if _, stderr, code := runBinary(t, nil, webhook, "--policy-file", filepath.Join(root, "examples", "policies.yaml"), "--max-review-bytes-in-flight", "1000"); code != 2 || !strings.Contains(stderr, "--max-review-bytes-in-flight") {
 		t.Errorf("a budget below two reviews: exit %d, stderr %q; want 2 naming the flag", code, stderr)
@@ -230,7 +162,7 @@ func TestWebhookAgainstHostileClients(t *testing.T) {
 		var wg sync.WaitGroup
 		stall := func(i int, body []byte) {
 			defer wg.Done()
-			conn, err := tls.Dial("tcp", addr, &tls.Config{RootCAs: ca.pool()})
+			conn, err := tls.Dial("tcp", addr, &tls.Config{RootCAs: ca.Pool()})
 			if err != nil {
 				answers <- answer{err: err}
 				return
@@ -311,36 +243,27 @@ func TestWebhookAgainstHostileClients(t *testing.T) {
 		}
 	})
 	t.Run("TLS 1.1 and CBC suites are refused, h2 is not negotiated", func(t *testing.T) {
-		checkTLSFloor(t, addr, ca.pool())
+		checkTLSFloor(t, addr, ca.Pool())
 	})
 	if code := p.stop(); code != 0 {
 		t.Fatalf("exit code %d after SIGTERM; output:\n%s", code, p.out.String())
 	}
 
 	t.Run("with --client-ca, only a client with a certificate of that CA is answered", func(t *testing.T) {
-		clientCA := newTestCA(t, "apiserver-client-ca")
-		caFile := filepath.Join(t.TempDir(), "client-ca.crt")
-		if err := os.WriteFile(caFile, clientCA.pem, 0o600); err != nil {
-			t.Fatal(err)
-		}
-		p, addr, _ := start("--client-ca", caFile)
+		clientCA := pkitest.NewCA("apiserver-client-ca")
+		p, addr, _ := start("--client-ca", clientCA.WriteFile(t, t.TempDir()))
 		url := "https://" + addr + admission.FieldsPath
-		_, _, apiserver, _ := clientCA.issue(t, "kube-apiserver", x509.ExtKeyUsageClientAuth)
-		_, _, stranger, _ := newTestCA(t, "other").issue(t, "kube-apiserver", x509.ExtKeyUsageClientAuth)
-		with := func(cert *tls.Certificate) *http.Client {
-			cfg := &tls.Config{RootCAs: ca.pool()}
-			if cert != nil {
-				cfg.Certificates = []tls.Certificate{*cert}
-			}
-			return &http.Client{Timeout: 30 * time.Second, Transport: &http.Transport{TLSClientConfig: cfg}}
+		apiserver, stranger := clientCA.Client("kube-apiserver"), pkitest.NewCA("other").Client("kube-apiserver")
+		with := func(cert *pkitest.Cert) *http.Client {
+			return &http.Client{Timeout: 30 * time.Second, Transport: &http.Transport{TLSClientConfig: ca.ClientConfig(cert)}}
 		}
-		for what, c := range map[string]*http.Client{"no certificate": with(nil), "a certificate of another CA": with(&stranger)} {
+		for what, c := range map[string]*http.Client{"no certificate": with(nil), "a certificate of another CA": with(stranger)} {
 			if resp, err := c.Post(url, "application/json", bytes.NewReader(deploymentReview("x", ""))); err == nil {
 				resp.Body.Close()
 				t.Errorf("a client with %s got HTTP %d, want a refused handshake", what, resp.StatusCode)
 			}
 		}
-		if resp := postReview(t, with(&apiserver), url, deploymentReview("with-cert", "")); resp.Allowed || resp.UID != "with-cert" {
+		if resp := postReview(t, with(apiserver), url, deploymentReview("with-cert", "")); resp.Allowed || resp.UID != "with-cert" {
 			t.Errorf("the apiserver's certificate: got %+v, want the policy's denial", resp)
 		}
 		if code := p.stop(); code != 0 {
@@ -360,14 +283,10 @@ const sinkToken = "hostile-token-0123456789abcdef0123456789"
 func TestAuditsinkAgainstHostileClients(t *testing.T) {
 	bin := bintest.Build(t, "./cmd/auditsink")
 	dir := t.TempDir()
-	serverCA, clientCA := newTestCA(t, "sink-ca"), newTestCA(t, "apiserver-client-ca")
-	certPEM, keyPEM, _, firstSerial := serverCA.issue(t, "auditsink", x509.ExtKeyUsageServerAuth)
-	certFile, keyFile, caFile := filepath.Join(dir, "tls.crt"), filepath.Join(dir, "tls.key"), filepath.Join(dir, "client-ca.crt")
-	for path, b := range map[string][]byte{certFile: certPEM, keyFile: keyPEM, caFile: clientCA.pem} {
-		if err := os.WriteFile(path, b, 0o600); err != nil {
-			t.Fatal(err)
-		}
-	}
+	serverCA, clientCA := pkitest.NewCA("sink-ca"), pkitest.NewCA("apiserver-client-ca")
+	first := serverCA.Server("auditsink", "127.0.0.1")
+	certFile, keyFile := first.WriteFiles(t, dir)
+	caFile := clientCA.WriteFile(t, dir)
 	addr := freeAddr(t)
 	// The token comes from the environment with a trailing newline, as
 	// `kubectl create secret --from-file` and editors leave it.
@@ -375,18 +294,12 @@ func TestAuditsinkAgainstHostileClients(t *testing.T) {
 	p := startProcess(t, env, bin, "serve", "--listen", addr, "--tls-cert", certFile, "--tls-key", keyFile,
 		"--client-ca", caFile, "--client-names", "apiserver-prod=prod,apiserver-shared", "--token-clusters", "dev",
 		"--spool-dir", filepath.Join(dir, "spool"), "--metrics-listen", "127.0.0.1:0")
-	p.waitFor("the sink serving TLS", func() error { _, err := servedSerial(addr, serverCA.pool()); return err })
+	p.waitFor("the sink serving TLS", func() error { _, err := servedSerial(addr, serverCA.Pool()); return err })
 
-	_, _, prod, _ := clientCA.issue(t, "apiserver-prod", x509.ExtKeyUsageClientAuth)
-	_, _, shared, _ := clientCA.issue(t, "apiserver-shared", x509.ExtKeyUsageClientAuth)
-	_, _, node, _ := clientCA.issue(t, "system:node:evil", x509.ExtKeyUsageClientAuth)
-	post := func(cert *tls.Certificate, token, cluster string) (int, string) {
+	prod, shared, node := clientCA.Client("apiserver-prod"), clientCA.Client("apiserver-shared"), clientCA.Client("system:node:evil")
+	post := func(cert *pkitest.Cert, token, cluster string) (int, string) {
 		t.Helper()
-		cfg := &tls.Config{RootCAs: serverCA.pool()}
-		if cert != nil {
-			cfg.Certificates = []tls.Certificate{*cert}
-		}
-		c := &http.Client{Timeout: 30 * time.Second, Transport: &http.Transport{TLSClientConfig: cfg}}
+		c := &http.Client{Timeout: 30 * time.Second, Transport: &http.Transport{TLSClientConfig: serverCA.ClientConfig(cert)}}
 		req, _ := http.NewRequest(http.MethodPost, "https://"+addr+"/clusters/"+cluster+"/events",
 			strings.NewReader(`{"kind":"EventList","apiVersion":"audit.k8s.io/v1","items":[]}`))
 		if token != "" {
@@ -402,18 +315,18 @@ func TestAuditsinkAgainstHostileClients(t *testing.T) {
 	}
 	for _, c := range []struct {
 		what    string
-		cert    *tls.Certificate
+		cert    *pkitest.Cert
 		token   string
 		cluster string
 		code    int
 	}{
-		{"a certificate bound to prod writes prod", &prod, "", "prod", 200},
-		{"a certificate bound to prod may not write dev", &prod, "", "dev", 403},
-		{"an unbound name writes any cluster", &shared, "", "dev", 200},
-		{"a certificate of the client CA with a foreign name (a kubelet's) is refused", &node, "", "prod", 403},
+		{"a certificate bound to prod writes prod", prod, "", "prod", 200},
+		{"a certificate bound to prod may not write dev", prod, "", "dev", 403},
+		{"an unbound name writes any cluster", shared, "", "dev", 200},
+		{"a certificate of the client CA with a foreign name (a kubelet's) is refused", node, "", "prod", 403},
 		{"the token (from the environment, trimmed) writes its cluster dev", nil, sinkToken, "dev", 200},
 		{"the token may not write prod", nil, sinkToken, "prod", 403},
-		{"a foreign name with the token writes the token's cluster", &node, sinkToken, "dev", 200},
+		{"a foreign name with the token writes the token's cluster", node, sinkToken, "dev", 200},
 		{"no credential", nil, "", "dev", 401},
 	} {
 		if code, body := post(c.cert, c.token, c.cluster); code != c.code {
@@ -425,38 +338,38 @@ func TestAuditsinkAgainstHostileClients(t *testing.T) {
 	}
 
 	t.Run("TLS 1.1 and CBC suites are refused, h2 is not negotiated", func(t *testing.T) {
-		checkTLSFloor(t, addr, serverCA.pool())
+		checkTLSFloor(t, addr, serverCA.Pool())
 	})
 	t.Run("a certificate renewed on disk is served within seconds", func(t *testing.T) {
-		certPEM, keyPEM, _, serial := serverCA.issue(t, "auditsink", x509.ExtKeyUsageServerAuth)
-		if s, err := servedSerial(addr, serverCA.pool()); err != nil || s != firstSerial {
-			t.Fatalf("serial %d (%v) before the renewal, want %d", s, err, firstSerial)
+		next := serverCA.Server("auditsink", "127.0.0.1")
+		if s, err := servedSerial(addr, serverCA.Pool()); err != nil || s != first.Serial() {
+			t.Fatalf("serial %d (%v) before the renewal, want %d", s, err, first.Serial())
 		}
 		renewed := time.Now()
-		writeAtomic(t, keyFile, keyPEM)
-		writeAtomic(t, certFile, certPEM)
+		writeAtomic(t, keyFile, next.KeyPEM)
+		writeAtomic(t, certFile, next.CertPEM)
 		p.waitFor("the renewed certificate served", func() error {
-			if s, err := servedSerial(addr, serverCA.pool()); err != nil || s != serial {
-				return fmt.Errorf("serial %d (%w), want %d", s, err, serial)
+			if s, err := servedSerial(addr, serverCA.Pool()); err != nil || s != next.Serial() {
+				return fmt.Errorf("serial %d (%w), want %d", s, err, next.Serial())
 			}
 			return nil
 		})
 		t.Logf("the renewed certificate was served %s after it was written", time.Since(renewed).Round(100*time.Millisecond))
 	})
 	t.Run("a client CA renewed on disk verifies its certificates within seconds", func(t *testing.T) {
-		next := newTestCA(t, "apiserver-client-ca-2")
-		_, _, renewedProd, _ := next.issue(t, "apiserver-prod", x509.ExtKeyUsageClientAuth)
-		if code, _ := post(&renewedProd, "", "prod"); code != 401 {
+		next := pkitest.NewCA("apiserver-client-ca-2")
+		renewedProd := next.Client("apiserver-prod")
+		if code, _ := post(renewedProd, "", "prod"); code != 401 {
 			t.Fatalf("a certificate of the next CA before the renewal: %d, want 401", code)
 		}
-		writeAtomic(t, caFile, append(append([]byte{}, clientCA.pem...), next.pem...)) // a rotation: both CAs
+		writeAtomic(t, caFile, append(append([]byte{}, clientCA.PEM...), next.PEM...)) // a rotation: both CAs
 		p.waitFor("the next CA's certificate accepted", func() error {
-			if code, body := post(&renewedProd, "", "prod"); code != 200 {
+			if code, body := post(renewedProd, "", "prod"); code != 200 {
 				return fmt.Errorf("HTTP %d %s", code, body)
 			}
 			return nil
 		})
-		if code, _ := post(&node, "", "prod"); code != 403 {
+		if code, _ := post(node, "", "prod"); code != 403 {
 			t.Errorf("after the renewal, the foreign name: %d, want 403", code)
 		}
 	})

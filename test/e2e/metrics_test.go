@@ -16,6 +16,7 @@ import (
 	"github.com/stampguard/stampguard/internal/bintest"
 	"github.com/stampguard/stampguard/internal/chtest"
 	"github.com/stampguard/stampguard/internal/kubetest"
+	"github.com/stampguard/stampguard/internal/pkitest"
 	"github.com/stampguard/stampguard/internal/promtest"
 	"github.com/stampguard/stampguard/policy/admission"
 )
@@ -100,20 +101,11 @@ func TestAlertsAndPanelsNameRegisteredMetrics(t *testing.T) {
 	dir := t.TempDir()
 
 	// The webhook in file mode, serving TLS from a cert dir.
-	pki := newSinkPKI(t, dir)
 	certDir := filepath.Join(dir, "webhook-tls")
 	if err := os.MkdirAll(certDir, 0o700); err != nil {
 		t.Fatal(err)
 	}
-	for from, to := range map[string]string{pki.cert: "tls.crt", pki.key: "tls.key"} {
-		b, err := os.ReadFile(from)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := os.WriteFile(filepath.Join(certDir, to), b, 0o600); err != nil {
-			t.Fatal(err)
-		}
-	}
+	pkitest.NewCA("e2e-ca").Server("webhook", "127.0.0.1").WriteFiles(t, certDir)
 	probes, serving := freeAddr(t), freeAddr(t)
 	host, port, _ := net.SplitHostPort(serving)
 	wh := startProcess(t, nil, webhook, "--policy-file", filepath.Join(root, "examples", "policies.yaml"),

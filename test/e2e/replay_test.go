@@ -13,10 +13,10 @@ import (
 
 	"github.com/stampguard/stampguard/internal/bintest"
 	"github.com/stampguard/stampguard/internal/kubetest"
-	"github.com/stampguard/stampguard/internal/replaytest"
 	"github.com/stampguard/stampguard/policy"
 	"github.com/stampguard/stampguard/policy/api/v1alpha1"
 	"github.com/stampguard/stampguard/policy/replay"
+	"github.com/stampguard/stampguard/test/replaytest"
 )
 
 // recommendedAuditPolicy is docs/audit-policy.yaml, the audit levels the

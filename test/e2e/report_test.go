@@ -10,9 +10,9 @@ import (
 	"time"
 
 	"github.com/stampguard/stampguard/analytics/report"
+	"github.com/stampguard/stampguard/analytics/store/enginetest"
 	"github.com/stampguard/stampguard/internal/chdbtest"
 	"github.com/stampguard/stampguard/internal/chtest"
-	"github.com/stampguard/stampguard/internal/enginetest"
 	"github.com/stampguard/stampguard/internal/kubetest"
 )
 

@@ -20,6 +20,7 @@ import (
 
 	"github.com/stampguard/stampguard/internal/chtest"
 	"github.com/stampguard/stampguard/internal/kubetest"
+	"github.com/stampguard/stampguard/internal/pkitest"
 	"github.com/stampguard/stampguard/internal/testenv"
 )
 
@@ -27,13 +28,13 @@ import (
 // token, against ch, and returns it with its metrics address.
 func faultSink(t *testing.T, bin, dir string, ch *chtest.Server, extra ...string) (*sinkProcess, string, string) {
 	t.Helper()
-	pki := newSinkPKI(t, dir)
+	certFile, keyFile := pkitest.NewCA("e2e-sink-ca").Server("auditsink", "127.0.0.1").WriteFiles(t, dir)
 	tokenFile := filepath.Join(dir, "token")
 	if err := os.WriteFile(tokenFile, []byte("fault-token-0123456789abcdef0123456789\n"), 0o600); err != nil {
 		t.Fatal(err)
 	}
 	addr, metricsAddr := freeAddr(t), freeAddr(t)
-	args := append([]string{"serve", "--listen", addr, "--tls-cert", pki.cert, "--tls-key", pki.key,
+	args := append([]string{"serve", "--listen", addr, "--tls-cert", certFile, "--tls-key", keyFile,
 		"--token-file", tokenFile, "--spool-dir", filepath.Join(dir, "spool"), "--metrics-listen", metricsAddr,
 		"--database", "fault", "--log-level", "info"}, extra...)
 	sink := &sinkProcess{t: t, bin: bin, args: args,
