@@ -25,8 +25,8 @@
 //
 // One event from the HTTP handler to a ClickHouse row: sink/server.go
 // (the handler), pipeline/pipeline.go (the Accepter, which has
-// internal/audit/decode.go decode it and record/record.go encode it; then the
+// internal/audit/decode.go decode it and record/layout.go encode it; then the
 // Drainer, which has record.Set.Add parse it), spool/spool.go between the
 // two (its framing in spool/format.go), and store/store.go (InsertRecords,
-// with the columns of record/record.go).
+// with the columns of record/columns.go).
 package analytics
