@@ -78,6 +78,7 @@ func (ev *events) steady(from, to time.Time, perMinute func(time.Time) int, writ
 // compacted, so the rules read the hour caches for the whole hours of
 // their windows and events for the rest, as in production.
 func TestAlertRulesOnScenarios(t *testing.T) {
+	t.Parallel() // its own ClickHouse server
 	srv := chtest.StartInTimeZone(t, "America/New_York")
 	ctx := t.Context()
 	st := migrated(t, srv)

@@ -22,6 +22,7 @@ import (
 // does not change its level. Every time series is either such a count or
 // one that does not scale with the bucket (a rate, a latency).
 func TestCountSeriesDoNotChangeWithZoom(t *testing.T) {
+	t.Parallel() // its own ClickHouse server
 	srv := chtest.Start(t)
 	ctx := t.Context()
 	st := migrated(t, srv)

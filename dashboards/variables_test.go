@@ -25,6 +25,7 @@ import (
 // do not) and the audit events table reads events (which all three
 // narrow).
 func TestVariablesCannotInjectSQL(t *testing.T) {
+	t.Parallel() // its own ClickHouse server
 	srv := chtest.Start(t)
 	ctx := t.Context()
 	st := migrated(t, srv)

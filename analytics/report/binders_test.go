@@ -58,6 +58,7 @@ var panelVariables = map[string]asql.Variable{"cluster": {Name: "cluster"}, "nam
 // forms read both the hour caches and raw events, and find the clean hours
 // themselves).
 func TestGrafanaBinderEqualsReportBinder(t *testing.T) {
+	t.Parallel() // its own ClickHouse server
 	store, db := migrated(t)
 	ctx := t.Context()
 	conn := store.Conn()
@@ -153,6 +154,7 @@ func TestGrafanaBinderEqualsReportBinder(t *testing.T) {
 // TestGrafanaMultiValueFiltersSumTheirValues proves the multi-value form
 // of the filters: totals over two namespaces are the sums of each.
 func TestGrafanaMultiValueFiltersSumTheirValues(t *testing.T) {
+	t.Parallel() // its own ClickHouse server
 	store, db := migrated(t)
 	ctx := t.Context()
 	conn := store.Conn()

@@ -26,6 +26,7 @@ import (
 // second database must equal the single writer's, before and after the
 // dirty hours are compacted again.
 func TestReportCountsDuplicatesOnce(t *testing.T) {
+	t.Parallel() // its own ClickHouse server
 	srv := chtest.Start(t)
 	ctx := t.Context()
 	rows := append(buildScenario().rows, randomRows(11, 6000)...)

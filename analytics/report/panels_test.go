@@ -22,6 +22,7 @@ import (
 // them, which shows each cache branch is read when, and only when, it
 // should be.
 func TestPanelCachesAnswerAsEvents(t *testing.T) {
+	t.Parallel() // its own ClickHouse server
 	store, db := migrated(t)
 	ctx := t.Context()
 	conn := store.Conn()

@@ -120,6 +120,7 @@ func buildScenario() *scenario {
 func us(d time.Duration) string { return t0.Add(d).Format(TimeFormat) }
 
 func TestBuild(t *testing.T) {
+	t.Parallel() // its own ClickHouse server
 	srv := chtest.Start(t)
 	db := srv.NewDatabase(t)
 	ctx := t.Context()

@@ -165,6 +165,7 @@ func migratedOn(t *testing.T, srv *chtest.Server) (*store.Store, string) {
 // and without filters (every conflict class, stampless updates, 410s, dry
 // runs, other stages and clusters occur in the rows).
 func TestRollupEqualsRaw(t *testing.T) {
+	t.Parallel() // its own ClickHouse server
 	store, db := migrated(t)
 	ctx := t.Context()
 	rows := append(buildScenario().rows, randomRows(3, 6000)...)
@@ -236,6 +237,7 @@ func TestRollupEqualsRaw(t *testing.T) {
 // TestRollupEqualsRawOnSynthetic compares both paths on the benchmark's
 // generator, over windows cutting hours in the middle.
 func TestRollupEqualsRawOnSynthetic(t *testing.T) {
+	t.Parallel() // its own ClickHouse server
 	store, db := migrated(t)
 	ctx := t.Context()
 	if err := Synthesize(ctx, store.Conn(), db, "bench", 200_000, 42, t0, 6*time.Hour); err != nil {
@@ -263,6 +265,7 @@ func TestRollupEqualsRawOnSynthetic(t *testing.T) {
 // reads it from events and says the same, and the compactor compacts it
 // again, after which the report reads the caches once more.
 func TestCachesOfEarlierCompactions(t *testing.T) {
+	t.Parallel() // its own ClickHouse server
 	store, db := migrated(t)
 	ctx := t.Context()
 	conn := store.Conn()
@@ -332,6 +335,7 @@ func TestCachesOfEarlierCompactions(t *testing.T) {
 // writers counted), written independently over raw events, for lists
 // shorter and longer than the number of conflicted objects.
 func TestHotObjectsMatchPlainRanking(t *testing.T) {
+	t.Parallel() // its own ClickHouse server
 	store, db := migrated(t)
 	ctx := t.Context()
 	if err := Synthesize(ctx, store.Conn(), db, "bench", 100_000, 7, t0, 2*time.Hour); err != nil {

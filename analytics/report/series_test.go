@@ -21,6 +21,7 @@ import (
 // was: the cache branch is taken exactly when the buckets are whole
 // minutes.
 func TestSeriesReadMinuteCaches(t *testing.T) {
+	t.Parallel() // its own ClickHouse server
 	store, db := migrated(t)
 	ctx := t.Context()
 	conn := store.Conn()
