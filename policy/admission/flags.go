@@ -108,7 +108,7 @@ func (f *ServeFlags) Register(fs *flag.FlagSet) {
 // Every error is a cli.UsageError naming the flag or file at fault.
 func (f *ServeFlags) Resolve(w io.Writer) (Options, error) {
 	o := f.Options
-	log, err := NewLogger(w, f.LogLevel, f.LogFormat)
+	log, err := cli.NewLogger(w, f.LogLevel, f.LogFormat)
 	if err != nil {
 		return Options{}, err
 	}
@@ -215,22 +215,6 @@ func restConfig(kubeconfig string) (*rest.Config, error) {
 		return nil, cli.Usagef("no cluster to read policies from (%w): give --kubeconfig FILE (or $%s) for cluster mode outside a pod, or --policy-file FILE for file mode", err, KubeconfigEnv)
 	}
 	return c, nil
-}
-
-// NewLogger is the webhook's logger on w: --log-level and --log-format.
-func NewLogger(w io.Writer, level, format string) (*slog.Logger, error) {
-	var lv slog.Level
-	if err := lv.UnmarshalText([]byte(level)); err != nil {
-		return nil, cli.Usagef("--log-level %q: want debug, info, warn or error", level)
-	}
-	opts := &slog.HandlerOptions{Level: lv, ReplaceAttr: cli.DurationsAsText}
-	switch format {
-	case "json":
-		return slog.New(slog.NewJSONHandler(w, opts)), nil
-	case "text":
-		return slog.New(slog.NewTextHandler(w, opts)), nil
-	}
-	return nil, cli.Usagef("--log-format %q: want json or text", format)
 }
 
 // RuntimeLogger is log for controller-runtime, whose webhook server

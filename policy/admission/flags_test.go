@@ -115,7 +115,7 @@ func TestWebhookFlagsRefuseWhatTheyCannotDo(t *testing.T) {
 // of a minute; the line tells the one that applies.
 func TestRuntimeLoggerTellsTheShutdownTimeout(t *testing.T) {
 	var out bytes.Buffer
-	log, err := NewLogger(&out, "info", "text")
+	log, err := cli.NewLogger(&out, "info", "text")
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -22,6 +22,7 @@ import (
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/utils/ptr"
 
+	"github.com/stampguard/stampguard/internal/cli"
 	"github.com/stampguard/stampguard/policy"
 )
 
@@ -197,7 +198,7 @@ func devNullLogger(b *testing.B) *slog.Logger {
 		b.Fatal(err)
 	}
 	b.Cleanup(func() { devNull.Close() })
-	log, err := NewLogger(devNull, DefaultLogLevel, DefaultLogFormat)
+	log, err := cli.NewLogger(devNull, DefaultLogLevel, DefaultLogFormat)
 	if err != nil {
 		b.Fatal(err)
 	}
