@@ -15,12 +15,33 @@ import (
 	"k8s.io/client-go/util/retry"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/stampguard/stampguard/policy"
 	"github.com/stampguard/stampguard/policy/api/v1alpha1"
 )
 
 // configResync repairs configurations that someone else edited.
 const configResync = 30 * time.Second
+
+// SyncMetrics are the configuration sync's series.
+type SyncMetrics struct {
+	syncs *prometheus.CounterVec
+}
+
+// NewSyncMetrics registers the sync's series with reg. A nil reg keeps
+// them unregistered (tests).
+func NewSyncMetrics(reg prometheus.Registerer) *SyncMetrics {
+	m := &SyncMetrics{
+		syncs: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "stampguard_configuration_syncs_total",
+			Help: "Syncs of a webhook configuration with the policies, by kind and result (updated, unchanged, conflict, error).",
+		}, []string{"kind", "result"}),
+	}
+	if reg != nil {
+		reg.MustRegister(m.syncs)
+	}
+	return m
+}
 
 // configSync keeps the rules, namespaceSelector and matchConditions of the
 // two webhooks in the configuration objects in step with the policies. It
@@ -38,14 +59,14 @@ type configSync struct {
 	reader  client.Reader // uncached
 	writer  client.Writer
 	opts    ConfigOptions
-	metrics *Metrics
+	metrics *SyncMetrics
 	log     *slog.Logger
 	kick    chan struct{}
 	mu      sync.Mutex
 	coarse  bool // the last compiled condition fell back (logged once)
 }
 
-func newConfigSync(reader client.Reader, writer client.Writer, opts ConfigOptions, m *Metrics, log *slog.Logger) *configSync {
+func newConfigSync(reader client.Reader, writer client.Writer, opts ConfigOptions, m *SyncMetrics, log *slog.Logger) *configSync {
 	opts.setDefaults()
 	return &configSync{reader: reader, writer: writer, opts: opts, metrics: m, log: log, kick: make(chan struct{}, 1)}
 }

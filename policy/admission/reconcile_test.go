@@ -60,7 +60,7 @@ func TestConfigSync(t *testing.T) {
 	}); err != nil {
 		t.Fatal(err)
 	}
-	m := NewMetrics(prometheus.NewRegistry())
+	m := NewSyncMetrics(prometheus.NewRegistry())
 	w := &racingWriter{Client: env.Client}
 	sync := newConfigSync(env.Client, w, opts, m, slog.New(slog.DiscardHandler))
 	count := func(kind, result string) float64 { return testutil.ToFloat64(m.syncs.WithLabelValues(kind, result)) }

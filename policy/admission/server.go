@@ -143,6 +143,8 @@ func Run(ctx context.Context, o Options) error {
 	o.setDefaults()
 	log := o.Logger
 	metrics := NewMetrics(o.Registry)
+	policies := newPolicyMetrics(o.Registry)
+	syncs := NewSyncMetrics(o.Registry)
 	env := &policy.Environment{
 		ProtectedNamespaces: append([]string{}, policy.DefaultProtectedNamespaces...),
 		BreakGlassGroup:     o.BreakGlassGroup,
@@ -182,7 +184,7 @@ func Run(ctx context.Context, o Options) error {
 
 	if fileSet != nil {
 		set := fileSet
-		metrics.SetPolicies(set.Len(), 0)
+		policies.set(set.Len(), 0)
 		log.Info("policies loaded from file", "file", o.PolicyFile, "policies", set.Names())
 		src = NewStaticSource(set)
 		ready = func() error { return nil }
@@ -207,7 +209,7 @@ func Run(ctx context.Context, o Options) error {
 		if err != nil {
 			return fmt.Errorf("create manager: %w", err)
 		}
-		cs := &ClusterSource{client: mgr.GetClient(), cache: mgr.GetCache(), metrics: metrics, log: log}
+		cs := &ClusterSource{client: mgr.GetClient(), cache: mgr.GetCache(), metrics: policies, log: log}
 		if err := mgr.Add(cs); err != nil {
 			return fmt.Errorf("add policy source: %w", err)
 		}
@@ -225,7 +227,7 @@ func Run(ctx context.Context, o Options) error {
 				co.ExcludedNamespaces = append(slices.Clone(policy.DefaultProtectedNamespaces), o.Namespace)
 				co.ExcludedNamespaces = slices.DeleteFunc(co.ExcludedNamespaces, func(ns string) bool { return ns == "" })
 			}
-			cs.configs = newConfigSync(mgr.GetAPIReader(), mgr.GetClient(), co, metrics, log)
+			cs.configs = newConfigSync(mgr.GetAPIReader(), mgr.GetClient(), co, syncs, log)
 			if err := mgr.Add(cs.configs); err != nil {
 				return fmt.Errorf("add configuration sync: %w", err)
 			}

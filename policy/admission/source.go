@@ -15,6 +15,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/stampguard/stampguard/policy"
 	"github.com/stampguard/stampguard/policy/api/v1alpha1"
 )
@@ -30,6 +31,27 @@ func (s *StaticSource) Policies() *policy.Set { return s.set }
 
 var _ PolicySource = (*StaticSource)(nil)
 
+// policyMetrics count the policies a source holds.
+type policyMetrics struct {
+	policies *prometheus.GaugeVec
+}
+
+// newPolicyMetrics registers the series with reg.
+func newPolicyMetrics(reg prometheus.Registerer) *policyMetrics {
+	m := &policyMetrics{policies: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+		Name: "stampguard_policies",
+		Help: "ConcurrencyPolicies known to the webhook, by state (ready or invalid).",
+	}, []string{"state"})}
+	reg.MustRegister(m.policies)
+	return m
+}
+
+// set records how many policies are in force and how many were refused.
+func (m *policyMetrics) set(ready, invalid int) {
+	m.policies.WithLabelValues("ready").Set(float64(ready))
+	m.policies.WithLabelValues("invalid").Set(float64(invalid))
+}
+
 // ClusterSource keeps the policy set in step with the ConcurrencyPolicy
 // objects in the cluster. Every change recompiles the whole (small) set from
 // the informer cache and swaps it in atomically, so a request sees either
@@ -37,7 +59,7 @@ var _ PolicySource = (*StaticSource)(nil)
 type ClusterSource struct {
 	client  client.Client
 	cache   cache.Cache
-	metrics *Metrics
+	metrics *policyMetrics
 	log     *slog.Logger
 	set     atomic.Pointer[policy.Set]
 	// configs, when set, keeps the webhook configurations in step.
@@ -133,7 +155,7 @@ func (s *ClusterSource) rebuild(ctx context.Context, name string) (*v1alpha1.Con
 	}
 	set := policy.NewSet(compiled...)
 	old := s.set.Swap(set)
-	s.metrics.SetPolicies(len(compiled), invalid)
+	s.metrics.set(len(compiled), invalid)
 	if old == nil || !equalNames(old.Names(), set.Names()) {
 		s.log.Info("policy set updated", "policies", set.Names(), "invalid", invalid, "changed", name)
 	}
