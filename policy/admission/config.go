@@ -13,14 +13,12 @@ import (
 	"github.com/stampguard/stampguard/policy/api/annotation"
 )
 
-// Names and paths of the two webhooks. The apiserver prefixes audit
-// annotation keys with the webhook name (package annotation defines both
-// for the audit sink).
+// Names of the two webhooks. The apiserver prefixes audit annotation keys
+// with the webhook name (package annotation defines both for the audit
+// sink).
 const (
 	StampWebhookName  = annotation.StampWebhook
 	FieldsWebhookName = annotation.FieldsWebhook
-	StampPath         = "/stamp"
-	FieldsPath        = "/fields"
 )
 
 // StamplessCondition lets the apiserver skip the mutating call for every

@@ -8,7 +8,6 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
-	"path/filepath"
 	"slices"
 	"time"
 
@@ -26,7 +25,6 @@ import (
 	ctrlmetrics "sigs.k8s.io/controller-runtime/pkg/metrics"
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 
-	"github.com/stampguard/stampguard/internal/tlsserve"
 	"github.com/stampguard/stampguard/policy"
 	"github.com/stampguard/stampguard/policy/api/v1alpha1"
 )
@@ -166,21 +164,14 @@ func Run(ctx context.Context, o Options) error {
 		}
 		fileSet = policy.NewSet(ps...)
 	}
-	limits, err := newReviewLimits(o.MaxReviewBytes, o.MaxReviewBytesInFlight, o.ReviewReadTimeout)
+	srv, err := NewServer(ServerOptions{
+		Host: o.Host, Port: o.Port, CertDir: o.CertDir, ClientCAFile: o.ClientCAFile,
+		MaxReviewBytes: o.MaxReviewBytes, MaxReviewBytesInFlight: o.MaxReviewBytesInFlight, ReviewReadTimeout: o.ReviewReadTimeout,
+		Metrics: metrics, Logger: log,
+	})
 	if err != nil {
 		return err
 	}
-	certs, err := tlsserve.New(tlsserve.Options{
-		CertFile: filepath.Join(o.CertDir, "tls.crt"), KeyFile: filepath.Join(o.CertDir, "tls.key"),
-		ClientCAFile: o.ClientCAFile, RequireClientCert: o.ClientCAFile != "",
-	})
-	if err != nil {
-		return fmt.Errorf("admission server TLS: %w", err)
-	}
-	// The server bounds each request's read (ReadTimeout, from its first
-	// byte), so the handlers need not set a deadline per request.
-	limits.serverDeadline = true
-	srv := newReviewServer(o.Host, o.Port, certs, log, metrics.connections, limits.readTimeout)
 
 	if fileSet != nil {
 		set := fileSet
@@ -245,9 +236,7 @@ func Run(ctx context.Context, o Options) error {
 		src, ready = cs, cs.Ready
 	}
 
-	stamp, fields := handlers(src, env, metrics, log, limits)
-	srv.Register(StampPath, stamp)
-	srv.Register(FieldsPath, fields)
+	srv.Answer(src, env)
 
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
