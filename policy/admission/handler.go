@@ -48,6 +48,17 @@ type PolicySource interface {
 	Policies() *policy.Set
 }
 
+// StaticSource serves a fixed policy set, as loaded from --policy-file.
+type StaticSource struct{ set *policy.Set }
+
+// NewStaticSource wraps a policy set.
+func NewStaticSource(set *policy.Set) *StaticSource { return &StaticSource{set: set} }
+
+// Policies returns the set.
+func (s *StaticSource) Policies() *policy.Set { return s.set }
+
+var _ PolicySource = (*StaticSource)(nil)
+
 // handler serves one admission endpoint.
 type handler struct {
 	phase   phase

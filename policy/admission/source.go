@@ -20,17 +20,6 @@ import (
 	"github.com/stampguard/stampguard/policy/api/v1alpha1"
 )
 
-// StaticSource serves a fixed policy set, as loaded from --policy-file.
-type StaticSource struct{ set *policy.Set }
-
-// NewStaticSource wraps a policy set.
-func NewStaticSource(set *policy.Set) *StaticSource { return &StaticSource{set: set} }
-
-// Policies returns the set.
-func (s *StaticSource) Policies() *policy.Set { return s.set }
-
-var _ PolicySource = (*StaticSource)(nil)
-
 // policyMetrics count the policies a source holds.
 type policyMetrics struct {
 	policies *prometheus.GaugeVec
