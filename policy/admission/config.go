@@ -57,8 +57,10 @@ var DefaultGuardedResources = []GuardedResource{
 
 // Defaults of ConfigOptions, the chart's defaults too.
 const (
-	DefaultConfigName     = "stampguard"
-	DefaultTimeoutSeconds = 2
+	DefaultConfigName          = "stampguard"
+	DefaultTimeoutSeconds      = 2
+	DefaultStampFailurePolicy  = admissionregistrationv1.Fail
+	DefaultFieldsFailurePolicy = admissionregistrationv1.Ignore
 )
 
 // ConfigOptions describe how the apiserver reaches the webhook and what it
@@ -66,7 +68,7 @@ const (
 // same code (gen/, `make generate`), so its values mean what these fields
 // mean.
 type ConfigOptions struct {
-	// Name of both configuration objects. Defaults to "stampguard".
+	// Name of both configuration objects. Defaults to DefaultConfigName.
 	Name string
 	// URL is the base URL of the webhook (tests, out-of-cluster); paths are
 	// appended. Set either URL or Service.
@@ -76,11 +78,13 @@ type ConfigOptions struct {
 	// CABundle verifies the webhook's serving certificate.
 	CABundle []byte
 	// StampFailurePolicy is what the apiserver does with a routed stampless
-	// update while no replica answers. Defaults to Fail: only stampless
-	// updates that a policy guards reach the stamp check.
+	// update while no replica answers. Defaults to Fail
+	// (DefaultStampFailurePolicy): only stampless updates that a policy
+	// guards reach the stamp check.
 	StampFailurePolicy admissionregistrationv1.FailurePolicyType
 	// FieldsFailurePolicy is the same for the field owner, immutable field
-	// and delete precondition webhook. Defaults to Ignore: every guarded
+	// and delete precondition webhook. Defaults to Ignore
+	// (DefaultFieldsFailurePolicy): every guarded
 	// create, update and delete reaches it, and Fail would stop rollouts
 	// and controllers while no replica answers.
 	FieldsFailurePolicy admissionregistrationv1.FailurePolicyType
@@ -97,7 +101,7 @@ type ConfigOptions struct {
 	// ExemptLabel=true are excluded too, always.
 	ExcludedNamespaces []string
 	// BreakGlassGroup members are never sent to the webhook. Defaults to
-	// "stampguard:break-glass"; "-" disables the exemption.
+	// DefaultBreakGlassGroup; "-" disables the exemption.
 	BreakGlassGroup string
 	// RouteAll sends every write of Resources (in the namespaces not
 	// excluded) to the webhooks, whatever the policies. Off by default:
@@ -123,10 +127,10 @@ func (o *ConfigOptions) setDefaults() {
 		o.Name = DefaultConfigName
 	}
 	if o.StampFailurePolicy == "" {
-		o.StampFailurePolicy = admissionregistrationv1.Fail
+		o.StampFailurePolicy = DefaultStampFailurePolicy
 	}
 	if o.FieldsFailurePolicy == "" {
-		o.FieldsFailurePolicy = admissionregistrationv1.Ignore
+		o.FieldsFailurePolicy = DefaultFieldsFailurePolicy
 	}
 	if o.TimeoutSeconds == 0 {
 		o.TimeoutSeconds = DefaultTimeoutSeconds

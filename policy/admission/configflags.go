@@ -30,9 +30,7 @@ import (
 //
 // A new option is a field of ConfigOptions and one fs.Var here.
 func RegisterConfigFlags(fs *flag.FlagSet, o *ConfigOptions) {
-	def := *o
-	def.setDefaults() // for the help text only
-	fs.Var(stringValue(&o.Name, def.Name), "name", "`name` of both configuration objects")
+	fs.Var(stringValue(&o.Name, DefaultConfigName), "name", "`name` of both configuration objects")
 	fs.Var(funcValue(
 		func(s string) error {
 			u, err := parseWebhookURL(s)
@@ -68,9 +66,9 @@ func RegisterConfigFlags(fs *flag.FlagSet, o *ConfigOptions) {
 			},
 			func() string { return string(cmp.Or(*p, def)) })
 	}
-	fs.Var(failurePolicy(&o.StampFailurePolicy, def.StampFailurePolicy), "stamp-failure-policy",
+	fs.Var(failurePolicy(&o.StampFailurePolicy, DefaultStampFailurePolicy), "stamp-failure-policy",
 		"`Fail or Ignore`: what the apiserver does with a routed stampless update while no webhook replica answers")
-	fs.Var(failurePolicy(&o.FieldsFailurePolicy, def.FieldsFailurePolicy), "fields-failure-policy",
+	fs.Var(failurePolicy(&o.FieldsFailurePolicy, DefaultFieldsFailurePolicy), "fields-failure-policy",
 		"`Fail or Ignore`: the same for the field owner, immutable field and delete precondition checks (every routed create, update and delete)")
 	fs.Var(funcValue(
 		func(s string) error {
@@ -81,7 +79,7 @@ func RegisterConfigFlags(fs *flag.FlagSet, o *ConfigOptions) {
 			o.TimeoutSeconds = int32(n)
 			return nil
 		},
-		func() string { return strconv.Itoa(int(cmp.Or(o.TimeoutSeconds, def.TimeoutSeconds))) }),
+		func() string { return strconv.Itoa(int(cmp.Or(o.TimeoutSeconds, DefaultTimeoutSeconds))) }),
 		"timeout-seconds", "how long the apiserver waits for each call, 1 to 30 `seconds`")
 	fs.Var(funcValue(
 		func(s string) error {
@@ -91,12 +89,12 @@ func RegisterConfigFlags(fs *flag.FlagSet, o *ConfigOptions) {
 		},
 		func() string {
 			if len(o.Resources) == 0 {
-				return FormatGuardedResources(def.Resources)
+				return FormatGuardedResources(DefaultGuardedResources)
 			}
 			return FormatGuardedResources(o.Resources)
 		}),
 		"resources", "resources to guard, `group/resource,...` with a bare resource for the core group (e.g. apps/deployments,configmaps); the scale subresource of deployments, statefulsets and replicasets is added")
-	fs.Var(stringValue(&o.BreakGlassGroup, def.BreakGlassGroup), "break-glass-group", "`group` whose members are never sent to the webhook (\"-\" disables the exemption)")
+	fs.Var(stringValue(&o.BreakGlassGroup, DefaultBreakGlassGroup), "break-glass-group", "`group` whose members are never sent to the webhook (\"-\" disables the exemption)")
 	fs.Var(funcValue(
 		func(s string) error {
 			sel, err := metav1.ParseToLabelSelector(s)

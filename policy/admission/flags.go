@@ -92,7 +92,7 @@ func (f *ServeFlags) Register(fs *flag.FlagSet) {
 		f.SyncConfigurations, f.syncSet = v, true
 		return nil
 	})
-	fs.Func("sync-excluded-namespaces", "with --sync-configurations: the --excluded-namespaces the configurations were made with, `namespaces` (default kube-system,kube-node-lease and --namespace)", func(v string) error {
+	fs.Func("sync-excluded-namespaces", "with --sync-configurations: the --excluded-namespaces the configurations were made with, `namespaces` (default "+strings.Join(policy.DefaultProtectedNamespaces, ",")+" and --namespace)", func(v string) error {
 		f.SyncExcludedNamespaces, f.syncExcludedSet = v, true
 		return nil
 	})
