@@ -3,11 +3,14 @@ package admission
 //go:generate go run ./chartgen -out ../../charts/stampguard/templates/webhook/_configurations.tpl
 
 import (
+	"fmt"
+	"io"
 	"maps"
 	"slices"
 
 	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"sigs.k8s.io/yaml"
 
 	"github.com/stampguard/stampguard/policy"
 	"github.com/stampguard/stampguard/policy/api/annotation"
@@ -234,6 +237,29 @@ func Configurations(o ConfigOptions) (*admissionregistrationv1.MutatingWebhookCo
 		o.narrow(mutating, validating)
 	}
 	return mutating, validating
+}
+
+// WriteConfigurations writes exactly what Configurations(o) builds as a
+// YAML stream of two documents, the MutatingWebhookConfiguration and then
+// the ValidatingWebhookConfiguration, ready for `kubectl apply -f -`.
+func WriteConfigurations(w io.Writer, o ConfigOptions) error {
+	if err := o.Validate(); err != nil {
+		return err
+	}
+	mut, val := Configurations(o)
+	for i, obj := range []any{mut, val} {
+		b, err := yaml.Marshal(obj)
+		if err != nil {
+			return fmt.Errorf("encode webhook configuration: %w", err)
+		}
+		if i > 0 {
+			b = append([]byte("---\n"), b...)
+		}
+		if _, err := w.Write(b); err != nil {
+			return fmt.Errorf("write webhook configurations: %w", err)
+		}
+	}
+	return nil
 }
 
 // baseSelector is what every webhook's namespaceSelector starts from: not
