@@ -9,7 +9,6 @@ import (
 	"log/slog"
 	"net/http"
 	"os"
-	"path/filepath"
 	"strconv"
 	"strings"
 	"testing"
@@ -89,9 +88,9 @@ func configMapReview(t testing.TB, stampless bool) []byte {
 	return b
 }
 
-// BenchmarkRefusalOverHTTPS is the webhook process serving refusals over
-// its real TLS server (Run in file mode, JSON logs at info to /dev/null as
-// a process writes them to its stderr): a stampless ConfigMap update on
+// BenchmarkRefusalOverHTTPS is the webhook's TLS review server (Server,
+// as the process runs it, with JSON logs at info to /dev/null as a process
+// writes them to its stderr) serving refusals: a stampless ConfigMap update on
 // the mutating endpoint and a change of an immutable label on the
 // validating one, from a client that keeps its connection (as the
 // apiserver's does) and from one that dials each time (a full handshake
@@ -99,30 +98,34 @@ func configMapReview(t testing.TB, stampless bool) []byte {
 func BenchmarkRefusalOverHTTPS(b *testing.B) {
 	dir := b.TempDir()
 	writeCert(b, dir, 1)
-	file := filepath.Join(dir, "policies.yaml")
-	if err := os.WriteFile(file, []byte(refusalPolicies), 0o600); err != nil {
+	set, err := policy.Load(strings.NewReader(refusalPolicies))
+	if err != nil {
 		b.Fatal(err)
 	}
-	log := devNullLogger(b)
 	port := freePort(b)
+	srv, err := NewServer(ServerOptions{Host: "127.0.0.1", Port: port, CertDir: dir, Logger: devNullLogger(b)})
+	if err != nil {
+		b.Fatal(err)
+	}
+	srv.Answer(NewStaticSource(policy.NewSet(set...)), &policy.Environment{})
 	ctx, cancel := context.WithCancel(context.Background())
-	ready := make(chan string, 1)
 	done := make(chan error, 1)
-	go func() {
-		done <- Run(ctx, Options{Host: "127.0.0.1", Port: port, CertDir: dir, ProbeAddr: "0", PolicyFile: file, Logger: log, Ready: func(a string) { ready <- a }})
-	}()
+	go func() { done <- srv.Start(ctx) }()
 	defer func() {
 		cancel()
 		if err := <-done; err != nil {
 			b.Error(err)
 		}
 	}()
-	select {
-	case <-ready:
-	case err := <-done:
-		b.Fatal(err)
-	case <-time.After(30 * time.Second):
-		b.Fatal("not ready after 30s")
+	for deadline := time.Now().Add(30 * time.Second); srv.StartedChecker()(nil) != nil; time.Sleep(10 * time.Millisecond) {
+		select {
+		case err := <-done:
+			b.Fatal(err)
+		default:
+		}
+		if time.Now().After(deadline) {
+			b.Fatal("not serving after 30s")
+		}
 	}
 	base := "https://127.0.0.1:" + strconv.Itoa(port)
 	for _, c := range []struct {
