@@ -25,9 +25,9 @@ import (
 
 	ctrllog "sigs.k8s.io/controller-runtime/pkg/log"
 
+	"github.com/stampguard/stampguard/cmd/webhook/app"
 	"github.com/stampguard/stampguard/internal/cli"
 	"github.com/stampguard/stampguard/policy/admission"
-	"github.com/stampguard/stampguard/policy/replay"
 )
 
 func main() {
@@ -137,15 +137,15 @@ func configurations(args []string, stdout, stderr io.Writer) int {
 }
 
 // replayFlags is the flag set of `webhook replay`.
-func replayFlags() (*flag.FlagSet, *replay.Flags) {
+func replayFlags() (*flag.FlagSet, *app.ReplayFlags) {
 	fs := flag.NewFlagSet("webhook replay", flag.ContinueOnError)
 	cli.SetUsage(fs, "webhook replay --policy-file FILE | --policies-from-cluster [--kubeconfig FILE] [--since T] [--until T] [--format table|json] AUDIT_LOG...")
-	var f replay.Flags
+	var f app.ReplayFlags
 	f.Register(fs)
 	return fs, &f
 }
 
-// replayLogs runs `webhook replay`: policy/replay's flags in, its Run out.
+// replayLogs runs `webhook replay`: its flags in, app.Replay out.
 func replayLogs(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	fs, f := replayFlags()
 	err := func() error {
