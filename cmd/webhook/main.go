@@ -65,7 +65,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		if err != nil {
 			return err
 		}
-		ctrllog.SetLogger(admission.RuntimeLogger(o.Logger, o.ShutdownTimeout))
+		ctrllog.SetLogger(app.RuntimeLogger(o.Logger, o.ShutdownTimeout))
 		if f.CPUProfile != "" {
 			stop, err := cli.StartCPUProfile(f.CPUProfile)
 			if err != nil {
@@ -77,7 +77,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 				}
 			}()
 		}
-		if err := admission.Run(ctx, o); err != nil {
+		if err := app.Run(ctx, o); err != nil {
 			o.Logger.Error("webhook stopped", "err", err)
 			return err
 		}
@@ -91,7 +91,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 }
 
 // serveFlags is the flag set of the serving command.
-func serveFlags() (*flag.FlagSet, *admission.ServeFlags) {
+func serveFlags() (*flag.FlagSet, *app.ServeFlags) {
 	// Our own flag set: controller-runtime's client/config package registers
 	// --kubeconfig on flag.CommandLine in its init, and a second
 	// registration there panics before any flag is parsed.
@@ -100,7 +100,7 @@ func serveFlags() (*flag.FlagSet, *admission.ServeFlags) {
 		fmt.Fprint(fs.Output(), usage+"\nflags:\n")
 		fs.PrintDefaults()
 	}
-	var f admission.ServeFlags
+	var f app.ServeFlags
 	f.Register(fs)
 	return fs, &f
 }

@@ -81,6 +81,22 @@ func newHandler(ph phase, src PolicySource, env *policy.Environment, m *Metrics,
 	}
 }
 
+// Handlers builds the two admission endpoints over a policy source, for
+// callers that mount them on a server of their own (and for benchmarks),
+// with reviews of at most maxBytes (0: DefaultMaxReviewBytes), the default
+// budget of bytes in flight and the default read timeout.
+func Handlers(src PolicySource, env *policy.Environment, m *Metrics, log *slog.Logger, maxBytes int64) (stamp, fields http.Handler) {
+	limits, err := newReviewLimits(maxBytes, 0, 0)
+	if err != nil {
+		panic(err) // unreachable: the default budget fits any maxBytes
+	}
+	return handlers(src, env, m, log, limits)
+}
+
+func handlers(src PolicySource, env *policy.Environment, m *Metrics, log *slog.Logger, limits reviewLimits) (stamp, fields http.Handler) {
+	return newHandler(phaseStamp, src, env, m, log, limits), newHandler(phaseFields, src, env, m, log, limits)
+}
+
 var bufPool = sync.Pool{New: func() any { return new(bytes.Buffer) }}
 
 func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {

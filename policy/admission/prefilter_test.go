@@ -3,7 +3,6 @@ package admission
 import (
 	"flag"
 	"io"
-	"log/slog"
 	"path/filepath"
 	"reflect"
 	"slices"
@@ -168,14 +167,6 @@ func TestConfigurationsPrefilter(t *testing.T) {
 }
 
 func ptrTo[T any](v T) *T { return &v }
-
-func TestRunRefusesToSyncConfigurationsInFileMode(t *testing.T) {
-	err := Run(t.Context(), Options{PolicyFile: "policies.yaml", ProbeAddr: "0", Configurations: &ConfigOptions{},
-		Logger: slog.New(slog.DiscardHandler)})
-	if err == nil || !strings.Contains(err.Error(), "cluster mode") {
-		t.Fatalf("want an error saying the sync needs cluster mode, got %v", err)
-	}
-}
 
 func TestConfigFlagsPolicyFile(t *testing.T) {
 	fs := flag.NewFlagSet("webhook configurations", flag.ContinueOnError)

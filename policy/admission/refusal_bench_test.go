@@ -3,12 +3,21 @@ package admission
 import (
 	"bytes"
 	"context"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
 	"crypto/tls"
+	"crypto/x509"
+	"crypto/x509/pkix"
 	"encoding/json"
+	"encoding/pem"
 	"io"
 	"log/slog"
+	"math/big"
+	"net"
 	"net/http"
 	"os"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"testing"
@@ -193,6 +202,46 @@ func BenchmarkRefusalDecision(b *testing.B) {
 	}
 }
 
+// writeCert and freePort are Run's test helpers (cmd/webhook/app's
+// run_test.go), copied for the server benchmarked here.
+
+func writeCert(t testing.TB, dir string, serial int64) {
+	t.Helper()
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tmpl := &x509.Certificate{
+		SerialNumber: big.NewInt(serial), Subject: pkix.Name{CommonName: "stampguard-test"},
+		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour),
+		IPAddresses: []net.IP{net.ParseIP("127.0.0.1")}, KeyUsage: x509.KeyUsageDigitalSignature,
+		ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
+	}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	kb, err := x509.MarshalECPrivateKey(key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for name, block := range map[string]*pem.Block{"tls.crt": {Type: "CERTIFICATE", Bytes: der}, "tls.key": {Type: "EC PRIVATE KEY", Bytes: kb}} {
+		if err := os.WriteFile(filepath.Join(dir, name), pem.EncodeToMemory(block), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+func freePort(t testing.TB) int {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	return ln.Addr().(*net.TCPAddr).Port
+}
+
 // devNullLogger is the webhook's default logger (JSON, info) writing to
 // /dev/null, so that a logged line costs its write as on a process's stderr.
 func devNullLogger(b *testing.B) *slog.Logger {
@@ -201,7 +250,7 @@ func devNullLogger(b *testing.B) *slog.Logger {
 		b.Fatal(err)
 	}
 	b.Cleanup(func() { devNull.Close() })
-	log, err := cli.NewLogger(devNull, DefaultLogLevel, DefaultLogFormat)
+	log, err := cli.NewLogger(devNull, "info", "json")
 	if err != nil {
 		b.Fatal(err)
 	}

@@ -33,6 +33,7 @@ import (
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
+	"github.com/stampguard/stampguard/cmd/webhook/app"
 	"github.com/stampguard/stampguard/internal/bintest"
 	"github.com/stampguard/stampguard/internal/kubetest"
 	"github.com/stampguard/stampguard/policy/admission"
@@ -261,7 +262,7 @@ func waitReady(t testing.TB, c client.Client, name string) {
 		if err := c.Get(t.Context(), types.NamespacedName{Name: name}, &p); err != nil {
 			return err
 		}
-		cond := apimeta.FindStatusCondition(p.Status.Conditions, admission.ConditionReady)
+		cond := apimeta.FindStatusCondition(p.Status.Conditions, app.ConditionReady)
 		if cond == nil || cond.Status != metav1.ConditionTrue || cond.ObservedGeneration != p.Generation {
 			return fmt.Errorf("policy %s: Ready condition %+v", name, cond)
 		}

@@ -17,6 +17,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
+	"github.com/stampguard/stampguard/cmd/webhook/app"
 	"github.com/stampguard/stampguard/policy"
 	"github.com/stampguard/stampguard/policy/admission"
 	"github.com/stampguard/stampguard/policy/api/v1alpha1"
@@ -343,7 +344,7 @@ func startReplica(t *testing.T, env *webhookEnv) *prometheus.Registry {
 	ready := make(chan struct{})
 	configs := env.configs
 	go func() {
-		done <- admission.Run(ctx, admission.Options{
+		done <- app.Run(ctx, app.Options{
 			Host: "127.0.0.1", Port: port, CertDir: env.CertDir,
 			ProbeAddr: "0", RestConfig: env.Config, Namespace: "stampguard-system",
 			Registry: reg, Logger: slog.New(slog.DiscardHandler),

@@ -23,6 +23,7 @@ import (
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
+	"github.com/stampguard/stampguard/cmd/webhook/app"
 	"github.com/stampguard/stampguard/internal/kubetest"
 	"github.com/stampguard/stampguard/policy/admission"
 	"github.com/stampguard/stampguard/policy/api/v1alpha1"
@@ -64,7 +65,7 @@ func startWebhookEnvAudited(t testing.TB, auditPolicy string) *webhookEnv {
 	done := make(chan error, 1)
 	ready := make(chan struct{})
 	go func() {
-		done <- admission.Run(ctx, admission.Options{
+		done <- app.Run(ctx, app.Options{
 			Host: env.WebhookHost, Port: env.WebhookPort, CertDir: env.CertDir,
 			ProbeAddr: "0", RestConfig: env.Config, Namespace: "stampguard-system",
 			Registry: reg, Logger: slog.New(slog.DiscardHandler),
@@ -126,7 +127,7 @@ func applyPolicy(t *testing.T, c client.Client, p *v1alpha1.ConcurrencyPolicy, w
 		if err := c.Get(ctx, types.NamespacedName{Name: p.Name}, &got); err != nil {
 			return err
 		}
-		cond := apimeta.FindStatusCondition(got.Status.Conditions, admission.ConditionReady)
+		cond := apimeta.FindStatusCondition(got.Status.Conditions, app.ConditionReady)
 		if cond == nil || cond.ObservedGeneration != got.Generation || cond.Status != wantReady {
 			return fmt.Errorf("policy %s: condition %+v at generation %d, want Ready=%s", p.Name, cond, got.Generation, wantReady)
 		}

@@ -19,6 +19,7 @@ import (
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
+	"github.com/stampguard/stampguard/cmd/webhook/app"
 	"github.com/stampguard/stampguard/policy/admission"
 	"github.com/stampguard/stampguard/policy/api/v1alpha1"
 )
@@ -457,7 +458,7 @@ func TestWebhook(t *testing.T) {
 				},
 			}
 			got := applyPolicy(t, admin, bad, metav1.ConditionFalse)
-			cond := apimeta.FindStatusCondition(got.Status.Conditions, admission.ConditionReady)
+			cond := apimeta.FindStatusCondition(got.Status.Conditions, app.ConditionReady)
 			if !strings.Contains(cond.Message, "spec.immutableFields[0].path") {
 				t.Fatalf("condition message %q does not name the field", cond.Message)
 			}

@@ -53,13 +53,13 @@ type ReplayFlags struct {
 func (f *ReplayFlags) Register(fs *flag.FlagSet) {
 	fs.StringVar(&f.PolicyFile, "policy-file", "", "replay the ConcurrencyPolicies of this multi-document YAML `file`")
 	fs.BoolVar(&f.FromCluster, "policies-from-cluster", false, "replay the cluster's ConcurrencyPolicies (with --policy-file: both), and answer namespaceSelector with the cluster's namespaces")
-	fs.StringVar(&f.Kubeconfig, "kubeconfig", "", "kubeconfig `file` for --policies-from-cluster (default $"+admission.KubeconfigEnv+", then the in-cluster config)")
+	fs.StringVar(&f.Kubeconfig, "kubeconfig", "", "kubeconfig `file` for --policies-from-cluster (default $"+KubeconfigEnv+", then the in-cluster config)")
 	fs.StringVar(&f.Since, "since", "", "replay the writes from this `time` on: RFC3339, or a duration ago (2h, 7d); earlier events still rebuild the objects (default the log's start)")
 	fs.StringVar(&f.Until, "until", "", "replay the writes before this `time`: RFC3339, or a duration ago (default the log's end)")
 	fs.StringVar(&f.Format, "format", "table", "output `format`: table or json (docs/replay.md)")
 	fs.IntVar(&f.Top, "top", replay.DefaultTop, "list this many `writers` and objects")
 	fs.IntVar(&f.Refused, "refused", DefaultRefusedShown, "print this many refused writes with their messages in the table (json lists all)")
-	fs.StringVar(&f.Namespace, "namespace", os.Getenv(admission.NamespaceEnv), "the webhook's own `namespace`, never guarded unless a policy names it, as the webhook's --namespace (default $"+admission.NamespaceEnv+")")
+	fs.StringVar(&f.Namespace, "namespace", os.Getenv(NamespaceEnv), "the webhook's own `namespace`, never guarded unless a policy names it, as the webhook's --namespace (default $"+NamespaceEnv+")")
 	fs.StringVar(&f.BreakGlassGroup, "break-glass-group", admission.DefaultBreakGlassGroup, "members of this `group` bypass every policy, as the webhook's (\"-\" disables)")
 }
 
@@ -116,7 +116,7 @@ func (f *ReplayFlags) Resolve(paths []string, now time.Time) (*Replay, error) {
 		}
 	}
 	if f.FromCluster {
-		if r.cluster, err = admission.RestConfig(f.Kubeconfig); err != nil {
+		if r.cluster, err = restConfig(f.Kubeconfig); err != nil {
 			return nil, err
 		}
 	}

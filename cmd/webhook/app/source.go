@@ -1,4 +1,4 @@
-package admission
+package app
 
 import (
 	"context"
@@ -17,6 +17,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/stampguard/stampguard/policy"
+	"github.com/stampguard/stampguard/policy/admission"
 	"github.com/stampguard/stampguard/policy/api/v1alpha1"
 )
 
@@ -52,10 +53,10 @@ type ClusterSource struct {
 	log     *slog.Logger
 	set     atomic.Pointer[policy.Set]
 	// configs, when set, keeps the webhook configurations in step.
-	configs *configSync
+	configs *admission.Syncer
 }
 
-var _ PolicySource = (*ClusterSource)(nil)
+var _ admission.PolicySource = (*ClusterSource)(nil)
 
 // Policies returns the set in force, or nil until the cache has synced and
 // the first set was built.

@@ -1,4 +1,4 @@
-package admission
+package app
 
 import (
 	"cmp"
@@ -26,6 +26,7 @@ import (
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 
 	"github.com/stampguard/stampguard/policy"
+	"github.com/stampguard/stampguard/policy/admission"
 	"github.com/stampguard/stampguard/policy/api/v1alpha1"
 )
 
@@ -90,7 +91,7 @@ type Options struct {
 	// Policies and, when unset, BreakGlassGroup and ProtectedNamespaces are
 	// filled in from the webhook's own. Nil (the default) leaves the
 	// configurations alone.
-	Configurations *ConfigOptions
+	Configurations *admission.ConfigOptions
 }
 
 func (o *Options) setDefaults() {
@@ -101,13 +102,13 @@ func (o *Options) setDefaults() {
 		o.ProbeAddr = DefaultProbeAddr
 	}
 	if o.BreakGlassGroup == "" {
-		o.BreakGlassGroup = DefaultBreakGlassGroup
+		o.BreakGlassGroup = admission.DefaultBreakGlassGroup
 	}
 	if o.BreakGlassGroup == "-" {
 		o.BreakGlassGroup = ""
 	}
 	if o.MaxReviewBytes == 0 {
-		o.MaxReviewBytes = DefaultMaxReviewBytes
+		o.MaxReviewBytes = admission.DefaultMaxReviewBytes
 	}
 	if o.ShutdownTimeout == 0 {
 		o.ShutdownTimeout = DefaultShutdownTimeout
@@ -120,29 +121,13 @@ func (o *Options) setDefaults() {
 	}
 }
 
-// Handlers builds the two admission endpoints over a policy source, for
-// callers that mount them on a server of their own (and for benchmarks),
-// with reviews of at most maxBytes (0: DefaultMaxReviewBytes), the default
-// budget of bytes in flight and the default read timeout.
-func Handlers(src PolicySource, env *policy.Environment, m *Metrics, log *slog.Logger, maxBytes int64) (stamp, fields http.Handler) {
-	limits, err := newReviewLimits(maxBytes, 0, 0)
-	if err != nil {
-		panic(err) // unreachable: the default budget fits any maxBytes
-	}
-	return handlers(src, env, m, log, limits)
-}
-
-func handlers(src PolicySource, env *policy.Environment, m *Metrics, log *slog.Logger, limits reviewLimits) (stamp, fields http.Handler) {
-	return newHandler(phaseStamp, src, env, m, log, limits), newHandler(phaseFields, src, env, m, log, limits)
-}
-
 // Run serves the admission webhook until ctx ends, then drains.
 func Run(ctx context.Context, o Options) error {
 	o.setDefaults()
 	log := o.Logger
-	metrics := NewMetrics(o.Registry)
+	metrics := admission.NewMetrics(o.Registry)
 	policies := newPolicyMetrics(o.Registry)
-	syncs := NewSyncMetrics(o.Registry)
+	syncs := admission.NewSyncMetrics(o.Registry)
 	env := &policy.Environment{
 		ProtectedNamespaces: append([]string{}, policy.DefaultProtectedNamespaces...),
 		BreakGlassGroup:     o.BreakGlassGroup,
@@ -150,7 +135,7 @@ func Run(ctx context.Context, o Options) error {
 	if o.Namespace != "" {
 		env.ProtectedNamespaces = append(env.ProtectedNamespaces, o.Namespace)
 	}
-	var src PolicySource
+	var src admission.PolicySource
 	var ready func() error
 	var mgr manager.Manager
 	if o.PolicyFile != "" && o.Configurations != nil {
@@ -164,7 +149,7 @@ func Run(ctx context.Context, o Options) error {
 		}
 		fileSet = policy.NewSet(ps...)
 	}
-	srv, err := NewServer(ServerOptions{
+	srv, err := admission.NewServer(admission.ServerOptions{
 		Host: o.Host, Port: o.Port, CertDir: o.CertDir, ClientCAFile: o.ClientCAFile,
 		MaxReviewBytes: o.MaxReviewBytes, MaxReviewBytesInFlight: o.MaxReviewBytesInFlight, ReviewReadTimeout: o.ReviewReadTimeout,
 		Metrics: metrics, Logger: log,
@@ -177,7 +162,7 @@ func Run(ctx context.Context, o Options) error {
 		set := fileSet
 		policies.set(set.Len(), 0)
 		log.Info("policies loaded from file", "file", o.PolicyFile, "policies", set.Names())
-		src = NewStaticSource(set)
+		src = admission.NewStaticSource(set)
 		ready = func() error { return nil }
 	} else {
 		if o.RestConfig == nil {
@@ -218,7 +203,7 @@ func Run(ctx context.Context, o Options) error {
 				co.ExcludedNamespaces = append(slices.Clone(policy.DefaultProtectedNamespaces), o.Namespace)
 				co.ExcludedNamespaces = slices.DeleteFunc(co.ExcludedNamespaces, func(ns string) bool { return ns == "" })
 			}
-			cs.configs = newConfigSync(mgr.GetAPIReader(), mgr.GetClient(), co, syncs, log)
+			cs.configs = admission.NewSyncer(mgr.GetAPIReader(), mgr.GetClient(), co, syncs, log)
 			if err := mgr.Add(cs.configs); err != nil {
 				return fmt.Errorf("add configuration sync: %w", err)
 			}

@@ -1,4 +1,4 @@
-package admission
+package app
 
 import (
 	"bytes"
@@ -26,6 +26,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/stampguard/stampguard/policy"
+	"github.com/stampguard/stampguard/policy/admission"
 )
 
 func writeCert(t testing.TB, dir string, serial int64) {
@@ -117,7 +118,7 @@ func TestRunFileMode(t *testing.T) {
 	cur.ResourceVersion = ""
 	body := updateReview(t, "alice", bigDeployment(3, "x", "a"), cur)
 	client := &http.Client{Transport: &http.Transport{TLSClientConfig: &tls.Config{InsecureSkipVerify: true}}} //nolint:gosec // a test certificate
-	resp, err := client.Post("https://127.0.0.1:"+strconv.Itoa(port)+StampPath, "application/json", bytes.NewReader(body))
+	resp, err := client.Post("https://127.0.0.1:"+strconv.Itoa(port)+admission.StampPath, "application/json", bytes.NewReader(body))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -128,7 +129,7 @@ func TestRunFileMode(t *testing.T) {
 	}
 
 	// A second review on the kept connection costs no handshake.
-	resp, err = client.Post("https://127.0.0.1:"+strconv.Itoa(port)+StampPath, "application/json", bytes.NewReader(body))
+	resp, err = client.Post("https://127.0.0.1:"+strconv.Itoa(port)+admission.StampPath, "application/json", bytes.NewReader(body))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -192,6 +193,14 @@ func TestRunRefusesABadPolicyFile(t *testing.T) {
 	err := Run(t.Context(), Options{PolicyFile: file, ProbeAddr: "0", Logger: slog.New(slog.DiscardHandler)})
 	if err == nil || !strings.Contains(err.Error(), file) || !strings.Contains(err.Error(), "spec.immutableFields[0].path") {
 		t.Fatalf("want an error naming the file and the field, got %v", err)
+	}
+}
+
+func TestRunRefusesToSyncConfigurationsInFileMode(t *testing.T) {
+	err := Run(t.Context(), Options{PolicyFile: "policies.yaml", ProbeAddr: "0", Configurations: &admission.ConfigOptions{},
+		Logger: slog.New(slog.DiscardHandler)})
+	if err == nil || !strings.Contains(err.Error(), "cluster mode") {
+		t.Fatalf("want an error saying the sync needs cluster mode, got %v", err)
 	}
 }
 

@@ -1,4 +1,4 @@
-package admission
+package app
 
 import (
 	"bytes"
@@ -77,7 +77,7 @@ func TestWebhookFlagsRefuseWhatTheyCannotDo(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Setenv(KubeconfigEnv, writeKubeconfig(t, "https://127.0.0.1:6443"))
-	examples := filepath.Join("..", "..", "examples", "policies.yaml")
+	examples := filepath.Join("..", "..", "..", "examples", "policies.yaml")
 	for args, want := range map[string]string{
 		"--port 0":               "--port 0: want 1 to 65535",
 		"--port 70000":           "--port 70000: want 1 to 65535",

@@ -1,4 +1,4 @@
-package admission
+package app
 
 import (
 	"flag"
@@ -17,6 +17,7 @@ import (
 
 	"github.com/stampguard/stampguard/internal/cli"
 	"github.com/stampguard/stampguard/policy"
+	"github.com/stampguard/stampguard/policy/admission"
 )
 
 // The defaults of the webhook's flags, and of the Options fields they
@@ -82,13 +83,13 @@ func (f *ServeFlags) Register(fs *flag.FlagSet) {
 	fs.StringVar(&o.ProbeAddr, "probe-addr", DefaultProbeAddr, "`address` for /healthz, /readyz and /metrics (\"0\" disables)")
 	fs.StringVar(&o.PolicyFile, "policy-file", "", "file mode: read policies from this multi-document YAML `file` instead of the cluster")
 	fs.StringVar(&o.Namespace, "namespace", os.Getenv(NamespaceEnv), "the webhook's own `namespace`, never guarded unless a policy names it (default $"+NamespaceEnv+")")
-	fs.StringVar(&o.BreakGlassGroup, "break-glass-group", DefaultBreakGlassGroup, "members of this `group` bypass every policy (\"-\" disables)")
-	fs.Int64Var(&o.MaxReviewBytes, "max-review-bytes", DefaultMaxReviewBytes, "largest AdmissionReview body accepted, in `bytes`; the apiserver refuses request bodies over 3 MiB and a review carries object and oldObject, so 8 MiB is above any real review")
-	fs.Int64Var(&o.MaxReviewBytesInFlight, "max-review-bytes-in-flight", DefaultMaxReviewBytesInFlight, "review `bytes` buffered at once across all connections (at least twice --max-review-bytes); a review past the budget waits its turn or is denied")
-	fs.DurationVar(&o.ReviewReadTimeout, "review-read-timeout", DefaultReviewReadTimeout, "how long a review may take to arrive, from its first byte to the end of its body; a slower one is denied and its connection closed")
+	fs.StringVar(&o.BreakGlassGroup, "break-glass-group", admission.DefaultBreakGlassGroup, "members of this `group` bypass every policy (\"-\" disables)")
+	fs.Int64Var(&o.MaxReviewBytes, "max-review-bytes", admission.DefaultMaxReviewBytes, "largest AdmissionReview body accepted, in `bytes`; the apiserver refuses request bodies over 3 MiB and a review carries object and oldObject, so 8 MiB is above any real review")
+	fs.Int64Var(&o.MaxReviewBytesInFlight, "max-review-bytes-in-flight", admission.DefaultMaxReviewBytesInFlight, "review `bytes` buffered at once across all connections (at least twice --max-review-bytes); a review past the budget waits its turn or is denied")
+	fs.DurationVar(&o.ReviewReadTimeout, "review-read-timeout", admission.DefaultReviewReadTimeout, "how long a review may take to arrive, from its first byte to the end of its body; a slower one is denied and its connection closed")
 	fs.DurationVar(&o.ShutdownTimeout, "shutdown-timeout", DefaultShutdownTimeout, "how long SIGTERM waits for reviews in flight; keep it under the pod's terminationGracePeriodSeconds (30s by default)")
-	f.SyncConfigurations = DefaultConfigName
-	fs.Func("sync-configurations", "keep the Mutating- and ValidatingWebhookConfiguration of this `name` in step with the policies, so that only what they guard is routed (default "+DefaultConfigName+" in cluster mode, none in file mode); empty leaves them alone", func(v string) error {
+	f.SyncConfigurations = admission.DefaultConfigName
+	fs.Func("sync-configurations", "keep the Mutating- and ValidatingWebhookConfiguration of this `name` in step with the policies, so that only what they guard is routed (default "+admission.DefaultConfigName+" in cluster mode, none in file mode); empty leaves them alone", func(v string) error {
 		f.SyncConfigurations, f.syncSet = v, true
 		return nil
 	})
@@ -117,9 +118,9 @@ func (f *ServeFlags) Resolve(w io.Writer) (Options, error) {
 	case o.Port < 1 || o.Port > 65535:
 		return Options{}, cli.Usagef("--port %d: want 1 to 65535", o.Port)
 	case o.MaxReviewBytes < 1:
-		return Options{}, cli.Usagef("--max-review-bytes %d: want a positive number of bytes (default %d)", o.MaxReviewBytes, DefaultMaxReviewBytes)
+		return Options{}, cli.Usagef("--max-review-bytes %d: want a positive number of bytes (default %d)", o.MaxReviewBytes, admission.DefaultMaxReviewBytes)
 	case o.ReviewReadTimeout <= 0:
-		return Options{}, cli.Usagef("--review-read-timeout %s: want a positive duration (default %s)", o.ReviewReadTimeout, DefaultReviewReadTimeout)
+		return Options{}, cli.Usagef("--review-read-timeout %s: want a positive duration (default %s)", o.ReviewReadTimeout, admission.DefaultReviewReadTimeout)
 	case o.ShutdownTimeout <= 0:
 		return Options{}, cli.Usagef("--shutdown-timeout %s: want a positive duration (default %s)", o.ShutdownTimeout, DefaultShutdownTimeout)
 	case o.ProbeAddr == "":
@@ -127,7 +128,7 @@ func (f *ServeFlags) Resolve(w io.Writer) (Options, error) {
 	case o.BreakGlassGroup == "":
 		return Options{}, cli.Usagef("--break-glass-group is empty: name a group, or \"-\" for none")
 	}
-	if err := CheckReviewLimits(o.MaxReviewBytes, o.MaxReviewBytesInFlight); err != nil {
+	if err := admission.CheckReviewLimits(o.MaxReviewBytes, o.MaxReviewBytesInFlight); err != nil {
 		return Options{}, cli.Usagef("--max-review-bytes-in-flight: %w", err)
 	}
 	if o.ClientCAFile != "" {
@@ -171,9 +172,9 @@ func (f *ServeFlags) Resolve(w io.Writer) (Options, error) {
 		return Options{}, err
 	}
 	if f.SyncConfigurations != "" {
-		co := &ConfigOptions{Name: f.SyncConfigurations}
+		co := &admission.ConfigOptions{Name: f.SyncConfigurations}
 		if f.SyncResources != "" {
-			if co.Resources, err = ParseGuardedResources(f.SyncResources); err != nil {
+			if co.Resources, err = admission.ParseGuardedResources(f.SyncResources); err != nil {
 				return Options{}, cli.Usagef("--sync-resources: %w", err)
 			}
 		}
@@ -183,7 +184,7 @@ func (f *ServeFlags) Resolve(w io.Writer) (Options, error) {
 			}
 		}
 		if f.syncExcludedSet {
-			if co.ExcludedNamespaces, err = ParseNamespaces(f.SyncExcludedNamespaces); err != nil {
+			if co.ExcludedNamespaces, err = admission.ParseNamespaces(f.SyncExcludedNamespaces); err != nil {
 				return Options{}, cli.Usagef("--sync-excluded-namespaces: %w", err)
 			}
 		}
@@ -191,10 +192,6 @@ func (f *ServeFlags) Resolve(w io.Writer) (Options, error) {
 	}
 	return o, nil
 }
-
-// RestConfig finds the cluster as the webhook does: kubeconfig, else
-// $KUBECONFIG, else the in-cluster config. Errors are cli.UsageErrors.
-func RestConfig(kubeconfig string) (*rest.Config, error) { return restConfig(kubeconfig) }
 
 // restConfig finds the cluster: --kubeconfig, else $KUBECONFIG, else the
 // in-cluster config.
