@@ -110,7 +110,7 @@ func configurationsFlags() (*flag.FlagSet, *admission.ConfigOptions) {
 	fs := flag.NewFlagSet("webhook configurations", flag.ContinueOnError)
 	cli.SetUsage(fs, "webhook configurations --url URL | --service NAMESPACE/NAME[:PORT] [flags] | kubectl apply -f -")
 	var o admission.ConfigOptions
-	admission.RegisterConfigFlags(fs, &o)
+	app.RegisterConfigFlags(fs, &o)
 	return fs, &o
 }
 

@@ -26,7 +26,7 @@ func (o ConfigOptions) Validate() error {
 	case o.Service != nil && (o.Service.Namespace == "" || o.Service.Name == ""):
 		errs = append(errs, errors.New("the Service needs a namespace and a name"))
 	case o.URL != "":
-		if _, err := parseWebhookURL(o.URL); err != nil {
+		if _, err := ParseWebhookURL(o.URL); err != nil {
 			errs = append(errs, fmt.Errorf("url %q: %w", o.URL, err))
 		}
 	}
@@ -34,7 +34,7 @@ func (o ConfigOptions) Validate() error {
 		errs = append(errs, fmt.Errorf("name %q: %s", o.Name, msg))
 	}
 	for what, fp := range map[string]admissionregistrationv1.FailurePolicyType{"stamp": o.StampFailurePolicy, "fields": o.FieldsFailurePolicy} {
-		if _, err := parseFailurePolicy(string(fp)); err != nil {
+		if _, err := ParseFailurePolicy(string(fp)); err != nil {
 			errs = append(errs, fmt.Errorf("%s failure policy %q: %w", what, fp, err))
 		}
 	}
@@ -86,7 +86,8 @@ func ParseServiceReference(s string) (*admissionregistrationv1.ServiceReference,
 	return svc, nil
 }
 
-func formatService(svc *admissionregistrationv1.ServiceReference) string {
+// FormatServiceReference is the inverse of ParseServiceReference; nil is "".
+func FormatServiceReference(svc *admissionregistrationv1.ServiceReference) string {
 	if svc == nil {
 		return ""
 	}
@@ -180,7 +181,8 @@ func ReadCABundle(path string) ([]byte, error) {
 	return b, nil
 }
 
-func parseFailurePolicy(s string) (admissionregistrationv1.FailurePolicyType, error) {
+// ParseFailurePolicy reads Fail or Ignore.
+func ParseFailurePolicy(s string) (admissionregistrationv1.FailurePolicyType, error) {
 	switch fp := admissionregistrationv1.FailurePolicyType(s); fp {
 	case admissionregistrationv1.Fail, admissionregistrationv1.Ignore:
 		return fp, nil
@@ -188,9 +190,9 @@ func parseFailurePolicy(s string) (admissionregistrationv1.FailurePolicyType, er
 	return "", errors.New("want Fail or Ignore")
 }
 
-// parseWebhookURL checks what the apiserver requires of a webhook URL and
+// ParseWebhookURL checks what the apiserver requires of a webhook URL and
 // drops a trailing slash, since the endpoints' paths are appended.
-func parseWebhookURL(s string) (string, error) {
+func ParseWebhookURL(s string) (string, error) {
 	u, err := url.Parse(s)
 	switch {
 	case err != nil:

@@ -29,7 +29,7 @@ func FuzzConfigFlagValues(f *testing.F) {
 		if svc, err := ParseServiceReference(s); err == nil && (svc.Namespace == "" || svc.Name == "") {
 			t.Fatalf("%q accepted as %+v", s, svc)
 		}
-		_, _ = parseWebhookURL(s)
-		_, _ = parseFailurePolicy(s)
+		_, _ = ParseWebhookURL(s)
+		_, _ = ParseFailurePolicy(s)
 	})
 }
