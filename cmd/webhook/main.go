@@ -27,7 +27,7 @@ import (
 
 	"github.com/stampguard/stampguard/cmd/webhook/app"
 	"github.com/stampguard/stampguard/internal/cli"
-	"github.com/stampguard/stampguard/policy/admission"
+	"github.com/stampguard/stampguard/policy/webhookconfig"
 )
 
 func main() {
@@ -106,15 +106,15 @@ func serveFlags() (*flag.FlagSet, *app.ServeFlags) {
 }
 
 // configurationsFlags is the flag set of `webhook configurations`.
-func configurationsFlags() (*flag.FlagSet, *admission.ConfigOptions) {
+func configurationsFlags() (*flag.FlagSet, *webhookconfig.ConfigOptions) {
 	fs := flag.NewFlagSet("webhook configurations", flag.ContinueOnError)
 	cli.SetUsage(fs, "webhook configurations --url URL | --service NAMESPACE/NAME[:PORT] [flags] | kubectl apply -f -")
-	var o admission.ConfigOptions
+	var o webhookconfig.ConfigOptions
 	app.RegisterConfigFlags(fs, &o)
 	return fs, &o
 }
 
-// configurations prints what admission.Configurations builds for the flags.
+// configurations prints what webhookconfig.Configurations builds for the flags.
 func configurations(args []string, stdout, stderr io.Writer) int {
 	fs, o := configurationsFlags()
 	err := func() error {
@@ -124,7 +124,7 @@ func configurations(args []string, stdout, stderr io.Writer) int {
 		if err := o.Validate(); err != nil {
 			return cli.Usage(err)
 		}
-		return admission.WriteConfigurations(stdout, *o)
+		return webhookconfig.WriteConfigurations(stdout, *o)
 	}()
 	code := cli.ExitCode(err)
 	if code != cli.ExitOK {

@@ -25,8 +25,8 @@ import (
 
 	"github.com/stampguard/stampguard/cmd/webhook/app"
 	"github.com/stampguard/stampguard/internal/kubetest"
-	"github.com/stampguard/stampguard/policy/admission"
 	"github.com/stampguard/stampguard/policy/api/v1alpha1"
+	"github.com/stampguard/stampguard/policy/webhookconfig"
 )
 
 // webhookEnv is one control plane with the webhook running in cluster mode.
@@ -34,7 +34,7 @@ type webhookEnv struct {
 	*kubetest.Env
 	registry *prometheus.Registry
 	// configs are the options of the configurations the webhook keeps in step.
-	configs admission.ConfigOptions
+	configs webhookconfig.ConfigOptions
 }
 
 func startWebhookEnv(t testing.TB) *webhookEnv {
@@ -49,15 +49,15 @@ func startWebhookEnvAudited(t testing.TB, auditPolicy string) *webhookEnv {
 	env := kubetest.Start(t, kubetest.Options{AuditPolicy: auditPolicy, AuditLog: true})
 	// The configurations exist before the webhook starts; the webhook then
 	// keeps them in step with the policies (the pre-filter).
-	configs := admission.ConfigOptions{
+	configs := webhookconfig.ConfigOptions{
 		URL: env.WebhookURL(), CABundle: env.CAData,
-		Resources: []admission.GuardedResource{{Group: "", Resource: "configmaps"}, {Group: "apps", Resource: "deployments"}},
+		Resources: []webhookconfig.GuardedResource{{Group: "", Resource: "configmaps"}, {Group: "apps", Resource: "deployments"}},
 		// The namespaces of the webhook-down test get configurations of their own.
 		NamespaceSelector: &metav1.LabelSelector{MatchExpressions: []metav1.LabelSelectorRequirement{{
 			Key: "e2e.stampguard.dev/down", Operator: metav1.LabelSelectorOpDoesNotExist,
 		}}},
 	}
-	mut, val := admission.Configurations(configs)
+	mut, val := webhookconfig.Configurations(configs)
 	create(t, env.Client, mut)
 	create(t, env.Client, val)
 	reg := prometheus.NewRegistry()

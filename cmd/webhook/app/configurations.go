@@ -11,7 +11,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/stampguard/stampguard/policy"
-	"github.com/stampguard/stampguard/policy/admission"
+	"github.com/stampguard/stampguard/policy/webhookconfig"
 )
 
 // RegisterConfigFlags binds the flags of `webhook configurations` to o. Each
@@ -23,11 +23,11 @@ import (
 // Validate (WriteConfigurations does) for what needs all flags at once.
 //
 // A new option is a field of ConfigOptions and one fs.Var here.
-func RegisterConfigFlags(fs *flag.FlagSet, o *admission.ConfigOptions) {
-	fs.Var(stringValue(&o.Name, admission.DefaultConfigName), "name", "`name` of both configuration objects")
+func RegisterConfigFlags(fs *flag.FlagSet, o *webhookconfig.ConfigOptions) {
+	fs.Var(stringValue(&o.Name, webhookconfig.DefaultConfigName), "name", "`name` of both configuration objects")
 	fs.Var(funcValue(
 		func(s string) error {
-			u, err := admission.ParseWebhookURL(s)
+			u, err := webhookconfig.ParseWebhookURL(s)
 			o.URL = u
 			return err
 		},
@@ -35,17 +35,17 @@ func RegisterConfigFlags(fs *flag.FlagSet, o *admission.ConfigOptions) {
 		"url", "base `URL` of the webhook, https://host[:port][/path] (out-of-cluster); the endpoints' paths are appended. Give --url or --service")
 	fs.Var(funcValue(
 		func(s string) error {
-			svc, err := admission.ParseServiceReference(s)
+			svc, err := webhookconfig.ParseServiceReference(s)
 			o.Service = svc
 			return err
 		},
-		func() string { return admission.FormatServiceReference(o.Service) }),
+		func() string { return webhookconfig.FormatServiceReference(o.Service) }),
 		"service", "in-cluster Service in front of the webhook, `namespace/name[:port]` (port defaults to 443)")
 	var caFile string
 	fs.Var(funcValue(
 		func(s string) error {
 			caFile = s
-			b, err := admission.ReadCABundle(s)
+			b, err := webhookconfig.ReadCABundle(s)
 			o.CABundle = b
 			return err
 		},
@@ -54,15 +54,15 @@ func RegisterConfigFlags(fs *flag.FlagSet, o *admission.ConfigOptions) {
 	failurePolicy := func(p *admissionregistrationv1.FailurePolicyType, def admissionregistrationv1.FailurePolicyType) *fnValue {
 		return funcValue(
 			func(s string) error {
-				fp, err := admission.ParseFailurePolicy(s)
+				fp, err := webhookconfig.ParseFailurePolicy(s)
 				*p = fp
 				return err
 			},
 			func() string { return string(cmp.Or(*p, def)) })
 	}
-	fs.Var(failurePolicy(&o.StampFailurePolicy, admission.DefaultStampFailurePolicy), "stamp-failure-policy",
+	fs.Var(failurePolicy(&o.StampFailurePolicy, webhookconfig.DefaultStampFailurePolicy), "stamp-failure-policy",
 		"`Fail or Ignore`: what the apiserver does with a routed stampless update while no webhook replica answers")
-	fs.Var(failurePolicy(&o.FieldsFailurePolicy, admission.DefaultFieldsFailurePolicy), "fields-failure-policy",
+	fs.Var(failurePolicy(&o.FieldsFailurePolicy, webhookconfig.DefaultFieldsFailurePolicy), "fields-failure-policy",
 		"`Fail or Ignore`: the same for the field owner, immutable field and delete precondition checks (every routed create, update and delete)")
 	fs.Var(funcValue(
 		func(s string) error {
@@ -73,22 +73,22 @@ func RegisterConfigFlags(fs *flag.FlagSet, o *admission.ConfigOptions) {
 			o.TimeoutSeconds = int32(n)
 			return nil
 		},
-		func() string { return strconv.Itoa(int(cmp.Or(o.TimeoutSeconds, admission.DefaultTimeoutSeconds))) }),
+		func() string { return strconv.Itoa(int(cmp.Or(o.TimeoutSeconds, webhookconfig.DefaultTimeoutSeconds))) }),
 		"timeout-seconds", "how long the apiserver waits for each call, 1 to 30 `seconds`")
 	fs.Var(funcValue(
 		func(s string) error {
-			rs, err := admission.ParseGuardedResources(s)
+			rs, err := webhookconfig.ParseGuardedResources(s)
 			o.Resources = rs
 			return err
 		},
 		func() string {
 			if len(o.Resources) == 0 {
-				return admission.FormatGuardedResources(admission.DefaultGuardedResources)
+				return webhookconfig.FormatGuardedResources(webhookconfig.DefaultGuardedResources)
 			}
-			return admission.FormatGuardedResources(o.Resources)
+			return webhookconfig.FormatGuardedResources(o.Resources)
 		}),
 		"resources", "resources to guard, `group/resource,...` with a bare resource for the core group (e.g. apps/deployments,configmaps); the scale subresource of deployments, statefulsets and replicasets is added")
-	fs.Var(stringValue(&o.BreakGlassGroup, admission.DefaultBreakGlassGroup), "break-glass-group", "`group` whose members are never sent to the webhook (\"-\" disables the exemption)")
+	fs.Var(stringValue(&o.BreakGlassGroup, webhookconfig.DefaultBreakGlassGroup), "break-glass-group", "`group` whose members are never sent to the webhook (\"-\" disables the exemption)")
 	fs.Var(funcValue(
 		func(s string) error {
 			sel, err := metav1.ParseToLabelSelector(s)
@@ -107,7 +107,7 @@ func RegisterConfigFlags(fs *flag.FlagSet, o *admission.ConfigOptions) {
 		"namespace-selector", "only send writes in namespaces with these `labels`, e.g. 'team=shop,env notin (dev)' (default all namespaces)")
 	fs.Var(funcValue(
 		func(s string) error {
-			ns, err := admission.ParseNamespaces(s)
+			ns, err := webhookconfig.ParseNamespaces(s)
 			o.ExcludedNamespaces = ns
 			return err
 		},
@@ -117,7 +117,7 @@ func RegisterConfigFlags(fs *flag.FlagSet, o *admission.ConfigOptions) {
 			}
 			return strings.Join(o.ExcludedNamespaces, ",")
 		}),
-		"excluded-namespaces", "`namespaces,...` never sent to the webhook, whatever the policies say (\"\" excludes none); namespaces labelled "+admission.ExemptLabel+"=true are always excluded")
+		"excluded-namespaces", "`namespaces,...` never sent to the webhook, whatever the policies say (\"\" excludes none); namespaces labelled "+webhookconfig.ExemptLabel+"=true are always excluded")
 	fs.BoolVar(&o.RouteAll, "route-all", false, "send every write of the --resources to the webhook, whatever the policies (default: only what the --policy-file's policies guard; without one nothing, until the webhook's --sync-configurations fills them in)")
 	var policyFile string
 	fs.Var(funcValue(

@@ -18,6 +18,7 @@ import (
 	"github.com/stampguard/stampguard/internal/cli"
 	"github.com/stampguard/stampguard/policy"
 	"github.com/stampguard/stampguard/policy/admission"
+	"github.com/stampguard/stampguard/policy/webhookconfig"
 )
 
 // The defaults of the webhook's flags, and of the Options fields they
@@ -83,13 +84,13 @@ func (f *ServeFlags) Register(fs *flag.FlagSet) {
 	fs.StringVar(&o.ProbeAddr, "probe-addr", DefaultProbeAddr, "`address` for /healthz, /readyz and /metrics (\"0\" disables)")
 	fs.StringVar(&o.PolicyFile, "policy-file", "", "file mode: read policies from this multi-document YAML `file` instead of the cluster")
 	fs.StringVar(&o.Namespace, "namespace", os.Getenv(NamespaceEnv), "the webhook's own `namespace`, never guarded unless a policy names it (default $"+NamespaceEnv+")")
-	fs.StringVar(&o.BreakGlassGroup, "break-glass-group", admission.DefaultBreakGlassGroup, "members of this `group` bypass every policy (\"-\" disables)")
+	fs.StringVar(&o.BreakGlassGroup, "break-glass-group", webhookconfig.DefaultBreakGlassGroup, "members of this `group` bypass every policy (\"-\" disables)")
 	fs.Int64Var(&o.MaxReviewBytes, "max-review-bytes", admission.DefaultMaxReviewBytes, "largest AdmissionReview body accepted, in `bytes`; the apiserver refuses request bodies over 3 MiB and a review carries object and oldObject, so 8 MiB is above any real review")
 	fs.Int64Var(&o.MaxReviewBytesInFlight, "max-review-bytes-in-flight", admission.DefaultMaxReviewBytesInFlight, "review `bytes` buffered at once across all connections (at least twice --max-review-bytes); a review past the budget waits its turn or is denied")
 	fs.DurationVar(&o.ReviewReadTimeout, "review-read-timeout", admission.DefaultReviewReadTimeout, "how long a review may take to arrive, from its first byte to the end of its body; a slower one is denied and its connection closed")
 	fs.DurationVar(&o.ShutdownTimeout, "shutdown-timeout", DefaultShutdownTimeout, "how long SIGTERM waits for reviews in flight; keep it under the pod's terminationGracePeriodSeconds (30s by default)")
-	f.SyncConfigurations = admission.DefaultConfigName
-	fs.Func("sync-configurations", "keep the Mutating- and ValidatingWebhookConfiguration of this `name` in step with the policies, so that only what they guard is routed (default "+admission.DefaultConfigName+" in cluster mode, none in file mode); empty leaves them alone", func(v string) error {
+	f.SyncConfigurations = webhookconfig.DefaultConfigName
+	fs.Func("sync-configurations", "keep the Mutating- and ValidatingWebhookConfiguration of this `name` in step with the policies, so that only what they guard is routed (default "+webhookconfig.DefaultConfigName+" in cluster mode, none in file mode); empty leaves them alone", func(v string) error {
 		f.SyncConfigurations, f.syncSet = v, true
 		return nil
 	})
@@ -172,9 +173,9 @@ func (f *ServeFlags) Resolve(w io.Writer) (Options, error) {
 		return Options{}, err
 	}
 	if f.SyncConfigurations != "" {
-		co := &admission.ConfigOptions{Name: f.SyncConfigurations}
+		co := &webhookconfig.ConfigOptions{Name: f.SyncConfigurations}
 		if f.SyncResources != "" {
-			if co.Resources, err = admission.ParseGuardedResources(f.SyncResources); err != nil {
+			if co.Resources, err = webhookconfig.ParseGuardedResources(f.SyncResources); err != nil {
 				return Options{}, cli.Usagef("--sync-resources: %w", err)
 			}
 		}
@@ -184,7 +185,7 @@ func (f *ServeFlags) Resolve(w io.Writer) (Options, error) {
 			}
 		}
 		if f.syncExcludedSet {
-			if co.ExcludedNamespaces, err = admission.ParseNamespaces(f.SyncExcludedNamespaces); err != nil {
+			if co.ExcludedNamespaces, err = webhookconfig.ParseNamespaces(f.SyncExcludedNamespaces); err != nil {
 				return Options{}, cli.Usagef("--sync-excluded-namespaces: %w", err)
 			}
 		}

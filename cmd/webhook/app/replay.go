@@ -17,9 +17,9 @@ import (
 
 	"github.com/stampguard/stampguard/internal/cli"
 	"github.com/stampguard/stampguard/policy"
-	"github.com/stampguard/stampguard/policy/admission"
 	"github.com/stampguard/stampguard/policy/api/v1alpha1"
 	"github.com/stampguard/stampguard/policy/replay"
+	"github.com/stampguard/stampguard/policy/webhookconfig"
 )
 
 // DefaultRefusedShown is how many refused writes the table prints.
@@ -60,7 +60,7 @@ func (f *ReplayFlags) Register(fs *flag.FlagSet) {
 	fs.IntVar(&f.Top, "top", replay.DefaultTop, "list this many `writers` and objects")
 	fs.IntVar(&f.Refused, "refused", DefaultRefusedShown, "print this many refused writes with their messages in the table (json lists all)")
 	fs.StringVar(&f.Namespace, "namespace", os.Getenv(NamespaceEnv), "the webhook's own `namespace`, never guarded unless a policy names it, as the webhook's --namespace (default $"+NamespaceEnv+")")
-	fs.StringVar(&f.BreakGlassGroup, "break-glass-group", admission.DefaultBreakGlassGroup, "members of this `group` bypass every policy, as the webhook's (\"-\" disables)")
+	fs.StringVar(&f.BreakGlassGroup, "break-glass-group", webhookconfig.DefaultBreakGlassGroup, "members of this `group` bypass every policy, as the webhook's (\"-\" disables)")
 }
 
 // Replay is a resolved `webhook replay` command line.

@@ -28,6 +28,7 @@ import (
 	"github.com/stampguard/stampguard/policy"
 	"github.com/stampguard/stampguard/policy/admission"
 	"github.com/stampguard/stampguard/policy/api/v1alpha1"
+	"github.com/stampguard/stampguard/policy/webhookconfig"
 )
 
 var namespaceGVK = schema.GroupVersionKind{Version: "v1", Kind: "Namespace"}
@@ -91,7 +92,7 @@ type Options struct {
 	// Policies and, when unset, BreakGlassGroup and ProtectedNamespaces are
 	// filled in from the webhook's own. Nil (the default) leaves the
 	// configurations alone.
-	Configurations *admission.ConfigOptions
+	Configurations *webhookconfig.ConfigOptions
 }
 
 func (o *Options) setDefaults() {
@@ -102,7 +103,7 @@ func (o *Options) setDefaults() {
 		o.ProbeAddr = DefaultProbeAddr
 	}
 	if o.BreakGlassGroup == "" {
-		o.BreakGlassGroup = admission.DefaultBreakGlassGroup
+		o.BreakGlassGroup = webhookconfig.DefaultBreakGlassGroup
 	}
 	if o.BreakGlassGroup == "-" {
 		o.BreakGlassGroup = ""
@@ -127,7 +128,7 @@ func Run(ctx context.Context, o Options) error {
 	log := o.Logger
 	metrics := admission.NewMetrics(o.Registry)
 	policies := newPolicyMetrics(o.Registry)
-	syncs := admission.NewSyncMetrics(o.Registry)
+	syncs := webhookconfig.NewSyncMetrics(o.Registry)
 	env := &policy.Environment{
 		ProtectedNamespaces: append([]string{}, policy.DefaultProtectedNamespaces...),
 		BreakGlassGroup:     o.BreakGlassGroup,
@@ -203,7 +204,7 @@ func Run(ctx context.Context, o Options) error {
 				co.ExcludedNamespaces = append(slices.Clone(policy.DefaultProtectedNamespaces), o.Namespace)
 				co.ExcludedNamespaces = slices.DeleteFunc(co.ExcludedNamespaces, func(ns string) bool { return ns == "" })
 			}
-			cs.configs = admission.NewSyncer(mgr.GetAPIReader(), mgr.GetClient(), co, syncs, log)
+			cs.configs = webhookconfig.NewSyncer(mgr.GetAPIReader(), mgr.GetClient(), co, syncs, log)
 			if err := mgr.Add(cs.configs); err != nil {
 				return fmt.Errorf("add configuration sync: %w", err)
 			}

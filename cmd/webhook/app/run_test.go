@@ -27,6 +27,7 @@ import (
 
 	"github.com/stampguard/stampguard/policy"
 	"github.com/stampguard/stampguard/policy/admission"
+	"github.com/stampguard/stampguard/policy/webhookconfig"
 )
 
 func writeCert(t testing.TB, dir string, serial int64) {
@@ -197,7 +198,7 @@ func TestRunRefusesABadPolicyFile(t *testing.T) {
 }
 
 func TestRunRefusesToSyncConfigurationsInFileMode(t *testing.T) {
-	err := Run(t.Context(), Options{PolicyFile: "policies.yaml", ProbeAddr: "0", Configurations: &admission.ConfigOptions{},
+	err := Run(t.Context(), Options{PolicyFile: "policies.yaml", ProbeAddr: "0", Configurations: &webhookconfig.ConfigOptions{},
 		Logger: slog.New(slog.DiscardHandler)})
 	if err == nil || !strings.Contains(err.Error(), "cluster mode") {
 		t.Fatalf("want an error saying the sync needs cluster mode, got %v", err)

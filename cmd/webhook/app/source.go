@@ -19,6 +19,7 @@ import (
 	"github.com/stampguard/stampguard/policy"
 	"github.com/stampguard/stampguard/policy/admission"
 	"github.com/stampguard/stampguard/policy/api/v1alpha1"
+	"github.com/stampguard/stampguard/policy/webhookconfig"
 )
 
 // policyMetrics count the policies a source holds.
@@ -53,7 +54,7 @@ type ClusterSource struct {
 	log     *slog.Logger
 	set     atomic.Pointer[policy.Set]
 	// configs, when set, keeps the webhook configurations in step.
-	configs *admission.Syncer
+	configs *webhookconfig.Syncer
 }
 
 var _ admission.PolicySource = (*ClusterSource)(nil)

@@ -1,5 +1,5 @@
 // Command chartgen writes the Helm template of the chart's two webhook
-// configurations from admission.Configurations, so that the chart and
+// configurations from webhookconfig.Configurations, so that the chart and
 // `webhook configurations` build the same objects from one piece of Go.
 //
 // It builds the configurations with a sentinel for every value the chart
@@ -30,7 +30,7 @@ import (
 	"sigs.k8s.io/yaml"
 
 	"github.com/stampguard/stampguard/policy"
-	"github.com/stampguard/stampguard/policy/admission"
+	"github.com/stampguard/stampguard/policy/webhookconfig"
 )
 
 // Sentinels: values no real setting has, each replaced by one input.
@@ -52,16 +52,16 @@ const (
 
 var sCA = []byte("sg-sentinel-ca")
 
-func base() admission.ConfigOptions {
+func base() webhookconfig.ConfigOptions {
 	port := int32(sPort)
-	return admission.ConfigOptions{
+	return webhookconfig.ConfigOptions{
 		Name:                sName,
 		Service:             &admissionregistrationv1.ServiceReference{Namespace: sNamespace, Name: sService, Port: &port},
 		CABundle:            sCA,
 		StampFailurePolicy:  sStampFP,
 		FieldsFailurePolicy: sFieldsFP,
 		TimeoutSeconds:      sTimeout,
-		Resources:           []admission.GuardedResource{{Group: sGroup, Resource: sResource}},
+		Resources:           []webhookconfig.GuardedResource{{Group: sGroup, Resource: sResource}},
 		NamespaceSelector: &metav1.LabelSelector{
 			MatchLabels:      map[string]string{sLabel: "v"},
 			MatchExpressions: []metav1.LabelSelectorRequirement{{Key: sExpr, Operator: metav1.LabelSelectorOpExists}},
@@ -76,17 +76,17 @@ func base() admission.ConfigOptions {
 // lines stay, and the options without the part.
 type variant struct {
 	cond string // true when the base's lines apply
-	opts func(*admission.ConfigOptions)
+	opts func(*webhookconfig.ConfigOptions)
 }
 
 // In this order the conditions nest: routeAll outermost.
 var variants = []variant{
-	{"$.routeAll", func(o *admission.ConfigOptions) { o.RouteAll = false }},
-	{"$.caBundle", func(o *admission.ConfigOptions) { o.CABundle = nil }},
-	{`ne $.breakGlassGroup "-"`, func(o *admission.ConfigOptions) { o.BreakGlassGroup = "-" }},
-	{"$.excludedNamespaces", func(o *admission.ConfigOptions) { o.ExcludedNamespaces = []string{} }},
-	{"$.matchLabels", func(o *admission.ConfigOptions) { o.NamespaceSelector.MatchLabels = nil }},
-	{"$.matchExpressions", func(o *admission.ConfigOptions) { o.NamespaceSelector.MatchExpressions = nil }},
+	{"$.routeAll", func(o *webhookconfig.ConfigOptions) { o.RouteAll = false }},
+	{"$.caBundle", func(o *webhookconfig.ConfigOptions) { o.CABundle = nil }},
+	{`ne $.breakGlassGroup "-"`, func(o *webhookconfig.ConfigOptions) { o.BreakGlassGroup = "-" }},
+	{"$.excludedNamespaces", func(o *webhookconfig.ConfigOptions) { o.ExcludedNamespaces = []string{} }},
+	{"$.matchLabels", func(o *webhookconfig.ConfigOptions) { o.NamespaceSelector.MatchLabels = nil }},
+	{"$.matchExpressions", func(o *webhookconfig.ConfigOptions) { o.NamespaceSelector.MatchExpressions = nil }},
 }
 
 // negate is the condition of the lines only the variant has.
@@ -97,8 +97,8 @@ func negate(cond string) string {
 	return "not (" + cond + ")"
 }
 
-func render(o admission.ConfigOptions) []string {
-	mut, val := admission.Configurations(o)
+func render(o webhookconfig.ConfigOptions) []string {
+	mut, val := webhookconfig.Configurations(o)
 	var b bytes.Buffer
 	for _, obj := range []any{mut, val} {
 		y, err := yaml.Marshal(obj)

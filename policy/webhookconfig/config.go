@@ -1,4 +1,4 @@
-package admission
+package webhookconfig
 
 //go:generate go run ./chartgen -out ../../charts/stampguard/templates/webhook/_configurations.tpl
 
@@ -13,6 +13,7 @@ import (
 	"sigs.k8s.io/yaml"
 
 	"github.com/stampguard/stampguard/policy"
+	"github.com/stampguard/stampguard/policy/admission"
 	"github.com/stampguard/stampguard/policy/api/annotation"
 )
 
@@ -194,7 +195,7 @@ func Configurations(o ConfigOptions) (*admissionregistrationv1.MutatingWebhookCo
 		ObjectMeta: metav1.ObjectMeta{Name: o.Name},
 		Webhooks: []admissionregistrationv1.MutatingWebhook{{
 			Name:                    StampWebhookName,
-			ClientConfig:            o.clientConfig(StampPath),
+			ClientConfig:            o.clientConfig(admission.StampPath),
 			Rules:                   o.rules(admissionregistrationv1.Update),
 			FailurePolicy:           &stampFail,
 			MatchPolicy:             &equivalent,
@@ -213,7 +214,7 @@ func Configurations(o ConfigOptions) (*admissionregistrationv1.MutatingWebhookCo
 		ObjectMeta: metav1.ObjectMeta{Name: o.Name},
 		Webhooks: []admissionregistrationv1.ValidatingWebhook{{
 			Name:                    FieldsWebhookName,
-			ClientConfig:            o.clientConfig(FieldsPath),
+			ClientConfig:            o.clientConfig(admission.FieldsPath),
 			Rules:                   o.rules(admissionregistrationv1.Create, admissionregistrationv1.Update, admissionregistrationv1.Delete),
 			FailurePolicy:           &fieldsFail,
 			MatchPolicy:             &equivalent,
