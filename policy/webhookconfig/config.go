@@ -69,7 +69,7 @@ const (
 
 // ConfigOptions describe how the apiserver reaches the webhook and what it
 // sends there. The chart's webhook configurations are generated from the
-// same code (gen/, `make generate`), so its values mean what these fields
+// same code (chartgen/, `make generate`), so its values mean what these fields
 // mean.
 type ConfigOptions struct {
 	// Name of both configuration objects. Defaults to DefaultConfigName.
