@@ -9,14 +9,15 @@ import (
 	"net"
 	"net/http"
 	"slices"
+	"strings"
 	"time"
 
+	"github.com/go-logr/logr"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
-	"k8s.io/client-go/rest"
 	"k8s.io/utils/ptr"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/controller"
@@ -32,95 +33,6 @@ import (
 )
 
 var namespaceGVK = schema.GroupVersionKind{Version: "v1", Kind: "Namespace"}
-
-// Options configure the webhook process.
-type Options struct {
-	// Host the admission server listens on. Defaults to all addresses:
-	// the apiserver reaches a pod through its pod IP, so loopback would
-	// be unreachable; the chart passes the pod IP.
-	Host string
-	// Port of the admission server (TLS). Defaults to DefaultPort (9443).
-	Port int
-	// CertDir holds tls.crt and tls.key; they are reloaded when they change.
-	CertDir string
-	// ClientCAFile, when set, makes the admission port require a client
-	// certificate signed by a CA of this PEM bundle (the apiserver's
-	// admission kubeconfig presents one); it is reloaded when it changes.
-	// Empty (the default): no client certificate is asked for.
-	ClientCAFile string
-	// ProbeAddr serves /healthz, /readyz and /metrics. Defaults to
-	// DefaultProbeAddr (":8081"); "0" disables it.
-	ProbeAddr string
-	// PolicyFile selects file mode: policies come from this multi-document
-	// YAML file instead of ConcurrencyPolicy objects.
-	PolicyFile string
-	// RestConfig reaches the cluster in cluster mode.
-	RestConfig *rest.Config
-	// Namespace the webhook runs in; policies skip it unless they name it.
-	Namespace string
-	// BreakGlassGroup members bypass every policy. Defaults to
-	// DefaultBreakGlassGroup; "-" disables it.
-	BreakGlassGroup string
-	// MaxReviewBytes bounds a review body. Defaults to DefaultMaxReviewBytes.
-	MaxReviewBytes int64
-	// MaxReviewBytesInFlight bounds the review bytes buffered across all
-	// connections; at least twice MaxReviewBytes. Defaults to
-	// DefaultMaxReviewBytesInFlight. A review that cannot get room before
-	// its read deadline is denied.
-	MaxReviewBytesInFlight int64
-	// ReviewReadTimeout bounds the time from a review's first byte to the
-	// end of its body; a review cut by it is denied and its connection
-	// closed.
-	// Defaults to DefaultReviewReadTimeout.
-	ReviewReadTimeout time.Duration
-	// ShutdownTimeout bounds the graceful drain after ctx ends: reviews still
-	// in flight then are abandoned and Run returns an error. Defaults to
-	// DefaultShutdownTimeout (25s), under the kubelet's default grace
-	// period of 30s.
-	ShutdownTimeout time.Duration
-	// Logger for everything. Defaults to slog.Default().
-	Logger *slog.Logger
-	// Registry collects the webhook's metrics. Defaults to a new registry.
-	Registry *prometheus.Registry
-	// Ready, when set, is called once the webhook serves with its policies loaded.
-	Ready func(addr string)
-	// Configurations, when set in cluster mode, makes the webhook keep the
-	// two configuration objects named Configurations.Name (which must
-	// exist) in step with the live policies: it updates the rules,
-	// namespaceSelector and matchConditions of its two webhooks there and
-	// nothing else (RBAC: get and update on those two objects). Its
-	// Policies and, when unset, BreakGlassGroup and ProtectedNamespaces are
-	// filled in from the webhook's own. Nil (the default) leaves the
-	// configurations alone.
-	Configurations *webhookconfig.ConfigOptions
-}
-
-func (o *Options) setDefaults() {
-	if o.Port == 0 {
-		o.Port = DefaultPort
-	}
-	if o.ProbeAddr == "" {
-		o.ProbeAddr = DefaultProbeAddr
-	}
-	if o.BreakGlassGroup == "" {
-		o.BreakGlassGroup = webhookconfig.DefaultBreakGlassGroup
-	}
-	if o.BreakGlassGroup == "-" {
-		o.BreakGlassGroup = ""
-	}
-	if o.MaxReviewBytes == 0 {
-		o.MaxReviewBytes = admission.DefaultMaxReviewBytes
-	}
-	if o.ShutdownTimeout == 0 {
-		o.ShutdownTimeout = DefaultShutdownTimeout
-	}
-	if o.Logger == nil {
-		o.Logger = slog.Default()
-	}
-	if o.Registry == nil {
-		o.Registry = prometheus.NewRegistry()
-	}
-}
 
 // Run serves the admission webhook until ctx ends, then drains.
 func Run(ctx context.Context, o Options) error {
@@ -310,4 +222,34 @@ func ignoreClosed(err error) error {
 		return nil
 	}
 	return err
+}
+
+// RuntimeLogger is log for controller-runtime, whose webhook server
+// announces a shutdown timeout of its own ("with timeout of 1 minute")
+// while Run stops waiting after shutdownTimeout: that line is told with
+// the timeout that applies.
+func RuntimeLogger(log *slog.Logger, shutdownTimeout time.Duration) logr.Logger {
+	return logr.New(&shutdownSink{LogSink: logr.FromSlogHandler(log.Handler()).GetSink(), timeout: shutdownTimeout})
+}
+
+const runtimeShutdownLine = "Shutting down webhook server with timeout of "
+
+type shutdownSink struct {
+	logr.LogSink
+	timeout time.Duration
+}
+
+func (s *shutdownSink) Info(level int, msg string, kv ...any) {
+	if strings.HasPrefix(msg, runtimeShutdownLine) {
+		msg = fmt.Sprintf("%s%s (--shutdown-timeout)", runtimeShutdownLine, s.timeout)
+	}
+	s.LogSink.Info(level, msg, kv...)
+}
+
+func (s *shutdownSink) WithValues(kv ...any) logr.LogSink {
+	return &shutdownSink{LogSink: s.LogSink.WithValues(kv...), timeout: s.timeout}
+}
+
+func (s *shutdownSink) WithName(name string) logr.LogSink {
+	return &shutdownSink{LogSink: s.LogSink.WithName(name), timeout: s.timeout}
 }

@@ -25,6 +25,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/stampguard/stampguard/internal/cli"
 	"github.com/stampguard/stampguard/policy"
 	"github.com/stampguard/stampguard/policy/admission"
 	"github.com/stampguard/stampguard/policy/webhookconfig"
@@ -224,5 +225,23 @@ func TestNotReadyUntilThePoliciesAreLoaded(t *testing.T) {
 	src.set.Store(policy.NewSet())
 	if code, body := get("/readyz"); code != http.StatusOK {
 		t.Fatalf("/readyz answered %d %q with the policies loaded", code, body)
+	}
+}
+
+// controller-runtime's webhook server announces its own shutdown timeout
+// of a minute; the line tells the one that applies.
+func TestRuntimeLoggerTellsTheShutdownTimeout(t *testing.T) {
+	var out bytes.Buffer
+	log, err := cli.NewLogger(&out, "info", "text")
+	if err != nil {
+		t.Fatal(err)
+	}
+	rl := RuntimeLogger(log, 25*time.Second).WithName("webhook").WithValues("k", "v")
+	rl.Info("Shutting down webhook server with timeout of 1 minute")
+	rl.Info("Serving webhook server", "port", 9443)
+	got := out.String()
+	if !strings.Contains(got, "Shutting down webhook server with timeout of 25s (--shutdown-timeout)") || strings.Contains(got, "1 minute") ||
+		!strings.Contains(got, "Serving webhook server") || !strings.Contains(got, "k=v") {
+		t.Errorf("logged:\n%s", got)
 	}
 }
