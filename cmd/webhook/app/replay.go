@@ -22,8 +22,13 @@ import (
 	"github.com/stampguard/stampguard/policy/webhookconfig"
 )
 
-// DefaultRefusedShown is how many refused writes the table prints.
-const DefaultRefusedShown = 20
+// The defaults of `webhook replay`'s flags; --top's is replay.DefaultTop.
+const (
+	// DefaultReplayFormat is --format's: the table.
+	DefaultReplayFormat = "table"
+	// DefaultRefusedShown is how many refused writes the table prints.
+	DefaultRefusedShown = 20
+)
 
 // ReplayFlags are the flags of `webhook replay`. The rule for an option
 // with both: an explicit flag beats the environment, the environment
@@ -56,7 +61,7 @@ func (f *ReplayFlags) Register(fs *flag.FlagSet) {
 	fs.StringVar(&f.Kubeconfig, "kubeconfig", "", "kubeconfig `file` for --policies-from-cluster (default $"+KubeconfigEnv+", then the in-cluster config)")
 	fs.StringVar(&f.Since, "since", "", "replay the writes from this `time` on: RFC3339, or a duration ago (2h, 7d); earlier events still rebuild the objects (default the log's start)")
 	fs.StringVar(&f.Until, "until", "", "replay the writes before this `time`: RFC3339, or a duration ago (default the log's end)")
-	fs.StringVar(&f.Format, "format", "table", "output `format`: table or json (docs/replay.md)")
+	fs.StringVar(&f.Format, "format", DefaultReplayFormat, "output `format`: table or json (docs/replay.md)")
 	fs.IntVar(&f.Top, "top", replay.DefaultTop, "list this many `writers` and objects")
 	fs.IntVar(&f.Refused, "refused", DefaultRefusedShown, "print this many refused writes with their messages in the table (json lists all)")
 	fs.StringVar(&f.Namespace, "namespace", os.Getenv(NamespaceEnv), "the webhook's own `namespace`, never guarded unless a policy names it, as the webhook's --namespace (default $"+NamespaceEnv+")")
