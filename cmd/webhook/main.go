@@ -7,10 +7,10 @@
 //	webhook replay [flags] LOG...   what the policies would have refused,
 //	                                from the apiserver's audit log
 //
-// The flags are policy/admission's (ServeFlags, RegisterConfigFlags) and
-// policy/replay's (Flags), which
-// validate everything before the webhook starts: exit code 2 for a bad
-// command line, 1 for a failure while running (internal/cli).
+// The flags are cmd/webhook/app's (ServeFlags, RegisterConfigFlags,
+// ReplayFlags), which validate everything before the webhook starts: exit
+// code 2 for a bad command line, 1 for a failure while running
+// (internal/cli).
 package main
 
 import (
