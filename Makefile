@@ -104,7 +104,7 @@ images: ## OCI image archives of webhook and auditsink in bin/images, without Do
 generate: $(BIN)/controller-gen ## regenerate deepcopy code, the CRD manifest, the chart's webhook configurations, and the Grafana dashboards and alert rules
 	$(BIN)/controller-gen object paths=./policy/api/...
 	$(BIN)/controller-gen crd:crdVersions=v1 paths=./policy/api/... output:crd:artifacts:config=charts/stampguard/crds
-	$(GO) generate ./dashboards ./policy/admission
+	$(GO) generate ./dashboards ./policy/webhookconfig
 
 .PHONY: verify-generate
 verify-generate: generate ## fail when generated files are stale

@@ -7,10 +7,10 @@
 //	webhook replay [flags] LOG...   what the policies would have refused,
 //	                                from the apiserver's audit log
 //
-// The flags are policy/admission's (ServeFlags, RegisterConfigFlags) and
-// policy/replay's (Flags), which
-// validate everything before the webhook starts: exit code 2 for a bad
-// command line, 1 for a failure while running (internal/cli).
+// The flags are cmd/webhook/app's (ServeFlags, RegisterConfigFlags,
+// ReplayFlags), which validate everything before the webhook starts: exit
+// code 2 for a bad command line, 1 for a failure while running
+// (internal/cli).
 package main
 
 import (
@@ -25,9 +25,9 @@ import (
 
 	ctrllog "sigs.k8s.io/controller-runtime/pkg/log"
 
+	"github.com/stampguard/stampguard/cmd/webhook/app"
 	"github.com/stampguard/stampguard/internal/cli"
-	"github.com/stampguard/stampguard/policy/admission"
-	"github.com/stampguard/stampguard/policy/replay"
+	"github.com/stampguard/stampguard/policy/webhookconfig"
 )
 
 func main() {
@@ -65,7 +65,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		if err != nil {
 			return err
 		}
-		ctrllog.SetLogger(admission.RuntimeLogger(o.Logger, o.ShutdownTimeout))
+		ctrllog.SetLogger(app.RuntimeLogger(o.Logger, o.ShutdownTimeout))
 		if f.CPUProfile != "" {
 			stop, err := cli.StartCPUProfile(f.CPUProfile)
 			if err != nil {
@@ -77,7 +77,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 				}
 			}()
 		}
-		if err := admission.Run(ctx, o); err != nil {
+		if err := app.Run(ctx, o); err != nil {
 			o.Logger.Error("webhook stopped", "err", err)
 			return err
 		}
@@ -91,7 +91,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 }
 
 // serveFlags is the flag set of the serving command.
-func serveFlags() (*flag.FlagSet, *admission.ServeFlags) {
+func serveFlags() (*flag.FlagSet, *app.ServeFlags) {
 	// Our own flag set: controller-runtime's client/config package registers
 	// --kubeconfig on flag.CommandLine in its init, and a second
 	// registration there panics before any flag is parsed.
@@ -100,21 +100,21 @@ func serveFlags() (*flag.FlagSet, *admission.ServeFlags) {
 		fmt.Fprint(fs.Output(), usage+"\nflags:\n")
 		fs.PrintDefaults()
 	}
-	var f admission.ServeFlags
+	var f app.ServeFlags
 	f.Register(fs)
 	return fs, &f
 }
 
 // configurationsFlags is the flag set of `webhook configurations`.
-func configurationsFlags() (*flag.FlagSet, *admission.ConfigOptions) {
+func configurationsFlags() (*flag.FlagSet, *webhookconfig.ConfigOptions) {
 	fs := flag.NewFlagSet("webhook configurations", flag.ContinueOnError)
 	cli.SetUsage(fs, "webhook configurations --url URL | --service NAMESPACE/NAME[:PORT] [flags] | kubectl apply -f -")
-	var o admission.ConfigOptions
-	admission.RegisterConfigFlags(fs, &o)
+	var o webhookconfig.ConfigOptions
+	app.RegisterConfigFlags(fs, &o)
 	return fs, &o
 }
 
-// configurations prints what admission.Configurations builds for the flags.
+// configurations prints what webhookconfig.Configurations builds for the flags.
 func configurations(args []string, stdout, stderr io.Writer) int {
 	fs, o := configurationsFlags()
 	err := func() error {
@@ -124,7 +124,7 @@ func configurations(args []string, stdout, stderr io.Writer) int {
 		if err := o.Validate(); err != nil {
 			return cli.Usage(err)
 		}
-		return admission.WriteConfigurations(stdout, *o)
+		return webhookconfig.WriteConfigurations(stdout, *o)
 	}()
 	code := cli.ExitCode(err)
 	if code != cli.ExitOK {
@@ -137,15 +137,15 @@ func configurations(args []string, stdout, stderr io.Writer) int {
 }
 
 // replayFlags is the flag set of `webhook replay`.
-func replayFlags() (*flag.FlagSet, *replay.Flags) {
+func replayFlags() (*flag.FlagSet, *app.ReplayFlags) {
 	fs := flag.NewFlagSet("webhook replay", flag.ContinueOnError)
 	cli.SetUsage(fs, "webhook replay --policy-file FILE | --policies-from-cluster [--kubeconfig FILE] [--since T] [--until T] [--format table|json] AUDIT_LOG...")
-	var f replay.Flags
+	var f app.ReplayFlags
 	f.Register(fs)
 	return fs, &f
 }
 
-// replayLogs runs `webhook replay`: policy/replay's flags in, its Run out.
+// replayLogs runs `webhook replay`: its flags in, app.Replay out.
 func replayLogs(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	fs, f := replayFlags()
 	err := func() error {

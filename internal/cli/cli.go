@@ -14,7 +14,7 @@
 //
 // Flags and environment: an explicit flag beats the environment, and the
 // environment beats files and defaults. Each binary's options library
-// (analytics/config for auditsink, policy/admission for webhook) resolves
+// (analytics/config for auditsink, cmd/webhook/app for webhook) resolves
 // its options by that rule, in one place each.
 package cli
 

@@ -48,6 +48,17 @@ type PolicySource interface {
 	Policies() *policy.Set
 }
 
+// StaticSource serves a fixed policy set, as loaded from --policy-file.
+type StaticSource struct{ set *policy.Set }
+
+// NewStaticSource wraps a policy set.
+func NewStaticSource(set *policy.Set) *StaticSource { return &StaticSource{set: set} }
+
+// Policies returns the set.
+func (s *StaticSource) Policies() *policy.Set { return s.set }
+
+var _ PolicySource = (*StaticSource)(nil)
+
 // handler serves one admission endpoint.
 type handler struct {
 	phase   phase
@@ -68,6 +79,22 @@ func newHandler(ph phase, src PolicySource, env *policy.Environment, m *Metrics,
 		requests:   m.requests.WithLabelValues(string(ph)),
 		evaluation: m.evaluation.WithLabelValues(string(ph)),
 	}
+}
+
+// Handlers builds the two admission endpoints over a policy source, for
+// callers that mount them on a server of their own (and for benchmarks),
+// with reviews of at most maxBytes (0: DefaultMaxReviewBytes), the default
+// budget of bytes in flight and the default read timeout.
+func Handlers(src PolicySource, env *policy.Environment, m *Metrics, log *slog.Logger, maxBytes int64) (stamp, fields http.Handler) {
+	limits, err := newReviewLimits(maxBytes, 0, 0)
+	if err != nil {
+		panic(err) // unreachable: the default budget fits any maxBytes
+	}
+	return handlers(src, env, m, log, limits)
+}
+
+func handlers(src PolicySource, env *policy.Environment, m *Metrics, log *slog.Logger, limits reviewLimits) (stamp, fields http.Handler) {
+	return newHandler(phaseStamp, src, env, m, log, limits), newHandler(phaseFields, src, env, m, log, limits)
 }
 
 var bufPool = sync.Pool{New: func() any { return new(bytes.Buffer) }}

@@ -20,6 +20,7 @@ import (
 	"golang.org/x/sync/semaphore"
 	admissionv1 "k8s.io/api/admission/v1"
 
+	"github.com/stampguard/stampguard/internal/cli"
 	"github.com/stampguard/stampguard/policy"
 )
 
@@ -461,7 +462,7 @@ func TestDenialsLoggedAndCounted(t *testing.T) {
 	} {
 		t.Run(c.level, func(t *testing.T) {
 			var out bytes.Buffer
-			log, err := NewLogger(&out, c.level, "json")
+			log, err := cli.NewLogger(&out, c.level, "json")
 			if err != nil {
 				t.Fatal(err)
 			}

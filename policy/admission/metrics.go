@@ -4,14 +4,12 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 )
 
-// Metrics are the webhook's Prometheus series.
+// Metrics are the series of answering reviews.
 type Metrics struct {
 	requests   *prometheus.CounterVec
 	decisions  *prometheus.CounterVec
 	evaluation *prometheus.HistogramVec
 	errors     *prometheus.CounterVec
-	policies   *prometheus.GaugeVec
-	syncs      *prometheus.CounterVec
 	// connections counts the admission port's accepted connections: each
 	// costs a TLS handshake, so it should grow far slower than requests
 	// while the apiserver reuses its connections.
@@ -39,27 +37,13 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Name: "stampguard_admission_errors_total",
 			Help: "Reviews that could not be evaluated, by endpoint and reason.",
 		}, []string{"endpoint", "reason"}),
-		policies: prometheus.NewGaugeVec(prometheus.GaugeOpts{
-			Name: "stampguard_policies",
-			Help: "ConcurrencyPolicies known to the webhook, by state (ready or invalid).",
-		}, []string{"state"}),
-		syncs: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "stampguard_configuration_syncs_total",
-			Help: "Syncs of a webhook configuration with the policies, by kind and result (updated, unchanged, conflict, error).",
-		}, []string{"kind", "result"}),
 		connections: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "stampguard_admission_connections_total",
 			Help: "Connections accepted on the admission port (each pays a TLS handshake); far fewer than requests while clients keep their connections.",
 		}),
 	}
 	if reg != nil {
-		reg.MustRegister(m.requests, m.decisions, m.evaluation, m.errors, m.policies, m.syncs, m.connections)
+		reg.MustRegister(m.requests, m.decisions, m.evaluation, m.errors, m.connections)
 	}
 	return m
-}
-
-// SetPolicies records how many policies are in force and how many were refused.
-func (m *Metrics) SetPolicies(ready, invalid int) {
-	m.policies.WithLabelValues("ready").Set(float64(ready))
-	m.policies.WithLabelValues("invalid").Set(float64(invalid))
 }

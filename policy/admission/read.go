@@ -22,7 +22,7 @@ import (
 const DefaultMaxReviewBytesInFlight = 4 * DefaultMaxReviewBytes
 
 // DefaultReviewReadTimeout bounds the time from a review's first byte to
-// the end of its body (Run's server; a handler mounted elsewhere counts
+// the end of its body (Server's; a handler mounted elsewhere counts
 // from its headers). The apiserver gives up on a webhook call after the
 // configuration's timeoutSeconds (10 s by default, 30 s at most), so a
 // body still arriving after that is not worth waiting for.
@@ -33,7 +33,7 @@ type reviewLimits struct {
 	maxBytes    int64               // one review
 	budget      *semaphore.Weighted // review buffer bytes of all requests together
 	readTimeout time.Duration       // headers read to body read
-	// serverDeadline: the server's ReadTimeout (Run's) already bounds
+	// serverDeadline: Server's ReadTimeout already bounds
 	// the body's read, so the handler sets no read deadline of its own.
 	serverDeadline bool
 }

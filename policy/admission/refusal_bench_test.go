@@ -7,9 +7,9 @@ import (
 	"encoding/json"
 	"io"
 	"log/slog"
+	"net"
 	"net/http"
 	"os"
-	"path/filepath"
 	"strconv"
 	"strings"
 	"testing"
@@ -22,6 +22,7 @@ import (
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/utils/ptr"
 
+	"github.com/stampguard/stampguard/internal/cli"
 	"github.com/stampguard/stampguard/internal/pkitest"
 	"github.com/stampguard/stampguard/policy"
 )
@@ -89,9 +90,9 @@ func configMapReview(t testing.TB, stampless bool) []byte {
 	return b
 }
 
-// BenchmarkRefusalOverHTTPS is the webhook process serving refusals over
-// its real TLS server (Run in file mode, JSON logs at info to /dev/null as
-// a process writes them to its stderr): a stampless ConfigMap update on
+// BenchmarkRefusalOverHTTPS is the webhook's TLS review server (Server,
+// as the process runs it, with JSON logs at info to /dev/null as a process
+// writes them to its stderr) serving refusals: a stampless ConfigMap update on
 // the mutating endpoint and a change of an immutable label on the
 // validating one, from a client that keeps its connection (as the
 // apiserver's does) and from one that dials each time (a full handshake
@@ -99,30 +100,34 @@ func configMapReview(t testing.TB, stampless bool) []byte {
 func BenchmarkRefusalOverHTTPS(b *testing.B) {
 	dir := b.TempDir()
 	pkitest.NewCA("test-ca").Server("stampguard-test", "127.0.0.1").WriteFiles(b, dir)
-	file := filepath.Join(dir, "policies.yaml")
-	if err := os.WriteFile(file, []byte(refusalPolicies), 0o600); err != nil {
+	set, err := policy.Load(strings.NewReader(refusalPolicies))
+	if err != nil {
 		b.Fatal(err)
 	}
-	log := devNullLogger(b)
 	port := freePort(b)
+	srv, err := NewServer(ServerOptions{Host: "127.0.0.1", Port: port, CertDir: dir, Logger: devNullLogger(b)})
+	if err != nil {
+		b.Fatal(err)
+	}
+	srv.Answer(NewStaticSource(policy.NewSet(set...)), &policy.Environment{})
 	ctx, cancel := context.WithCancel(context.Background())
-	ready := make(chan string, 1)
 	done := make(chan error, 1)
-	go func() {
-		done <- Run(ctx, Options{Host: "127.0.0.1", Port: port, CertDir: dir, ProbeAddr: "0", PolicyFile: file, Logger: log, Ready: func(a string) { ready <- a }})
-	}()
+	go func() { done <- srv.Start(ctx) }()
 	defer func() {
 		cancel()
 		if err := <-done; err != nil {
 			b.Error(err)
 		}
 	}()
-	select {
-	case <-ready:
-	case err := <-done:
-		b.Fatal(err)
-	case <-time.After(30 * time.Second):
-		b.Fatal("not ready after 30s")
+	for deadline := time.Now().Add(30 * time.Second); srv.StartedChecker()(nil) != nil; time.Sleep(10 * time.Millisecond) {
+		select {
+		case err := <-done:
+			b.Fatal(err)
+		default:
+		}
+		if time.Now().After(deadline) {
+			b.Fatal("not serving after 30s")
+		}
 	}
 	base := "https://127.0.0.1:" + strconv.Itoa(port)
 	for _, c := range []struct {
@@ -190,6 +195,17 @@ func BenchmarkRefusalDecision(b *testing.B) {
 	}
 }
 
+// freePort is a free loopback port for the server benchmarked here.
+func freePort(t testing.TB) int {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	return ln.Addr().(*net.TCPAddr).Port
+}
+
 // devNullLogger is the webhook's default logger (JSON, info) writing to
 // /dev/null, so that a logged line costs its write as on a process's stderr.
 func devNullLogger(b *testing.B) *slog.Logger {
@@ -198,7 +214,7 @@ func devNullLogger(b *testing.B) *slog.Logger {
 		b.Fatal(err)
 	}
 	b.Cleanup(func() { devNull.Close() })
-	log, err := NewLogger(devNull, DefaultLogLevel, DefaultLogFormat)
+	log, err := cli.NewLogger(devNull, "info", "json")
 	if err != nil {
 		b.Fatal(err)
 	}

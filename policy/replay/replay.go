@@ -25,6 +25,7 @@ import (
 	"github.com/stampguard/stampguard/internal/rawjson"
 	"github.com/stampguard/stampguard/policy"
 	"github.com/stampguard/stampguard/policy/admission"
+	"github.com/stampguard/stampguard/policy/webhookconfig"
 )
 
 // Options configure a Replayer.
@@ -35,7 +36,7 @@ type Options struct {
 	// policy.DefaultProtectedNamespaces). Defaults to those defaults.
 	ProtectedNamespaces []string
 	// BreakGlassGroup members bypass every policy, as the webhook's
-	// --break-glass-group; empty: admission.DefaultBreakGlassGroup, "-":
+	// --break-glass-group; empty: webhookconfig.DefaultBreakGlassGroup, "-":
 	// none.
 	BreakGlassGroup string
 	// Since and Until bound the writes counted, [Since, Until); zero: no
@@ -108,12 +109,12 @@ func New(o Options) (*Replayer, error) {
 	}
 	switch o.BreakGlassGroup {
 	case "":
-		env.BreakGlassGroup = admission.DefaultBreakGlassGroup
+		env.BreakGlassGroup = webhookconfig.DefaultBreakGlassGroup
 	case "-":
 	default:
 		env.BreakGlassGroup = o.BreakGlassGroup
 	}
-	route, err := newRouter(admission.ConfigOptions{
+	route, err := newRouter(webhookconfig.ConfigOptions{
 		URL: "https://replay.invalid", Policies: o.Policies, ProtectedNamespaces: env.ProtectedNamespaces,
 		ExcludedNamespaces: env.ProtectedNamespaces, BreakGlassGroup: cmp.Or(env.BreakGlassGroup, "-"),
 	})

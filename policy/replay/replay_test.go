@@ -245,7 +245,7 @@ func TestFilesReadGzipAndRotationInAnyOrder(t *testing.T) {
 
 // A rule broken by a write the apiserver would never have sent to the
 // webhook (the configurations' matchConditions and namespaceSelector, as
-// admission.Configurations builds them) is no decision.
+// webhookconfig.Configurations builds them) is no decision.
 func TestReplayAsksTheWebhookConfigurations(t *testing.T) {
 	set := testSetFrom(t, `apiVersion: stampguard.dev/v1alpha1
 kind: ConcurrencyPolicy

@@ -19,11 +19,11 @@ import (
 	"k8s.io/apiserver/pkg/cel/environment"
 
 	"github.com/stampguard/stampguard/policy"
-	"github.com/stampguard/stampguard/policy/admission"
+	"github.com/stampguard/stampguard/policy/webhookconfig"
 )
 
 // The router answers whether the apiserver would have called a webhook at
-// all: the webhook configurations admission.Configurations builds for the
+// all: the webhook configurations webhookconfig.Configurations builds for the
 // policies (as the chart and --sync-configurations install them), matched
 // by the apiserver's own rule and matchCondition code, and the namespace
 // selector against the namespace's labels. A violation the apiserver would
@@ -39,8 +39,8 @@ type hook struct {
 	matcher  matchconditions.Matcher
 }
 
-func newRouter(o admission.ConfigOptions) (*router, error) {
-	mutating, validating := admission.Configurations(o)
+func newRouter(o webhookconfig.ConfigOptions) (*router, error) {
+	mutating, validating := webhookconfig.Configurations(o)
 	m, v := mutating.Webhooks[0], validating.Webhooks[0]
 	stamp, err := newHook(m.Name, "admit", m.Rules, m.NamespaceSelector, m.MatchConditions)
 	if err != nil {

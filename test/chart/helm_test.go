@@ -1,5 +1,5 @@
 // Package chart tests charts/stampguard: helm lint, golden renders, the
-// webhook configurations against admission.Configurations, server-side dry
+// webhook configurations against webhookconfig.Configurations, server-side dry
 // runs and a real install and upgrade against envtest's kube-apiserver, and
 // the built binaries started with the rendered containers' args.
 package chart

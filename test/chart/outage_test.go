@@ -19,8 +19,8 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/stampguard/stampguard/internal/kubetest"
-	"github.com/stampguard/stampguard/policy/admission"
 	"github.com/stampguard/stampguard/policy/api/v1alpha1"
+	"github.com/stampguard/stampguard/policy/webhookconfig"
 )
 
 // TestOutage installs the chart's rendered objects with its default values
@@ -91,7 +91,7 @@ func TestOutage(t *testing.T) {
 	t.Run("while the webhook runs, stampless updates are denied", func(t *testing.T) {
 		for _, ns := range []string{"app-a", "app-b"} {
 			err := stampless(ns, "settings")
-			if !apierrors.IsInvalid(err) || !strings.Contains(err.Error(), `admission webhook "`+admission.StampWebhookName+`" denied the request`) {
+			if !apierrors.IsInvalid(err) || !strings.Contains(err.Error(), `admission webhook "`+webhookconfig.StampWebhookName+`" denied the request`) {
 				t.Fatalf("%s: want 422 from the stamp webhook, got %v", ns, err)
 			}
 		}
@@ -102,8 +102,8 @@ func TestOutage(t *testing.T) {
 		t.Run("a guarded stampless update is refused with a message that names stampguard", func(t *testing.T) {
 			for _, ns := range []string{"app-a", "app-b"} {
 				err := stampless(ns, "settings")
-				if err == nil || !strings.Contains(err.Error(), `failed calling webhook "`+admission.StampWebhookName+`"`) {
-					t.Fatalf("%s: want the apiserver's refusal naming %s, got %v", ns, admission.StampWebhookName, err)
+				if err == nil || !strings.Contains(err.Error(), `failed calling webhook "`+webhookconfig.StampWebhookName+`"`) {
+					t.Fatalf("%s: want the apiserver's refusal naming %s, got %v", ns, webhookconfig.StampWebhookName, err)
 				}
 			}
 		})
@@ -156,7 +156,7 @@ func TestOutage(t *testing.T) {
 	t.Run("once a replica answers again, enforcement resumes", func(t *testing.T) {
 		eventually(t, 30*time.Second, func() error {
 			err := stampless("app-a", "settings")
-			if apierrors.IsInvalid(err) && strings.Contains(err.Error(), `admission webhook "`+admission.StampWebhookName+`" denied the request`) {
+			if apierrors.IsInvalid(err) && strings.Contains(err.Error(), `admission webhook "`+webhookconfig.StampWebhookName+`" denied the request`) {
 				return nil
 			}
 			return fmt.Errorf("want 422 from the stamp webhook, got %w", err)
@@ -243,7 +243,7 @@ func TestUpgradeKeepsTheSyncedRouting(t *testing.T) {
 		var m admissionregistrationv1.MutatingWebhookConfiguration
 		getObj(t, env.Client, "", release+"-stampguard", &m)
 		for _, c := range m.Webhooks[0].MatchConditions {
-			if c.Name == admission.StampPolicyCondition {
+			if c.Name == webhookconfig.StampPolicyCondition {
 				return c.Expression
 			}
 		}

@@ -11,7 +11,7 @@ import (
 	"k8s.io/apimachinery/pkg/api/equality"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
-	"github.com/stampguard/stampguard/policy/admission"
+	"github.com/stampguard/stampguard/policy/webhookconfig"
 )
 
 // TestManagedConfigurationsSyncFromTheRenderedOptions: with
@@ -43,15 +43,15 @@ func TestManagedConfigurationsSyncFromTheRenderedOptions(t *testing.T) {
 	if flags["--sync-configurations"] != name {
 		t.Fatalf("--sync-configurations=%q, want %q (args %v)", flags["--sync-configurations"], name, dep.Spec.Template.Spec.Containers[0].Args)
 	}
-	o := admission.ConfigOptions{Name: name, URL: "https://unused"}
+	o := webhookconfig.ConfigOptions{Name: name, URL: "https://unused"}
 	var err error
-	if o.Resources, err = admission.ParseGuardedResources(flags["--sync-resources"]); err != nil {
+	if o.Resources, err = webhookconfig.ParseGuardedResources(flags["--sync-resources"]); err != nil {
 		t.Fatalf("--sync-resources: %v", err)
 	}
 	if o.NamespaceSelector, err = metav1.ParseToLabelSelector(flags["--sync-namespace-selector"]); err != nil {
 		t.Fatalf("--sync-namespace-selector: %v", err)
 	}
-	if o.ExcludedNamespaces, err = admission.ParseNamespaces(flags["--sync-excluded-namespaces"]); err != nil {
+	if o.ExcludedNamespaces, err = webhookconfig.ParseNamespaces(flags["--sync-excluded-namespaces"]); err != nil {
 		t.Fatalf("--sync-excluded-namespaces: %v", err)
 	}
 	var synced, all admissionregistrationv1.MutatingWebhookConfiguration
@@ -59,12 +59,12 @@ func TestManagedConfigurationsSyncFromTheRenderedOptions(t *testing.T) {
 	if w := synced.Webhooks[0]; len(w.Rules)+len(w.MatchConditions) != 0 || w.NamespaceSelector != nil {
 		t.Errorf("the managed configuration sets what the sync owns: %+v", w)
 	}
-	if m, _ := admission.Configurations(o); !equality.Semantic.DeepEqual(m.Webhooks[0].Rules, synced.Webhooks[0].Rules) {
+	if m, _ := webhookconfig.Configurations(o); !equality.Semantic.DeepEqual(m.Webhooks[0].Rules, synced.Webhooks[0].Rules) {
 		t.Errorf("the sync's empty set does not build the rendered rules")
 	}
 	find(t, routed, "MutatingWebhookConfiguration", name, &all)
 	o.RouteAll = true
-	wantM, wantV := admission.Configurations(o)
+	wantM, wantV := webhookconfig.Configurations(o)
 	var gotM admissionregistrationv1.MutatingWebhookConfiguration
 	var gotV admissionregistrationv1.ValidatingWebhookConfiguration
 	find(t, routed, "MutatingWebhookConfiguration", name, &gotM)

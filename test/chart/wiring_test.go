@@ -33,10 +33,11 @@ import (
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
+	"github.com/stampguard/stampguard/cmd/webhook/app"
 	"github.com/stampguard/stampguard/internal/bintest"
 	"github.com/stampguard/stampguard/internal/kubetest"
-	"github.com/stampguard/stampguard/policy/admission"
 	"github.com/stampguard/stampguard/policy/api/v1alpha1"
+	"github.com/stampguard/stampguard/policy/webhookconfig"
 )
 
 // TestWebhookWiring installs the rendered chart into envtest for real and
@@ -137,7 +138,7 @@ func TestWebhookWiring(t *testing.T) {
 	t.Run("a stampless update of a guarded kind is refused", func(t *testing.T) {
 		blind := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: "shop", Name: "settings"}, Data: map[string]string{"k": "blind"}}
 		err := alice.Update(ctx, blind)
-		if !apierrors.IsInvalid(err) || !strings.Contains(err.Error(), `admission webhook "`+admission.StampWebhookName+`" denied the request`) {
+		if !apierrors.IsInvalid(err) || !strings.Contains(err.Error(), `admission webhook "`+webhookconfig.StampWebhookName+`" denied the request`) {
 			t.Fatalf("want 422 from the stamp webhook, got %v", err)
 		}
 	})
@@ -148,12 +149,12 @@ func TestWebhookWiring(t *testing.T) {
 		}
 		dep.Spec.Replicas = ptr.To[int32](5)
 		err := alice.Update(ctx, dep)
-		if err == nil || !strings.Contains(err.Error(), `admission webhook "`+admission.FieldsWebhookName+`" denied the request`) {
+		if err == nil || !strings.Contains(err.Error(), `admission webhook "`+webhookconfig.FieldsWebhookName+`" denied the request`) {
 			t.Fatalf("want a denial from the fields webhook, got %v", err)
 		}
 	})
 	t.Run("the break-glass group is not sent to the webhook", func(t *testing.T) {
-		ops := env.ClientAs(t, "ops", admission.DefaultBreakGlassGroup)
+		ops := env.ClientAs(t, "ops", webhookconfig.DefaultBreakGlassGroup)
 		blind := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: "shop", Name: "settings"}, Data: map[string]string{"k": "emergency"}}
 		if err := ops.Update(ctx, blind); err != nil {
 			t.Fatalf("break-glass update refused: %v", err)
@@ -261,7 +262,7 @@ func waitReady(t testing.TB, c client.Client, name string) {
 		if err := c.Get(t.Context(), types.NamespacedName{Name: name}, &p); err != nil {
 			return err
 		}
-		cond := apimeta.FindStatusCondition(p.Status.Conditions, admission.ConditionReady)
+		cond := apimeta.FindStatusCondition(p.Status.Conditions, app.ConditionReady)
 		if cond == nil || cond.Status != metav1.ConditionTrue || cond.ObservedGeneration != p.Generation {
 			return fmt.Errorf("policy %s: Ready condition %+v", name, cond)
 		}

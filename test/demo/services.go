@@ -28,8 +28,8 @@ import (
 
 	"github.com/stampguard/stampguard/internal/pkitest"
 	"github.com/stampguard/stampguard/policy"
-	"github.com/stampguard/stampguard/policy/admission"
 	"github.com/stampguard/stampguard/policy/api/v1alpha1"
+	"github.com/stampguard/stampguard/policy/webhookconfig"
 )
 
 // sink is the running `auditsink serve`.
@@ -86,7 +86,7 @@ func (d *demo) startWebhook(ctx context.Context, kubeconfig string) error {
 		return err
 	}
 	p, err := d.startProc("webhook", filepath.Join(d.bin, "webhook"), []string{
-		"--kubeconfig", kubeconfig, "--sync-configurations", admission.DefaultConfigName, "--host", env.WebhookHost, "--port", strconv.Itoa(env.WebhookPort),
+		"--kubeconfig", kubeconfig, "--sync-configurations", webhookconfig.DefaultConfigName, "--host", env.WebhookHost, "--port", strconv.Itoa(env.WebhookPort),
 		"--cert-dir", env.CertDir, "--probe-addr", probe, "--namespace", "stampguard-system",
 		"--log-format", "text", "--log-level", "info",
 	}, nil)

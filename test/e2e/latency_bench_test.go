@@ -12,8 +12,8 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 
-	"github.com/stampguard/stampguard/policy/admission"
 	"github.com/stampguard/stampguard/policy/api/v1alpha1"
+	"github.com/stampguard/stampguard/policy/webhookconfig"
 )
 
 // BenchmarkUpdateLatency measures what each guard adds to an UPDATE through
@@ -63,9 +63,9 @@ func BenchmarkUpdateLatency(b *testing.B) {
 	// stampguard without the pre-filter, for bench-plain only. The
 	// compiled configurations route bench-plain too, but their condition
 	// skips its writes: none of them changes a guarded field.
-	mut, val := admission.Configurations(admission.ConfigOptions{
+	mut, val := webhookconfig.Configurations(webhookconfig.ConfigOptions{
 		Name: "bench-plain", URL: env.WebhookURL(), CABundle: env.CAData, RouteAll: true,
-		Resources:         []admission.GuardedResource{{Resource: "configmaps"}},
+		Resources:         []webhookconfig.GuardedResource{{Resource: "configmaps"}},
 		NamespaceSelector: &metav1.LabelSelector{MatchLabels: map[string]string{"bench": "bench-plain"}},
 	})
 	if err := env.Client.Create(ctx, mut); err != nil {

@@ -17,9 +17,10 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
+	"github.com/stampguard/stampguard/cmd/webhook/app"
 	"github.com/stampguard/stampguard/policy"
-	"github.com/stampguard/stampguard/policy/admission"
 	"github.com/stampguard/stampguard/policy/api/v1alpha1"
+	"github.com/stampguard/stampguard/policy/webhookconfig"
 )
 
 // fieldsWebhook reads the validating webhook of the configuration name.
@@ -111,8 +112,8 @@ func TestPrefilter(t *testing.T) {
 		}
 		eventually(t, reconcileBound, func() error {
 			w := fieldsWebhook(t, admin, "stampguard")
-			if !strings.Contains(condition(w, admission.FieldsPolicyCondition), `data.?owned`) {
-				return fmt.Errorf("condition %q does not guard data[\"owned\"]", condition(w, admission.FieldsPolicyCondition))
+			if !strings.Contains(condition(w, webhookconfig.FieldsPolicyCondition), `data.?owned`) {
+				return fmt.Errorf("condition %q does not guard data[\"owned\"]", condition(w, webhookconfig.FieldsPolicyCondition))
 			}
 			if !strings.Contains(w.NamespaceSelector.String(), "guarded") {
 				return fmt.Errorf("namespaceSelector %v does not name the guarded namespace", w.NamespaceSelector)
@@ -272,14 +273,14 @@ func TestPrefilter(t *testing.T) {
 	t.Run("the apiserver accepts the conditions of a large policy set", func(t *testing.T) {
 		for _, n := range []int{25, 400} {
 			set := largePolicySet(t, n)
-			co := admission.ConfigOptions{
+			co := webhookconfig.ConfigOptions{
 				Name: fmt.Sprintf("large-%d", n), URL: env.WebhookURL(), CABundle: env.CAData, Policies: set,
 				NamespaceSelector: &metav1.LabelSelector{MatchLabels: map[string]string{"e2e.stampguard.dev/large": "never"}},
 			}
-			mut, val := admission.Configurations(co)
+			mut, val := webhookconfig.Configurations(co)
 			create(t, admin, mut)
 			create(t, admin, val)
-			expr := condition(val.Webhooks[0], admission.FieldsPolicyCondition)
+			expr := condition(val.Webhooks[0], webhookconfig.FieldsPolicyCondition)
 			t.Logf("%d policies: fields condition of %d bytes", n, len(expr))
 			if n == 25 && expr == "" {
 				t.Fatalf("%d policies did not compile into a condition", n)
@@ -343,7 +344,7 @@ func startReplica(t *testing.T, env *webhookEnv) *prometheus.Registry {
 	ready := make(chan struct{})
 	configs := env.configs
 	go func() {
-		done <- admission.Run(ctx, admission.Options{
+		done <- app.Run(ctx, app.Options{
 			Host: "127.0.0.1", Port: port, CertDir: env.CertDir,
 			ProbeAddr: "0", RestConfig: env.Config, Namespace: "stampguard-system",
 			Registry: reg, Logger: slog.New(slog.DiscardHandler),

@@ -22,6 +22,7 @@ import (
 	"github.com/stampguard/stampguard/internal/kubetest"
 	"github.com/stampguard/stampguard/policy/admission"
 	"github.com/stampguard/stampguard/policy/api/v1alpha1"
+	"github.com/stampguard/stampguard/policy/webhookconfig"
 )
 
 // BenchmarkRefusal measures what a refused write costs through a real
@@ -68,11 +69,11 @@ func BenchmarkRefusal(b *testing.B) {
 			b.Fatal(err)
 		}
 	}
-	configs := admission.ConfigOptions{
+	configs := webhookconfig.ConfigOptions{
 		URL: env.WebhookURL(), CABundle: env.CAData,
-		Resources: []admission.GuardedResource{{Resource: "configmaps"}},
+		Resources: []webhookconfig.GuardedResource{{Resource: "configmaps"}},
 	}
-	mut, val := admission.Configurations(configs)
+	mut, val := webhookconfig.Configurations(configs)
 	if err := env.Client.Create(ctx, mut); err != nil {
 		b.Fatal(err)
 	}

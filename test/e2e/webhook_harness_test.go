@@ -23,9 +23,10 @@ import (
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
+	"github.com/stampguard/stampguard/cmd/webhook/app"
 	"github.com/stampguard/stampguard/internal/kubetest"
-	"github.com/stampguard/stampguard/policy/admission"
 	"github.com/stampguard/stampguard/policy/api/v1alpha1"
+	"github.com/stampguard/stampguard/policy/webhookconfig"
 )
 
 // webhookEnv is one control plane with the webhook running in cluster mode.
@@ -33,7 +34,7 @@ type webhookEnv struct {
 	*kubetest.Env
 	registry *prometheus.Registry
 	// configs are the options of the configurations the webhook keeps in step.
-	configs admission.ConfigOptions
+	configs webhookconfig.ConfigOptions
 }
 
 func startWebhookEnv(t testing.TB) *webhookEnv {
@@ -48,15 +49,15 @@ func startWebhookEnvAudited(t testing.TB, auditPolicy string) *webhookEnv {
 	env := kubetest.Start(t, kubetest.Options{AuditPolicy: auditPolicy, AuditLog: true})
 	// The configurations exist before the webhook starts; the webhook then
 	// keeps them in step with the policies (the pre-filter).
-	configs := admission.ConfigOptions{
+	configs := webhookconfig.ConfigOptions{
 		URL: env.WebhookURL(), CABundle: env.CAData,
-		Resources: []admission.GuardedResource{{Group: "", Resource: "configmaps"}, {Group: "apps", Resource: "deployments"}},
+		Resources: []webhookconfig.GuardedResource{{Group: "", Resource: "configmaps"}, {Group: "apps", Resource: "deployments"}},
 		// The namespaces of the webhook-down test get configurations of their own.
 		NamespaceSelector: &metav1.LabelSelector{MatchExpressions: []metav1.LabelSelectorRequirement{{
 			Key: "e2e.stampguard.dev/down", Operator: metav1.LabelSelectorOpDoesNotExist,
 		}}},
 	}
-	mut, val := admission.Configurations(configs)
+	mut, val := webhookconfig.Configurations(configs)
 	create(t, env.Client, mut)
 	create(t, env.Client, val)
 	reg := prometheus.NewRegistry()
@@ -64,7 +65,7 @@ func startWebhookEnvAudited(t testing.TB, auditPolicy string) *webhookEnv {
 	done := make(chan error, 1)
 	ready := make(chan struct{})
 	go func() {
-		done <- admission.Run(ctx, admission.Options{
+		done <- app.Run(ctx, app.Options{
 			Host: env.WebhookHost, Port: env.WebhookPort, CertDir: env.CertDir,
 			ProbeAddr: "0", RestConfig: env.Config, Namespace: "stampguard-system",
 			Registry: reg, Logger: slog.New(slog.DiscardHandler),
@@ -126,7 +127,7 @@ func applyPolicy(t *testing.T, c client.Client, p *v1alpha1.ConcurrencyPolicy, w
 		if err := c.Get(ctx, types.NamespacedName{Name: p.Name}, &got); err != nil {
 			return err
 		}
-		cond := apimeta.FindStatusCondition(got.Status.Conditions, admission.ConditionReady)
+		cond := apimeta.FindStatusCondition(got.Status.Conditions, app.ConditionReady)
 		if cond == nil || cond.ObservedGeneration != got.Generation || cond.Status != wantReady {
 			return fmt.Errorf("policy %s: condition %+v at generation %d, want Ready=%s", p.Name, cond, got.Generation, wantReady)
 		}

@@ -19,8 +19,9 @@ import (
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
-	"github.com/stampguard/stampguard/policy/admission"
+	"github.com/stampguard/stampguard/cmd/webhook/app"
 	"github.com/stampguard/stampguard/policy/api/v1alpha1"
+	"github.com/stampguard/stampguard/policy/webhookconfig"
 )
 
 func TestWebhook(t *testing.T) {
@@ -457,7 +458,7 @@ func TestWebhook(t *testing.T) {
 				},
 			}
 			got := applyPolicy(t, admin, bad, metav1.ConditionFalse)
-			cond := apimeta.FindStatusCondition(got.Status.Conditions, admission.ConditionReady)
+			cond := apimeta.FindStatusCondition(got.Status.Conditions, app.ConditionReady)
 			if !strings.Contains(cond.Message, "spec.immutableFields[0].path") {
 				t.Fatalf("condition message %q does not name the field", cond.Message)
 			}
@@ -489,9 +490,9 @@ func TestWebhook(t *testing.T) {
 		for _, fp := range []admissionregistrationv1.FailurePolicyType{admissionregistrationv1.Ignore, admissionregistrationv1.Fail} {
 			ns := "down-" + strings.ToLower(string(fp))
 			namespace(t, admin, ns, map[string]string{"e2e.stampguard.dev/down": string(fp)})
-			mut, val := admission.Configurations(admission.ConfigOptions{
+			mut, val := webhookconfig.Configurations(webhookconfig.ConfigOptions{
 				Name: "down-" + strings.ToLower(string(fp)), URL: deadURL, CABundle: env.CAData, StampFailurePolicy: fp, FieldsFailurePolicy: fp, RouteAll: true,
-				Resources:         []admission.GuardedResource{{Resource: "configmaps"}},
+				Resources:         []webhookconfig.GuardedResource{{Resource: "configmaps"}},
 				NamespaceSelector: &metav1.LabelSelector{MatchLabels: map[string]string{"e2e.stampguard.dev/down": string(fp)}},
 			})
 			create(t, admin, mut)

@@ -1,26 +1,28 @@
-package admission
+package webhookconfig
 
 //go:generate go run ./chartgen -out ../../charts/stampguard/templates/webhook/_configurations.tpl
 
 import (
+	"fmt"
+	"io"
 	"maps"
 	"slices"
 
 	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"sigs.k8s.io/yaml"
 
 	"github.com/stampguard/stampguard/policy"
+	"github.com/stampguard/stampguard/policy/admission"
 	"github.com/stampguard/stampguard/policy/api/annotation"
 )
 
-// Names and paths of the two webhooks. The apiserver prefixes audit
-// annotation keys with the webhook name (package annotation defines both
-// for the audit sink).
+// Names of the two webhooks. The apiserver prefixes audit annotation keys
+// with the webhook name (package annotation defines both for the audit
+// sink).
 const (
 	StampWebhookName  = annotation.StampWebhook
 	FieldsWebhookName = annotation.FieldsWebhook
-	StampPath         = "/stamp"
-	FieldsPath        = "/fields"
 )
 
 // StamplessCondition lets the apiserver skip the mutating call for every
@@ -59,16 +61,18 @@ var DefaultGuardedResources = []GuardedResource{
 
 // Defaults of ConfigOptions, the chart's defaults too.
 const (
-	DefaultConfigName     = "stampguard"
-	DefaultTimeoutSeconds = 2
+	DefaultConfigName          = "stampguard"
+	DefaultTimeoutSeconds      = 2
+	DefaultStampFailurePolicy  = admissionregistrationv1.Fail
+	DefaultFieldsFailurePolicy = admissionregistrationv1.Ignore
 )
 
 // ConfigOptions describe how the apiserver reaches the webhook and what it
 // sends there. The chart's webhook configurations are generated from the
-// same code (gen/, `make generate`), so its values mean what these fields
+// same code (chartgen/, `make generate`), so its values mean what these fields
 // mean.
 type ConfigOptions struct {
-	// Name of both configuration objects. Defaults to "stampguard".
+	// Name of both configuration objects. Defaults to DefaultConfigName.
 	Name string
 	// URL is the base URL of the webhook (tests, out-of-cluster); paths are
 	// appended. Set either URL or Service.
@@ -78,11 +82,13 @@ type ConfigOptions struct {
 	// CABundle verifies the webhook's serving certificate.
 	CABundle []byte
 	// StampFailurePolicy is what the apiserver does with a routed stampless
-	// update while no replica answers. Defaults to Fail: only stampless
-	// updates that a policy guards reach the stamp check.
+	// update while no replica answers. Defaults to Fail
+	// (DefaultStampFailurePolicy): only stampless updates that a policy
+	// guards reach the stamp check.
 	StampFailurePolicy admissionregistrationv1.FailurePolicyType
 	// FieldsFailurePolicy is the same for the field owner, immutable field
-	// and delete precondition webhook. Defaults to Ignore: every guarded
+	// and delete precondition webhook. Defaults to Ignore
+	// (DefaultFieldsFailurePolicy): every guarded
 	// create, update and delete reaches it, and Fail would stop rollouts
 	// and controllers while no replica answers.
 	FieldsFailurePolicy admissionregistrationv1.FailurePolicyType
@@ -99,7 +105,7 @@ type ConfigOptions struct {
 	// ExemptLabel=true are excluded too, always.
 	ExcludedNamespaces []string
 	// BreakGlassGroup members are never sent to the webhook. Defaults to
-	// "stampguard:break-glass"; "-" disables the exemption.
+	// DefaultBreakGlassGroup; "-" disables the exemption.
 	BreakGlassGroup string
 	// RouteAll sends every write of Resources (in the namespaces not
 	// excluded) to the webhooks, whatever the policies. Off by default:
@@ -125,10 +131,10 @@ func (o *ConfigOptions) setDefaults() {
 		o.Name = DefaultConfigName
 	}
 	if o.StampFailurePolicy == "" {
-		o.StampFailurePolicy = admissionregistrationv1.Fail
+		o.StampFailurePolicy = DefaultStampFailurePolicy
 	}
 	if o.FieldsFailurePolicy == "" {
-		o.FieldsFailurePolicy = admissionregistrationv1.Ignore
+		o.FieldsFailurePolicy = DefaultFieldsFailurePolicy
 	}
 	if o.TimeoutSeconds == 0 {
 		o.TimeoutSeconds = DefaultTimeoutSeconds
@@ -189,7 +195,7 @@ func Configurations(o ConfigOptions) (*admissionregistrationv1.MutatingWebhookCo
 		ObjectMeta: metav1.ObjectMeta{Name: o.Name},
 		Webhooks: []admissionregistrationv1.MutatingWebhook{{
 			Name:                    StampWebhookName,
-			ClientConfig:            o.clientConfig(StampPath),
+			ClientConfig:            o.clientConfig(admission.StampPath),
 			Rules:                   o.rules(admissionregistrationv1.Update),
 			FailurePolicy:           &stampFail,
 			MatchPolicy:             &equivalent,
@@ -208,7 +214,7 @@ func Configurations(o ConfigOptions) (*admissionregistrationv1.MutatingWebhookCo
 		ObjectMeta: metav1.ObjectMeta{Name: o.Name},
 		Webhooks: []admissionregistrationv1.ValidatingWebhook{{
 			Name:                    FieldsWebhookName,
-			ClientConfig:            o.clientConfig(FieldsPath),
+			ClientConfig:            o.clientConfig(admission.FieldsPath),
 			Rules:                   o.rules(admissionregistrationv1.Create, admissionregistrationv1.Update, admissionregistrationv1.Delete),
 			FailurePolicy:           &fieldsFail,
 			MatchPolicy:             &equivalent,
@@ -232,6 +238,29 @@ func Configurations(o ConfigOptions) (*admissionregistrationv1.MutatingWebhookCo
 		o.narrow(mutating, validating)
 	}
 	return mutating, validating
+}
+
+// WriteConfigurations writes exactly what Configurations(o) builds as a
+// YAML stream of two documents, the MutatingWebhookConfiguration and then
+// the ValidatingWebhookConfiguration, ready for `kubectl apply -f -`.
+func WriteConfigurations(w io.Writer, o ConfigOptions) error {
+	if err := o.Validate(); err != nil {
+		return err
+	}
+	mut, val := Configurations(o)
+	for i, obj := range []any{mut, val} {
+		b, err := yaml.Marshal(obj)
+		if err != nil {
+			return fmt.Errorf("encode webhook configuration: %w", err)
+		}
+		if i > 0 {
+			b = append([]byte("---\n"), b...)
+		}
+		if _, err := w.Write(b); err != nil {
+			return fmt.Errorf("write webhook configurations: %w", err)
+		}
+	}
+	return nil
 }
 
 // baseSelector is what every webhook's namespaceSelector starts from: not

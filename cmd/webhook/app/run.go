@@ -1,4 +1,4 @@
-package admission
+package app
 
 import (
 	"cmp"
@@ -8,16 +8,16 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
-	"path/filepath"
 	"slices"
+	"strings"
 	"time"
 
+	"github.com/go-logr/logr"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
-	"k8s.io/client-go/rest"
 	"k8s.io/utils/ptr"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/controller"
@@ -26,123 +26,21 @@ import (
 	ctrlmetrics "sigs.k8s.io/controller-runtime/pkg/metrics"
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 
-	"github.com/stampguard/stampguard/internal/tlsserve"
 	"github.com/stampguard/stampguard/policy"
+	"github.com/stampguard/stampguard/policy/admission"
 	"github.com/stampguard/stampguard/policy/api/v1alpha1"
+	"github.com/stampguard/stampguard/policy/webhookconfig"
 )
 
 var namespaceGVK = schema.GroupVersionKind{Version: "v1", Kind: "Namespace"}
-
-// Options configure the webhook process.
-type Options struct {
-	// Host the admission server listens on. Defaults to all addresses:
-	// the apiserver reaches a pod through its pod IP, so loopback would
-	// be unreachable; the chart passes the pod IP.
-	Host string
-	// Port of the admission server (TLS). Defaults to DefaultPort (9443).
-	Port int
-	// CertDir holds tls.crt and tls.key; they are reloaded when they change.
-	CertDir string
-	// ClientCAFile, when set, makes the admission port require a client
-	// certificate signed by a CA of this PEM bundle (the apiserver's
-	// admission kubeconfig presents one); it is reloaded when it changes.
-	// Empty (the default): no client certificate is asked for.
-	ClientCAFile string
-	// ProbeAddr serves /healthz, /readyz and /metrics. Defaults to
-	// DefaultProbeAddr (":8081"); "0" disables it.
-	ProbeAddr string
-	// PolicyFile selects file mode: policies come from this multi-document
-	// YAML file instead of ConcurrencyPolicy objects.
-	PolicyFile string
-	// RestConfig reaches the cluster in cluster mode.
-	RestConfig *rest.Config
-	// Namespace the webhook runs in; policies skip it unless they name it.
-	Namespace string
-	// BreakGlassGroup members bypass every policy. Defaults to
-	// DefaultBreakGlassGroup; "-" disables it.
-	BreakGlassGroup string
-	// MaxReviewBytes bounds a review body. Defaults to DefaultMaxReviewBytes.
-	MaxReviewBytes int64
-	// MaxReviewBytesInFlight bounds the review bytes buffered across all
-	// connections; at least twice MaxReviewBytes. Defaults to
-	// DefaultMaxReviewBytesInFlight. A review that cannot get room before
-	// its read deadline is denied.
-	MaxReviewBytesInFlight int64
-	// ReviewReadTimeout bounds the time from a review's first byte to the
-	// end of its body; a review cut by it is denied and its connection
-	// closed.
-	// Defaults to DefaultReviewReadTimeout.
-	ReviewReadTimeout time.Duration
-	// ShutdownTimeout bounds the graceful drain after ctx ends: reviews still
-	// in flight then are abandoned and Run returns an error. Defaults to
-	// DefaultShutdownTimeout (25s), under the kubelet's default grace
-	// period of 30s.
-	ShutdownTimeout time.Duration
-	// Logger for everything. Defaults to slog.Default().
-	Logger *slog.Logger
-	// Registry collects the webhook's metrics. Defaults to a new registry.
-	Registry *prometheus.Registry
-	// Ready, when set, is called once the webhook serves with its policies loaded.
-	Ready func(addr string)
-	// Configurations, when set in cluster mode, makes the webhook keep the
-	// two configuration objects named Configurations.Name (which must
-	// exist) in step with the live policies: it updates the rules,
-	// namespaceSelector and matchConditions of its two webhooks there and
-	// nothing else (RBAC: get and update on those two objects). Its
-	// Policies and, when unset, BreakGlassGroup and ProtectedNamespaces are
-	// filled in from the webhook's own. Nil (the default) leaves the
-	// configurations alone.
-	Configurations *ConfigOptions
-}
-
-func (o *Options) setDefaults() {
-	if o.Port == 0 {
-		o.Port = DefaultPort
-	}
-	if o.ProbeAddr == "" {
-		o.ProbeAddr = DefaultProbeAddr
-	}
-	if o.BreakGlassGroup == "" {
-		o.BreakGlassGroup = DefaultBreakGlassGroup
-	}
-	if o.BreakGlassGroup == "-" {
-		o.BreakGlassGroup = ""
-	}
-	if o.MaxReviewBytes == 0 {
-		o.MaxReviewBytes = DefaultMaxReviewBytes
-	}
-	if o.ShutdownTimeout == 0 {
-		o.ShutdownTimeout = DefaultShutdownTimeout
-	}
-	if o.Logger == nil {
-		o.Logger = slog.Default()
-	}
-	if o.Registry == nil {
-		o.Registry = prometheus.NewRegistry()
-	}
-}
-
-// Handlers builds the two admission endpoints over a policy source, for
-// callers that mount them on a server of their own (and for benchmarks),
-// with reviews of at most maxBytes (0: DefaultMaxReviewBytes), the default
-// budget of bytes in flight and the default read timeout.
-func Handlers(src PolicySource, env *policy.Environment, m *Metrics, log *slog.Logger, maxBytes int64) (stamp, fields http.Handler) {
-	limits, err := newReviewLimits(maxBytes, 0, 0)
-	if err != nil {
-		panic(err) // unreachable: the default budget fits any maxBytes
-	}
-	return handlers(src, env, m, log, limits)
-}
-
-func handlers(src PolicySource, env *policy.Environment, m *Metrics, log *slog.Logger, limits reviewLimits) (stamp, fields http.Handler) {
-	return newHandler(phaseStamp, src, env, m, log, limits), newHandler(phaseFields, src, env, m, log, limits)
-}
 
 // Run serves the admission webhook until ctx ends, then drains.
 func Run(ctx context.Context, o Options) error {
 	o.setDefaults()
 	log := o.Logger
-	metrics := NewMetrics(o.Registry)
+	metrics := admission.NewMetrics(o.Registry)
+	policies := newPolicyMetrics(o.Registry)
+	syncs := webhookconfig.NewSyncMetrics(o.Registry)
 	env := &policy.Environment{
 		ProtectedNamespaces: append([]string{}, policy.DefaultProtectedNamespaces...),
 		BreakGlassGroup:     o.BreakGlassGroup,
@@ -150,7 +48,7 @@ func Run(ctx context.Context, o Options) error {
 	if o.Namespace != "" {
 		env.ProtectedNamespaces = append(env.ProtectedNamespaces, o.Namespace)
 	}
-	var src PolicySource
+	var src admission.PolicySource
 	var ready func() error
 	var mgr manager.Manager
 	if o.PolicyFile != "" && o.Configurations != nil {
@@ -164,27 +62,20 @@ func Run(ctx context.Context, o Options) error {
 		}
 		fileSet = policy.NewSet(ps...)
 	}
-	limits, err := newReviewLimits(o.MaxReviewBytes, o.MaxReviewBytesInFlight, o.ReviewReadTimeout)
+	srv, err := admission.NewServer(admission.ServerOptions{
+		Host: o.Host, Port: o.Port, CertDir: o.CertDir, ClientCAFile: o.ClientCAFile,
+		MaxReviewBytes: o.MaxReviewBytes, MaxReviewBytesInFlight: o.MaxReviewBytesInFlight, ReviewReadTimeout: o.ReviewReadTimeout,
+		Metrics: metrics, Logger: log,
+	})
 	if err != nil {
 		return err
 	}
-	certs, err := tlsserve.New(tlsserve.Options{
-		CertFile: filepath.Join(o.CertDir, "tls.crt"), KeyFile: filepath.Join(o.CertDir, "tls.key"),
-		ClientCAFile: o.ClientCAFile, RequireClientCert: o.ClientCAFile != "",
-	})
-	if err != nil {
-		return fmt.Errorf("admission server TLS: %w", err)
-	}
-	// The server bounds each request's read (ReadTimeout, from its first
-	// byte), so the handlers need not set a deadline per request.
-	limits.serverDeadline = true
-	srv := newReviewServer(o.Host, o.Port, certs, log, metrics.connections, limits.readTimeout)
 
 	if fileSet != nil {
 		set := fileSet
-		metrics.SetPolicies(set.Len(), 0)
+		policies.set(set.Len(), 0)
 		log.Info("policies loaded from file", "file", o.PolicyFile, "policies", set.Names())
-		src = NewStaticSource(set)
+		src = admission.NewStaticSource(set)
 		ready = func() error { return nil }
 	} else {
 		if o.RestConfig == nil {
@@ -207,7 +98,7 @@ func Run(ctx context.Context, o Options) error {
 		if err != nil {
 			return fmt.Errorf("create manager: %w", err)
 		}
-		cs := &ClusterSource{client: mgr.GetClient(), cache: mgr.GetCache(), metrics: metrics, log: log}
+		cs := &ClusterSource{client: mgr.GetClient(), cache: mgr.GetCache(), metrics: policies, log: log}
 		if err := mgr.Add(cs); err != nil {
 			return fmt.Errorf("add policy source: %w", err)
 		}
@@ -225,7 +116,7 @@ func Run(ctx context.Context, o Options) error {
 				co.ExcludedNamespaces = append(slices.Clone(policy.DefaultProtectedNamespaces), o.Namespace)
 				co.ExcludedNamespaces = slices.DeleteFunc(co.ExcludedNamespaces, func(ns string) bool { return ns == "" })
 			}
-			cs.configs = newConfigSync(mgr.GetAPIReader(), mgr.GetClient(), co, metrics, log)
+			cs.configs = webhookconfig.NewSyncer(mgr.GetAPIReader(), mgr.GetClient(), co, syncs, log)
 			if err := mgr.Add(cs.configs); err != nil {
 				return fmt.Errorf("add configuration sync: %w", err)
 			}
@@ -243,9 +134,7 @@ func Run(ctx context.Context, o Options) error {
 		src, ready = cs, cs.Ready
 	}
 
-	stamp, fields := handlers(src, env, metrics, log, limits)
-	srv.Register(StampPath, stamp)
-	srv.Register(FieldsPath, fields)
+	srv.Answer(src, env)
 
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
@@ -333,4 +222,34 @@ func ignoreClosed(err error) error {
 		return nil
 	}
 	return err
+}
+
+// RuntimeLogger is log for controller-runtime, whose webhook server
+// announces a shutdown timeout of its own ("with timeout of 1 minute")
+// while Run stops waiting after shutdownTimeout: that line is told with
+// the timeout that applies.
+func RuntimeLogger(log *slog.Logger, shutdownTimeout time.Duration) logr.Logger {
+	return logr.New(&shutdownSink{LogSink: logr.FromSlogHandler(log.Handler()).GetSink(), timeout: shutdownTimeout})
+}
+
+const runtimeShutdownLine = "Shutting down webhook server with timeout of "
+
+type shutdownSink struct {
+	logr.LogSink
+	timeout time.Duration
+}
+
+func (s *shutdownSink) Info(level int, msg string, kv ...any) {
+	if strings.HasPrefix(msg, runtimeShutdownLine) {
+		msg = fmt.Sprintf("%s%s (--shutdown-timeout)", runtimeShutdownLine, s.timeout)
+	}
+	s.LogSink.Info(level, msg, kv...)
+}
+
+func (s *shutdownSink) WithValues(kv ...any) logr.LogSink {
+	return &shutdownSink{LogSink: s.LogSink.WithValues(kv...), timeout: s.timeout}
+}
+
+func (s *shutdownSink) WithName(name string) logr.LogSink {
+	return &shutdownSink{LogSink: s.LogSink.WithName(name), timeout: s.timeout}
 }

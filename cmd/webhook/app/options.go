@@ -1,8 +1,7 @@
-package admission
+package app
 
 import (
 	"flag"
-	"fmt"
 	"io"
 	"log/slog"
 	"os"
@@ -10,13 +9,15 @@ import (
 	"strings"
 	"time"
 
-	"github.com/go-logr/logr"
+	"github.com/prometheus/client_golang/prometheus"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
 
 	"github.com/stampguard/stampguard/internal/cli"
 	"github.com/stampguard/stampguard/policy"
+	"github.com/stampguard/stampguard/policy/admission"
+	"github.com/stampguard/stampguard/policy/webhookconfig"
 )
 
 // The defaults of the webhook's flags, and of the Options fields they
@@ -46,6 +47,95 @@ const (
 	// either the in-cluster config is.
 	KubeconfigEnv = "KUBECONFIG"
 )
+
+// Options configure the webhook process.
+type Options struct {
+	// Host the admission server listens on. Defaults to all addresses:
+	// the apiserver reaches a pod through its pod IP, so loopback would
+	// be unreachable; the chart passes the pod IP.
+	Host string
+	// Port of the admission server (TLS). Defaults to DefaultPort (9443).
+	Port int
+	// CertDir holds tls.crt and tls.key; they are reloaded when they change.
+	CertDir string
+	// ClientCAFile, when set, makes the admission port require a client
+	// certificate signed by a CA of this PEM bundle (the apiserver's
+	// admission kubeconfig presents one); it is reloaded when it changes.
+	// Empty (the default): no client certificate is asked for.
+	ClientCAFile string
+	// ProbeAddr serves /healthz, /readyz and /metrics. Defaults to
+	// DefaultProbeAddr (":8081"); "0" disables it.
+	ProbeAddr string
+	// PolicyFile selects file mode: policies come from this multi-document
+	// YAML file instead of ConcurrencyPolicy objects.
+	PolicyFile string
+	// RestConfig reaches the cluster in cluster mode.
+	RestConfig *rest.Config
+	// Namespace the webhook runs in; policies skip it unless they name it.
+	Namespace string
+	// BreakGlassGroup members bypass every policy. Defaults to
+	// DefaultBreakGlassGroup; "-" disables it.
+	BreakGlassGroup string
+	// MaxReviewBytes bounds a review body. Defaults to DefaultMaxReviewBytes.
+	MaxReviewBytes int64
+	// MaxReviewBytesInFlight bounds the review bytes buffered across all
+	// connections; at least twice MaxReviewBytes. Defaults to
+	// DefaultMaxReviewBytesInFlight. A review that cannot get room before
+	// its read deadline is denied.
+	MaxReviewBytesInFlight int64
+	// ReviewReadTimeout bounds the time from a review's first byte to the
+	// end of its body; a review cut by it is denied and its connection
+	// closed.
+	// Defaults to DefaultReviewReadTimeout.
+	ReviewReadTimeout time.Duration
+	// ShutdownTimeout bounds the graceful drain after ctx ends: reviews still
+	// in flight then are abandoned and Run returns an error. Defaults to
+	// DefaultShutdownTimeout (25s), under the kubelet's default grace
+	// period of 30s.
+	ShutdownTimeout time.Duration
+	// Logger for everything. Defaults to slog.Default().
+	Logger *slog.Logger
+	// Registry collects the webhook's metrics. Defaults to a new registry.
+	Registry *prometheus.Registry
+	// Ready, when set, is called once the webhook serves with its policies loaded.
+	Ready func(addr string)
+	// Configurations, when set in cluster mode, makes the webhook keep the
+	// two configuration objects named Configurations.Name (which must
+	// exist) in step with the live policies: it updates the rules,
+	// namespaceSelector and matchConditions of its two webhooks there and
+	// nothing else (RBAC: get and update on those two objects). Its
+	// Policies and, when unset, BreakGlassGroup and ProtectedNamespaces are
+	// filled in from the webhook's own. Nil (the default) leaves the
+	// configurations alone.
+	Configurations *webhookconfig.ConfigOptions
+}
+
+func (o *Options) setDefaults() {
+	if o.Port == 0 {
+		o.Port = DefaultPort
+	}
+	if o.ProbeAddr == "" {
+		o.ProbeAddr = DefaultProbeAddr
+	}
+	if o.BreakGlassGroup == "" {
+		o.BreakGlassGroup = webhookconfig.DefaultBreakGlassGroup
+	}
+	if o.BreakGlassGroup == "-" {
+		o.BreakGlassGroup = ""
+	}
+	if o.MaxReviewBytes == 0 {
+		o.MaxReviewBytes = admission.DefaultMaxReviewBytes
+	}
+	if o.ShutdownTimeout == 0 {
+		o.ShutdownTimeout = DefaultShutdownTimeout
+	}
+	if o.Logger == nil {
+		o.Logger = slog.Default()
+	}
+	if o.Registry == nil {
+		o.Registry = prometheus.NewRegistry()
+	}
+}
 
 // ServeFlags are the flags of the webhook's serving command: the options
 // boundary of `webhook`. Register binds them with the Default* values;
@@ -82,17 +172,17 @@ func (f *ServeFlags) Register(fs *flag.FlagSet) {
 	fs.StringVar(&o.ProbeAddr, "probe-addr", DefaultProbeAddr, "`address` for /healthz, /readyz and /metrics (\"0\" disables)")
 	fs.StringVar(&o.PolicyFile, "policy-file", "", "file mode: read policies from this multi-document YAML `file` instead of the cluster")
 	fs.StringVar(&o.Namespace, "namespace", os.Getenv(NamespaceEnv), "the webhook's own `namespace`, never guarded unless a policy names it (default $"+NamespaceEnv+")")
-	fs.StringVar(&o.BreakGlassGroup, "break-glass-group", DefaultBreakGlassGroup, "members of this `group` bypass every policy (\"-\" disables)")
-	fs.Int64Var(&o.MaxReviewBytes, "max-review-bytes", DefaultMaxReviewBytes, "largest AdmissionReview body accepted, in `bytes`; the apiserver refuses request bodies over 3 MiB and a review carries object and oldObject, so 8 MiB is above any real review")
-	fs.Int64Var(&o.MaxReviewBytesInFlight, "max-review-bytes-in-flight", DefaultMaxReviewBytesInFlight, "review `bytes` buffered at once across all connections (at least twice --max-review-bytes); a review past the budget waits its turn or is denied")
-	fs.DurationVar(&o.ReviewReadTimeout, "review-read-timeout", DefaultReviewReadTimeout, "how long a review may take to arrive, from its first byte to the end of its body; a slower one is denied and its connection closed")
+	fs.StringVar(&o.BreakGlassGroup, "break-glass-group", webhookconfig.DefaultBreakGlassGroup, "members of this `group` bypass every policy (\"-\" disables)")
+	fs.Int64Var(&o.MaxReviewBytes, "max-review-bytes", admission.DefaultMaxReviewBytes, "largest AdmissionReview body accepted, in `bytes`; the apiserver refuses request bodies over 3 MiB and a review carries object and oldObject, so 8 MiB is above any real review")
+	fs.Int64Var(&o.MaxReviewBytesInFlight, "max-review-bytes-in-flight", admission.DefaultMaxReviewBytesInFlight, "review `bytes` buffered at once across all connections (at least twice --max-review-bytes); a review past the budget waits its turn or is denied")
+	fs.DurationVar(&o.ReviewReadTimeout, "review-read-timeout", admission.DefaultReviewReadTimeout, "how long a review may take to arrive, from its first byte to the end of its body; a slower one is denied and its connection closed")
 	fs.DurationVar(&o.ShutdownTimeout, "shutdown-timeout", DefaultShutdownTimeout, "how long SIGTERM waits for reviews in flight; keep it under the pod's terminationGracePeriodSeconds (30s by default)")
-	f.SyncConfigurations = DefaultConfigName
-	fs.Func("sync-configurations", "keep the Mutating- and ValidatingWebhookConfiguration of this `name` in step with the policies, so that only what they guard is routed (default "+DefaultConfigName+" in cluster mode, none in file mode); empty leaves them alone", func(v string) error {
+	f.SyncConfigurations = webhookconfig.DefaultConfigName
+	fs.Func("sync-configurations", "keep the Mutating- and ValidatingWebhookConfiguration of this `name` in step with the policies, so that only what they guard is routed (default "+webhookconfig.DefaultConfigName+" in cluster mode, none in file mode); empty leaves them alone", func(v string) error {
 		f.SyncConfigurations, f.syncSet = v, true
 		return nil
 	})
-	fs.Func("sync-excluded-namespaces", "with --sync-configurations: the --excluded-namespaces the configurations were made with, `namespaces` (default kube-system,kube-node-lease and --namespace)", func(v string) error {
+	fs.Func("sync-excluded-namespaces", "with --sync-configurations: the --excluded-namespaces the configurations were made with, `namespaces` (default "+strings.Join(policy.DefaultProtectedNamespaces, ",")+" and --namespace)", func(v string) error {
 		f.SyncExcludedNamespaces, f.syncExcludedSet = v, true
 		return nil
 	})
@@ -108,7 +198,7 @@ func (f *ServeFlags) Register(fs *flag.FlagSet) {
 // Every error is a cli.UsageError naming the flag or file at fault.
 func (f *ServeFlags) Resolve(w io.Writer) (Options, error) {
 	o := f.Options
-	log, err := NewLogger(w, f.LogLevel, f.LogFormat)
+	log, err := cli.NewLogger(w, f.LogLevel, f.LogFormat)
 	if err != nil {
 		return Options{}, err
 	}
@@ -117,9 +207,9 @@ func (f *ServeFlags) Resolve(w io.Writer) (Options, error) {
 	case o.Port < 1 || o.Port > 65535:
 		return Options{}, cli.Usagef("--port %d: want 1 to 65535", o.Port)
 	case o.MaxReviewBytes < 1:
-		return Options{}, cli.Usagef("--max-review-bytes %d: want a positive number of bytes (default %d)", o.MaxReviewBytes, DefaultMaxReviewBytes)
+		return Options{}, cli.Usagef("--max-review-bytes %d: want a positive number of bytes (default %d)", o.MaxReviewBytes, admission.DefaultMaxReviewBytes)
 	case o.ReviewReadTimeout <= 0:
-		return Options{}, cli.Usagef("--review-read-timeout %s: want a positive duration (default %s)", o.ReviewReadTimeout, DefaultReviewReadTimeout)
+		return Options{}, cli.Usagef("--review-read-timeout %s: want a positive duration (default %s)", o.ReviewReadTimeout, admission.DefaultReviewReadTimeout)
 	case o.ShutdownTimeout <= 0:
 		return Options{}, cli.Usagef("--shutdown-timeout %s: want a positive duration (default %s)", o.ShutdownTimeout, DefaultShutdownTimeout)
 	case o.ProbeAddr == "":
@@ -127,7 +217,7 @@ func (f *ServeFlags) Resolve(w io.Writer) (Options, error) {
 	case o.BreakGlassGroup == "":
 		return Options{}, cli.Usagef("--break-glass-group is empty: name a group, or \"-\" for none")
 	}
-	if err := CheckReviewLimits(o.MaxReviewBytes, o.MaxReviewBytesInFlight); err != nil {
+	if err := admission.CheckReviewLimits(o.MaxReviewBytes, o.MaxReviewBytesInFlight); err != nil {
 		return Options{}, cli.Usagef("--max-review-bytes-in-flight: %w", err)
 	}
 	if o.ClientCAFile != "" {
@@ -171,9 +261,9 @@ func (f *ServeFlags) Resolve(w io.Writer) (Options, error) {
 		return Options{}, err
 	}
 	if f.SyncConfigurations != "" {
-		co := &ConfigOptions{Name: f.SyncConfigurations}
+		co := &webhookconfig.ConfigOptions{Name: f.SyncConfigurations}
 		if f.SyncResources != "" {
-			if co.Resources, err = ParseGuardedResources(f.SyncResources); err != nil {
+			if co.Resources, err = webhookconfig.ParseGuardedResources(f.SyncResources); err != nil {
 				return Options{}, cli.Usagef("--sync-resources: %w", err)
 			}
 		}
@@ -183,7 +273,7 @@ func (f *ServeFlags) Resolve(w io.Writer) (Options, error) {
 			}
 		}
 		if f.syncExcludedSet {
-			if co.ExcludedNamespaces, err = ParseNamespaces(f.SyncExcludedNamespaces); err != nil {
+			if co.ExcludedNamespaces, err = webhookconfig.ParseNamespaces(f.SyncExcludedNamespaces); err != nil {
 				return Options{}, cli.Usagef("--sync-excluded-namespaces: %w", err)
 			}
 		}
@@ -191,10 +281,6 @@ func (f *ServeFlags) Resolve(w io.Writer) (Options, error) {
 	}
 	return o, nil
 }
-
-// RestConfig finds the cluster as the webhook does: kubeconfig, else
-// $KUBECONFIG, else the in-cluster config. Errors are cli.UsageErrors.
-func RestConfig(kubeconfig string) (*rest.Config, error) { return restConfig(kubeconfig) }
 
 // restConfig finds the cluster: --kubeconfig, else $KUBECONFIG, else the
 // in-cluster config.
@@ -215,50 +301,4 @@ func restConfig(kubeconfig string) (*rest.Config, error) {
 		return nil, cli.Usagef("no cluster to read policies from (%w): give --kubeconfig FILE (or $%s) for cluster mode outside a pod, or --policy-file FILE for file mode", err, KubeconfigEnv)
 	}
 	return c, nil
-}
-
-// NewLogger is the webhook's logger on w: --log-level and --log-format.
-func NewLogger(w io.Writer, level, format string) (*slog.Logger, error) {
-	var lv slog.Level
-	if err := lv.UnmarshalText([]byte(level)); err != nil {
-		return nil, cli.Usagef("--log-level %q: want debug, info, warn or error", level)
-	}
-	opts := &slog.HandlerOptions{Level: lv, ReplaceAttr: cli.DurationsAsText}
-	switch format {
-	case "json":
-		return slog.New(slog.NewJSONHandler(w, opts)), nil
-	case "text":
-		return slog.New(slog.NewTextHandler(w, opts)), nil
-	}
-	return nil, cli.Usagef("--log-format %q: want json or text", format)
-}
-
-// RuntimeLogger is log for controller-runtime, whose webhook server
-// announces a shutdown timeout of its own ("with timeout of 1 minute")
-// while Run stops waiting after shutdownTimeout: that line is told with
-// the timeout that applies.
-func RuntimeLogger(log *slog.Logger, shutdownTimeout time.Duration) logr.Logger {
-	return logr.New(&shutdownSink{LogSink: logr.FromSlogHandler(log.Handler()).GetSink(), timeout: shutdownTimeout})
-}
-
-const runtimeShutdownLine = "Shutting down webhook server with timeout of "
-
-type shutdownSink struct {
-	logr.LogSink
-	timeout time.Duration
-}
-
-func (s *shutdownSink) Info(level int, msg string, kv ...any) {
-	if strings.HasPrefix(msg, runtimeShutdownLine) {
-		msg = fmt.Sprintf("%s%s (--shutdown-timeout)", runtimeShutdownLine, s.timeout)
-	}
-	s.LogSink.Info(level, msg, kv...)
-}
-
-func (s *shutdownSink) WithValues(kv ...any) logr.LogSink {
-	return &shutdownSink{LogSink: s.LogSink.WithValues(kv...), timeout: s.timeout}
-}
-
-func (s *shutdownSink) WithName(name string) logr.LogSink {
-	return &shutdownSink{LogSink: s.LogSink.WithName(name), timeout: s.timeout}
 }

@@ -1,4 +1,4 @@
-package admission
+package app
 
 import (
 	"context"
@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"sync/atomic"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"k8s.io/apimachinery/pkg/api/equality"
 	apimeta "k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -16,19 +17,31 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/stampguard/stampguard/policy"
+	"github.com/stampguard/stampguard/policy/admission"
 	"github.com/stampguard/stampguard/policy/api/v1alpha1"
+	"github.com/stampguard/stampguard/policy/webhookconfig"
 )
 
-// StaticSource serves a fixed policy set, as loaded from --policy-file.
-type StaticSource struct{ set *policy.Set }
+// policyMetrics count the policies a source holds.
+type policyMetrics struct {
+	policies *prometheus.GaugeVec
+}
 
-// NewStaticSource wraps a policy set.
-func NewStaticSource(set *policy.Set) *StaticSource { return &StaticSource{set: set} }
+// newPolicyMetrics registers the series with reg.
+func newPolicyMetrics(reg prometheus.Registerer) *policyMetrics {
+	m := &policyMetrics{policies: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+		Name: "stampguard_policies",
+		Help: "ConcurrencyPolicies known to the webhook, by state (ready or invalid).",
+	}, []string{"state"})}
+	reg.MustRegister(m.policies)
+	return m
+}
 
-// Policies returns the set.
-func (s *StaticSource) Policies() *policy.Set { return s.set }
-
-var _ PolicySource = (*StaticSource)(nil)
+// set records how many policies are in force and how many were refused.
+func (m *policyMetrics) set(ready, invalid int) {
+	m.policies.WithLabelValues("ready").Set(float64(ready))
+	m.policies.WithLabelValues("invalid").Set(float64(invalid))
+}
 
 // ClusterSource keeps the policy set in step with the ConcurrencyPolicy
 // objects in the cluster. Every change recompiles the whole (small) set from
@@ -37,14 +50,14 @@ var _ PolicySource = (*StaticSource)(nil)
 type ClusterSource struct {
 	client  client.Client
 	cache   cache.Cache
-	metrics *Metrics
+	metrics *policyMetrics
 	log     *slog.Logger
 	set     atomic.Pointer[policy.Set]
 	// configs, when set, keeps the webhook configurations in step.
-	configs *configSync
+	configs *webhookconfig.Syncer
 }
 
-var _ PolicySource = (*ClusterSource)(nil)
+var _ admission.PolicySource = (*ClusterSource)(nil)
 
 // Policies returns the set in force, or nil until the cache has synced and
 // the first set was built.
@@ -133,7 +146,7 @@ func (s *ClusterSource) rebuild(ctx context.Context, name string) (*v1alpha1.Con
 	}
 	set := policy.NewSet(compiled...)
 	old := s.set.Swap(set)
-	s.metrics.SetPolicies(len(compiled), invalid)
+	s.metrics.set(len(compiled), invalid)
 	if old == nil || !equalNames(old.Names(), set.Names()) {
 		s.log.Info("policy set updated", "policies", set.Names(), "invalid", invalid, "changed", name)
 	}

@@ -1,4 +1,4 @@
-package admission
+package webhookconfig
 
 import (
 	"context"
@@ -8,6 +8,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
 	"k8s.io/apimachinery/pkg/api/equality"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -22,7 +23,27 @@ import (
 // configResync repairs configurations that someone else edited.
 const configResync = 30 * time.Second
 
-// configSync keeps the rules, namespaceSelector and matchConditions of the
+// SyncMetrics are the configuration sync's series.
+type SyncMetrics struct {
+	syncs *prometheus.CounterVec
+}
+
+// NewSyncMetrics registers the sync's series with reg. A nil reg keeps
+// them unregistered (tests).
+func NewSyncMetrics(reg prometheus.Registerer) *SyncMetrics {
+	m := &SyncMetrics{
+		syncs: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "stampguard_configuration_syncs_total",
+			Help: "Syncs of a webhook configuration with the policies, by kind and result (updated, unchanged, conflict, error).",
+		}, []string{"kind", "result"}),
+	}
+	if reg != nil {
+		reg.MustRegister(m.syncs)
+	}
+	return m
+}
+
+// Syncer keeps the rules, namespaceSelector and matchConditions of the
 // two webhooks in the configuration objects in step with the policies. It
 // touches nothing else in those objects.
 //
@@ -34,24 +55,26 @@ const configResync = 30 * time.Second
 // computed from a policy list at least as new as the one behind any
 // earlier write, so a replica with a stale view can never put an older
 // policy set back; a conflict is read again and retried.
-type configSync struct {
+type Syncer struct {
 	reader  client.Reader // uncached
 	writer  client.Writer
 	opts    ConfigOptions
-	metrics *Metrics
+	metrics *SyncMetrics
 	log     *slog.Logger
 	kick    chan struct{}
 	mu      sync.Mutex
 	coarse  bool // the last compiled condition fell back (logged once)
 }
 
-func newConfigSync(reader client.Reader, writer client.Writer, opts ConfigOptions, m *Metrics, log *slog.Logger) *configSync {
+// NewSyncer keeps the configurations of opts (opts.Name) in step, reading
+// with reader (uncached: a quorum read) and writing with writer.
+func NewSyncer(reader client.Reader, writer client.Writer, opts ConfigOptions, m *SyncMetrics, log *slog.Logger) *Syncer {
 	opts.setDefaults()
-	return &configSync{reader: reader, writer: writer, opts: opts, metrics: m, log: log, kick: make(chan struct{}, 1)}
+	return &Syncer{reader: reader, writer: writer, opts: opts, metrics: m, log: log, kick: make(chan struct{}, 1)}
 }
 
 // Kick asks for a sync soon; it never blocks.
-func (c *configSync) Kick() {
+func (c *Syncer) Kick() {
 	select {
 	case c.kick <- struct{}{}:
 	default:
@@ -60,7 +83,7 @@ func (c *configSync) Kick() {
 
 // Start syncs on every kick and every configResync, retrying failures with
 // a growing delay, until ctx ends.
-func (c *configSync) Start(ctx context.Context) error {
+func (c *Syncer) Start(ctx context.Context) error {
 	resync := time.NewTicker(configResync)
 	defer resync.Stop()
 	var retryC <-chan time.Time
@@ -88,10 +111,10 @@ func (c *configSync) Start(ctx context.Context) error {
 
 // NeedLeaderElection is false: every replica keeps the objects in step; the
 // updates are idempotent.
-func (c *configSync) NeedLeaderElection() bool { return false }
+func (c *Syncer) NeedLeaderElection() bool { return false }
 
 // Sync brings both configuration objects in step with the policies.
-func (c *configSync) Sync(ctx context.Context) error {
+func (c *Syncer) Sync(ctx context.Context) error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	err := c.syncOne(ctx, func() client.Object { return &admissionregistrationv1.MutatingWebhookConfiguration{} }, func(obj client.Object) (owned, bool) {
@@ -119,7 +142,7 @@ func (c *configSync) Sync(ctx context.Context) error {
 
 // desired compiles the policies as the apiserver has them now. Invalid
 // policies are left out, as the webhook leaves them out.
-func (c *configSync) desired(ctx context.Context) (*admissionregistrationv1.MutatingWebhookConfiguration, *admissionregistrationv1.ValidatingWebhookConfiguration, error) {
+func (c *Syncer) desired(ctx context.Context) (*admissionregistrationv1.MutatingWebhookConfiguration, *admissionregistrationv1.ValidatingWebhookConfiguration, error) {
 	var list v1alpha1.ConcurrencyPolicyList
 	if err := c.reader.List(ctx, &list); err != nil {
 		return nil, nil, fmt.Errorf("list ConcurrencyPolicies: %w", err)
@@ -150,13 +173,13 @@ type owned struct {
 	conditions *[]admissionregistrationv1.MatchCondition
 }
 
-func (c *configSync) syncOne(ctx context.Context, newObj func() client.Object, find func(client.Object) (owned, bool), webhook string) error {
+func (c *Syncer) syncOne(ctx context.Context, newObj func() client.Object, find func(client.Object) (owned, bool), webhook string) error {
 	name := c.opts.Name
 	kind := fmt.Sprintf("%T", newObj())[len("*v1."):]
 	result := "error"
 	defer func() { c.metrics.syncs.WithLabelValues(kind, result).Inc() }()
 	return retry.RetryOnConflict(retry.DefaultRetry, func() error {
-		// The configuration first, the policies second: see configSync.
+		// The configuration first, the policies second: see Syncer.
 		obj := newObj()
 		if err := c.reader.Get(ctx, client.ObjectKey{Name: name}, obj); err != nil {
 			return fmt.Errorf("get %s %q: %w", kind, name, err)

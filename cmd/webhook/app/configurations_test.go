@@ -1,4 +1,4 @@
-package admission
+package app
 
 import (
 	"bufio"
@@ -20,14 +20,16 @@ import (
 	"sigs.k8s.io/yaml"
 
 	"github.com/stampguard/stampguard/internal/pkitest"
+	"github.com/stampguard/stampguard/policy"
 	"github.com/stampguard/stampguard/policy/api/v1alpha1"
+	"github.com/stampguard/stampguard/policy/webhookconfig"
 )
 
-func parseConfigFlags(t *testing.T, args ...string) (ConfigOptions, error) {
+func parseConfigFlags(t *testing.T, args ...string) (webhookconfig.ConfigOptions, error) {
 	t.Helper()
 	fs := flag.NewFlagSet("configurations", flag.ContinueOnError)
 	fs.SetOutput(io.Discard)
-	var o ConfigOptions
+	var o webhookconfig.ConfigOptions
 	RegisterConfigFlags(fs, &o)
 	return o, fs.Parse(args)
 }
@@ -48,10 +50,10 @@ func TestWriteConfigurationsIsConfigurations(t *testing.T) {
 				t.Fatal(err)
 			}
 			var out bytes.Buffer
-			if err := WriteConfigurations(&out, o); err != nil {
+			if err := webhookconfig.WriteConfigurations(&out, o); err != nil {
 				t.Fatal(err)
 			}
-			wantMut, wantVal := Configurations(o)
+			wantMut, wantVal := webhookconfig.Configurations(o)
 			r := utilyaml.NewYAMLReader(bufio.NewReader(&out))
 			var gotMut admissionregistrationv1.MutatingWebhookConfiguration
 			var gotVal admissionregistrationv1.ValidatingWebhookConfiguration
@@ -68,7 +70,7 @@ func TestWriteConfigurationsIsConfigurations(t *testing.T) {
 				t.Fatalf("a third document %q (%v)", doc, err)
 			}
 			if !equality.Semantic.DeepEqual(&gotMut, wantMut) || !equality.Semantic.DeepEqual(&gotVal, wantVal) {
-				t.Fatalf("the YAML is not what Configurations builds:\n%s", out.String())
+				t.Fatalf("the YAML is not what webhookconfig.Configurations builds:\n%s", out.String())
 			}
 			if gotMut.Kind != "MutatingWebhookConfiguration" || gotVal.Kind != "ValidatingWebhookConfiguration" || gotMut.APIVersion != "admissionregistration.k8s.io/v1" {
 				t.Fatalf("types not set: %s", out.String())
@@ -89,7 +91,7 @@ func TestConfigFlagsFillConfigOptions(t *testing.T) {
 	if o.Service == nil || o.Service.Namespace != "ns" || o.Service.Name != "svc" || o.Service.Port != nil {
 		t.Errorf("service %+v", o.Service)
 	}
-	if want := []GuardedResource{{"apps", "deployments"}, {"", "configmaps"}}; !slices.Equal(o.Resources, want) {
+	if want := []webhookconfig.GuardedResource{{Group: "apps", Resource: "deployments"}, {Group: "", Resource: "configmaps"}}; !slices.Equal(o.Resources, want) {
 		t.Errorf("resources %v, want %v", o.Resources, want)
 	}
 	if o.StampFailurePolicy != admissionregistrationv1.Ignore || o.FieldsFailurePolicy != "" || o.TimeoutSeconds != 7 ||
@@ -104,14 +106,14 @@ func TestConfigFlagsFillConfigOptions(t *testing.T) {
 		def.ExcludedNamespaces != nil || def.RouteAll {
 		t.Errorf("flags left out set fields: %+v", def)
 	}
-	if m, v := Configurations(def); m.Name != "stampguard" || *m.Webhooks[0].FailurePolicy != admissionregistrationv1.Fail ||
-		*v.Webhooks[0].FailurePolicy != admissionregistrationv1.Ignore || *m.Webhooks[0].TimeoutSeconds != DefaultTimeoutSeconds {
-		t.Errorf("the defaults of Configurations did not apply: %+v", m)
+	if m, v := webhookconfig.Configurations(def); m.Name != "stampguard" || *m.Webhooks[0].FailurePolicy != admissionregistrationv1.Fail ||
+		*v.Webhooks[0].FailurePolicy != admissionregistrationv1.Ignore || *m.Webhooks[0].TimeoutSeconds != webhookconfig.DefaultTimeoutSeconds {
+		t.Errorf("the defaults of webhookconfig.Configurations did not apply: %+v", m)
 	}
 	t.Run("the mutating configuration guards scale where it guards the workload", func(t *testing.T) {
 		all := def
 		all.RouteAll = true
-		mut, val := Configurations(all)
+		mut, val := webhookconfig.Configurations(all)
 		for _, rules := range [][]admissionregistrationv1.RuleWithOperations{mut.Webhooks[0].Rules, val.Webhooks[0].Rules} {
 			var apps []string
 			for _, r := range rules {
@@ -170,11 +172,11 @@ func TestBadConfigFlagsAreNamed(t *testing.T) {
 			fs := flag.NewFlagSet("configurations", flag.ContinueOnError)
 			var stderr bytes.Buffer
 			fs.SetOutput(&stderr)
-			var o ConfigOptions
+			var o webhookconfig.ConfigOptions
 			RegisterConfigFlags(fs, &o)
 			err := fs.Parse(c.args)
 			if err == nil {
-				err = WriteConfigurations(io.Discard, o)
+				err = webhookconfig.WriteConfigurations(io.Discard, o)
 			}
 			if err == nil || !strings.Contains(err.Error(), c.want) {
 				t.Fatalf("got %v, want an error containing %q", err, c.want)
@@ -187,42 +189,13 @@ func TestConfigFlagsShowTheirDefaults(t *testing.T) {
 	fs := flag.NewFlagSet("configurations", flag.ContinueOnError)
 	var help bytes.Buffer
 	fs.SetOutput(&help)
-	RegisterConfigFlags(fs, &ConfigOptions{})
+	RegisterConfigFlags(fs, &webhookconfig.ConfigOptions{})
 	fs.PrintDefaults()
-	for _, want := range []string{"(default stampguard)", "(default Fail)", "(default Ignore)", "(default 2)", "(default kube-system,kube-node-lease,<the --service namespace>)", "(default stampguard:break-glass)", "(default " + FormatGuardedResources(DefaultGuardedResources) + ")"} {
+	for _, want := range []string{"(default stampguard)", "(default Fail)", "(default Ignore)", "(default 2)", "(default kube-system,kube-node-lease,<the --service namespace>)", "(default stampguard:break-glass)", "(default " + webhookconfig.FormatGuardedResources(webhookconfig.DefaultGuardedResources) + ")"} {
 		if !strings.Contains(help.String(), want) {
 			t.Errorf("help lacks %s:\n%s", want, help.String())
 		}
 	}
-}
-
-func TestGuardedResourcesRoundTrip(t *testing.T) {
-	s := FormatGuardedResources(DefaultGuardedResources)
-	got, err := ParseGuardedResources(s)
-	if err != nil || !slices.Equal(got, DefaultGuardedResources) {
-		t.Fatalf("%q parsed to %v (%v)", s, got, err)
-	}
-}
-
-// FuzzConfigFlagValues: the parsers of flag values refuse or accept, never
-// panic, and accepted resources survive a round trip.
-func FuzzConfigFlagValues(f *testing.F) {
-	for _, s := range []string{"apps/deployments,configmaps", "ns/svc:443", "a/b/c", ",", "*", "ns/svc:0", "https://x/"} {
-		f.Add(s)
-	}
-	f.Fuzz(func(t *testing.T, s string) {
-		if rs, err := ParseGuardedResources(s); err == nil {
-			again, err := ParseGuardedResources(FormatGuardedResources(rs))
-			if err != nil || !slices.Equal(again, rs) {
-				t.Fatalf("%q -> %v -> %v (%v)", s, rs, again, err)
-			}
-		}
-		if svc, err := ParseServiceReference(s); err == nil && (svc.Namespace == "" || svc.Name == "") {
-			t.Fatalf("%q accepted as %+v", s, svc)
-		}
-		_, _ = parseWebhookURL(s)
-		_, _ = parseFailurePolicy(s)
-	})
 }
 
 // What the defaults route and what they never route, on the path a user
@@ -232,7 +205,7 @@ func TestDefaultConfigurationsAreSafe(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	mut, val := Configurations(o)
+	mut, val := webhookconfig.Configurations(o)
 	t.Run("without a policy nothing is routed, and nothing else is set that a re-apply could overwrite", func(t *testing.T) {
 		for name, w := range map[string]struct {
 			rules []admissionregistrationv1.RuleWithOperations
@@ -254,7 +227,7 @@ func TestDefaultConfigurationsAreSafe(t *testing.T) {
 	})
 	all := o
 	all.RouteAll = true
-	allMut, allVal := Configurations(all)
+	allMut, allVal := webhookconfig.Configurations(all)
 	guarded := o
 	guarded.Policies = compileSet(t, &v1alpha1.ConcurrencyPolicy{
 		ObjectMeta: metav1.ObjectMeta{Name: "everywhere"},
@@ -264,7 +237,7 @@ func TestDefaultConfigurationsAreSafe(t *testing.T) {
 			ImmutableFields:        []v1alpha1.ImmutableField{{Path: "type"}},
 		},
 	})
-	polMut, polVal := Configurations(guarded)
+	polMut, polVal := webhookconfig.Configurations(guarded)
 	for name, sel := range map[string]*metav1.LabelSelector{
 		"mutating, a policy that names them": polMut.Webhooks[0].NamespaceSelector, "validating, a policy that names them": polVal.Webhooks[0].NamespaceSelector,
 		"mutating, every write routed": allMut.Webhooks[0].NamespaceSelector, "validating, every write routed": allVal.Webhooks[0].NamespaceSelector,
@@ -279,7 +252,7 @@ func TestDefaultConfigurationsAreSafe(t *testing.T) {
 					t.Errorf("namespace %s is sent (%s)", ns, s)
 				}
 			}
-			if s.Matches(labels.Set{"kubernetes.io/metadata.name": "shop", ExemptLabel: "true"}) {
+			if s.Matches(labels.Set{"kubernetes.io/metadata.name": "shop", webhookconfig.ExemptLabel: "true"}) {
 				t.Errorf("an exempt namespace is sent (%s)", s)
 			}
 			if !s.Matches(labels.Set{"kubernetes.io/metadata.name": "shop"}) {
@@ -290,9 +263,56 @@ func TestDefaultConfigurationsAreSafe(t *testing.T) {
 	t.Run("Helm's release records are never sent", func(t *testing.T) {
 		for _, w := range [][]admissionregistrationv1.MatchCondition{polMut.Webhooks[0].MatchConditions, polVal.Webhooks[0].MatchConditions,
 			allMut.Webhooks[0].MatchConditions, allVal.Webhooks[0].MatchConditions} {
-			if !slices.ContainsFunc(w, func(c admissionregistrationv1.MatchCondition) bool { return c.Expression == HelmReleaseCondition }) {
+			if !slices.ContainsFunc(w, func(c admissionregistrationv1.MatchCondition) bool {
+				return c.Expression == webhookconfig.HelmReleaseCondition
+			}) {
 				t.Errorf("no Helm release condition in %+v", w)
 			}
 		}
 	})
+}
+
+func TestConfigFlagsPolicyFile(t *testing.T) {
+	fs := flag.NewFlagSet("webhook configurations", flag.ContinueOnError)
+	fs.SetOutput(io.Discard)
+	var o webhookconfig.ConfigOptions
+	RegisterConfigFlags(fs, &o)
+	if err := fs.Parse([]string{"--url", "https://127.0.0.1:9443", "--policy-file", filepath.Join("..", "..", "..", "examples", "policies.yaml")}); err != nil {
+		t.Fatal(err)
+	}
+	if o.Policies == nil || o.Policies.Len() == 0 {
+		t.Fatal("--policy-file loaded no policies")
+	}
+	_, val := webhookconfig.Configurations(o)
+	if got := conditionNames(val.Webhooks[0].MatchConditions); !slices.Contains(got, webhookconfig.FieldsPolicyCondition) {
+		t.Fatalf("the configurations are not narrowed by the file's policies: conditions %v", got)
+	}
+	err := fs.Parse([]string{"--policy-file", "no-such-file.yaml"})
+	if err == nil || !strings.Contains(err.Error(), "no-such-file.yaml") {
+		t.Fatalf("want an error naming the missing file, got %v", err)
+	}
+}
+
+// compileSet and conditionNames are policy/webhookconfig's (prefilter_test.go
+// there), copied: a package's test files cannot be imported.
+
+func compileSet(t *testing.T, ps ...*v1alpha1.ConcurrencyPolicy) *policy.Set {
+	t.Helper()
+	var out []*policy.Policy
+	for _, p := range ps {
+		c, err := policy.Compile(p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		out = append(out, c)
+	}
+	return policy.NewSet(out...)
+}
+
+func conditionNames(cs []admissionregistrationv1.MatchCondition) []string {
+	var out []string
+	for _, c := range cs {
+		out = append(out, c.Name)
+	}
+	return out
 }

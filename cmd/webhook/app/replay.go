@@ -1,4 +1,4 @@
-package replay
+package app
 
 import (
 	"context"
@@ -17,18 +17,23 @@ import (
 
 	"github.com/stampguard/stampguard/internal/cli"
 	"github.com/stampguard/stampguard/policy"
-	"github.com/stampguard/stampguard/policy/admission"
 	"github.com/stampguard/stampguard/policy/api/v1alpha1"
+	"github.com/stampguard/stampguard/policy/replay"
+	"github.com/stampguard/stampguard/policy/webhookconfig"
 )
 
-// DefaultRefusedShown is how many refused writes the table prints.
-const DefaultRefusedShown = 20
+// The defaults of `webhook replay`'s flags; --top's is replay.DefaultTop.
+const (
+	// DefaultReplayFormat is --format's: the table.
+	DefaultReplayFormat = "table"
+	// DefaultRefusedShown is how many refused writes the table prints.
+	DefaultRefusedShown = 20
+)
 
-// Flags are the flags of `webhook replay`: its options boundary. The rule
-// for an option with both: an explicit flag beats the environment, the
-// environment beats the default ($KUBECONFIG, $POD_NAMESPACE as the
-// webhook's).
-type Flags struct {
+// ReplayFlags are the flags of `webhook replay`. The rule for an option
+// with both: an explicit flag beats the environment, the environment
+// beats the default ($KUBECONFIG, $POD_NAMESPACE as the webhook's).
+type ReplayFlags struct {
 	// PolicyFile is --policy-file: the policies to replay.
 	PolicyFile string
 	// FromCluster is --policies-from-cluster: replay the cluster's
@@ -50,22 +55,22 @@ type Flags struct {
 }
 
 // Register binds f to fs.
-func (f *Flags) Register(fs *flag.FlagSet) {
+func (f *ReplayFlags) Register(fs *flag.FlagSet) {
 	fs.StringVar(&f.PolicyFile, "policy-file", "", "replay the ConcurrencyPolicies of this multi-document YAML `file`")
 	fs.BoolVar(&f.FromCluster, "policies-from-cluster", false, "replay the cluster's ConcurrencyPolicies (with --policy-file: both), and answer namespaceSelector with the cluster's namespaces")
-	fs.StringVar(&f.Kubeconfig, "kubeconfig", "", "kubeconfig `file` for --policies-from-cluster (default $"+admission.KubeconfigEnv+", then the in-cluster config)")
+	fs.StringVar(&f.Kubeconfig, "kubeconfig", "", "kubeconfig `file` for --policies-from-cluster (default $"+KubeconfigEnv+", then the in-cluster config)")
 	fs.StringVar(&f.Since, "since", "", "replay the writes from this `time` on: RFC3339, or a duration ago (2h, 7d); earlier events still rebuild the objects (default the log's start)")
 	fs.StringVar(&f.Until, "until", "", "replay the writes before this `time`: RFC3339, or a duration ago (default the log's end)")
-	fs.StringVar(&f.Format, "format", "table", "output `format`: table or json (docs/replay.md)")
-	fs.IntVar(&f.Top, "top", DefaultTop, "list this many `writers` and objects")
+	fs.StringVar(&f.Format, "format", DefaultReplayFormat, "output `format`: table or json (docs/replay.md)")
+	fs.IntVar(&f.Top, "top", replay.DefaultTop, "list this many `writers` and objects")
 	fs.IntVar(&f.Refused, "refused", DefaultRefusedShown, "print this many refused writes with their messages in the table (json lists all)")
-	fs.StringVar(&f.Namespace, "namespace", os.Getenv(admission.NamespaceEnv), "the webhook's own `namespace`, never guarded unless a policy names it, as the webhook's --namespace (default $"+admission.NamespaceEnv+")")
-	fs.StringVar(&f.BreakGlassGroup, "break-glass-group", admission.DefaultBreakGlassGroup, "members of this `group` bypass every policy, as the webhook's (\"-\" disables)")
+	fs.StringVar(&f.Namespace, "namespace", os.Getenv(NamespaceEnv), "the webhook's own `namespace`, never guarded unless a policy names it, as the webhook's --namespace (default $"+NamespaceEnv+")")
+	fs.StringVar(&f.BreakGlassGroup, "break-glass-group", webhookconfig.DefaultBreakGlassGroup, "members of this `group` bypass every policy, as the webhook's (\"-\" disables)")
 }
 
-// Run is a resolved command line: what Main runs.
-type Run struct {
-	Options Options
+// Replay is a resolved `webhook replay` command line.
+type Replay struct {
+	Options replay.Options
 	Paths   []string
 	JSON    bool
 	Top     int
@@ -78,8 +83,8 @@ type Run struct {
 // Resolve validates f and the audit log operands; every error is a
 // cli.UsageError naming the flag or file at fault. now ends --since's
 // durations.
-func (f *Flags) Resolve(paths []string, now time.Time) (*Run, error) {
-	r := &Run{Paths: paths, Top: f.Top, Refused: f.Refused}
+func (f *ReplayFlags) Resolve(paths []string, now time.Time) (*Replay, error) {
+	r := &Replay{Paths: paths, Top: f.Top, Refused: f.Refused}
 	switch f.Format {
 	case "table":
 	case "json":
@@ -116,7 +121,7 @@ func (f *Flags) Resolve(paths []string, now time.Time) (*Run, error) {
 		}
 	}
 	if f.FromCluster {
-		if r.cluster, err = admission.RestConfig(f.Kubeconfig); err != nil {
+		if r.cluster, err = restConfig(f.Kubeconfig); err != nil {
 			return nil, err
 		}
 	}
@@ -144,7 +149,7 @@ func (f *Flags) Resolve(paths []string, now time.Time) (*Run, error) {
 }
 
 // Execute replays the files and writes the report to w.
-func (r *Run) Execute(ctx context.Context, w io.Writer) error {
+func (r *Replay) Execute(ctx context.Context, w io.Writer) error {
 	ps := r.file
 	if r.cluster != nil {
 		cps, ns, err := fromCluster(ctx, r.cluster)
@@ -158,19 +163,19 @@ func (r *Run) Execute(ctx context.Context, w io.Writer) error {
 		return fmt.Errorf("the cluster holds no ConcurrencyPolicies: nothing to replay")
 	}
 	r.Options.Policies = policy.NewSet(ps...)
-	rp, err := New(r.Options)
+	rp, err := replay.New(r.Options)
 	if err != nil {
 		return err
 	}
-	if err := Files(ctx, rp, r.Paths); err != nil {
+	if err := replay.Files(ctx, rp, r.Paths); err != nil {
 		return err
 	}
 	rep := rp.Report()
 	rep.Trim(r.Top)
 	if r.JSON {
-		return WriteJSON(w, rep)
+		return replay.WriteJSON(w, rep)
 	}
-	return WriteTable(w, rep, r.Refused)
+	return replay.WriteTable(w, rep, r.Refused)
 }
 
 // fromCluster lists and compiles the cluster's policies, and its

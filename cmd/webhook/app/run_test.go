@@ -1,4 +1,4 @@
-package admission
+package app
 
 import (
 	"bytes"
@@ -18,8 +18,11 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/stampguard/stampguard/internal/cli"
 	"github.com/stampguard/stampguard/internal/pkitest"
 	"github.com/stampguard/stampguard/policy"
+	"github.com/stampguard/stampguard/policy/admission"
+	"github.com/stampguard/stampguard/policy/webhookconfig"
 )
 
 func freePort(t testing.TB) int {
@@ -86,7 +89,7 @@ func TestRunFileMode(t *testing.T) {
 	cur.ResourceVersion = ""
 	body := updateReview(t, "alice", bigDeployment(3, "x", "a"), cur)
 	client := &http.Client{Transport: &http.Transport{TLSClientConfig: &tls.Config{InsecureSkipVerify: true}}} //nolint:gosec // a test certificate
-	resp, err := client.Post("https://127.0.0.1:"+strconv.Itoa(port)+StampPath, "application/json", bytes.NewReader(body))
+	resp, err := client.Post("https://127.0.0.1:"+strconv.Itoa(port)+admission.StampPath, "application/json", bytes.NewReader(body))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -97,7 +100,7 @@ func TestRunFileMode(t *testing.T) {
 	}
 
 	// A second review on the kept connection costs no handshake.
-	resp, err = client.Post("https://127.0.0.1:"+strconv.Itoa(port)+StampPath, "application/json", bytes.NewReader(body))
+	resp, err = client.Post("https://127.0.0.1:"+strconv.Itoa(port)+admission.StampPath, "application/json", bytes.NewReader(body))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -165,6 +168,14 @@ func TestRunRefusesABadPolicyFile(t *testing.T) {
 	}
 }
 
+func TestRunRefusesToSyncConfigurationsInFileMode(t *testing.T) {
+	err := Run(t.Context(), Options{PolicyFile: "policies.yaml", ProbeAddr: "0", Configurations: &webhookconfig.ConfigOptions{},
+		Logger: slog.New(slog.DiscardHandler)})
+	if err == nil || !strings.Contains(err.Error(), "cluster mode") {
+		t.Fatalf("want an error saying the sync needs cluster mode, got %v", err)
+	}
+}
+
 // TestNotReadyUntilThePoliciesAreLoaded: in cluster mode /readyz fails
 // until the first policy set is in force, and says so; /healthz does not.
 func TestNotReadyUntilThePoliciesAreLoaded(t *testing.T) {
@@ -184,5 +195,23 @@ func TestNotReadyUntilThePoliciesAreLoaded(t *testing.T) {
 	src.set.Store(policy.NewSet())
 	if code, body := get("/readyz"); code != http.StatusOK {
 		t.Fatalf("/readyz answered %d %q with the policies loaded", code, body)
+	}
+}
+
+// controller-runtime's webhook server announces its own shutdown timeout
+// of a minute; the line tells the one that applies.
+func TestRuntimeLoggerTellsTheShutdownTimeout(t *testing.T) {
+	var out bytes.Buffer
+	log, err := cli.NewLogger(&out, "info", "text")
+	if err != nil {
+		t.Fatal(err)
+	}
+	rl := RuntimeLogger(log, 25*time.Second).WithName("webhook").WithValues("k", "v")
+	rl.Info("Shutting down webhook server with timeout of 1 minute")
+	rl.Info("Serving webhook server", "port", 9443)
+	got := out.String()
+	if !strings.Contains(got, "Shutting down webhook server with timeout of 25s (--shutdown-timeout)") || strings.Contains(got, "1 minute") ||
+		!strings.Contains(got, "Serving webhook server") || !strings.Contains(got, "k=v") {
+		t.Errorf("logged:\n%s", got)
 	}
 }

@@ -1,13 +1,8 @@
-package admission
+package webhookconfig
 
 import (
-	"flag"
-	"io"
-	"log/slog"
-	"path/filepath"
 	"reflect"
 	"slices"
-	"strings"
 	"testing"
 
 	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
@@ -168,32 +163,3 @@ func TestConfigurationsPrefilter(t *testing.T) {
 }
 
 func ptrTo[T any](v T) *T { return &v }
-
-func TestRunRefusesToSyncConfigurationsInFileMode(t *testing.T) {
-	err := Run(t.Context(), Options{PolicyFile: "policies.yaml", ProbeAddr: "0", Configurations: &ConfigOptions{},
-		Logger: slog.New(slog.DiscardHandler)})
-	if err == nil || !strings.Contains(err.Error(), "cluster mode") {
-		t.Fatalf("want an error saying the sync needs cluster mode, got %v", err)
-	}
-}
-
-func TestConfigFlagsPolicyFile(t *testing.T) {
-	fs := flag.NewFlagSet("webhook configurations", flag.ContinueOnError)
-	fs.SetOutput(io.Discard)
-	var o ConfigOptions
-	RegisterConfigFlags(fs, &o)
-	if err := fs.Parse([]string{"--url", "https://127.0.0.1:9443", "--policy-file", filepath.Join("..", "..", "examples", "policies.yaml")}); err != nil {
-		t.Fatal(err)
-	}
-	if o.Policies == nil || o.Policies.Len() == 0 {
-		t.Fatal("--policy-file loaded no policies")
-	}
-	_, val := Configurations(o)
-	if got := conditionNames(val.Webhooks[0].MatchConditions); !slices.Contains(got, FieldsPolicyCondition) {
-		t.Fatalf("the configurations are not narrowed by the file's policies: conditions %v", got)
-	}
-	err := fs.Parse([]string{"--policy-file", "no-such-file.yaml"})
-	if err == nil || !strings.Contains(err.Error(), "no-such-file.yaml") {
-		t.Fatalf("want an error naming the missing file, got %v", err)
-	}
-}

@@ -1,14 +1,12 @@
-package admission
+package app
 
 import (
-	"bytes"
 	"flag"
 	"io"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/stampguard/stampguard/internal/cli"
 )
@@ -77,7 +75,7 @@ func TestWebhookFlagsRefuseWhatTheyCannotDo(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Setenv(KubeconfigEnv, writeKubeconfig(t, "https://127.0.0.1:6443"))
-	examples := filepath.Join("..", "..", "examples", "policies.yaml")
+	examples := filepath.Join("..", "..", "..", "examples", "policies.yaml")
 	for args, want := range map[string]string{
 		"--port 0":               "--port 0: want 1 to 65535",
 		"--port 70000":           "--port 70000: want 1 to 65535",
@@ -108,23 +106,5 @@ func TestWebhookFlagsRefuseWhatTheyCannotDo(t *testing.T) {
 	o, err := resolveServeFlags(t, "--policy-file", examples)
 	if err != nil || o.PolicyFile != examples || o.RestConfig != nil || o.Port != DefaultPort || o.ShutdownTimeout != DefaultShutdownTimeout {
 		t.Errorf("file mode: %+v (%v)", o, err)
-	}
-}
-
-// controller-runtime's webhook server announces its own shutdown timeout
-// of a minute; the line tells the one that applies.
-func TestRuntimeLoggerTellsTheShutdownTimeout(t *testing.T) {
-	var out bytes.Buffer
-	log, err := NewLogger(&out, "info", "text")
-	if err != nil {
-		t.Fatal(err)
-	}
-	rl := RuntimeLogger(log, 25*time.Second).WithName("webhook").WithValues("k", "v")
-	rl.Info("Shutting down webhook server with timeout of 1 minute")
-	rl.Info("Serving webhook server", "port", 9443)
-	got := out.String()
-	if !strings.Contains(got, "Shutting down webhook server with timeout of 25s (--shutdown-timeout)") || strings.Contains(got, "1 minute") ||
-		!strings.Contains(got, "Serving webhook server") || !strings.Contains(got, "k=v") {
-		t.Errorf("logged:\n%s", got)
 	}
 }

@@ -1,4 +1,4 @@
-package admission
+package webhookconfig
 
 import (
 	"context"
@@ -60,9 +60,9 @@ func TestConfigSync(t *testing.T) {
 	}); err != nil {
 		t.Fatal(err)
 	}
-	m := NewMetrics(prometheus.NewRegistry())
+	m := NewSyncMetrics(prometheus.NewRegistry())
 	w := &racingWriter{Client: env.Client}
-	sync := newConfigSync(env.Client, w, opts, m, slog.New(slog.DiscardHandler))
+	sync := NewSyncer(env.Client, w, opts, m, slog.New(slog.DiscardHandler))
 	count := func(kind, result string) float64 { return testutil.ToFloat64(m.syncs.WithLabelValues(kind, result)) }
 	get := func() *admissionregistrationv1.ValidatingWebhookConfiguration {
 		var cur admissionregistrationv1.ValidatingWebhookConfiguration
@@ -112,7 +112,7 @@ func TestConfigSync(t *testing.T) {
 	})
 
 	t.Run("a missing configuration is an error naming it", func(t *testing.T) {
-		other := newConfigSync(env.Client, env.Client, ConfigOptions{Name: "absent"}, m, slog.New(slog.DiscardHandler))
+		other := NewSyncer(env.Client, env.Client, ConfigOptions{Name: "absent"}, m, slog.New(slog.DiscardHandler))
 		err := other.Sync(ctx)
 		if err == nil || !strings.Contains(err.Error(), `"absent"`) {
 			t.Fatalf("want an error naming the configuration, got %v", err)
