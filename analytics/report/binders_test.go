@@ -91,8 +91,10 @@ func TestGrafanaBinderEqualsReportBinder(t *testing.T) {
 		{17*time.Minute + 3*time.Second, 3*time.Hour + 41*time.Minute + 9*time.Second},
 		{61 * time.Minute, 119 * time.Minute},
 	}
+	// Every epoch meets every window and every filter, and every window
+	// every filter, once each: a Latin square, not the whole cube.
 	checked := 0
-	for _, epoch := range []string{"no hour compacted", "two hours compacted", "every hour compacted"} {
+	for ei, epoch := range []string{"no hour compacted", "two hours compacted", "every hour compacted"} {
 		switch epoch {
 		case "two hours compacted":
 			for _, h := range []time.Time{t0, t0.Add(time.Hour)} {
@@ -103,50 +105,49 @@ func TestGrafanaBinderEqualsReportBinder(t *testing.T) {
 		case "every hour compacted":
 			compact(t, store)
 		}
-		for _, w := range windows {
-			for _, f := range filters {
-				o := Options{Database: db, Cluster: "bench", Top: 1000, Since: t0.Add(w[0]), Until: t0.Add(w[1])}
-				o.Resource, o.User = f.names["resource"], f.names["user"]
-				o.setDefaults()
-				if err := o.split(ctx, conn); err != nil {
+		for wi, w := range windows {
+			f := filters[(ei+wi)%len(filters)]
+			o := Options{Database: db, Cluster: "bench", Top: 1000, Since: t0.Add(w[0]), Until: t0.Add(w[1])}
+			o.Resource, o.User = f.names["resource"], f.names["user"]
+			o.setDefaults()
+			if err := o.split(ctx, conn); err != nil {
+				t.Fatal(err)
+			}
+			q := o.querier(ctx, conn)
+			if f.names["name"] != "" { // the report has no name filter: narrow its binder by hand
+				for i, a := range q.args {
+					if a.(driver.NamedValue).Name == asql.Name.Name {
+						q.args[i] = clickhouse.Named(asql.Name.Name, f.names["name"])
+					}
+				}
+				q.binder.Narrowed = append(q.binder.Narrowed, asql.Name)
+			}
+			e := asql.Expansion{From: o.Since, To: o.Until.Add(-time.Second), Interval: 10 * time.Minute, Vars: f.vars, All: f.all}
+			g := asql.Grafana{Database: db, Variables: panelVariables, Values: values}
+			for _, s := range asql.All {
+				_, want := rowsOf(t, ctx, conn, q.binder.Bind(s), append(q.args, extra...)...)
+				bound, err := g.Bind(s)
+				if err != nil {
 					t.Fatal(err)
 				}
-				q := o.querier(ctx, conn)
-				if f.names["name"] != "" { // the report has no name filter: narrow its binder by hand
-					for i, a := range q.args {
-						if a.(driver.NamedValue).Name == asql.Name.Name {
-							q.args[i] = clickhouse.Named(asql.Name.Name, f.names["name"])
-						}
-					}
-					q.binder.Narrowed = append(q.binder.Narrowed, asql.Name)
+				sql, err := e.Expand(bound)
+				if err != nil {
+					t.Fatal(err)
 				}
-				e := asql.Expansion{From: o.Since, To: o.Until.Add(-time.Second), Interval: 10 * time.Minute, Vars: f.vars, All: f.all}
-				g := asql.Grafana{Database: db, Variables: panelVariables, Values: values}
-				for _, s := range asql.All {
-					_, want := rowsOf(t, ctx, conn, q.binder.Bind(s), append(q.args, extra...)...)
-					bound, err := g.Bind(s)
-					if err != nil {
-						t.Fatal(err)
-					}
-					sql, err := e.Expand(bound)
-					if err != nil {
-						t.Fatal(err)
-					}
-					cols, got := rowsOf(t, ctx, conn, sql)
-					if !slices.Equal(cols, s.Columns) {
-						t.Errorf("%s: columns %v, declared %v", s.Name, cols, s.Columns)
-					}
-					if !slices.Equal(got, want) {
-						t.Errorf("%s, window %v filters %v: %s differs\nreport  %d rows %.300v\ngrafana %d rows %.300v", epoch, w, f.names, s.Name, len(want), want, len(got), got)
-					}
-					if len(want) > 0 {
-						checked++
-					}
+				cols, got := rowsOf(t, ctx, conn, sql)
+				if !slices.Equal(cols, s.Columns) {
+					t.Errorf("%s: columns %v, declared %v", s.Name, cols, s.Columns)
+				}
+				if !slices.Equal(got, want) {
+					t.Errorf("%s, window %v filters %v: %s differs\nreport  %d rows %.300v\ngrafana %d rows %.300v", epoch, w, f.names, s.Name, len(want), want, len(got), got)
+				}
+				if len(want) > 0 {
+					checked++
 				}
 			}
 		}
 	}
-	if checked < len(asql.All)*13 {
+	if checked < len(asql.All)*4 {
 		t.Errorf("only %d comparisons had rows", checked)
 	}
 }
