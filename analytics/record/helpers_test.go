@@ -15,6 +15,12 @@ import (
 func normalize(r *audit.Row) {
 	r.Raw = ""
 	r.ImpersonatedGroups, r.RequestObject, r.ResponseObject = nil, "", ""
+	if r.ObjectVersion == 0 { // a row without a history keeps none of it
+		r.Force, r.FullView, r.RequestManaged, r.Fields = false, false, false, audit.Fields{}
+	}
+	if len(r.Fields.Paths) == 0 {
+		r.Fields = audit.Fields{}
+	}
 	for _, p := range []*[]string{&r.UserGroups, &r.CauseReasons, &r.CauseFields, &r.AnnotationKeys, &r.AnnotationValues} {
 		if len(*p) == 0 {
 			*p = nil
@@ -64,6 +70,14 @@ func decode(rec string) (*batch, error) {
 		d.tail().setOn(&r)
 		if d.err == nil {
 			b.rows = append(b.rows, r)
+		}
+	}, func(d *recordReader) {
+		var h History
+		d.readHistory(&h, true)
+		if d.err == nil && len(b.rows) > 0 {
+			r := &b.rows[len(b.rows)-1]
+			r.ObjectVersion, r.FullView, r.RequestManaged, r.Force = h.ObjectVersion, h.FullView, h.RequestManaged, h.Force
+			r.Fields = audit.Fields{Paths: h.Paths, Hashes: h.Hashes}
 		}
 	}, func(dl audit.DeadLetter) { b.dead = append(b.dead, dl) })
 	return b, err

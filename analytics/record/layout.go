@@ -10,18 +10,31 @@ import (
 )
 
 // recordVersion is the first byte of every record; the reader refuses
-// versions it does not know rather than misreading them.
-const recordVersion = 1
+// versions it does not know rather than misreading them. Version 2 added
+// the history entry (tagHistory); a version 1 record, left in a spool by
+// an earlier release, reads as one without histories.
+const recordVersion = 2
 
 var errShortRecord = errors.New("spool record truncated")
 
 // A record is the version byte, the cluster, then entries until its end:
-// a tag byte (tagRow or tagDead) and the entry. Entries are appended one at
-// a time, so a row can be encoded while its strings still point into the
-// reader's buffer.
+// a tag byte (tagRow, tagDead or tagHistory) and the entry. Entries are
+// appended one at a time, so a row can be encoded while its strings still
+// point into the reader's buffer. A history entry follows the row whose
+// field history it is (AppendRow writes both).
 const (
-	tagRow  = 1
-	tagDead = 2
+	tagRow     = 1
+	tagDead    = 2
+	tagHistory = 3
+)
+
+// A history entry: the object version (uvarint), the flags (uvarint: bit
+// 0 FullView, bit 1 RequestManaged, bit 2 Force), the number of fields,
+// then each field's path (a string) and hash (8 bytes, little endian).
+const (
+	histFullView = 1 << iota
+	histRequestManaged
+	histForce
 )
 
 // AppendHeader starts a record for cluster: the rows and dead letters
@@ -55,7 +68,29 @@ func AppendRow(dst []byte, r *audit.Row) []byte {
 			dst = appendString(dst, s)
 		}
 	}
-	return tailOf(r).appendTo(dst)
+	dst = tailOf(r).appendTo(dst)
+	if r.ObjectVersion == 0 {
+		return dst // no history: versions that cannot be ordered
+	}
+	var flags uint64
+	if r.FullView {
+		flags |= histFullView
+	}
+	if r.RequestManaged {
+		flags |= histRequestManaged
+	}
+	if r.Force {
+		flags |= histForce
+	}
+	dst = append(dst, tagHistory)
+	dst = binary.AppendUvarint(dst, r.ObjectVersion)
+	dst = binary.AppendUvarint(dst, flags)
+	dst = binary.AppendUvarint(dst, uint64(len(r.Fields.Paths)))
+	for i, p := range r.Fields.Paths {
+		dst = appendString(dst, p)
+		dst = binary.LittleEndian.AppendUint64(dst, r.Fields.Hashes[i])
+	}
+	return dst
 }
 
 func appendString(dst []byte, s string) []byte {
@@ -66,19 +101,22 @@ func appendString(dst []byte, s string) []byte {
 // readRecord is the one parser of a record's entries: it checks the
 // version and reads the cluster, then calls row with the reader at the
 // start of each row's fields (row must read them all, in the row
-// layout) and dead with each dead letter. Set.Add takes every record
-// through it; the columns read a row's fields again from where Set.Add
-// saw them start.
-func readRecord(rec string, row func(cluster string, d *recordReader), dead func(audit.DeadLetter)) error {
+// layout), history with the reader at the start of each history entry
+// (history must read it all, with readHistory), and dead with each dead
+// letter. Set.Add takes every record through it; the columns read a row's
+// fields again from where Set.Add saw them start.
+func readRecord(rec string, row func(cluster string, d *recordReader), history func(d *recordReader), dead func(audit.DeadLetter)) error {
 	d := recordReader{s: rec}
-	if v := d.byte(); v != recordVersion {
-		return fmt.Errorf("spool record version %d, want %d", v, recordVersion)
+	if v := d.byte(); v != recordVersion && v != 1 {
+		return fmt.Errorf("spool record version %d, want 1 or %d", v, recordVersion)
 	}
 	cluster := d.str()
 	for d.err == nil && d.i < len(d.s) {
 		switch tag := d.byte(); tag {
 		case tagRow:
 			row(cluster, &d)
+		case tagHistory:
+			history(&d)
 		case tagDead:
 			dl := audit.DeadLetter{Cluster: cluster, Source: d.str(), Reason: d.str(), Raw: d.str(), ReceivedAt: d.varint()}
 			if d.err == nil {
@@ -91,6 +129,40 @@ func readRecord(rec string, row func(cluster string, d *recordReader), dead func
 		}
 	}
 	return d.err
+}
+
+// History is the field history of one row, as its history entry holds
+// it; Paths and Hashes are the entry's own (readHistory allocates them).
+type History struct {
+	ObjectVersion                   uint64
+	FullView, RequestManaged, Force bool
+	Paths                           []string
+	Hashes                          []uint64
+}
+
+// readHistory reads a history entry; with fields false it skips the
+// fields, and h holds only the version and flags.
+func (d *recordReader) readHistory(h *History, fields bool) {
+	h.ObjectVersion = d.uvarint()
+	flags := d.uvarint()
+	h.FullView, h.RequestManaged, h.Force = flags&histFullView != 0, flags&histRequestManaged != 0, flags&histForce != 0
+	n := d.count()
+	if fields {
+		h.Paths, h.Hashes = make([]string, 0, n), make([]uint64, 0, n)
+	}
+	for range n {
+		if !fields {
+			d.skipStr()
+			if d.i+8 > len(d.s) {
+				d.fail()
+				return
+			}
+			d.i += 8
+			continue
+		}
+		h.Paths = append(h.Paths, d.str())
+		h.Hashes = append(h.Hashes, d.uint64())
+	}
 }
 
 type recordReader struct {

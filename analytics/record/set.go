@@ -3,6 +3,7 @@ package record
 import (
 	"cmp"
 	"encoding/binary"
+	"errors"
 	"hash/maphash"
 	"slices"
 	"strings"
@@ -53,6 +54,9 @@ type rowRef struct {
 	micros int64  // stage timestamp, Unix microseconds
 	// The object, for the events sorting key.
 	apiGroup, resource, namespace, name string
+	// hist is where the row's history entry starts in rec (after its
+	// tag), 0 for a row without one.
+	hist int
 }
 
 // Rows is the number of rows in the set, repeats included.
@@ -78,7 +82,9 @@ func (s *Set) Add(rec string) error {
 }
 
 func (s *Set) add(rec string) error {
-	return readRecord(rec, func(cluster string, d *recordReader) {
+	first, lastRow := len(s.rows), -1 // lastRow: the previous entry's row, if it was one
+	err := readRecord(rec, func(cluster string, d *recordReader) {
+		lastRow = -1
 		r := rowRef{rec: rec, off: d.i}
 		r.key.cluster = cluster
 		for _, role := range &keyRoles {
@@ -112,9 +118,24 @@ func (s *Set) add(rec string) error {
 		r.hash = r.key.hash()
 		if d.err == nil {
 			s.rows = append(s.rows, r)
+			lastRow = len(s.rows) - 1
 		}
-	}, func(dl audit.DeadLetter) { s.dead = append(s.dead, dl) })
+	}, func(d *recordReader) {
+		at := d.i
+		var h History
+		d.readHistory(&h, false)
+		if d.err == nil && (lastRow < first || s.rows[lastRow].hist != 0) {
+			d.err = errHistoryWithoutRow
+		}
+		if d.err == nil {
+			s.rows[lastRow].hist = at
+		}
+		lastRow = -1
+	}, func(dl audit.DeadLetter) { lastRow = -1; s.dead = append(s.dead, dl) })
+	return err
 }
+
+var errHistoryWithoutRow = errors.New("spool record: a history entry that follows no row")
 
 // eventKey identifies an event: (cluster, audit_id, stage, fingerprint),
 // the identity every read takes once (analytics/sql.Identity).

@@ -173,3 +173,50 @@ func BenchmarkRecordSetOf(b *testing.B) {
 	}
 	b.ReportMetric(float64(b.N*len(rows))/b.Elapsed().Seconds(), "rows/s")
 }
+
+// TestRecordsCarryFieldHistories: the rows of the real events that have a
+// field history keep it through a record, a version 1 record (an earlier
+// release's spool) still reads, and a history entry with no row before it
+// is refused.
+func TestRecordsCarryFieldHistories(t *testing.T) {
+	rows := audittest.Rows(t, "prod", audittest.Events(t))
+	withHistory := 0
+	for i := range rows {
+		if rows[i].ObjectVersion != 0 && len(rows[i].Fields.Paths) > 0 {
+			withHistory++
+		}
+	}
+	if withHistory < 1 {
+		t.Fatalf("only %d of the real events have a field history", withHistory)
+	}
+	rec := appendBatch(nil, &batch{cluster: "prod", rows: rows})
+	set := NewSet(len(rows))
+	if err := set.Add(string(rec)); err != nil {
+		t.Fatal(err)
+	}
+	hists := 0
+	for _, r := range set.rows {
+		if r.hist != 0 {
+			hists++
+			d := recordReader{s: r.rec, i: r.hist}
+			var h History
+			d.readHistory(&h, true)
+			if d.err != nil || h.ObjectVersion == 0 {
+				t.Errorf("history of %s: %v, version %d", r.key.auditID, d.err, h.ObjectVersion)
+			}
+		}
+	}
+	if hists < withHistory {
+		t.Errorf("%d rows kept a history, %d had one", hists, withHistory)
+	}
+
+	old := appendBatch(nil, &batch{cluster: "prod", rows: []audit.Row{{AuditID: "a", Stage: "ResponseComplete"}}})
+	old[0] = 1
+	if err := NewSet(1).Add(string(old)); err != nil {
+		t.Errorf("a version 1 record: %v", err)
+	}
+	orphan := append(AppendHeader(nil, "prod"), tagHistory, 5, 0, 0)
+	if err := NewSet(1).Add(string(orphan)); err == nil {
+		t.Error("a history entry without its row was accepted")
+	}
+}

@@ -22,6 +22,10 @@ type Decoder struct {
 	// AnnotationMatch selects the audit annotations kept in the row: keys
 	// containing this string. Defaults to annotation.Kept ("stampguard").
 	AnnotationMatch string
+	// History, when set, fills the field history of the writes that have
+	// one (HistoryWrite): Row.ObjectVersion, Fields, FullView and
+	// RequestManaged, with values hashed by History.
+	History *FieldHasher
 }
 
 // Errors for events that cannot become a row; they go to the dead-letter
@@ -48,7 +52,7 @@ func (d *Decoder) Decode(raw string, r *Row) error {
 func (d *Decoder) decode(raw string, r *Row, prefix bool) (int, error) {
 	*r = Row{UserGroups: r.UserGroups[:0], ImpersonatedGroups: r.ImpersonatedGroups[:0], CauseReasons: r.CauseReasons[:0],
 		CauseFields: r.CauseFields[:0], AnnotationKeys: r.AnnotationKeys[:0],
-		AnnotationValues: r.AnnotationValues[:0]}
+		AnnotationValues: r.AnnotationValues[:0], Fields: Fields{Paths: r.Fields.Paths[:0], Hashes: r.Fields.Hashes[:0]}}
 	p := rawjson.NewScanner(raw)
 	var (
 		objBuf       [2]span
@@ -164,8 +168,11 @@ func (d *Decoder) decode(raw string, r *Row, prefix bool) (int, error) {
 	if r.Resource == "leases" && !ignoreHolder {
 		r.LeaseHolder = holder
 	}
-	r.FieldManager, r.DryRun = uriOptions(r.RequestURI)
+	r.FieldManager, r.DryRun, r.Force = uriOptions(r.RequestURI)
 	r.Fingerprint = Fingerprint(r)
+	if d.History != nil && d.HistoryWrite(r) {
+		d.history(r)
+	}
 	if d.KeepRaw {
 		if len(objects) > 0 && d.redacts(r.Resource) {
 			r.Raw = redact(raw, objects)
@@ -398,13 +405,13 @@ func fastMicros(s string) (int64, bool) {
 	return t.Unix()*1e6 + int64(micros), true
 }
 
-// uriOptions reads fieldManager and dryRun from a request URI's query, as
-// the apiserver reads them into its options.
-func uriOptions(uri string) (fieldManager string, dryRun bool) {
-	seenManager := false
+// uriOptions reads fieldManager, dryRun and force from a request URI's
+// query, as the apiserver reads them into its options.
+func uriOptions(uri string) (fieldManager string, dryRun, force bool) {
+	seenManager, seenForce := false, false
 	q := strings.IndexByte(uri, '?')
 	if q < 0 {
-		return "", false
+		return "", false, false
 	}
 	query := uri[q+1:]
 	for query != "" {
@@ -426,7 +433,12 @@ func uriOptions(uri string) (fieldManager string, dryRun bool) {
 			// The apiserver's dryrun.IsDryRun: any dryRun parameter. A value
 			// other than All is refused (400) before anything is stored.
 			dryRun = true
+		case "force":
+			if !seenForce { // the first value, as the apiserver converts it:
+				seenForce = true // anything but 0 and false is true
+				force = v != "0" && !strings.EqualFold(v, "false")
+			}
 		}
 	}
-	return fieldManager, dryRun
+	return fieldManager, dryRun, force
 }

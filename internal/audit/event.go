@@ -79,6 +79,20 @@ type Row struct {
 	RequestObject  string
 	ResponseObject string
 
+	// Force is a server-side apply's force=true, read from RequestURI.
+	Force bool
+
+	// The field history of a successful write logged with its response
+	// (Decoder.History, fields.go): ObjectVersion is the stored object's
+	// resourceVersion as an integer (0: none or not decimal), Fields the
+	// fields it shows, all of them when FullView (not a Scale, and the
+	// walk succeeded); RequestManaged says the request body carried
+	// metadata.managedFields, as a client that read the object sends it.
+	ObjectVersion  uint64
+	Fields         Fields
+	FullView       bool
+	RequestManaged bool
+
 	// Raw is the event as received with secret objects removed; it is kept
 	// only when the raw column is enabled.
 	Raw string

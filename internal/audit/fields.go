@@ -366,3 +366,45 @@ func ObjectVersion(rv string) uint64 {
 	}
 	return v
 }
+
+// HistoryWrite reports whether r is a write with a field history: a
+// successful create, update or patch, not a dry run, logged with its
+// response (level RequestResponse) of an object whose bodies are not
+// redacted, on the object itself or its status or scale.
+func (d *Decoder) HistoryWrite(r *Row) bool {
+	switch {
+	case !r.Counted() || !r.Success() || r.DryRun || r.ResponseObject == "" || d.redacts(r.Resource):
+		return false
+	case r.Verb != "create" && r.Verb != "update" && r.Verb != "patch":
+		return false
+	}
+	return r.Subresource == "" || r.Subresource == "status" || r.Subresource == "scale"
+}
+
+// history fills r's field history from its bodies.
+func (d *Decoder) history(r *Row) {
+	resp := unsafe.Slice(unsafe.StringData(r.ResponseObject), len(r.ResponseObject))
+	if meta, found, err := rawjson.Member(resp, "metadata"); err == nil && found {
+		if rv, found, err := rawjson.Member(meta, "resourceVersion"); err == nil && found {
+			if s, err := rawjson.String(rv); err == nil {
+				r.ObjectVersion = ObjectVersion(s)
+			}
+		}
+	}
+	scale := r.Subresource == "scale"
+	r.FullView = d.History.Object(r.ResponseObject, scale, &r.Fields) == nil && !scale
+	if r.Verb == "update" && r.RequestObject != "" {
+		req := unsafe.Slice(unsafe.StringData(r.RequestObject), len(r.RequestObject))
+		if meta, found, err := rawjson.Member(req, "metadata"); err == nil && found {
+			if mf, found, err := rawjson.Member(meta, "managedFields"); err == nil && found && rawjson.Kind(mf) == '[' {
+				r.RequestManaged = !isEmptyArray(mf)
+			}
+		}
+	}
+}
+
+func isEmptyArray(v []byte) bool {
+	empty := true
+	_ = rawjson.ArrayEach(v, func([]byte) bool { empty = false; return false })
+	return empty
+}

@@ -209,3 +209,40 @@ func FuzzObjectFields(f *testing.F) {
 		}
 	})
 }
+
+// TestDecoderFillsTheFieldHistoryOfSuccessfulWrites: the history of a
+// write is read from its bodies and URI; a write without a response, a
+// dry run, a failure or a redacted kind has none.
+func TestDecoderFillsTheFieldHistoryOfSuccessfulWrites(t *testing.T) {
+	h := audit.NewFieldHasher([]byte("k"))
+	d := audit.Decoder{History: &h}
+	event := func(verb, uri, sub, resource string, code int, req, resp string) string {
+		return `{"auditID":"a","stage":"ResponseComplete","level":"RequestResponse","verb":"` + verb + `","requestURI":"` + uri +
+			`","stageTimestamp":"2026-12-01T10:00:00.000001Z","objectRef":{"resource":"` + resource + `","namespace":"shop","name":"web","subresource":"` + sub +
+			`"},"responseStatus":{"code":` + fmt.Sprint(code) + `},"requestObject":` + req + `,"responseObject":` + resp + `}`
+	}
+	withManaged := `{"metadata":{"name":"web","resourceVersion":"4711","managedFields":[{"manager":"m"}]},"spec":{"replicas":3}}`
+	var r audit.Row
+	for _, c := range []struct {
+		name, ev                     string
+		version                      uint64
+		full, managed, force, fields bool
+	}{
+		{"update", event("update", "/apis/apps/v1/namespaces/shop/deployments/web", "", "deployments", 200, withManaged, deployment), 4711, true, true, false, true},
+		{"forced apply", event("patch", "/apis/apps/v1/namespaces/shop/deployments/web?fieldManager=ci&force=true", "", "deployments", 200, `{"spec":{}}`, deployment), 4711, true, false, true, true},
+		{"apply", event("patch", "/apis/apps/v1/namespaces/shop/deployments/web?fieldManager=ci&force=false", "", "deployments", 200, `{"spec":{}}`, deployment), 4711, true, false, false, true},
+		{"scale", event("patch", "/apis/apps/v1/namespaces/shop/deployments/web/scale", "scale", "deployments", 200, `{"spec":{"replicas":2}}`, `{"kind":"Scale","metadata":{"resourceVersion":"12"},"spec":{"replicas":2}}`), 12, false, false, false, true},
+		{"dry run", event("update", "/apis/apps/v1/namespaces/shop/deployments/web?dryRun=All", "", "deployments", 200, withManaged, deployment), 0, false, false, false, false},
+		{"conflict", event("update", "/apis/apps/v1/namespaces/shop/deployments/web", "", "deployments", 409, withManaged, `{"kind":"Status","code":409}`), 0, false, false, false, false},
+		{"secret", event("update", "/api/v1/namespaces/shop/secrets/web", "", "secrets", 200, withManaged, deployment), 0, false, false, false, false},
+		{"eviction", event("create", "/api/v1/namespaces/shop/pods/web/eviction", "eviction", "pods", 201, `{}`, deployment), 0, false, false, false, false},
+	} {
+		if err := d.Decode(c.ev, &r); err != nil {
+			t.Fatalf("%s: %v", c.name, err)
+		}
+		if r.ObjectVersion != c.version || r.FullView != c.full || r.RequestManaged != c.managed || r.Force != c.force || (len(r.Fields.Paths) > 0) != c.fields {
+			t.Errorf("%s: version %d full %v managed %v force %v, %d fields; want %d %v %v %v fields %v",
+				c.name, r.ObjectVersion, r.FullView, r.RequestManaged, r.Force, len(r.Fields.Paths), c.version, c.full, c.managed, c.force, c.fields)
+		}
+	}
+}

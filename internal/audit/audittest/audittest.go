@@ -13,6 +13,9 @@ import (
 	"github.com/stampguard/stampguard/internal/audit"
 )
 
+// HistoryKey is the field history key of Rows.
+const HistoryKey = "audittest"
+
 // Events returns the JSON lines of analytics/testdata/events.jsonl.
 func Events(tb testing.TB) []string {
 	tb.Helper()
@@ -27,10 +30,12 @@ func Events(tb testing.TB) []string {
 	return strings.Split(strings.TrimSpace(string(b)), "\n")
 }
 
-// Rows decodes lines (raw JSON kept) into rows of cluster.
+// Rows decodes lines (raw JSON kept, field histories under the key
+// HistoryKey) into rows of cluster.
 func Rows(tb testing.TB, cluster string, lines []string) []audit.Row {
 	tb.Helper()
-	d := audit.Decoder{KeepRaw: true}
+	h := audit.NewFieldHasher([]byte(HistoryKey))
+	d := audit.Decoder{KeepRaw: true, History: &h}
 	rows := make([]audit.Row, len(lines))
 	for i, l := range lines {
 		if err := d.Decode(l, &rows[i]); err != nil {
