@@ -149,6 +149,7 @@ func (s *ServeConfig) Resolve(w io.Writer) (*Serve, error) {
 	o.Cluster = s.Cluster
 	o.Stages = SplitList(s.Stages)
 	o.RedactResources = SplitList(s.RedactResources)
+	o.History = s.history
 	o.Logger = conn.Logger
 	return &Serve{Options: o, MemoryLimit: mem, GCPercent: s.GCPercent, CPUProfile: s.CPUProfile}, nil
 }

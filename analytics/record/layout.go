@@ -29,12 +29,13 @@ const (
 )
 
 // A history entry: the object version (uvarint), the flags (uvarint: bit
-// 0 FullView, bit 1 RequestManaged, bit 2 Force), the number of fields,
+// 0 FullView, bit 1 RequestManaged, bit 2 Force, bit 3 Apply), the number of fields,
 // then each field's path (a string) and hash (8 bytes, little endian).
 const (
 	histFullView = 1 << iota
 	histRequestManaged
 	histForce
+	histApply
 )
 
 // AppendHeader starts a record for cluster: the rows and dead letters
@@ -81,6 +82,9 @@ func AppendRow(dst []byte, r *audit.Row) []byte {
 	}
 	if r.Force {
 		flags |= histForce
+	}
+	if r.Apply {
+		flags |= histApply
 	}
 	dst = append(dst, tagHistory)
 	dst = binary.AppendUvarint(dst, r.ObjectVersion)
@@ -134,8 +138,8 @@ func readRecord(rec string, row func(cluster string, d *recordReader), history f
 // History is the field history of one row, as its history entry holds
 // it; Paths and Hashes are the entry's own (readHistory allocates them).
 type History struct {
-	ObjectVersion                   uint64
-	FullView, RequestManaged, Force bool
+	ObjectVersion                          uint64
+	FullView, RequestManaged, Force, Apply bool
 	Paths                           []string
 	Hashes                          []uint64
 }
@@ -145,7 +149,7 @@ type History struct {
 func (d *recordReader) readHistory(h *History, fields bool) {
 	h.ObjectVersion = d.uvarint()
 	flags := d.uvarint()
-	h.FullView, h.RequestManaged, h.Force = flags&histFullView != 0, flags&histRequestManaged != 0, flags&histForce != 0
+	h.FullView, h.RequestManaged, h.Force, h.Apply = flags&histFullView != 0, flags&histRequestManaged != 0, flags&histForce != 0, flags&histApply != 0
 	n := d.count()
 	if fields {
 		h.Paths, h.Hashes = make([]string, 0, n), make([]uint64, 0, n)

@@ -71,6 +71,9 @@ type Options struct {
 	Stages []string
 	// RedactResources are removed like secrets (always removed).
 	RedactResources []string
+	// History stores the field history of the writes logged with their
+	// responses (internal/audit, fields.go) under its key; nil stores none.
+	History *audit.FieldHasher
 	// MaxBodyBytes defaulted to DefaultMaxBodyBytes; MaxEventBytes to
 	// audit.DefaultMaxEventBytes.
 	MaxBodyBytes  int64
@@ -169,7 +172,7 @@ func Run(ctx context.Context, o Options) error {
 	}
 	h, err := NewHandler(HandlerOptions{
 		VerifyClient: verifyClient,
-		Accepter:     NewAccepter(o.Stages, o.RedactResources, o.Store.KeepRaw),
+		Accepter:     NewAccepter(o.Stages, o.RedactResources, o.Store.KeepRaw, o.History),
 		Spool:        sp, Token: o.Token, TokenClusters: o.TokenClusters, ClientNames: o.ClientNames,
 		AllowUnauthenticated: o.AllowUnauthenticated, DefaultCluster: o.Cluster,
 		MaxBodyBytes: o.MaxBodyBytes, MaxEventBytes: o.MaxEventBytes,
@@ -273,10 +276,11 @@ func ServeMetrics(addr string, reg *prometheus.Registry, log *slog.Logger) (stop
 // NewAccepter decodes and filters events for the sink, ingest and tail
 // alike: it keeps stages (none: audit.DefaultStages), drops the objects
 // of the redacted resources like those of secrets, and keeps each event's
-// raw JSON when keepRaw.
-func NewAccepter(stages, redact []string, keepRaw bool) *pipeline.Accepter {
+// raw JSON when keepRaw, and the field histories hashed by history (nil:
+// none).
+func NewAccepter(stages, redact []string, keepRaw bool, history *audit.FieldHasher) *pipeline.Accepter {
 	return &pipeline.Accepter{
-		Decoder: audit.Decoder{RedactResources: redact, KeepRaw: keepRaw},
+		Decoder: audit.Decoder{RedactResources: redact, KeepRaw: keepRaw, History: history},
 		Stages:  stages,
 	}
 }

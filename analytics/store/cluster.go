@@ -46,6 +46,7 @@ var shardingKeys = map[string]string{
 	"events":           "cityHash64(cluster, namespace, name)",
 	"events_by_hour":   "cityHash64(cluster, namespace, name)",
 	"duplicate_events": "cityHash64(cluster, namespace, name)",
+	"field_versions":   "cityHash64(cluster, namespace, name)",
 	"dead_letters":     "raw_hash",
 }
 

@@ -518,6 +518,51 @@ var Migrations = []Migration{
 			ORDER BY (cluster, hour, version, minute, api_group, resource, namespace, writer, latency_us)`,
 		},
 	},
+	{
+		Version: 10,
+		Name:    "field_versions: the field history of every write logged with its response",
+		Statements: []string{
+			// One row per successful create, update or patch logged at
+			// RequestResponse (internal/audit, fields.go): the version of
+			// the object it stored, the fields that version shows with
+			// keyed hashes of their values, and how the write was based
+			// (the stamp it sent, a patch, an apply with or without force, whether it
+			// sent the managedFields it had read). Sorted by object and
+			// version, so one object's history is one range and the
+			// versions are in order. A row is a function of its event, so
+			// a copy (a redelivery, a racing writer, a retried insert) is
+			// the same row, which reads take once per identity, as they
+			// take events. The insert writes these rows before the
+			// event's own: an event stored means its history is.
+			`CREATE TABLE IF NOT EXISTS {db}.field_versions (
+				event_date          Date,
+				cluster             LowCardinality(String),
+				api_group           LowCardinality(String),
+				resource            LowCardinality(String),
+				namespace           LowCardinality(String),
+				name                String,
+				object_version      UInt64,
+				event_time_us       UInt64,
+				request_received_us UInt64,
+				audit_id            String,
+				stage               LowCardinality(String),
+				fingerprint         UInt64,
+				verb                LowCardinality(String),
+				subresource         LowCardinality(String),
+				writer              LowCardinality(String),
+				field_manager       LowCardinality(String),
+				stamp               String,
+				full_view           UInt8,
+				request_managed     UInt8,
+				force               UInt8,
+				apply               UInt8,
+				field_paths         Array(String),
+				field_hashes        Array(UInt64)
+			) ENGINE = ReplacingMergeTree()
+			PARTITION BY event_date
+			ORDER BY (cluster, api_group, resource, namespace, name, object_version, audit_id, stage, fingerprint)`,
+		},
+	},
 }
 
 // epoch records from which hour a table fed by a view holds every event:
@@ -581,7 +626,7 @@ func columnListDDL(cols []record.Column) string {
 
 // Tables whose day partitions retention drops.
 var retentionTables = []string{asql.EventsTable, asql.LegacyEventsTable, "hour_marks", "hour_compactions", "hour_caches", "hour_requests", "minute_requests", "hour_writer_requests", "minute_writer_requests",
-	"hour_agent_requests", "minute_agent_requests", "minute_write_latencies", "hour_loop_conflicts", "hour_loop_successes", "dead_letters",
+	"hour_agent_requests", "minute_agent_requests", "minute_write_latencies", "hour_loop_conflicts", "hour_loop_successes", "dead_letters", "field_versions",
 	// unfed since migration 5
 	"event_keys", "stored_keys", "duplicate_events", "request_rollup", "loop_conflicts", "loop_successes"}
 

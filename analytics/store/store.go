@@ -46,6 +46,9 @@ type Store struct {
 	// events is the table inserts go to: asql.EventsTable, or (for a test
 	// that plays a sink of an older version) asql.LegacyEventsTable.
 	events string
+	// noHistories stores no field histories, as sinks before migration 10
+	// did (set by tests that play one).
+	noHistories bool
 	// ddl renders DDL for a cluster; nil on a single node.
 	ddl *clusterDDL
 	// hook, when set (by tests of this package), runs at each step of a
@@ -171,6 +174,12 @@ func (s *Store) InsertRecords(ctx context.Context, set *record.Set) (InsertResul
 	events := set.Events()
 	res.Duplicates = set.Rows() - events.Len()
 	if events.Len() > 0 {
+		// The histories first: an event stored means its history is.
+		if !s.noHistories {
+			if err := s.insertHistories(ctx, events); err != nil {
+				return res, err
+			}
+		}
 		if err := s.insertEvents(ctx, events); err != nil {
 			return res, err
 		}
@@ -215,6 +224,50 @@ func (s *Store) insertEvents(ctx context.Context, events record.Events) error {
 		return fmt.Errorf("insert events: %w", err)
 	}
 	return nil
+}
+
+// historyColumns are field_versions' columns, in the order of
+// insertHistories' Append.
+const historyColumns = "event_date, cluster, api_group, resource, namespace, name, object_version, event_time_us, request_received_us, " +
+	"audit_id, stage, fingerprint, verb, subresource, writer, field_manager, stamp, full_view, request_managed, force, apply, field_paths, field_hashes"
+
+// insertHistories stores the field histories of events' rows, if any.
+func (s *Store) insertHistories(ctx context.Context, events record.Events) error {
+	var b driver.Batch
+	defer func() {
+		if b != nil {
+			_ = b.Abort()
+		}
+	}()
+	err := events.Histories(func(h *record.HistoryRow) error {
+		if b == nil {
+			var err error
+			if b, err = s.conn.PrepareBatch(ctx, "INSERT INTO "+s.db+".field_versions ("+historyColumns+")"); err != nil {
+				return fmt.Errorf("prepare field history insert: %w", err)
+			}
+		}
+		day := time.UnixMicro(h.StageMicros).UTC().Truncate(24 * time.Hour)
+		return b.Append(day, h.Cluster, h.APIGroup, h.Resource, h.Namespace, h.Name, h.ObjectVersion, uint64(h.StageMicros), uint64(max(h.ReceivedMicros, 0)),
+			h.AuditID, h.Stage, h.Fingerprint, h.Verb, h.Subresource, h.Writer, h.FieldManager, h.Stamp,
+			boolByte(h.FullView), boolByte(h.RequestManaged), boolByte(h.Force), boolByte(h.Apply), h.Paths, h.Hashes)
+	})
+	if err != nil {
+		return fmt.Errorf("insert field histories: %w", err)
+	}
+	if b == nil {
+		return nil
+	}
+	if err := b.Send(); err != nil {
+		return fmt.Errorf("insert field histories: %w", err)
+	}
+	return nil
+}
+
+func boolByte(b bool) uint8 {
+	if b {
+		return 1
+	}
+	return 0
 }
 
 func (s *Store) insertDead(ctx context.Context, dead []audit.DeadLetter) error {

@@ -168,7 +168,7 @@ func (d *Decoder) decode(raw string, r *Row, prefix bool) (int, error) {
 	if r.Resource == "leases" && !ignoreHolder {
 		r.LeaseHolder = holder
 	}
-	r.FieldManager, r.DryRun, r.Force = uriOptions(r.RequestURI)
+	r.FieldManager, r.DryRun, r.Force, r.Apply = uriOptions(r.RequestURI)
 	r.Fingerprint = Fingerprint(r)
 	if d.History != nil && d.HistoryWrite(r) {
 		d.history(r)
@@ -406,12 +406,14 @@ func fastMicros(s string) (int64, bool) {
 }
 
 // uriOptions reads fieldManager, dryRun and force from a request URI's
-// query, as the apiserver reads them into its options.
-func uriOptions(uri string) (fieldManager string, dryRun, force bool) {
+// query, as the apiserver reads them into its options; apply is the
+// presence of force, which client-go and kubectl send with every
+// server-side apply and with nothing else.
+func uriOptions(uri string) (fieldManager string, dryRun, force, apply bool) {
 	seenManager, seenForce := false, false
 	q := strings.IndexByte(uri, '?')
 	if q < 0 {
-		return "", false, false
+		return "", false, false, false
 	}
 	query := uri[q+1:]
 	for query != "" {
@@ -440,5 +442,5 @@ func uriOptions(uri string) (fieldManager string, dryRun, force bool) {
 			}
 		}
 	}
-	return fieldManager, dryRun, force
+	return fieldManager, dryRun, force, seenForce
 }

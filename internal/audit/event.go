@@ -79,8 +79,10 @@ type Row struct {
 	RequestObject  string
 	ResponseObject string
 
-	// Force is a server-side apply's force=true, read from RequestURI.
-	Force bool
+	// Force is a server-side apply's force=true, read from RequestURI;
+	// Apply says the URI has a force parameter, as every server-side apply
+	// from client-go or kubectl has.
+	Force, Apply bool
 
 	// The field history of a successful write logged with its response
 	// (Decoder.History, fields.go): ObjectVersion is the stored object's

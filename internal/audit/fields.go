@@ -25,9 +25,10 @@ import (
 //   - A list whose items are all objects with a distinct string `name`
 //     (containers, env, ports, volumes) is walked item by item:
 //     `spec.template.spec.containers[name=app].image`.
-//   - Any other list is a set: its path repeats once per item, each with
-//     the hash of that item, so a field's value is the set of its hashes
-//     and an entry removed from `metadata.finalizers` is a hash gone.
+//   - Any other list is a set of items, `metadata.finalizers[*]`: the path
+//     repeats once per item, each with the hash of that item, so a field's
+//     value is the set of its hashes and an entry removed from the list is
+//     a hash gone.
 //   - An empty object or list, or null, has no fields: it reads as absent.
 //   - Not fields: what the apiserver writes itself or derives
 //     (ObjectSkipped), the whole `status` (the controllers' report, not
@@ -264,7 +265,7 @@ func (w *walker) value(path string, v []byte, depth int) {
 		}
 		w.fail(rawjson.ArrayEach(v, func(item []byte) bool {
 			if !rawjson.IsNull(item) {
-				w.add(path, item)
+				w.add(path+"[*]", item)
 			}
 			return w.err == nil
 		}))
