@@ -140,8 +140,8 @@ func readRecord(rec string, row func(cluster string, d *recordReader), history f
 type History struct {
 	ObjectVersion                          uint64
 	FullView, RequestManaged, Force, Apply bool
-	Paths                           []string
-	Hashes                          []uint64
+	Paths                                  []string
+	Hashes                                 []uint64
 }
 
 // readHistory reads a history entry; with fields false it skips the
