@@ -11,6 +11,7 @@ import (
 
 	"github.com/stampguard/stampguard/internal/rawjson"
 	"github.com/stampguard/stampguard/policy"
+	"github.com/stampguard/stampguard/policy/admission/admissiontest"
 	"github.com/stampguard/stampguard/policy/api/v1alpha1"
 )
 
@@ -27,9 +28,9 @@ func (w *discardWriter) WriteHeader(int)             {}
 // else, so all ten rules read their values and the answer carries a warning
 // and an audit annotation.
 func benchReview(b *testing.B) []byte {
-	old := bigDeployment(3, "registry.example.com/shop/app:1", "a")
-	cur := bigDeployment(3, "registry.example.com/shop/app:2", "a")
-	body := updateReview(b, "alice", old, cur)
+	old := admissiontest.BigDeployment(3, "registry.example.com/shop/app:1", "a")
+	cur := admissiontest.BigDeployment(3, "registry.example.com/shop/app:2", "a")
+	body := admissiontest.UpdateReview(b, "alice", old, cur)
 	b.ReportMetric(float64(len(body))/1024, "review-KB")
 	return body
 }
@@ -181,8 +182,8 @@ func BenchmarkEvaluateOnlyCEL(b *testing.B) {
 // TestBenchmarkFixtureDecides keeps the benchmark honest: the recorded
 // review must really produce the one Warn violation it is meant to.
 func TestBenchmarkFixtureDecides(t *testing.T) {
-	old := bigDeployment(3, "registry.example.com/shop/app:1", "a")
-	body := updateReview(t, "alice", old, bigDeployment(3, "registry.example.com/shop/app:2", "a"))
+	old := admissiontest.BigDeployment(3, "registry.example.com/shop/app:1", "a")
+	body := admissiontest.UpdateReview(t, "alice", old, admissiontest.BigDeployment(3, "registry.example.com/shop/app:2", "a"))
 	if n := len(body); n < 28<<10 || n > 40<<10 {
 		t.Fatalf("review is %d bytes, want two ~15 KB objects", n)
 	}

@@ -22,6 +22,7 @@ import (
 
 	"github.com/stampguard/stampguard/internal/cli"
 	"github.com/stampguard/stampguard/policy"
+	"github.com/stampguard/stampguard/policy/admission/admissiontest"
 )
 
 func testHandlers(t testing.TB, set *policy.Set) (stamp, fields http.Handler) {
@@ -53,16 +54,16 @@ func decodeAnswer(t *testing.T, rec *httptest.ResponseRecorder) *admissionv1.Adm
 
 func TestFieldsAnswer(t *testing.T) {
 	_, fields := testHandlers(t, tenRules(t))
-	old := bigDeployment(3, "registry.example.com/shop/app:1", "a")
+	old := admissiontest.BigDeployment(3, "registry.example.com/shop/app:1", "a")
 
 	t.Run("a pass is allowed without annotations", func(t *testing.T) {
-		resp := decodeAnswer(t, post(fields, updateReview(t, "alice", old, bigDeployment(3, "registry.example.com/shop/app:1", "a"))))
+		resp := decodeAnswer(t, post(fields, admissiontest.UpdateReview(t, "alice", old, admissiontest.BigDeployment(3, "registry.example.com/shop/app:1", "a"))))
 		if !resp.Allowed || len(resp.AuditAnnotations) != 0 || len(resp.Warnings) != 0 || resp.UID != "0c9e4b8e-7f2f-4d7c-9d7a-1f2e3d4c5b6a" {
 			t.Fatalf("got %+v", resp)
 		}
 	})
 	t.Run("a Warn violation is allowed with a warning and an annotation", func(t *testing.T) {
-		resp := decodeAnswer(t, post(fields, updateReview(t, "alice", old, bigDeployment(3, "registry.example.com/shop/app:2", "a"))))
+		resp := decodeAnswer(t, post(fields, admissiontest.UpdateReview(t, "alice", old, admissiontest.BigDeployment(3, "registry.example.com/shop/app:2", "a"))))
 		if !resp.Allowed || len(resp.Warnings) != 1 || !strings.Contains(resp.Warnings[0], "containers[name=app].image is owned by argocd, group deployers") {
 			t.Fatalf("got %+v", resp)
 		}
@@ -72,7 +73,7 @@ func TestFieldsAnswer(t *testing.T) {
 		}
 	})
 	t.Run("a Deny violation is refused with 422 Invalid, naming the object, and a cause per field", func(t *testing.T) {
-		resp := decodeAnswer(t, post(fields, updateReview(t, "alice", old, bigDeployment(5, "registry.example.com/shop/app:1", "b"))))
+		resp := decodeAnswer(t, post(fields, admissiontest.UpdateReview(t, "alice", old, admissiontest.BigDeployment(5, "registry.example.com/shop/app:1", "b"))))
 		if resp.Allowed || resp.Result == nil || resp.Result.Code != 422 || resp.Result.Reason != "Invalid" {
 			t.Fatalf("got %+v", resp)
 		}
@@ -95,7 +96,7 @@ func TestFieldsAnswer(t *testing.T) {
 		}
 	})
 	t.Run("the answer is the same when asked twice", func(t *testing.T) {
-		body := updateReview(t, "alice", old, bigDeployment(5, "registry.example.com/shop/app:2", "b"))
+		body := admissiontest.UpdateReview(t, "alice", old, admissiontest.BigDeployment(5, "registry.example.com/shop/app:2", "b"))
 		a, b := post(fields, body).Body.String(), post(fields, body).Body.String()
 		if a != b {
 			t.Fatalf("answers differ:\n%s\n%s", a, b)
@@ -106,9 +107,9 @@ func TestFieldsAnswer(t *testing.T) {
 func TestStampAnswer(t *testing.T) {
 	p, _ := policy.Compile(stampPolicy())
 	stamp, _ := testHandlers(t, policy.NewSet(p))
-	cur := bigDeployment(3, "x", "a")
+	cur := admissiontest.BigDeployment(3, "x", "a")
 	cur.ResourceVersion = ""
-	resp := decodeAnswer(t, post(stamp, updateReview(t, "alice", bigDeployment(3, "x", "a"), cur)))
+	resp := decodeAnswer(t, post(stamp, admissiontest.UpdateReview(t, "alice", admissiontest.BigDeployment(3, "x", "a"), cur)))
 	if resp.Allowed || resp.Result.Code != 422 || resp.Result.Reason != "Invalid" {
 		t.Fatalf("got %+v", resp)
 	}
@@ -374,8 +375,8 @@ func TestOversizedReviewsLeaveNoBuffersBehind(t *testing.T) {
 func FuzzReview(f *testing.F) {
 	p, _ := policy.Compile(stampPolicy())
 	stamp, fields := testHandlers(f, policy.NewSet(p, tenRulesPolicy(f)))
-	old := bigDeployment(3, "a", "x")
-	f.Add(updateReview(f, "alice", old, bigDeployment(5, "b", "y")))
+	old := admissiontest.BigDeployment(3, "a", "x")
+	f.Add(admissiontest.UpdateReview(f, "alice", old, admissiontest.BigDeployment(5, "b", "y")))
 	f.Add([]byte(`{"apiVersion":"admission.k8s.io/v1","kind":"AdmissionReview","request":{"uid":"u","resource":{"group":"apps","resource":"deployments"},"operation":"DELETE","name":"","options":{"preconditions":{"uid":7}}}}`))
 	f.Add([]byte(`{"apiVersion":"admission.k8s.io/v1","kind":"AdmissionReview","request":{"uid":"u","resource":{"group":"apps","resource":"deployments"},"subResource":"scale","operation":"UPDATE","object":{"spec":{"replicas":"3"}},"oldObject":{"spec":{}}}}`))
 	f.Fuzz(func(t *testing.T, body []byte) {
@@ -450,7 +451,7 @@ func TestDenialLinesAreLimited(t *testing.T) {
 // Every denial is counted; at info level only the first lines of a burst
 // are logged, at debug level all of them.
 func TestDenialsLoggedAndCounted(t *testing.T) {
-	body := updateReview(t, "alice", bigDeployment(3, "registry.example.com/shop/app:1", "a"), bigDeployment(3, "registry.example.com/shop/app:1", "b"))
+	body := admissiontest.UpdateReview(t, "alice", admissiontest.BigDeployment(3, "registry.example.com/shop/app:1", "a"), admissiontest.BigDeployment(3, "registry.example.com/shop/app:1", "b"))
 	const burst = 3 * denialLinesPerSecond
 	for _, c := range []struct {
 		level   string

@@ -8,30 +8,9 @@ import (
 	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
-	"github.com/stampguard/stampguard/policy"
+	"github.com/stampguard/stampguard/policy/admission/admissiontest"
 	"github.com/stampguard/stampguard/policy/api/v1alpha1"
 )
-
-func compileSet(t *testing.T, ps ...*v1alpha1.ConcurrencyPolicy) *policy.Set {
-	t.Helper()
-	var out []*policy.Policy
-	for _, p := range ps {
-		c, err := policy.Compile(p)
-		if err != nil {
-			t.Fatal(err)
-		}
-		out = append(out, c)
-	}
-	return policy.NewSet(out...)
-}
-
-func conditionNames(cs []admissionregistrationv1.MatchCondition) []string {
-	var out []string
-	for _, c := range cs {
-		out = append(out, c.Name)
-	}
-	return out
-}
 
 func TestConfigurationsPrefilter(t *testing.T) {
 	base := ConfigOptions{URL: "https://127.0.0.1:9443", NamespaceSelector: &metav1.LabelSelector{
@@ -66,12 +45,12 @@ func TestConfigurationsPrefilter(t *testing.T) {
 	t.Run("with RouteAll every guarded write is routed, whatever the policies", func(t *testing.T) {
 		o := base
 		o.RouteAll = true
-		o.Policies = compileSet(t, owners)
+		o.Policies = admissiontest.CompileSet(t, owners)
 		mut, val := Configurations(o)
-		if got := conditionNames(val.Webhooks[0].MatchConditions); !slices.Equal(got, []string{"not-helm-release", "not-break-glass"}) {
+		if got := admissiontest.ConditionNames(val.Webhooks[0].MatchConditions); !slices.Equal(got, []string{"not-helm-release", "not-break-glass"}) {
 			t.Fatalf("validating conditions %v", got)
 		}
-		if got := conditionNames(mut.Webhooks[0].MatchConditions); !slices.Equal(got, []string{"stampless-update", "not-helm-release", "not-break-glass"}) {
+		if got := admissiontest.ConditionNames(mut.Webhooks[0].MatchConditions); !slices.Equal(got, []string{"stampless-update", "not-helm-release", "not-break-glass"}) {
 			t.Fatalf("mutating conditions %v", got)
 		}
 		if n := len(val.Webhooks[0].Rules); n != len(DefaultGuardedResources) {
@@ -84,10 +63,10 @@ func TestConfigurationsPrefilter(t *testing.T) {
 
 	t.Run("with policies each webhook routes only what they guard", func(t *testing.T) {
 		o := base
-		o.Policies = compileSet(t, owners)
+		o.Policies = admissiontest.CompileSet(t, owners)
 		mut, val := Configurations(o)
 		vw := val.Webhooks[0]
-		if got := conditionNames(vw.MatchConditions); !slices.Equal(got, []string{FieldsPolicyCondition, "not-helm-release", "not-break-glass"}) {
+		if got := admissiontest.ConditionNames(vw.MatchConditions); !slices.Equal(got, []string{FieldsPolicyCondition, "not-helm-release", "not-break-glass"}) {
 			t.Fatalf("validating conditions %v", got)
 		}
 		want := []admissionregistrationv1.RuleWithOperations{{
@@ -118,7 +97,7 @@ func TestConfigurationsPrefilter(t *testing.T) {
 		bad := owners.DeepCopy()
 		bad.Spec.Match.Namespaces = []string{"Team_A", "web"}
 		o := base
-		o.Policies = compileSet(t, bad)
+		o.Policies = admissiontest.CompileSet(t, bad)
 		_, val := Configurations(o)
 		sel := val.Webhooks[0].NamespaceSelector
 		if r := sel.MatchExpressions[len(sel.MatchExpressions)-1]; r.Key != namespaceNameLabel || !slices.Equal(r.Values, []string{"web"}) {
@@ -128,7 +107,7 @@ func TestConfigurationsPrefilter(t *testing.T) {
 
 	t.Run("a wildcard policy narrows by namespace while namespaces are not routed", func(t *testing.T) {
 		o := base
-		o.Policies = compileSet(t, &v1alpha1.ConcurrencyPolicy{
+		o.Policies = admissiontest.CompileSet(t, &v1alpha1.ConcurrencyPolicy{
 			ObjectMeta: metav1.ObjectMeta{Name: "all"},
 			Spec: v1alpha1.ConcurrencyPolicySpec{
 				Match:                  v1alpha1.Match{Resources: []v1alpha1.ResourceMatch{{Group: "*", Resource: "*"}}},
@@ -145,7 +124,7 @@ func TestConfigurationsPrefilter(t *testing.T) {
 	t.Run("a policy that guards namespaces themselves does not narrow by namespace", func(t *testing.T) {
 		o := base
 		o.Resources = append(slices.Clone(DefaultGuardedResources), GuardedResource{Resource: "namespaces"})
-		o.Policies = compileSet(t, owners, &v1alpha1.ConcurrencyPolicy{
+		o.Policies = admissiontest.CompileSet(t, owners, &v1alpha1.ConcurrencyPolicy{
 			ObjectMeta: metav1.ObjectMeta{Name: "all"},
 			Spec: v1alpha1.ConcurrencyPolicySpec{
 				Match:                  v1alpha1.Match{Resources: []v1alpha1.ResourceMatch{{Group: "*", Resource: "*"}}, Namespaces: []string{"web"}},
@@ -156,7 +135,7 @@ func TestConfigurationsPrefilter(t *testing.T) {
 		if !reflect.DeepEqual(mut.Webhooks[0].NamespaceSelector, baseSel) {
 			t.Fatalf("namespaceSelector %v narrowed although a namespace object matches by its own labels", mut.Webhooks[0].NamespaceSelector)
 		}
-		if got := conditionNames(mut.Webhooks[0].MatchConditions); !slices.Equal(got, []string{"stampless-update", StampPolicyCondition, "not-helm-release", "not-break-glass"}) {
+		if got := admissiontest.ConditionNames(mut.Webhooks[0].MatchConditions); !slices.Equal(got, []string{"stampless-update", StampPolicyCondition, "not-helm-release", "not-break-glass"}) {
 			t.Fatalf("mutating conditions %v", got)
 		}
 	})

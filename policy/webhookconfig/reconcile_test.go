@@ -13,6 +13,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/stampguard/stampguard/internal/kubetest"
+	"github.com/stampguard/stampguard/policy/admission/admissiontest"
 	"github.com/stampguard/stampguard/policy/api/v1alpha1"
 )
 
@@ -86,7 +87,7 @@ func TestConfigSync(t *testing.T) {
 		if raced.Labels["edited-by"] != "someone-else" {
 			t.Fatalf("the concurrent edit was overwritten: labels %v", raced.Labels)
 		}
-		if c := conditionNames(raced.Webhooks[0].MatchConditions); len(c) != 4 || c[1] != StampPolicyCondition {
+		if c := admissiontest.ConditionNames(raced.Webhooks[0].MatchConditions); len(c) != 4 || c[1] != StampPolicyCondition {
 			t.Fatalf("the retried update did not land: conditions %v", c)
 		}
 		cur := get()

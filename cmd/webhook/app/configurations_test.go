@@ -20,7 +20,7 @@ import (
 	"sigs.k8s.io/yaml"
 
 	"github.com/stampguard/stampguard/internal/pkitest"
-	"github.com/stampguard/stampguard/policy"
+	"github.com/stampguard/stampguard/policy/admission/admissiontest"
 	"github.com/stampguard/stampguard/policy/api/v1alpha1"
 	"github.com/stampguard/stampguard/policy/webhookconfig"
 )
@@ -229,7 +229,7 @@ func TestDefaultConfigurationsAreSafe(t *testing.T) {
 	all.RouteAll = true
 	allMut, allVal := webhookconfig.Configurations(all)
 	guarded := o
-	guarded.Policies = compileSet(t, &v1alpha1.ConcurrencyPolicy{
+	guarded.Policies = admissiontest.CompileSet(t, &v1alpha1.ConcurrencyPolicy{
 		ObjectMeta: metav1.ObjectMeta{Name: "everywhere"},
 		Spec: v1alpha1.ConcurrencyPolicySpec{
 			Match:                  v1alpha1.Match{Resources: []v1alpha1.ResourceMatch{{Resource: "secrets"}}, Namespaces: []string{"shop", "kube-system", "stampguard-system"}},
@@ -284,35 +284,11 @@ func TestConfigFlagsPolicyFile(t *testing.T) {
 		t.Fatal("--policy-file loaded no policies")
 	}
 	_, val := webhookconfig.Configurations(o)
-	if got := conditionNames(val.Webhooks[0].MatchConditions); !slices.Contains(got, webhookconfig.FieldsPolicyCondition) {
+	if got := admissiontest.ConditionNames(val.Webhooks[0].MatchConditions); !slices.Contains(got, webhookconfig.FieldsPolicyCondition) {
 		t.Fatalf("the configurations are not narrowed by the file's policies: conditions %v", got)
 	}
 	err := fs.Parse([]string{"--policy-file", "no-such-file.yaml"})
 	if err == nil || !strings.Contains(err.Error(), "no-such-file.yaml") {
 		t.Fatalf("want an error naming the missing file, got %v", err)
 	}
-}
-
-// compileSet and conditionNames are policy/webhookconfig's (prefilter_test.go
-// there), copied: a package's test files cannot be imported.
-
-func compileSet(t *testing.T, ps ...*v1alpha1.ConcurrencyPolicy) *policy.Set {
-	t.Helper()
-	var out []*policy.Policy
-	for _, p := range ps {
-		c, err := policy.Compile(p)
-		if err != nil {
-			t.Fatal(err)
-		}
-		out = append(out, c)
-	}
-	return policy.NewSet(out...)
-}
-
-func conditionNames(cs []admissionregistrationv1.MatchCondition) []string {
-	var out []string
-	for _, c := range cs {
-		out = append(out, c.Name)
-	}
-	return out
 }

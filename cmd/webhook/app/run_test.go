@@ -22,6 +22,7 @@ import (
 	"github.com/stampguard/stampguard/internal/pkitest"
 	"github.com/stampguard/stampguard/policy"
 	"github.com/stampguard/stampguard/policy/admission"
+	"github.com/stampguard/stampguard/policy/admission/admissiontest"
 	"github.com/stampguard/stampguard/policy/webhookconfig"
 )
 
@@ -85,9 +86,9 @@ func TestRunFileMode(t *testing.T) {
 	}
 
 	// A stampless update through TLS is refused by the file's policy.
-	cur := bigDeployment(3, "x", "a")
+	cur := admissiontest.BigDeployment(3, "x", "a")
 	cur.ResourceVersion = ""
-	body := updateReview(t, "alice", bigDeployment(3, "x", "a"), cur)
+	body := admissiontest.UpdateReview(t, "alice", admissiontest.BigDeployment(3, "x", "a"), cur)
 	client := &http.Client{Transport: &http.Transport{TLSClientConfig: &tls.Config{InsecureSkipVerify: true}}} //nolint:gosec // a test certificate
 	resp, err := client.Post("https://127.0.0.1:"+strconv.Itoa(port)+admission.StampPath, "application/json", bytes.NewReader(body))
 	if err != nil {

@@ -1,4 +1,13 @@
-package app
+// Package admissiontest holds the test fixtures that the webhook's test
+// packages share: a realistic Deployment, the AdmissionReview the
+// apiserver sends for an update of it, and policy sets with the match
+// conditions they narrow the webhook configurations by. It exists because
+// a package's _test.go files cannot be imported, so policy/admission,
+// policy/webhookconfig and cmd/webhook/app kept copies of each other's.
+//
+// It is imported by tests only (its helpers take a testing.TB and fail it),
+// never by the webhook's own code.
+package admissiontest
 
 import (
 	"encoding/json"
@@ -16,14 +25,10 @@ import (
 	"k8s.io/utils/ptr"
 )
 
-// bigDeployment and updateReview are policy/admission's review fixtures
-// (fixtures_test.go there), copied: a package's test files cannot be
-// imported, and TestRunFileMode sends the review the handler tests do.
-
-// bigDeployment is a realistic Deployment of about 15 KB: several containers
+// BigDeployment is a realistic Deployment of about 15 KB: several containers
 // with env, probes and resources, annotations and managed fields, as the
 // apiserver serialises it.
-func bigDeployment(replicas int32, image, team string) *appsv1.Deployment {
+func BigDeployment(replicas int32, image, team string) *appsv1.Deployment {
 	labels := map[string]string{"app": "web", "team": team, "app.kubernetes.io/name": "web", "app.kubernetes.io/part-of": "shop"}
 	var containers []corev1.Container
 	for i, name := range []string{"app", "sidecar", "proxy", "metrics"} {
@@ -64,8 +69,8 @@ func bigDeployment(replicas int32, image, team string) *appsv1.Deployment {
 	}
 }
 
-// updateReview records an UPDATE of the deployment as the apiserver sends it.
-func updateReview(t testing.TB, user string, old, cur *appsv1.Deployment) []byte {
+// UpdateReview records an UPDATE of the deployment as the apiserver sends it.
+func UpdateReview(t testing.TB, user string, old, cur *appsv1.Deployment) []byte {
 	t.Helper()
 	raw := func(o runtime.Object) runtime.RawExtension {
 		b, err := json.Marshal(o)
