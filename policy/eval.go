@@ -89,7 +89,8 @@ type Environment struct {
 
 // DefaultProtectedNamespaces are always protected, the cluster's own
 // machinery lives there; the webhook adds its own namespace. The webhook
-// configurations exclude them too (admission.ConfigOptions).
+// configurations exclude them too (webhookconfig.ConfigOptions'
+// ExcludedNamespaces defaults to them).
 var DefaultProtectedNamespaces = []string{"kube-system", "kube-node-lease"}
 
 // Set is an immutable, ordered collection of compiled policies.

@@ -391,8 +391,9 @@ func calls(t testing.TB, f policy.WebhookFilter, m matchconditions.Matcher, s sa
 	return r.Matches, r.Error
 }
 
-// stamplessCondition is admission.StamplessCondition (the policy package
-// cannot import admission).
+// stamplessCondition is policy.StamplessCondition spelled out: the stamp
+// webhook's matchCondition, which the configurations give the apiserver as
+// webhookconfig.StamplessCondition.
 const stamplessCondition = `!has(object.metadata.resourceVersion) || object.metadata.resourceVersion == ''`
 
 type propertyStats struct {
