@@ -17,6 +17,10 @@ var (
 	QueryStamplessUpdates    = asql.StamplessUpdates
 	QueryLeaseHolderChanges  = asql.LeaseHolderChanges
 	QueryPolicyDecisions     = asql.PolicyDecisions
+	QueryLostUpdates         = asql.LostUpdates
+	QueryFieldFights         = asql.FieldFights
+	QueryConflictCauses      = asql.ConflictCauses
+	QueryNoopWrites          = asql.NoopWrites
 )
 
 // All lists every statement of the report.

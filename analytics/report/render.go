@@ -19,9 +19,10 @@ func WriteJSON(w io.Writer, r *Report) error {
 // tableWidth is the terminal width the table fits in.
 const tableWidth = 100
 
-// WriteTable writes a terminal report, most urgent findings first:
-// unresolved retry loops, hot objects, conflicts by writer and resource,
-// stampless writers, lease churn, stampguard decisions.
+// WriteTable writes a terminal report, most urgent findings first: lost
+// updates, field fights, unresolved retry loops, hot objects, conflicts by
+// writer and resource and who caused them, stampless writers, writes that
+// stored nothing, lease churn, stampguard decisions.
 func WriteTable(w io.Writer, r *Report, o Options) error {
 	p := &printer{w: w}
 	scope := "cluster " + quoteEmpty(o.Cluster)
@@ -47,6 +48,22 @@ func WriteTable(w io.Writer, r *Report, o Options) error {
 		t.FieldConflicts, t.AlreadyExists, t.DeletePreconditionConflicts, t.OtherConflicts)
 	p.line("stampless updates %d   gone (410) %d", t.StamplessUpdates, t.Gone)
 
+	var rows [][]string
+	for _, l := range r.LostUpdates {
+		rows = append(rows, []string{object(l.APIGroup, l.Resource, l.Namespace, l.Name) + " " + l.Field,
+			l.OverwrittenWriter + " -> " + l.Writer, l.Cause, shortTime(l.Time)})
+	}
+	p.table("LOST UPDATES (a change overwritten by a writer that had not seen it)", "none",
+		[]string{"OBJECT FIELD", "OVERWRITTEN -> BY", "CAUSE", "AT"}, []int{44, 26, 15, 14}, rows)
+
+	rows = nil
+	for _, f := range r.FieldFights {
+		rows = append(rows, []string{object(f.APIGroup, f.Resource, f.Namespace, f.Name) + " " + f.Field,
+			strings.Join(f.Writers, ", "), fmt.Sprint(f.Changes), fmt.Sprint(f.Handoffs)})
+	}
+	p.table("FIELD FIGHTS (fields changing hands between writers)", "none",
+		[]string{"OBJECT FIELD", "WRITERS", "CHANGES", "HANDOFFS"}, []int{46, 32, 7, 8}, rows)
+
 	var unresolved, resolved []RetryLoop
 	for _, l := range r.RetryLoops {
 		if l.Resolved {
@@ -68,7 +85,7 @@ func WriteTable(w io.Writer, r *Report, o Options) error {
 		p.table("RESOLVED RETRY LOOPS", "", []string{"WRITER", "OBJECT", "CONFLICTS", "FIRST", "LAST"}, []int{18, 32, 9, 14, 14}, loopRows(resolved))
 	}
 
-	var rows [][]string
+	rows = nil
 	for _, h := range r.HotObjects {
 		rows = append(rows, []string{object(h.APIGroup, h.Resource, h.Namespace, h.Name), fmt.Sprint(h.VersionConflicts), fmt.Sprint(h.DistinctWriters), fmt.Sprint(h.WriteAttempts)})
 	}
@@ -87,10 +104,26 @@ func WriteTable(w io.Writer, r *Report, o Options) error {
 	p.table("VERSION CONFLICTS BY RESOURCE", "none", []string{"RESOURCE", "CONFLICTS", "ATTEMPTS", "RATE"}, []int{62, 9, 8, 6}, rows)
 
 	rows = nil
+	for _, c := range r.ConflictCauses {
+		by := c.BlockedBy
+		if by == "" {
+			by = "(not in the field history)"
+		}
+		rows = append(rows, []string{c.Writer, by, fmt.Sprint(c.Conflicts)})
+	}
+	p.table("WHO CAUSED THE VERSION CONFLICTS", "none", []string{"WRITER", "BLOCKED BY", "CONFLICTS"}, []int{40, 40, 9}, rows)
+
+	rows = nil
 	for _, s := range r.StamplessUpdates {
 		rows = append(rows, []string{s.User, object(s.APIGroup, s.Resource, s.Namespace, s.Name), fmt.Sprint(s.Count)})
 	}
 	p.table("STAMPLESS UPDATES (blind overwrites that succeeded)", "none", []string{"WRITER", "OBJECT", "UPDATES"}, []int{30, 52, 7}, rows)
+
+	rows = nil
+	for _, n := range r.NoopWrites {
+		rows = append(rows, []string{n.User, fmt.Sprint(n.Count)})
+	}
+	p.table("WRITES THAT STORED NOTHING (the same state sent again)", "none", []string{"WRITER", "WRITES"}, []int{70, 9}, rows)
 
 	rows = nil
 	for _, l := range r.LeaseHolderChanges {

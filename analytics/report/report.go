@@ -97,6 +97,7 @@ func Build(ctx context.Context, conn driver.Conn, o Options) (*Report, error) {
 	t := &r.Totals
 	r.ConflictsByUser, r.ConflictsByResource, r.HotObjects = []UserConflicts{}, []ResourceConflicts{}, []HotObject{}
 	r.RetryLoops, r.StamplessUpdates, r.LeaseHolderChanges, r.PolicyDecisions = []RetryLoop{}, []StamplessUpdates{}, []LeaseChanges{}, []PolicyDecisions{}
+	r.LostUpdates, r.FieldFights, r.ConflictCauses, r.NoopWrites = []LostUpdate{}, []FieldFight{}, []ConflictCause{}, []NoopWrites{}
 	err := q.parallel(o.parallel,
 		run{QueryTotals, t.scan},
 		// The rate columns are for the dashboards; the report's JSON
@@ -130,6 +131,29 @@ func Build(ctx context.Context, conn driver.Conn, o Options) (*Report, error) {
 		run{QueryPolicyDecisions, collect(&r.PolicyDecisions, func(p *PolicyDecisions) []any {
 			return []any{&p.Policy, &p.Kind, &p.Action, &p.Count}
 		})},
+		run{QueryLostUpdates, func(rows driver.Rows) error {
+			var l LostUpdate
+			var at, overwritten uint64
+			err := rows.Scan(&l.APIGroup, &l.Resource, &l.Namespace, &l.Name, &l.Field, &l.Writer, &l.OverwrittenWriter, &l.Cause,
+				&l.AuditID, &l.OverwrittenAuditID, &at, &overwritten)
+			l.Time, l.OverwrittenTime = microsTime(at), microsTime(overwritten)
+			r.LostUpdates = append(r.LostUpdates, l)
+			return err
+		}},
+		run{QueryFieldFights, func(rows driver.Rows) error {
+			var f FieldFight
+			var first, last uint64
+			err := rows.Scan(&f.APIGroup, &f.Resource, &f.Namespace, &f.Name, &f.Field, &f.Writers, &f.Changes, &f.Handoffs, &first, &last)
+			f.First, f.Last = microsTime(first), microsTime(last)
+			r.FieldFights = append(r.FieldFights, f)
+			return err
+		}},
+		run{QueryConflictCauses, collect(&r.ConflictCauses, func(c *ConflictCause) []any {
+			return []any{&c.Writer, &c.BlockedBy, &c.Conflicts}
+		})},
+		run{QueryNoopWrites, collect(&r.NoopWrites, func(n *NoopWrites) []any {
+			return []any{&n.User, &n.Count}
+		})},
 	)
 	if err != nil {
 		return nil, err
@@ -139,6 +163,9 @@ func Build(ctx context.Context, conn driver.Conn, o Options) (*Report, error) {
 	}
 	return r, nil
 }
+
+// microsTime writes Unix microseconds as the report writes instants.
+func microsTime(us uint64) string { return time.UnixMicro(int64(us)).UTC().Format(TimeFormat) }
 
 // split decides where the window is read from: the clean hours of the
 // window from their caches (and the whole minutes of the hours it cuts;

@@ -14,6 +14,10 @@ type Report struct {
 	StamplessUpdates    []StamplessUpdates  `json:"stampless_updates"`
 	LeaseHolderChanges  []LeaseChanges      `json:"lease_holder_changes"`
 	PolicyDecisions     []PolicyDecisions   `json:"policy_decisions"`
+	LostUpdates         []LostUpdate        `json:"lost_updates"`
+	FieldFights         []FieldFight        `json:"field_fights"`
+	ConflictCauses      []ConflictCause     `json:"conflict_causes"`
+	NoopWrites          []NoopWrites        `json:"noop_writes"`
 }
 
 // Window is the half-open interval [Since, Until), RFC3339 with microseconds.
@@ -101,4 +105,51 @@ type PolicyDecisions struct {
 	Kind   string `json:"kind"`
 	Action string `json:"action"`
 	Count  uint64 `json:"count"`
+}
+
+// LostUpdate is a write that changed a field another writer had set,
+// without having seen that value (analytics/sql.LostCause): the change
+// overwritten, by whom, and how.
+type LostUpdate struct {
+	APIGroup           string `json:"api_group"`
+	Resource           string `json:"resource"`
+	Namespace          string `json:"namespace"`
+	Name               string `json:"name"`
+	Field              string `json:"field"`
+	Writer             string `json:"writer"`
+	OverwrittenWriter  string `json:"overwritten_writer"`
+	Cause              string `json:"cause"`
+	AuditID            string `json:"audit_id"`
+	OverwrittenAuditID string `json:"overwritten_audit_id"`
+	Time               string `json:"time"`
+	OverwrittenTime    string `json:"overwritten_time"`
+}
+
+// FieldFight is a field of one object that changed hands between writers
+// again and again in the window.
+type FieldFight struct {
+	APIGroup  string   `json:"api_group"`
+	Resource  string   `json:"resource"`
+	Namespace string   `json:"namespace"`
+	Name      string   `json:"name"`
+	Field     string   `json:"field"`
+	Writers   []string `json:"writers"`
+	Changes   uint64   `json:"changes"`
+	Handoffs  uint64   `json:"handoffs"`
+	First     string   `json:"first"`
+	Last      string   `json:"last"`
+}
+
+// ConflictCause counts the version conflicts of Writer that writes of
+// BlockedBy caused ("" when the history holds none of them).
+type ConflictCause struct {
+	Writer    string `json:"writer"`
+	BlockedBy string `json:"blocked_by"`
+	Conflicts uint64 `json:"conflicts"`
+}
+
+// NoopWrites counts one writer's writes that stored nothing.
+type NoopWrites struct {
+	User  string `json:"user"`
+	Count uint64 `json:"count"`
 }

@@ -562,4 +562,5 @@ LIMIT @top`
 var ReportStatements = []Statement{
 	Totals, ConflictsByUser, ConflictsByResource, HotObjects,
 	RetryLoops, StamplessUpdates, LeaseHolderChanges, PolicyDecisions,
+	LostUpdates, FieldFights, ConflictCauses, NoopWrites,
 }
