@@ -36,7 +36,7 @@ const historyVersions = `(
 // laundered_stamp (kubectl replace's PUT of a manifest, whose body holds
 // no managedFields: the stamp was copied in from a GET just before, not
 // read with the content), forced_apply (a server-side apply with force),
-// patch (any other patch but an apply), create, or '' (a stamped update
+// patch (any other patch but an apply), create, or ” (a stamped update
 // of an object as read, or an apply without force: it saw what it
 // changed, or could not take a field another manager owns).
 const WriteBasis = `multiIf(verb = 'create', 'create',
@@ -57,7 +57,7 @@ const fieldSets = `(
 // fieldChanges are the changes of each object field in the window, one
 // row per change: the version that set a value other than the one
 // before, who set it (writer, on basis) and who had set the value it
-// replaced (prev_writer; '' when that was before the window). A field
+// replaced (prev_writer; ” when that was before the window). A field
 // is known at a version that shows it, and absent from a version that
 // shows the whole object (full_view): a Scale shows spec.replicas alone.
 // A create sets every field; its own row is no change.
@@ -102,7 +102,7 @@ FROM (
 ARRAY JOIN arrayEnumerate(sets) AS j
 WHERE sets[j] = 1 AND j > 1 AND kbases[j] != 'create')`
 
-// LostCause is the cause of a lost update, '' for a change that lost
+// LostCause is the cause of a lost update, ” for a change that lost
 // nothing: a write that changed a field another writer had set, on a basis
 // that shows it had not seen that value (stampless, laundered_stamp,
 // forced_apply), or a patch that dropped list items the other writer had
