@@ -16,7 +16,7 @@ func normalize(r *audit.Row) {
 	r.Raw = ""
 	r.ImpersonatedGroups, r.RequestObject, r.ResponseObject = nil, "", ""
 	if r.ObjectVersion == 0 { // a row without a history keeps none of it
-		r.Force, r.Apply, r.FullView, r.RequestManaged, r.Fields = false, false, false, false, audit.Fields{}
+		r.Force, r.Apply, r.FullView, r.RequestManaged, r.Created, r.Fields = false, false, false, false, false, audit.Fields{}
 	}
 	if len(r.Fields.Paths) == 0 {
 		r.Fields = audit.Fields{}
@@ -76,7 +76,7 @@ func decode(rec string) (*batch, error) {
 		d.readHistory(&h, true)
 		if d.err == nil && len(b.rows) > 0 {
 			r := &b.rows[len(b.rows)-1]
-			r.ObjectVersion, r.FullView, r.RequestManaged, r.Force, r.Apply = h.ObjectVersion, h.FullView, h.RequestManaged, h.Force, h.Apply
+			r.ObjectVersion, r.FullView, r.RequestManaged, r.Force, r.Apply, r.Created = h.ObjectVersion, h.FullView, h.RequestManaged, h.Force, h.Apply, h.Created
 			r.Fields = audit.Fields{Paths: h.Paths, Hashes: h.Hashes}
 		}
 	}, func(dl audit.DeadLetter) { b.dead = append(b.dead, dl) })

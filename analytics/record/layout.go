@@ -29,13 +29,15 @@ const (
 )
 
 // A history entry: the object version (uvarint), the flags (uvarint: bit
-// 0 FullView, bit 1 RequestManaged, bit 2 Force, bit 3 Apply), the number of fields,
+// 0 FullView, bit 1 RequestManaged, bit 2 Force, bit 3 Apply, bit 4
+// Created), the number of fields,
 // then each field's path (a string) and hash (8 bytes, little endian).
 const (
 	histFullView = 1 << iota
 	histRequestManaged
 	histForce
 	histApply
+	histCreated
 )
 
 // AppendHeader starts a record for cluster: the rows and dead letters
@@ -85,6 +87,9 @@ func AppendRow(dst []byte, r *audit.Row) []byte {
 	}
 	if r.Apply {
 		flags |= histApply
+	}
+	if r.Created {
+		flags |= histCreated
 	}
 	dst = append(dst, tagHistory)
 	dst = binary.AppendUvarint(dst, r.ObjectVersion)
@@ -138,10 +143,10 @@ func readRecord(rec string, row func(cluster string, d *recordReader), history f
 // History is the field history of one row, as its history entry holds
 // it; Paths and Hashes are the entry's own (readHistory allocates them).
 type History struct {
-	ObjectVersion                          uint64
-	FullView, RequestManaged, Force, Apply bool
-	Paths                                  []string
-	Hashes                                 []uint64
+	ObjectVersion                                   uint64
+	FullView, RequestManaged, Force, Apply, Created bool
+	Paths                                           []string
+	Hashes                                          []uint64
 }
 
 // readHistory reads a history entry; with fields false it skips the
@@ -150,6 +155,7 @@ func (d *recordReader) readHistory(h *History, fields bool) {
 	h.ObjectVersion = d.uvarint()
 	flags := d.uvarint()
 	h.FullView, h.RequestManaged, h.Force, h.Apply = flags&histFullView != 0, flags&histRequestManaged != 0, flags&histForce != 0, flags&histApply != 0
+	h.Created = flags&histCreated != 0
 	n := d.count()
 	if fields {
 		h.Paths, h.Hashes = make([]string, 0, n), make([]uint64, 0, n)

@@ -239,9 +239,10 @@ func TestBuild(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		// Lease holders and policy decisions are read from events alone.
+		// Lease holders, policy decisions and conflict causes are read
+		// from events alone.
 		for _, r := range []*Report{cached, again} {
-			r.LeaseHolderChanges, r.PolicyDecisions = nil, nil
+			r.LeaseHolderChanges, r.PolicyDecisions, r.ConflictCauses = nil, nil, nil
 		}
 		if fmt.Sprint(again) != fmt.Sprint(cached) {
 			t.Errorf("without events the cached hours say\n%+v\nwith them\n%+v", again, cached)

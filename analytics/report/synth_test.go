@@ -57,11 +57,11 @@ SELECT toDate(toDateTime(intDiv(ts, 1000000)), 'UTC'), toDateTime(intDiv(ts, 100
 	// another writer.
 	h := fmt.Sprintf(`
 INSERT INTO %[1]s.field_versions (event_date, cluster, api_group, resource, namespace, name, object_version, event_time_us, request_received_us,
-	audit_id, stage, fingerprint, verb, subresource, writer, field_manager, stamp, full_view, request_managed, force, apply, field_paths, field_hashes)
+	audit_id, stage, fingerprint, verb, subresource, writer, field_manager, stamp, full_view, request_managed, force, apply, created, field_paths, field_hashes)
 SELECT toDate(toDateTime(intDiv(ts + copy * 1000, 1000000)), 'UTC'), @cluster, grp, res, ns, nm, number + 1, ts + copy * 1000, ts - lat + copy * 1000,
 	concat('synth-', toString(@seed), '-', toString(number), if(copy = 1, '-noop', '')), 'ResponseComplete', h1 + copy, verb, '',
 	if(copy = 1, concat(usr, '-again'), usr), if(h5 %% 11 = 0, 'kubectl-replace', ''), stamp, 1, toUInt8(h4 %% 2 = 0),
-	toUInt8(verb = 'patch' AND h6 %% 7 = 0), toUInt8(verb = 'patch' AND h6 %% 3 = 0),
+	toUInt8(verb = 'patch' AND h6 %% 7 = 0), toUInt8(verb = 'patch' AND h6 %% 3 = 0), toUInt8(verb = 'create'),
 	arrayConcat(['data.a'], if(h7 %% 4 != 0, ['spec.replicas'], CAST([] AS Array(String))), if(h4 %% 2 = 0, ['metadata.finalizers[*]', 'metadata.finalizers[*]'], ['metadata.finalizers[*]'])),
 	arrayConcat([1 + h6 %% 3], if(h7 %% 4 != 0, [10 + h7 %% 2], CAST([] AS Array(UInt64))), if(h4 %% 2 = 0, [100, 101], [100]))
 `, db) + `FROM (` + synthRows + `)

@@ -18,7 +18,7 @@ package sql
 // fieldVersions are the window's field history rows, one per identity.
 const fieldVersions = `(
 	SELECT api_group, resource, namespace, name, object_version, event_time_us, audit_id, verb, writer, stamp,
-		field_manager, full_view, request_managed, force, apply, field_paths, field_hashes
+		field_manager, full_view, request_managed, force, apply, created, field_paths, field_hashes
 	FROM {db}.field_versions
 	WHERE cluster = @cluster AND {window}
 	LIMIT 1 BY cluster, audit_id, stage, fingerprint)`
@@ -36,10 +36,11 @@ const historyVersions = `(
 // laundered_stamp (kubectl replace's PUT of a manifest, whose body holds
 // no managedFields: the stamp was copied in from a GET just before, not
 // read with the content), forced_apply (a server-side apply with force),
-// patch (any other patch but an apply), create, or ” (a stamped update
+// patch (any other patch but an apply), create (a write that created the
+// object: a create, or an apply that created it), or the empty string (a stamped update
 // of an object as read, or an apply without force: it saw what it
 // changed, or could not take a field another manager owns).
-const WriteBasis = `multiIf(verb = 'create', 'create',
+const WriteBasis = `multiIf(created = 1, 'create',
 		verb = 'update' AND stamp = '', 'stampless',
 		verb = 'update' AND field_manager = 'kubectl-replace' AND request_managed = 0, 'laundered_stamp',
 		verb = 'patch' AND force = 1, 'forced_apply',
@@ -57,7 +58,7 @@ const fieldSets = `(
 // fieldChanges are the changes of each object field in the window, one
 // row per change: the version that set a value other than the one
 // before, who set it (writer, on basis) and who had set the value it
-// replaced (prev_writer; ” when that was before the window). A field
+// replaced (prev_writer; the empty string when that was before the window). A field
 // is known at a version that shows it, and absent from a version that
 // shows the whole object (full_view): a Scale shows spec.replicas alone.
 // A create sets every field; its own row is no change.
@@ -102,7 +103,7 @@ FROM (
 ARRAY JOIN arrayEnumerate(sets) AS j
 WHERE sets[j] = 1 AND j > 1 AND kbases[j] != 'create')`
 
-// LostCause is the cause of a lost update, ” for a change that lost
+// LostCause is the cause of a lost update, the empty string for a change that lost
 // nothing: a write that changed a field another writer had set, on a basis
 // that shows it had not seen that value (stampless, laundered_stamp,
 // forced_apply), or a patch that dropped list items the other writer had
@@ -140,9 +141,10 @@ LIMIT @top`}
 	// ConflictCauses attributes each version conflict to the successful
 	// writes between the stale stamp the loser sent and its 409: the
 	// history's writes of the object with a later version that were
-	// stored before the conflict's answer. A conflict whose blockers the
-	// history does not hold (not logged with their responses, or before
-	// the window) counts with blocked_by ''.
+	// stored before the conflict's answer. Only conflicts on objects with
+	// a history in the window count; one whose blockers the history does
+	// not hold (not logged with their responses, or before the window)
+	// counts with blocked_by ''.
 	ConflictCauses = Statement{Name: "conflict_causes", Title: "Who caused the version conflicts", Shape: Rows,
 		Params: with(requestFiltered, Top), Time: []Window{EventsWhole, Whole},
 		Columns: []string{"writer", "blocked_by", "conflicts"},
@@ -158,7 +160,7 @@ FROM (
 			FROM ` + DistinctEvents(`api_group, resource, namespace, name, writer, audit_id, stamp, event_time_us, cluster, stage, fingerprint`,
 			`{events_window}`, requests+` AND `+IsWrite+` AND `+VersionConflict) + `
 			WHERE stale > 0
-		) AS conflicts ALL LEFT JOIN (
+		) AS conflicts ALL INNER JOIN (
 			SELECT api_group, resource, namespace, name, object_version AS h_version, writer AS h_writer, event_time_us AS h_time
 			FROM ` + fieldVersions + `
 		) AS writes USING (api_group, resource, namespace, name)

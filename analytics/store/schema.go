@@ -556,6 +556,7 @@ var Migrations = []Migration{
 				request_managed     UInt8,
 				force               UInt8,
 				apply               UInt8,
+				created             UInt8,
 				field_paths         Array(String),
 				field_hashes        Array(UInt64)
 			) ENGINE = ReplacingMergeTree()

@@ -90,7 +90,10 @@ type Row struct {
 	// fields it shows, all of them when FullView (not a Scale, and the
 	// walk succeeded); RequestManaged says the request body carried
 	// metadata.managedFields, as a client that read the object sends it.
+	// Created says the write created the object (201), whatever its verb:
+	// a server-side apply creates with a PATCH.
 	ObjectVersion  uint64
+	Created        bool
 	Fields         Fields
 	FullView       bool
 	RequestManaged bool

@@ -392,6 +392,7 @@ func (d *Decoder) history(r *Row) {
 			}
 		}
 	}
+	r.Created = r.Code == 201
 	scale := r.Subresource == "scale"
 	r.FullView = d.History.Object(r.ResponseObject, scale, &r.Fields) == nil && !scale
 	if r.Verb == "update" && r.RequestObject != "" {

@@ -178,6 +178,11 @@ func Truth(reqs []Request, since, until time.Time, lo LoopOptions) (report.Repor
 		StamplessUpdates:    []report.StamplessUpdates{},
 		LeaseHolderChanges:  []report.LeaseChanges{},
 		PolicyDecisions:     []report.PolicyDecisions{},
+		// The workloads log writes at Request level: no field history.
+		LostUpdates:    []report.LostUpdate{},
+		FieldFights:    []report.FieldFight{},
+		ConflictCauses: []report.ConflictCause{},
+		NoopWrites:     []report.NoopWrites{},
 	}
 	t := &rep.Totals
 	users := map[string]*report.UserConflicts{}
