@@ -125,7 +125,7 @@ func (g *generator) conflicts() *board {
 
 func (g *generator) hotObjects() *board {
 	bd := g.clickHouseBoard(UIDHotObjects, "stampguard: hot objects and retry loops",
-		"The objects most written and fought over, and writers looping on version conflicts. Click a name or writer to filter every panel to it.", "conflicts", "retry-loops")
+		"The objects most written and fought over, the updates lost on them, and writers looping on version conflicts. Click a name or writer to filter every panel to it.", "conflicts", "retry-loops")
 	objectLink := bd.link("Filter to this object", "namespace", "namespace", "resource", "resource", "name", "name")
 	writerLink := bd.link("Filter to this writer", "user", "user")
 	bd.add(bd.table("Hot objects", "Objects ranked by version conflicts, then distinct writers, then write attempts.", asql.HotObjects, 24, 9).
@@ -134,6 +134,15 @@ func (g *generator) hotObjects() *board {
 		OverrideByName("g", []dashboard.DynamicConfigValue{{Id: "displayName", Value: "api group"}}).
 		OverrideByName("r", []dashboard.DynamicConfigValue{{Id: "displayName", Value: "resource"}}).
 		OverrideByName("ns", []dashboard.DynamicConfigValue{{Id: "displayName", Value: "namespace"}}))
+	bd.add(bd.table("Lost updates", "Writes that changed a field another writer had set, without having seen it: a stampless update, kubectl replace's laundered stamp, a forced server-side apply, or a patch that replaced a list (docs/auditsink.md, Lost updates). Times in Unix microseconds.", asql.LostUpdates, 24, 8).
+		OverrideByName("writer", []dashboard.DynamicConfigValue{writerLink}).
+		OverrideByName("name", []dashboard.DynamicConfigValue{objectLink}))
+	bd.add(bd.table("Field fights", "Fields of one object that changed hands between writers at least three times: two honest writers setting one field back and forth (the HPA and a GitOps tool on spec.replicas). Times in Unix microseconds.", asql.FieldFights, 24, 7).
+		OverrideByName("name", []dashboard.DynamicConfigValue{objectLink}))
+	bd.add(bd.table("Who caused the version conflicts", "For each version conflict on an object with a field history, the writers whose writes came between the stale stamp and the 409 (blocked_by empty: not in the history).", asql.ConflictCauses, 12, 8).
+		OverrideByName("writer", []dashboard.DynamicConfigValue{writerLink}))
+	bd.add(bd.table("Writes that stored nothing", "Writes the apiserver answered with the version it already held, per writer: the same state sent again, which still wakes every watcher.", asql.NoopWrites, 12, 8).
+		OverrideByName("user", []dashboard.DynamicConfigValue{writerLink}))
 	loops := func(title, description string, s asql.Statement) {
 		bd.add(bd.table(title, description, s, 24, 8).
 			OverrideByName("user", []dashboard.DynamicConfigValue{writerLink}).

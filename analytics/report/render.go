@@ -54,7 +54,7 @@ func WriteTable(w io.Writer, r *Report, o Options) error {
 			l.OverwrittenWriter + " -> " + l.Writer, l.Cause, shortTime(l.Time)})
 	}
 	p.table("LOST UPDATES (a change overwritten by a writer that had not seen it)", "none",
-		[]string{"OBJECT FIELD", "OVERWRITTEN -> BY", "CAUSE", "AT"}, []int{44, 26, 15, 14}, rows)
+		[]string{"OBJECT FIELD", "OVERWRITTEN -> BY", "CAUSE", "AT"}, []int{50, 22, 15, 14}, rows)
 
 	rows = nil
 	for _, f := range r.FieldFights {

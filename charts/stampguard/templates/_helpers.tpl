@@ -146,6 +146,8 @@ group: cert-manager.io
 {{- define "stampguard.sink.migrateDsnKey" -}}{{ if .Values.auditSink.migrate.existingSecret }}{{ .Values.auditSink.migrate.existingSecretKey }}{{ else }}dsn{{ end }}{{- end -}}
 {{- define "stampguard.sink.separateMigrate" -}}{{ if or .Values.auditSink.migrate.dsn .Values.auditSink.migrate.existingSecret }}true{{ end }}{{- end -}}
 {{- define "stampguard.sink.tokenSecret" -}}{{ default (printf "%s-token" (include "stampguard.sink.fullname" .)) .Values.auditSink.auth.token.existingSecret }}{{- end -}}
+{{- define "stampguard.sink.historySecret" -}}{{ default (printf "%s-history-key" (include "stampguard.sink.fullname" .)) .Values.auditSink.fieldHistory.existingSecret }}{{- end -}}
+{{- define "stampguard.sink.historyKey" -}}{{ if .Values.auditSink.fieldHistory.existingSecret }}{{ .Values.auditSink.fieldHistory.existingSecretKey }}{{ else }}key{{ end }}{{- end -}}
 {{- define "stampguard.sink.tokenKey" -}}{{ if .Values.auditSink.auth.token.existingSecret }}{{ .Values.auditSink.auth.token.existingSecretKey }}{{ else }}token{{ end }}{{- end -}}
 
 {{/* The sink certificate's IP addresses: the fixed cluster IP and extras. */}}
