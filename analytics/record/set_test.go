@@ -128,6 +128,9 @@ func FuzzRecordSet(f *testing.F) {
 	rec := appendBatch(nil, &batch{cluster: "prod", rows: rows[:1], dead: dead})
 	f.Add(rec)
 	f.Add(rec[:len(rec)/2])
+	withHistory := appendBatch(nil, &batch{cluster: "prod", rows: rows[5:6]}) // an update logged with its response
+	f.Add(withHistory)
+	f.Add(withHistory[:len(withHistory)-3])
 	f.Add(appendBatch(nil, &batch{cluster: "c"}))
 	f.Fuzz(func(t *testing.T, data []byte) {
 		rec := string(data)

@@ -31,6 +31,8 @@ func ingestTemplates(b *testing.B) []string {
 // the same schema. It reports both rates, their ratio, and the ingest
 // process's peak RSS and CPU per event, and ClickHouse's CPU per event for
 // both (figures that a busy machine moves less than the rates).
+// AUDITSINK_BENCH_INGEST_FLAGS adds flags to ingest (--no-field-history:
+// the cost of the field history, side by side).
 func BenchmarkIngest(b *testing.B) {
 	n := 200_000
 	if v, err := strconv.Atoi(os.Getenv("AUDITSINK_BENCH_EVENTS")); err == nil && v > 0 {
@@ -64,7 +66,8 @@ func BenchmarkIngest(b *testing.B) {
 			b.Fatalf("migrate: %v\n%s", err, out)
 		}
 		b.StartTimer()
-		cmd := exec.Command(bin, "ingest", "--database", db, "--cluster", "bench", "--no-progress", path)
+		args := append([]string{"ingest", "--database", db, "--cluster", "bench", "--no-progress"}, strings.Fields(os.Getenv("AUDITSINK_BENCH_INGEST_FLAGS"))...)
+		cmd := exec.Command(bin, append(args, path)...)
 		cmd.Env = env
 		var out bytes.Buffer
 		cmd.Stdout, cmd.Stderr = &out, &out

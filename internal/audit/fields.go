@@ -6,7 +6,6 @@ import (
 	"errors"
 	"math/bits"
 	"strconv"
-	"strings"
 	"unsafe"
 
 	"github.com/stampguard/stampguard/internal/rawjson"
@@ -348,9 +347,14 @@ func plainName(s string) bool {
 	if s == "" {
 		return false
 	}
-	return strings.IndexFunc(s, func(c rune) bool {
-		return !(c == '_' || c == '-' || c == '$' || c == '@' || (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9'))
-	}) < 0
+	for i := 0; i < len(s); i++ {
+		switch c := s[i]; {
+		case c == '_', c == '-', c == '$', c == '@', c >= 'a' && c <= 'z', c >= 'A' && c <= 'Z', c >= '0' && c <= '9':
+		default:
+			return false
+		}
+	}
+	return true
 }
 
 // ObjectVersion parses a resourceVersion as the decimal integer that
