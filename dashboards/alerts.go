@@ -48,6 +48,7 @@ const (
 	UIDClimbingConflicts = "stampguard-conflicts-climbing"
 	UIDStaleRetryLoop    = "stampguard-stale-retry-loop"
 	UIDAuditedStampless  = "stampguard-audit-stampless"
+	UIDLostUpdates       = "stampguard-lost-updates"
 	UIDSinkSpoolGrowth   = "stampguard-spool-growth"
 )
 
@@ -224,6 +225,13 @@ func (g *generator) alertRules() (RuleGroup, error) {
 			description: fmt.Sprintf("In cluster %s, writes without a resourceVersion reached a kind a ConcurrencyPolicy guards while the policy is in Audit mode, over the last %s.", a.Cluster, duration(a.AuditWindow)),
 			condition:   "C", dashboard: UIDPolicy, panel: "Stampless updates by writer",
 			data: data(g.chQuery(UIDAuditedStampless, "A", asql.AuditedStamplessWrites, a.AuditWindow+lag, lag), reduce("B", "A"), above("C", "B", 0))},
+
+		{uid: UIDLostUpdates, title: "Lost updates", severity: "warning", runbook: "runbook-lost-updates",
+			summary: "{{ $values.B.Value }} lost updates in cluster {{ $labels.cluster }}: a change overwritten by a writer that had not seen it",
+			description: fmt.Sprintf("In cluster %s, over the last %s, writes changed fields another writer had set without having seen them (a stampless update, kubectl replace's laundered stamp, a forced server-side apply, or a patch that replaced a list).",
+				a.Cluster, duration(a.LostWindow)),
+			condition: "C", dashboard: UIDHotObjects, panel: "Lost updates",
+			data: data(g.chQuery(UIDLostUpdates, "A", asql.LostUpdateCount, a.LostWindow+lag, lag), reduce("B", "A"), above("C", "B", 0))},
 
 		// The sink's insert lag pages from the chart's PrometheusRule
 		// (AuditsinkInsertLag, at Alerts.InsertLag's 2m for 5m), not here

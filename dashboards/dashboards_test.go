@@ -384,9 +384,9 @@ func TestAlertRulesStructure(t *testing.T) {
 			}
 		}
 	}
-	// Five: the sink's insert lag pages from the chart's PrometheusRule.
-	if len(uids) != 5 {
-		t.Errorf("%d rules, want 5", len(uids))
+	// Six: the sink's insert lag pages from the chart's PrometheusRule.
+	if len(uids) != 6 {
+		t.Errorf("%d rules, want 6", len(uids))
 	}
 	if uids["stampguard-sink-insert-lag"] {
 		t.Error("a Grafana insert-lag rule pages beside the chart's AuditsinkInsertLag")
@@ -501,8 +501,8 @@ func TestRuleFilesForTwoClustersProvisionSideBySide(t *testing.T) {
 			}
 		}
 	}
-	if len(uids) != 10 {
-		t.Errorf("%d rule UIDs over two clusters, want 10", len(uids))
+	if len(uids) != 12 {
+		t.Errorf("%d rule UIDs over two clusters, want 12", len(uids))
 	}
 }
 

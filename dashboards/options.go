@@ -85,6 +85,10 @@ type AlertOptions struct {
 	// it fires on any such write in it. Defaults to 15m.
 	AuditWindow time.Duration
 
+	// LostWindow is the window of the lost-updates rule: it fires while a
+	// lost update is in it. Defaults to 1h.
+	LostWindow time.Duration
+
 	// InsertLag is the health dashboard's threshold on the age of the
 	// sink's oldest unconfirmed spool record
 	// (auditsink_spool_oldest_unconfirmed_seconds): the chart's
@@ -143,6 +147,7 @@ func (o *Options) setDefaults() {
 	defDur(&a.ClimbBaseline, time.Hour)
 	defDur(&a.LoopLookback, 7*24*time.Hour)
 	defDur(&a.AuditWindow, 15*time.Minute)
+	defDur(&a.LostWindow, time.Hour)
 	defDur(&a.InsertLag, 2*time.Minute)
 	defNum(&a.SpoolGrowth, 256<<20)
 }

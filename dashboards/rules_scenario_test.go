@@ -108,6 +108,21 @@ func TestAlertRulesOnScenarios(t *testing.T) {
 		r.AnnotationValues = []string{`[{"policy":"shop","rule":"requireResourceVersion","action":"Audit","path":"metadata.resourceVersion","writer":"legacy-script"}]`}
 	})
 
+	// A lost update at 00:01:00: gitops created shop/flags, alice changed
+	// data.mode, and a deploy tool's kubectl replace put the old value
+	// back with a laundered stamp. Each write is logged with its response
+	// (its field history).
+	history := func(version uint64, hash uint64, mod func(*audit.Row)) func(*audit.Row) {
+		return func(r *audit.Row) {
+			r.Level, r.ObjectVersion, r.FullView = "RequestResponse", version, true
+			r.Fields = audit.Fields{Paths: []string{"data.mode"}, Hashes: []uint64{hash}}
+			mod(r)
+		}
+	}
+	storm.add(midnight.Add(40*time.Second), "gitops", "configmaps", "", "shop", "flags", 201, history(100, 1, func(r *audit.Row) { r.Verb, r.Stamp, r.Created = "create", "", true }))
+	storm.add(midnight.Add(50*time.Second), "alice", "configmaps", "", "shop", "flags", 200, history(101, 2, func(r *audit.Row) { r.Stamp, r.RequestManaged = "100", true }))
+	storm.add(midnight.Add(60*time.Second), "deploy-tool", "configmaps", "", "shop", "flags", 200, history(102, 1, func(r *audit.Row) { r.Stamp, r.FieldManager = "101", "kubectl-replace" }))
+
 	// A quiet night, then a morning ramp at 07:00 New York (12:00 UTC):
 	// one write every 4 minutes all night (too few for a rate), then from
 	// 12:00 a ramp from 5 to 65 writes a minute, an eighth of them version
@@ -174,6 +189,9 @@ func TestAlertRulesOnScenarios(t *testing.T) {
 			dashboards.UIDAuditedStampless: {0: none, time.Minute: none, 2 * time.Minute: one, 16 * time.Minute: one, 17 * time.Minute: none},
 			// The operators conflict and succeed in turn: no loop is left.
 			dashboards.UIDStaleRetryLoop: {0: none, 30 * time.Minute: none, 45 * time.Minute: none},
+			// The lost update at 00:01:00 is in the 1h window that ends 1m
+			// before now from 00:02:00 on.
+			dashboards.UIDLostUpdates: {0: none, time.Minute: none, 2 * time.Minute: one, 45 * time.Minute: one},
 		}
 		checkTimeline(t, e, rules, every, at, midnight, checks)
 

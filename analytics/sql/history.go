@@ -185,6 +185,16 @@ HAVING handoffs >= 3 AND length(writers) >= 2
 ORDER BY handoffs DESC, api_group, resource, namespace, name, field
 LIMIT @top`}
 
+	// LostUpdateCount counts the lost updates of the window, for the
+	// alert rule.
+	LostUpdateCount = Statement{Name: "lost_update_count", Title: "Lost updates", Shape: Number,
+		Params: filtered, Time: []Window{Whole},
+		Columns: []string{"lost"},
+		SQL: `
+SELECT toUInt64(count()) AS lost
+FROM ` + fieldChanges + `
+WHERE ` + LostCause + ` != '' AND {filters}`}
+
 	// LostUpdates are the changes that overwrote another writer's value
 	// without having seen it (LostCause).
 	LostUpdates = Statement{Name: "lost_updates", Title: "Lost updates", Shape: Rows,

@@ -307,4 +307,4 @@ var All = append(append([]Statement{}, ReportStatements...),
 	ConflictsByNamespace, ConflictsByUserAgent, UnresolvedRetryLoops, ResolvedRetryLoops,
 	StamplessByWriter, PolicyDecisionsSeries, LeaseConflicts,
 	GoneByWriter, LeaseChangesSeries, RawEvents,
-	ConflictRate, WriteAttempts, StaleRetryLoops, AuditedStamplessWrites, StormIntervals)
+	ConflictRate, WriteAttempts, StaleRetryLoops, AuditedStamplessWrites, StormIntervals, LostUpdateCount)
