@@ -47,61 +47,75 @@ const WriteBasis = `multiIf(created = 1, 'create',
 		verb = 'patch' AND apply = 0, 'patch',
 		'')`
 
-// fieldSets are the sets of field values of each object field, one row
-// per (object, field, version that shows the field), the hashes sorted.
+// fieldSets are the values of each object field, one row per (object,
+// field, version that shows the field): the hashes sorted, with the
+// version's writer, time, audit ID and basis.
 const fieldSets = `(
-	SELECT api_group, resource, namespace, name, field, object_version, arraySort(groupArray(hash)) AS hs
-	FROM ` + historyVersions + `
+	SELECT api_group, resource, namespace, name, field, object_version, arraySort(groupArray(hash)) AS hs,
+		any(writer) AS writer, any(event_time_us) AS time_us, any(audit_id) AS id, any(basis) AS basis
+	FROM (SELECT *, ` + WriteBasis + ` AS basis FROM ` + historyVersions + `)
 	ARRAY JOIN field_paths AS field, field_hashes AS hash
 	GROUP BY api_group, resource, namespace, name, field, object_version)`
 
 // fieldChanges are the changes of each object field in the window, one
 // row per change: the version that set a value other than the one
 // before, who set it (writer, on basis) and who had set the value it
-// replaced (prev_writer; the empty string when that was before the window). A field
+// replaced (prev_writer; empty when that was before the window). A field
 // is known at a version that shows it, and absent from a version that
 // shows the whole object (full_view): a Scale shows spec.replicas alone.
-// A create sets every field; its own row is no change.
+// A write that created the object sets every field; its own row is no
+// change.
 //
 // removed_added says the change removed an item of a set-like list
 // (path ending in [*]) that the replaced change had added; item_removed
 // that it removed an item of a keyed list ([name=...]) the replaced change
 // had set.
+//
+// Every step is linear in the versions of the object: a field's known
+// versions are its own rows merged, in version order, with the object's
+// whole views (where a field without a row of its own is absent); the
+// changes are the versions whose value differs from the one before, and
+// the change each replaced is the one before it in that list.
 const fieldChanges = `(
-SELECT api_group, resource, namespace, name, field, j, if(nsets[j] >= 2, set_at[nsets[j] - 1], 0) AS prev,
-	kws[j] AS writer, kts[j] AS time_us, kids[j] AS audit_id, kbases[j] AS basis,
-	if(prev > 0, kws[prev], '') AS prev_writer, if(prev > 0, kts[prev], toUInt64(0)) AS prev_time_us, if(prev > 0, kids[prev], '') AS prev_audit_id,
-	arrayExists((h, now, before) -> NOT has(now, h) AND NOT has(before, h),
-		kvals[prev], replicate(kvals[j], kvals[prev]), replicate(if(prev > 1, kvals[prev - 1], emptyArrayUInt64()), kvals[prev])) AS removed_added,
-	position(field, '[name=') > 0 AND empty(kvals[j]) AND notEmpty(kvals[prev]) AS item_removed
+SELECT api_group, resource, namespace, name, field, writer, time_us, audit_id, basis, prev_writer, prev_time_us, prev_audit_id,
+	arrayExists((h, now, before) -> NOT has(now, h) AND NOT has(before, h), prev_vals, replicate(vals, prev_vals), replicate(prev_before, prev_vals)) AS removed_added,
+	position(field, '[name=') > 0 AND empty(vals) AND notEmpty(prev_vals) AS item_removed
 FROM (
 	SELECT api_group, resource, namespace, name, field,
-		arrayMap(v -> tupleElement(v, 1), vers) AS vs,
-		arrayMap((v, fv) -> indexOf(fv, v), vs, replicate(fvers, vs)) AS pos,
-		arrayMap((p, f) -> toUInt8(p > 0 OR f = 1), pos, arrayMap(v -> tupleElement(v, 2), vers)) AS known,
-		arrayFilter((x, k) -> k = 1, arrayMap((p, hs) -> hs[p], pos, replicate(fhs, pos)), known) AS kvals,
-		arrayFilter((x, k) -> k = 1, arrayMap(v -> tupleElement(v, 3), vers), known) AS kws,
-		arrayFilter((x, k) -> k = 1, arrayMap(v -> tupleElement(v, 4), vers), known) AS kts,
-		arrayFilter((x, k) -> k = 1, arrayMap(v -> tupleElement(v, 5), vers), known) AS kids,
-		arrayFilter((x, k) -> k = 1, arrayMap(v -> tupleElement(v, 6), vers), known) AS kbases,
-		arrayMap((b, v, pv, i) -> toUInt8(b = 'create' OR (i > 1 AND v != pv)),
-			kbases, kvals, arrayPushFront(arrayPopBack(kvals), emptyArrayUInt64()), arrayEnumerate(kvals)) AS sets,
-		arrayCumSum(sets) AS nsets,
-		arrayFilter((i, s) -> s = 1, arrayEnumerate(sets), sets) AS set_at
+		tupleElement(cur, 3) AS vals, tupleElement(cur, 4) AS writer, tupleElement(cur, 5) AS time_us, tupleElement(cur, 6) AS audit_id, tupleElement(cur, 7) AS basis,
+		tupleElement(prev, 3) AS prev_vals, tupleElement(prev, 4) AS prev_writer, tupleElement(prev, 5) AS prev_time_us, tupleElement(prev, 6) AS prev_audit_id,
+		prev_before
 	FROM (
-		SELECT api_group, resource, namespace, name, field, groupArray(object_version) AS fvers, groupArray(hs) AS fhs
-		FROM ` + fieldSets + `
-		GROUP BY api_group, resource, namespace, name, field
-	) AS fields ALL INNER JOIN (
-		SELECT api_group, resource, namespace, name,
-			arraySort(groupArray((object_version, full_view, writer, event_time_us, audit_id, basis))) AS vers
-		FROM (SELECT api_group, resource, namespace, name, object_version, full_view, writer, event_time_us, audit_id, ` + WriteBasis + ` AS basis
-			FROM ` + historyVersions + `)
-		GROUP BY api_group, resource, namespace, name
-	) AS objects USING (api_group, resource, namespace, name)
-)
-ARRAY JOIN arrayEnumerate(sets) AS j
-WHERE sets[j] = 1 AND j > 1 AND kbases[j] != 'create')`
+		SELECT api_group, resource, namespace, name, field,
+			arrayMap(x -> tupleElement(x, 1), seq_all) AS all_vs,
+			arrayFilter((x, keep) -> keep, seq_all, arrayMap((t, v, nv) -> t = 1 OR v != nv,
+				arrayMap(x -> tupleElement(x, 2), seq_all), all_vs, arrayPushBack(arrayPopFront(all_vs), toUInt64(0)))) AS seq,
+			arrayMap(x -> tupleElement(x, 3), seq) AS kvals,
+			arrayPushFront(arrayPopBack(kvals), emptyArrayUInt64()) AS kbefore,
+			arrayMap((x, v, pv, i) -> toUInt8(tupleElement(x, 7) = 'create' OR (i > 1 AND v != pv)), seq, kvals, kbefore, arrayEnumerate(kvals)) AS sets,
+			arrayFilter((x, s) -> s = 1, seq, sets) AS set_seq,
+			arraySlice(arrayPushFront(set_seq, (toUInt64(0), toUInt8(0), emptyArrayUInt64(), '', toUInt64(0), '', '')), 1, length(set_seq)) AS set_prev,
+			arraySlice(arrayPushFront(arrayFilter((x, s) -> s = 1, kbefore, sets), emptyArrayUInt64()), 1, length(set_seq)) AS set_prev_before
+		FROM (
+			SELECT api_group, resource, namespace, name, field,
+				arraySort(x -> (tupleElement(x, 1), tupleElement(x, 2)), arrayConcat(present, whole)) AS seq_all
+			FROM (
+				SELECT api_group, resource, namespace, name, field,
+					groupArray((object_version, toUInt8(1), hs, toString(writer), time_us, id, basis)) AS present
+				FROM ` + fieldSets + `
+				GROUP BY api_group, resource, namespace, name, field
+			) AS fields ALL INNER JOIN (
+				SELECT api_group, resource, namespace, name,
+					groupArray((object_version, toUInt8(0), emptyArrayUInt64(), toString(writer), event_time_us, audit_id, basis)) AS whole
+				FROM (SELECT api_group, resource, namespace, name, object_version, writer, event_time_us, audit_id, ` + WriteBasis + ` AS basis
+					FROM ` + historyVersions + ` WHERE full_view = 1)
+				GROUP BY api_group, resource, namespace, name
+			) AS objects USING (api_group, resource, namespace, name)
+		)
+	)
+	ARRAY JOIN set_seq AS cur, set_prev AS prev, set_prev_before AS prev_before
+	WHERE tupleElement(cur, 7) != 'create'
+))`
 
 // LostCause is the cause of a lost update, the empty string for a change that lost
 // nothing: a write that changed a field another writer had set, on a basis
