@@ -15,6 +15,8 @@ type ReportConfig struct {
 	Cluster, Since, Until, Namespace, Resource, User, Format string
 	Top, LoopThreshold                                       int
 	LoopGap                                                  time.Duration
+	// History is --history: the findings on the field history.
+	History bool
 }
 
 // Register binds r to the flags of report, with the Default* values.
@@ -30,6 +32,7 @@ func (r *ReportConfig) Register(fs *flag.FlagSet) {
 	fs.StringVar(&r.Format, "format", "table", "output `format`: table or json")
 	fs.DurationVar(&r.LoopGap, "loop-gap", report.DefaultLoopGap, "longest pause inside a retry loop")
 	fs.IntVar(&r.LoopThreshold, "loop-threshold", report.DefaultLoopThreshold, "fewest consecutive conflicts that make a retry loop, 2 or more")
+	fs.BoolVar(&r.History, "history", false, "also report lost updates, field fights, conflict causes and no-op writes from the field history (read raw: slow on busy days, see BENCHMARKS.md)")
 }
 
 // Report is a validated ReportConfig.
@@ -57,7 +60,7 @@ func (r *ReportConfig) Resolve(now time.Time, w io.Writer) (*Report, error) {
 		return nil, err
 	}
 	o := report.Options{Cluster: r.Cluster, Top: r.Top, Namespace: r.Namespace, Resource: r.Resource, User: r.User,
-		LoopGap: r.LoopGap, LoopThreshold: r.LoopThreshold, Until: now}
+		LoopGap: r.LoopGap, LoopThreshold: r.LoopThreshold, History: r.History, Until: now}
 	var err error
 	if o.Since, err = cli.ParseTime(r.Since, now); err != nil {
 		return nil, cli.Usagef("--since: %w", err)

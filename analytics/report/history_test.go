@@ -16,7 +16,7 @@ func TestSynthesizedHistoryHoldsEveryFinding(t *testing.T) {
 	if err := Synthesize(ctx, store.Conn(), db, "bench", 60_000, 5, t0, 4*time.Hour); err != nil {
 		t.Fatal(err)
 	}
-	r, err := Build(ctx, store.Conn(), Options{Database: db, Cluster: "bench", Top: 100_000, Since: t0, Until: t0.Add(4 * time.Hour)})
+	r, err := Build(ctx, store.Conn(), Options{Database: db, Cluster: "bench", Top: 100_000, Since: t0, Until: t0.Add(4 * time.Hour), History: true})
 	if err != nil {
 		t.Fatal(err)
 	}

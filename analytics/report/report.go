@@ -38,6 +38,11 @@ type Options struct {
 	// the window come from the hour caches and the rest from events; both
 	// give the same numbers.
 	NoRollup bool
+	// History also runs the findings on the field history (lost updates,
+	// fights, conflict causes, no-op writes). Off by default: they read
+	// the window's history raw, which at 10M events a day takes minutes
+	// (BENCHMARKS.md); without it their lists are empty.
+	History bool
 
 	// plan is where the figures come from: the clean hours' caches and
 	// the raw rest.
@@ -98,7 +103,7 @@ func Build(ctx context.Context, conn driver.Conn, o Options) (*Report, error) {
 	r.ConflictsByUser, r.ConflictsByResource, r.HotObjects = []UserConflicts{}, []ResourceConflicts{}, []HotObject{}
 	r.RetryLoops, r.StamplessUpdates, r.LeaseHolderChanges, r.PolicyDecisions = []RetryLoop{}, []StamplessUpdates{}, []LeaseChanges{}, []PolicyDecisions{}
 	r.LostUpdates, r.FieldFights, r.ConflictCauses, r.NoopWrites = []LostUpdate{}, []FieldFight{}, []ConflictCause{}, []NoopWrites{}
-	err := q.parallel(o.parallel,
+	runs := []run{
 		run{QueryTotals, t.scan},
 		// The rate columns are for the dashboards; the report's JSON
 		// keeps its contract.
@@ -131,31 +136,35 @@ func Build(ctx context.Context, conn driver.Conn, o Options) (*Report, error) {
 		run{QueryPolicyDecisions, collect(&r.PolicyDecisions, func(p *PolicyDecisions) []any {
 			return []any{&p.Policy, &p.Kind, &p.Action, &p.Count}
 		})},
-		run{QueryLostUpdates, func(rows driver.Rows) error {
-			var l LostUpdate
-			var at, overwritten uint64
-			err := rows.Scan(&l.APIGroup, &l.Resource, &l.Namespace, &l.Name, &l.Field, &l.Writer, &l.OverwrittenWriter, &l.Cause,
-				&l.AuditID, &l.OverwrittenAuditID, &at, &overwritten)
-			l.Time, l.OverwrittenTime = microsTime(at), microsTime(overwritten)
-			r.LostUpdates = append(r.LostUpdates, l)
-			return err
-		}},
-		run{QueryFieldFights, func(rows driver.Rows) error {
-			var f FieldFight
-			var first, last uint64
-			err := rows.Scan(&f.APIGroup, &f.Resource, &f.Namespace, &f.Name, &f.Field, &f.Writers, &f.Changes, &f.Handoffs, &first, &last)
-			f.First, f.Last = microsTime(first), microsTime(last)
-			r.FieldFights = append(r.FieldFights, f)
-			return err
-		}},
-		run{QueryConflictCauses, collect(&r.ConflictCauses, func(c *ConflictCause) []any {
-			return []any{&c.Writer, &c.BlockedBy, &c.Conflicts}
-		})},
-		run{QueryNoopWrites, collect(&r.NoopWrites, func(n *NoopWrites) []any {
-			return []any{&n.User, &n.Count}
-		})},
-	)
-	if err != nil {
+	}
+	if o.History {
+		runs = append(runs,
+			run{QueryLostUpdates, func(rows driver.Rows) error {
+				var l LostUpdate
+				var at, overwritten uint64
+				err := rows.Scan(&l.APIGroup, &l.Resource, &l.Namespace, &l.Name, &l.Field, &l.Writer, &l.OverwrittenWriter, &l.Cause,
+					&l.AuditID, &l.OverwrittenAuditID, &at, &overwritten)
+				l.Time, l.OverwrittenTime = microsTime(at), microsTime(overwritten)
+				r.LostUpdates = append(r.LostUpdates, l)
+				return err
+			}},
+			run{QueryFieldFights, func(rows driver.Rows) error {
+				var f FieldFight
+				var first, last uint64
+				err := rows.Scan(&f.APIGroup, &f.Resource, &f.Namespace, &f.Name, &f.Field, &f.Writers, &f.Changes, &f.Handoffs, &first, &last)
+				f.First, f.Last = microsTime(first), microsTime(last)
+				r.FieldFights = append(r.FieldFights, f)
+				return err
+			}},
+			run{QueryConflictCauses, collect(&r.ConflictCauses, func(c *ConflictCause) []any {
+				return []any{&c.Writer, &c.BlockedBy, &c.Conflicts}
+			})},
+			run{QueryNoopWrites, collect(&r.NoopWrites, func(n *NoopWrites) []any {
+				return []any{&n.User, &n.Count}
+			})},
+		)
+	}
+	if err := q.parallel(o.parallel, runs...); err != nil {
 		return nil, err
 	}
 	if t.Requests == 0 {

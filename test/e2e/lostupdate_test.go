@@ -236,7 +236,7 @@ func TestLostUpdatesEqualWhatTheClientsDid(t *testing.T) {
 	sink := auditsinkRunner(t, buildAuditsink(t, "", ""), "AUDITSINK_CLICKHOUSE_DSN="+ch.DSN())
 	waitLogged(t, env.AuditLogPath, "same", 3)
 	sink("ingest", "--database", db, "--cluster", "e2e", env.AuditLogPath)
-	out := sink("report", "--database", db, "--cluster", "e2e", "--format", "json", "--top", "1000",
+	out := sink("report", "--history", "--database", db, "--cluster", "e2e", "--format", "json", "--top", "1000",
 		"--since", since.UTC().Format(time.RFC3339Nano), "--until", until.UTC().Format(time.RFC3339Nano))
 	var got report.Report
 	if err := json.Unmarshal(out, &got); err != nil {
@@ -272,7 +272,7 @@ func TestLostUpdatesEqualWhatTheClientsDid(t *testing.T) {
 	}
 
 	t.Run("the table names them", func(t *testing.T) {
-		table := string(sink("report", "--database", db, "--cluster", "e2e", "--top", "1000",
+		table := string(sink("report", "--history", "--database", db, "--cluster", "e2e", "--top", "1000",
 			"--since", since.UTC().Format(time.RFC3339Nano), "--until", until.UTC().Format(time.RFC3339Nano)))
 		for _, want := range []string{"LOST UPDATES", "alice -> deploy-tool", "laundered_stamp", "FIELD FIGHTS", "spec.replicas",
 			"WHO CAUSED THE VERSION CONFLICTS", "WRITES THAT STORED NOTHING"} {
