@@ -232,7 +232,8 @@ func TestResolveErrorsNameTheFlag(t *testing.T) {
 func TestPipelineOptionsShareTheAccepter(t *testing.T) {
 	t.Setenv(DSNEnv, "clickhouse://h:9000")
 	args := []string{"--stages", "Panic", "--redact-resources", "configmaps", "--keep-raw"}
-	want := &pipeline.Accepter{Decoder: audit.Decoder{RedactResources: []string{"configmaps"}, KeepRaw: true}, Stages: []string{"Panic"}}
+	history := audit.NewFieldHasher(nil) // the field history is on, with no key file: the empty key
+	want := &pipeline.Accepter{Decoder: audit.Decoder{RedactResources: []string{"configmaps"}, KeepRaw: true, History: &history}, Stages: []string{"Panic"}}
 	file := writeFile(t, "{}\n")
 
 	var ic IngestConfig

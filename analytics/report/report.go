@@ -104,19 +104,19 @@ func Build(ctx context.Context, conn driver.Conn, o Options) (*Report, error) {
 	r.RetryLoops, r.StamplessUpdates, r.LeaseHolderChanges, r.PolicyDecisions = []RetryLoop{}, []StamplessUpdates{}, []LeaseChanges{}, []PolicyDecisions{}
 	r.LostUpdates, r.FieldFights, r.ConflictCauses, r.NoopWrites = []LostUpdate{}, []FieldFight{}, []ConflictCause{}, []NoopWrites{}
 	runs := []run{
-		run{QueryTotals, t.scan},
+		{QueryTotals, t.scan},
 		// The rate columns are for the dashboards; the report's JSON
 		// keeps its contract.
-		run{QueryConflictsByUser, collect(&r.ConflictsByUser, func(u *UserConflicts) []any {
+		{QueryConflictsByUser, collect(&r.ConflictsByUser, func(u *UserConflicts) []any {
 			return []any{&u.User, &u.WriteAttempts, &u.VersionConflicts, new(float64)}
 		})},
-		run{QueryConflictsByResource, collect(&r.ConflictsByResource, func(c *ResourceConflicts) []any {
+		{QueryConflictsByResource, collect(&r.ConflictsByResource, func(c *ResourceConflicts) []any {
 			return []any{&c.APIGroup, &c.Resource, &c.WriteAttempts, &c.VersionConflicts, new(float64)}
 		})},
-		run{QueryHotObjects, collect(&r.HotObjects, func(h *HotObject) []any {
+		{QueryHotObjects, collect(&r.HotObjects, func(h *HotObject) []any {
 			return []any{&h.APIGroup, &h.Resource, &h.Namespace, &h.Name, &h.WriteAttempts, &h.DistinctWriters, &h.VersionConflicts, new(float64)}
 		})},
-		run{QueryRetryLoops, func(rows driver.Rows) error {
+		{QueryRetryLoops, func(rows driver.Rows) error {
 			var l RetryLoop
 			var first, last uint64
 			var resolved uint8
@@ -127,13 +127,13 @@ func Build(ctx context.Context, conn driver.Conn, o Options) (*Report, error) {
 			r.RetryLoops = append(r.RetryLoops, l)
 			return err
 		}},
-		run{QueryStamplessUpdates, collect(&r.StamplessUpdates, func(s *StamplessUpdates) []any {
+		{QueryStamplessUpdates, collect(&r.StamplessUpdates, func(s *StamplessUpdates) []any {
 			return []any{&s.User, &s.APIGroup, &s.Resource, &s.Namespace, &s.Name, &s.Count}
 		})},
-		run{QueryLeaseHolderChanges, collect(&r.LeaseHolderChanges, func(l *LeaseChanges) []any {
+		{QueryLeaseHolderChanges, collect(&r.LeaseHolderChanges, func(l *LeaseChanges) []any {
 			return []any{&l.Namespace, &l.Name, &l.Changes, &l.Holders}
 		})},
-		run{QueryPolicyDecisions, collect(&r.PolicyDecisions, func(p *PolicyDecisions) []any {
+		{QueryPolicyDecisions, collect(&r.PolicyDecisions, func(p *PolicyDecisions) []any {
 			return []any{&p.Policy, &p.Kind, &p.Action, &p.Count}
 		})},
 	}
