@@ -25,19 +25,6 @@ import (
 	"github.com/stampguard/stampguard/internal/kubetest"
 )
 
-// historyAuditPolicy is docs/audit-policy.yaml's shape: writes with their
-// responses, everything else at Metadata, secrets never with bodies.
-const historyAuditPolicy = `apiVersion: audit.k8s.io/v1
-kind: Policy
-omitStages: ["RequestReceived"]
-rules:
-- level: Metadata
-  resources: [{group: "", resources: ["secrets"]}]
-- level: RequestResponse
-  verbs: ["create", "update", "patch", "delete", "deletecollection"]
-- level: Metadata
-`
-
 // lostRow is what a lost update says, without its audit IDs and times.
 type lostRow struct{ name, field, writer, overwritten, cause string }
 
@@ -58,7 +45,13 @@ func TestLostUpdatesEqualWhatTheClientsDid(t *testing.T) {
 	if err != nil {
 		t.Fatalf("this test drives the real kubectl, which is not on PATH: %v", err)
 	}
-	env := kubetest.Start(t, kubetest.Options{AuditPolicy: historyAuditPolicy, AuditLog: true})
+	// The audit policy the README recommends: writes of configmaps and
+	// deployments (and their scale) with their responses.
+	policy, err := os.ReadFile(filepath.Join(kubetest.RepoRoot(t), "docs", "audit-policy.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	env := kubetest.Start(t, kubetest.Options{AuditPolicy: string(policy), AuditLog: true})
 	ctx := t.Context()
 	dir := t.TempDir()
 	kubeconfig := writeKubeconfig(t, env.Config, filepath.Join(dir, "kubeconfig"))
