@@ -182,14 +182,7 @@ func runDemo(t *testing.T, root, bin string, onLine func(string, *os.Process), a
 // from the client's records.
 func truth(t *testing.T, state string) report.Report {
 	t.Helper()
-	b, err := os.ReadFile(filepath.Join(state, "requests.json"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	var rec recorded
-	if err := json.Unmarshal(b, &rec); err != nil {
-		t.Fatal(err)
-	}
+	rec := readRecorded(t, state)
 	res := &wl.Result{Requests: rec.Requests, Since: rec.Since, Until: rec.Until, AuditLogPath: filepath.Join(state, "kube", "audit.log")}
 	res.Truth, res.Loops = contention.Truth(res.Requests, res.Since, res.Until)
 	events, err := wl.ReadAuditLog(res.AuditLogPath)
@@ -300,14 +293,7 @@ func nothingLeft(t *testing.T, state string) {
 // every request the demo's writers sent.
 func historyFindingsHold(t *testing.T, got *report.Report, state string) {
 	t.Helper()
-	b, err := os.ReadFile(filepath.Join(state, "requests.json"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	var rec recorded
-	if err := json.Unmarshal(b, &rec); err != nil {
-		t.Fatal(err)
-	}
+	rec := readRecorded(t, state)
 	byID := map[string]wl.Request{}
 	wrote := map[[3]string]bool{}      // writer, namespace, name: a successful write
 	conflicted := map[[3]string]bool{} // writer, namespace, name: a version conflict
@@ -362,4 +348,18 @@ func historyFindingsHold(t *testing.T, got *report.Report, state string) {
 	}
 	t.Logf("history findings: %d lost updates, %d fights, %d conflict causes, %d no-op writers",
 		len(got.LostUpdates), len(got.FieldFights), len(got.ConflictCauses), len(got.NoopWrites))
+}
+
+// readRecorded reads the demo's client records, run/requests.json.
+func readRecorded(t *testing.T, state string) recorded {
+	t.Helper()
+	b, err := os.ReadFile(filepath.Join(state, "requests.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var rec recorded
+	if err := json.Unmarshal(b, &rec); err != nil {
+		t.Fatal(err)
+	}
+	return rec
 }
