@@ -23,7 +23,7 @@ type Decoder struct {
 	// containing this string. Defaults to annotation.Kept ("stampguard").
 	AnnotationMatch string
 	// History, when set, fills the field history of the writes that have
-	// one (HistoryWrite): Row.ObjectVersion, Fields, FullView and
+	// one (historyWrite): Row.ObjectVersion, Fields, FullView and
 	// RequestManaged, with values hashed by History.
 	History *FieldHasher
 }
@@ -170,7 +170,7 @@ func (d *Decoder) decode(raw string, r *Row, prefix bool) (int, error) {
 	}
 	r.FieldManager, r.DryRun, r.Force, r.Apply = uriOptions(r.RequestURI)
 	r.Fingerprint = Fingerprint(r)
-	if d.History != nil && d.HistoryWrite(r) {
+	if d.History != nil && d.historyWrite(r) {
 		d.history(r)
 	}
 	if d.KeepRaw {

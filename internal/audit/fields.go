@@ -30,7 +30,7 @@ import (
 //     a hash gone.
 //   - An empty object or list, or null, has no fields: it reads as absent.
 //   - Not fields: what the apiserver writes itself or derives
-//     (ObjectSkipped), the whole `status` (the controllers' report, not
+//     (objectSkipped), the whole `status` (the controllers' report, not
 //     anyone's intent), and kubectl's last-applied annotation.
 //
 // A Scale (the /scale subresource) shows one field of its object,
@@ -48,9 +48,9 @@ const maxFieldDepth = 32
 // fields or nested deeper than maxFieldDepth.
 var ErrTooManyFields = errors.New("object has too many fields for a field history")
 
-// ObjectSkipped are the metadata members that are not fields: identity,
+// objectSkipped are the metadata members that are not fields: identity,
 // stamps and what the apiserver maintains.
-var ObjectSkipped = []string{"name", "namespace", "uid", "resourceVersion", "generation", "creationTimestamp",
+var objectSkipped = []string{"name", "namespace", "uid", "resourceVersion", "generation", "creationTimestamp",
 	"deletionTimestamp", "deletionGracePeriodSeconds", "managedFields", "selfLink"}
 
 // lastApplied is kubectl's copy of the last applied manifest: every
@@ -199,7 +199,7 @@ func (w *walker) metadata(v []byte) {
 		case name == "annotations":
 			w.annotations(v)
 		default:
-			for _, s := range ObjectSkipped {
+			for _, s := range objectSkipped {
 				if name == s {
 					return true
 				}
@@ -372,11 +372,11 @@ func ObjectVersion(rv string) uint64 {
 	return v
 }
 
-// HistoryWrite reports whether r is a write with a field history: a
+// historyWrite reports whether r is a write with a field history: a
 // successful create, update or patch, not a dry run, logged with its
 // response (level RequestResponse) of an object whose bodies are not
 // redacted, on the object itself or its status or scale.
-func (d *Decoder) HistoryWrite(r *Row) bool {
+func (d *Decoder) historyWrite(r *Row) bool {
 	switch {
 	case !r.Counted() || !r.Success() || r.DryRun || r.ResponseObject == "" || d.redacts(r.Resource):
 		return false
