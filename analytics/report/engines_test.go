@@ -35,6 +35,7 @@ func reportShapes(db string) map[string]Options {
 			o.Since, o.Until, o.NoRollup = t0.Add(-time.Hour), t0.Add(5*time.Hour), true
 		}),
 		"rollup only": with(func(o *Options) { o.Since, o.Until = t0, t0.Add(4*time.Hour) }),
+		"the field history": with(func(o *Options) { o.Since, o.Until, o.History = t0.Add(-time.Hour), t0.Add(5*time.Hour), true }),
 		"rollup with edges": with(func(o *Options) {
 			o.Since, o.Until = t0.Add(-43*time.Minute+123*time.Microsecond), t0.Add(4*time.Hour+5*time.Minute)
 		}),
@@ -162,8 +163,8 @@ func TestEnginesAgree(t *testing.T) {
 				t.Fatalf("18.16: %v", err)
 			}
 			stmts := en.Recorded(t, name)
-			if len(stmts) < len(All) {
-				t.Fatalf("the report ran %d statements, fewer than the %d of All", len(stmts), len(All))
+			if want := len(Statements(shapes[name])); len(stmts) < want {
+				t.Fatalf("the report ran %d statements, fewer than its %d", len(stmts), want)
 			}
 			if n := en.SameAnswers(t, "", stmts); n == 0 {
 				t.Error("every answer was empty")
@@ -259,19 +260,42 @@ func TestEnginesAgree(t *testing.T) {
 
 // TestSynthesizeAgrees runs the benchmarks' generator on both engines: it
 // generates inside the server, so the same seed must give the same rows,
-// and the views the same tables.
+// the views the same tables, and the field history the same findings.
 func TestSynthesizeAgrees(t *testing.T) {
 	testenv.SkipIfShort(t, "starts clickhouse-server and loads ClickHouse 26.7 (chDB)")
+	ctx := t.Context()
 	en := enginetest.New(t, chtest.Start(t), chdbtest.Open(t))
-	if err := Synthesize(t.Context(), en.Store.Conn(), en.DB, "c1", 20_000, 42, t0, 6*time.Hour); err != nil {
+	if err := Synthesize(ctx, en.Store.Conn(), en.DB, "c1", 20_000, 42, t0, 6*time.Hour); err != nil {
 		t.Fatalf("18.16: %v", err)
 	}
 	stmts := en.Recorded(t, "synthesize")
-	if len(stmts) != 1 || !strings.HasPrefix(strings.TrimSpace(stmts[0].SQL), "INSERT") {
-		t.Fatalf("Synthesize ran %d statements, want its one INSERT", len(stmts))
+	if len(stmts) != 2 {
+		t.Fatalf("Synthesize ran %d statements, want its two INSERTs (the field history, the events)", len(stmts))
 	}
-	en.E.Exec(t, stmts[0].SQL)
+	for _, s := range stmts {
+		if !strings.HasPrefix(strings.TrimSpace(s.SQL), "INSERT") {
+			t.Fatalf("Synthesize ran %.200q, not an INSERT", s.SQL)
+		}
+		en.E.Exec(t, s.SQL)
+	}
 	if n := en.SameAnswers(t, "", en.Tables(t)); n < 20_000 {
 		t.Errorf("the tables held %d rows, fewer than the 20,000 generated", n)
+	}
+	o := Options{Database: en.DB, Cluster: "c1", Top: 100_000, Since: t0, Until: t0.Add(6 * time.Hour), History: true}
+	r, err := Build(ctx, en.Store.Conn(), o)
+	if err != nil {
+		t.Fatalf("18.16: %v", err)
+	}
+	if len(r.LostUpdates) == 0 || len(r.FieldFights) == 0 {
+		t.Fatalf("the synthesized history shows %d lost updates and %d field fights: nothing to compare", len(r.LostUpdates), len(r.FieldFights))
+	}
+	history := slices.DeleteFunc(en.Recorded(t, "history"), func(s enginetest.Statement) bool {
+		return !strings.Contains(s.SQL, "field_versions")
+	})
+	if len(history) < len(asql.HistoryStatements) {
+		t.Fatalf("the report ran %d statements on the field history, fewer than the %d findings", len(history), len(asql.HistoryStatements))
+	}
+	if n := en.SameAnswers(t, "", history); n < len(r.LostUpdates) {
+		t.Errorf("the history findings answered %d rows on both, fewer than the %d lost updates", n, len(r.LostUpdates))
 	}
 }

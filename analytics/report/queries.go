@@ -1,6 +1,10 @@
 package report
 
-import asql "github.com/stampguard/stampguard/analytics/sql"
+import (
+	"slices"
+
+	asql "github.com/stampguard/stampguard/analytics/sql"
+)
 
 // Query is one named analytics statement. The statements live in
 // analytics/sql, which the dashboards share; the report renders them with
@@ -23,5 +27,13 @@ var (
 	QueryNoopWrites          = asql.NoopWrites
 )
 
-// All lists every statement of the report.
-var All = asql.ReportStatements
+// All lists every statement the report can run.
+var All = slices.Concat(asql.ReportStatements, asql.HistoryStatements)
+
+// Statements lists the statements a report with these options runs.
+func Statements(o Options) []asql.Statement {
+	if o.History {
+		return All
+	}
+	return asql.ReportStatements
+}

@@ -1,6 +1,9 @@
 package sql
 
-import "strconv"
+import (
+	"slices"
+	"strconv"
+)
 
 // Statements the dashboards and alert rules read beside the report's:
 // series over buckets narrower than the hour caches' hours, the panels'
@@ -302,7 +305,7 @@ WHERE ` + cond
 
 // All lists every statement: the report's, then the dashboards' and alert
 // rules'.
-var All = append(append([]Statement{}, ReportStatements...),
+var All = append(slices.Concat(ReportStatements, HistoryStatements),
 	ConflictRateSeries, ConflictKindsSeries, StamplessGoneSeries, WriteLatencySeries,
 	ConflictsByNamespace, ConflictsByUserAgent, UnresolvedRetryLoops, ResolvedRetryLoops,
 	StamplessByWriter, PolicyDecisionsSeries, LeaseConflicts,

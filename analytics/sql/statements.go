@@ -558,9 +558,14 @@ HAVING conflicts >= @threshold
 ORDER BY conflicts DESC, user, api_group, resource, namespace, name, first_us
 LIMIT @top`
 
-// ReportStatements lists the report's statements, in report order.
+// ReportStatements lists the report's statements on the events, in
+// report order.
 var ReportStatements = []Statement{
 	Totals, ConflictsByUser, ConflictsByResource, HotObjects,
 	RetryLoops, StamplessUpdates, LeaseHolderChanges, PolicyDecisions,
-	LostUpdates, FieldFights, ConflictCauses, NoopWrites,
 }
+
+// HistoryStatements lists the report's findings on the field history, in
+// report order; the report runs them on request (they read every version
+// of the window's objects).
+var HistoryStatements = []Statement{LostUpdates, FieldFights, ConflictCauses, NoopWrites}

@@ -208,6 +208,9 @@ func TestDashboardQueriesOnClickHouse(t *testing.T) {
 					want = fmt.Sprint(tot.WriteAttempts)
 				case asql.AuditedStamplessWrites.Name:
 					want = fmt.Sprint(audited)
+				case asql.LostUpdateCount.Name:
+					// The report's lost updates over the window, all of them.
+					want = fmt.Sprint(len(reportOf("--history", "--top", "1000000").LostUpdates))
 				default:
 					t.Errorf("%s: no expectation for %s", q.Name, q.Statement.Name)
 					continue
