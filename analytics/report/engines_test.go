@@ -34,7 +34,7 @@ func reportShapes(db string) map[string]Options {
 		"no rollup": with(func(o *Options) {
 			o.Since, o.Until, o.NoRollup = t0.Add(-time.Hour), t0.Add(5*time.Hour), true
 		}),
-		"rollup only": with(func(o *Options) { o.Since, o.Until = t0, t0.Add(4*time.Hour) }),
+		"rollup only":       with(func(o *Options) { o.Since, o.Until = t0, t0.Add(4*time.Hour) }),
 		"the field history": with(func(o *Options) { o.Since, o.Until, o.History = t0.Add(-time.Hour), t0.Add(5*time.Hour), true }),
 		"rollup with edges": with(func(o *Options) {
 			o.Since, o.Until = t0.Add(-43*time.Minute+123*time.Microsecond), t0.Add(4*time.Hour+5*time.Minute)
