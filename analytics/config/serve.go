@@ -10,6 +10,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/stampguard/stampguard/analytics/pipeline"
 	"github.com/stampguard/stampguard/analytics/sink"
 	"github.com/stampguard/stampguard/internal/audit"
 	"github.com/stampguard/stampguard/internal/cli"
@@ -73,6 +74,8 @@ func (s *ServeConfig) Register(fs *flag.FlagSet) {
 	fs.DurationVar(&o.ShutdownTimeout, "shutdown-timeout", sink.DefaultShutdownTimeout, "bound of a graceful shutdown (keep it below the pod's terminationGracePeriodSeconds)")
 	fs.StringVar(&s.MemoryLimit, "memory-limit", DefaultServeMemoryLimit, "soft memory `limit` of the Go runtime (GOMEMLIMIT beats it); the GC works harder near it")
 	fs.IntVar(&s.GCPercent, "gc-percent", DefaultGCPercent, "Go GC target `percentage` (GOGC beats it): higher trades memory, capped by --memory-limit, for less GC CPU")
+	fs.DurationVar(&o.LostUpdates.Every, "lost-updates-every", pipeline.DefaultLostUpdatesEvery, "how often to count the lost updates of the field history into the gauge auditsink_lost_updates (0: never; off with --no-field-history)")
+	fs.DurationVar(&o.LostUpdates.Window, "lost-updates-window", pipeline.DefaultLostUpdatesWindow, "how far back each count of lost updates looks")
 	fs.StringVar(&s.CPUProfile, "cpu-profile", "", "write a Go CPU profile (pprof) of the whole run to this `file` (diagnostics)")
 }
 
@@ -112,6 +115,12 @@ func (s *ServeConfig) Resolve(w io.Writer) (*Serve, error) {
 			return nil, cli.Usagef("%s %d: want 1 or more", v.flag, v.n)
 		}
 	}
+	if o.LostUpdates.Every < 0 {
+		return nil, cli.Usagef("--lost-updates-every %s: want 0 (never) or a positive duration", o.LostUpdates.Every)
+	}
+	if o.LostUpdates.Window <= 0 {
+		return nil, cli.Usagef("--lost-updates-window %s: want a positive duration", o.LostUpdates.Window)
+	}
 	if o.ShutdownTimeout <= 0 {
 		return nil, cli.Usagef("--shutdown-timeout %s: want a positive duration", o.ShutdownTimeout)
 	}
@@ -150,6 +159,9 @@ func (s *ServeConfig) Resolve(w io.Writer) (*Serve, error) {
 	o.Stages = SplitList(s.Stages)
 	o.RedactResources = SplitList(s.RedactResources)
 	o.History = s.history
+	if o.History == nil {
+		o.LostUpdates.Every = 0 // no field history, no lost updates to count
+	}
 	o.Logger = conn.Logger
 	return &Serve{Options: o, MemoryLimit: mem, GCPercent: s.GCPercent, CPUProfile: s.CPUProfile}, nil
 }

@@ -25,6 +25,9 @@ type Metrics struct {
 	// TailLostBytes counts bytes a copytruncate rotation destroyed before
 	// tail read them.
 	TailLostBytes prometheus.Counter
+	// LostUpdates is serve's last count of lost updates, by cluster,
+	// namespace and cause (countLostEvery).
+	LostUpdates *prometheus.GaugeVec
 	// Signals are the live conflict counters of accepted webhook batches
 	// (the storm alerts' input), with the default bounds.
 	Signals *Signals
@@ -36,6 +39,8 @@ const (
 	OpMigrate   = "migrate"
 	OpRetention = "retention"
 	OpCompact   = "compaction"
+	// OpLostUpdates is serve's periodic count of lost updates.
+	OpLostUpdates = "lost_updates"
 )
 
 // Reasons a webhook batch is refused, the reason label of
@@ -79,19 +84,20 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Buckets: prometheus.ExponentialBuckets(0.005, 2, 12),
 		}),
 		CHErrors: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "auditsink_clickhouse_errors_total", Help: "Failed ClickHouse attempts (each is retried), by op: insert, migrate, retention, compaction.",
+			Name: "auditsink_clickhouse_errors_total", Help: "Failed ClickHouse attempts (each is retried), by op: insert, migrate, retention, compaction, lost_updates.",
 		}, []string{"op"}),
 		TailLostBytes: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "auditsink_tail_lost_bytes_total", Help: "Bytes of a followed log destroyed by a copytruncate rotation before tail read them.",
 		}),
 	}
+	m.LostUpdates = newLostUpdates()
 	m.Signals = NewSignals(reg, SignalOptions{})
-	for _, op := range []string{OpInsert, OpMigrate, OpRetention, OpCompact} {
+	for _, op := range []string{OpInsert, OpMigrate, OpRetention, OpCompact, OpLostUpdates} {
 		m.CHErrors.WithLabelValues(op) // export zeros, so that rate() sees the first error
 	}
 	if reg != nil {
 		reg.MustRegister(m.Accepted, m.Skipped, m.DeadLettered, m.BatchesRefused, m.Stored, m.Deduplicated,
-			m.SpoolBytes, m.FlushSeconds, m.CHErrors, m.TailLostBytes)
+			m.SpoolBytes, m.FlushSeconds, m.CHErrors, m.TailLostBytes, m.LostUpdates)
 	}
 	return m
 }

@@ -107,15 +107,19 @@ type SpoolOptions struct {
 	Parallel int
 	// Finish lets the inserts in flight at shutdown go on until it is done
 	// (DrainerOptions.Finish).
-	Finish  context.Context
-	Metrics *Metrics
-	Logger  *slog.Logger
+	Finish context.Context
+	// LostUpdates is the periodic count of lost updates (off when its
+	// Every is 0, or without Metrics to show it).
+	LostUpdates LostUpdateOptions
+	Metrics     *Metrics
+	Logger      *slog.Logger
 }
 
 // DrainSpool is serve's storing side: it waits for the schema (migrating
 // it unless NoMigrate), then drains the spool into st with a Drainer and
 // compacts the hour caches every DefaultCompactEvery; with Retention it
-// also drops expired days every hour. It runs until ctx is done (nil) or
+// also drops expired days every hour, and with LostUpdates it counts the
+// lost updates. It runs until ctx is done (nil) or
 // the Drainer fails (its error: without a drainer the spool only fills
 // up, so the caller stops, and a restart replays the spool).
 func DrainSpool(ctx context.Context, sp *spool.Spool, st *store.Store, o SpoolOptions) error {
@@ -133,6 +137,9 @@ func DrainSpool(ctx context.Context, sp *spool.Spool, st *store.Store, o SpoolOp
 		return nil //nolint:nilerr // it ends only with ctx: a shutdown
 	}
 	wg.Go(func() { CompactEvery(ctx, st, DefaultCompactEvery, o.Metrics, o.Logger) })
+	if o.LostUpdates.Every > 0 && o.Metrics != nil {
+		wg.Go(func() { countLostEvery(ctx, st, o.LostUpdates, o.Metrics, o.Logger) })
+	}
 	d := NewDrainer(sp, st, DrainerOptions{Metrics: o.Metrics, Parallel: o.Parallel, Finish: o.Finish,
 		Logger: o.Logger.With("component", "drainer")})
 	if err := d.Run(ctx); err != nil {

@@ -74,6 +74,10 @@ type Options struct {
 	// History stores the field history of the writes logged with their
 	// responses (internal/audit, fields.go) under its key; nil stores none.
 	History *audit.FieldHasher
+	// LostUpdates is the periodic count of lost updates into the gauge
+	// auditsink_lost_updates (pipeline.LostUpdateOptions; off by
+	// default, on at serve's flags' defaults).
+	LostUpdates pipeline.LostUpdateOptions
 	// MaxBodyBytes defaulted to DefaultMaxBodyBytes; MaxEventBytes to
 	// audit.DefaultMaxEventBytes.
 	MaxBodyBytes  int64
@@ -211,7 +215,7 @@ func Run(ctx context.Context, o Options) error {
 	drainerErr := make(chan error, 1)
 	wg.Go(func() {
 		if err := pipeline.DrainSpool(bg, sp, st, pipeline.SpoolOptions{NoMigrate: o.NoMigrate, Retention: o.Retention,
-			Parallel: o.InsertParallel, Finish: finish, Metrics: metrics, Logger: log}); err != nil {
+			Parallel: o.InsertParallel, Finish: finish, LostUpdates: o.LostUpdates, Metrics: metrics, Logger: log}); err != nil {
 			drainerErr <- err
 		}
 	})

@@ -209,6 +209,19 @@ SELECT toUInt64(count()) AS lost
 FROM ` + fieldChanges + `
 WHERE ` + LostCause + ` != '' AND {filters}`}
 
+	// LostUpdatesByNamespace counts the lost updates of the window by
+	// namespace and cause, for the sink's gauge (auditsink_lost_updates)
+	// that the chart's PrometheusRule alerts on.
+	LostUpdatesByNamespace = Statement{Name: "lost_updates_by_namespace", Title: "Lost updates by namespace", Shape: Rows,
+		Params: filtered, Time: []Window{Whole},
+		Columns: []string{"namespace", "cause", "lost"},
+		SQL: `
+SELECT namespace, cause, toUInt64(count()) AS lost
+FROM (SELECT namespace, ` + LostCause + ` AS cause FROM ` + fieldChanges + ` WHERE {filters})
+WHERE cause != ''
+GROUP BY namespace, cause
+ORDER BY namespace, cause`}
+
 	// LostUpdates are the changes that overwrote another writer's value
 	// without having seen it (LostCause).
 	LostUpdates = Statement{Name: "lost_updates", Title: "Lost updates", Shape: Rows,

@@ -310,4 +310,4 @@ var All = append(slices.Concat(ReportStatements, HistoryStatements),
 	ConflictsByNamespace, ConflictsByUserAgent, UnresolvedRetryLoops, ResolvedRetryLoops,
 	StamplessByWriter, PolicyDecisionsSeries, LeaseConflicts,
 	GoneByWriter, LeaseChangesSeries, RawEvents,
-	ConflictRate, WriteAttempts, StaleRetryLoops, AuditedStamplessWrites, StormIntervals, LostUpdateCount)
+	ConflictRate, WriteAttempts, StaleRetryLoops, AuditedStamplessWrites, StormIntervals, LostUpdateCount, LostUpdatesByNamespace)
