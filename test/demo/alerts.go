@@ -26,8 +26,24 @@ var demoRuleValues = []string{
 	"prometheusRule.grafanaURL=http://127.0.0.1:3000",
 }
 
-// stormAlert is the alert the demo waits for in Alertmanager.
-const stormAlert = "StampguardConflictStorm"
+// The alerts the demo waits for in Alertmanager: the storm during the
+// workload, and after it the lost update of the release bot's laundered
+// stamp (the sink counts lost updates every lostUpdatesEvery, the demo's
+// timescale for the chart's 1m).
+const (
+	stormAlert       = "StampguardConflictStorm"
+	lostUpdatesAlert = "StampguardLostUpdates"
+	lostUpdatesEvery = "5s"
+)
+
+// alertFilter is Alertmanager's matcher of an alert by name and, for the
+// lost updates, the release bot's cause.
+func alertFilter(name string) []string {
+	if name == lostUpdatesAlert {
+		return []string{`alertname="` + name + `"`, `cause="laundered_stamp"`}
+	}
+	return []string{`alertname="` + name + `"`}
+}
 
 // alerting is the running Prometheus and Alertmanager.
 type alerting struct {
@@ -131,7 +147,7 @@ func (a *alerting) watch(ctx context.Context) {
 	tick := time.NewTicker(time.Second)
 	defer tick.Stop()
 	for {
-		if al := a.poll(ctx); al != nil {
+		if al := a.poll(ctx, stormAlert); al != nil {
 			a.mu.Lock()
 			a.received = al
 			a.mu.Unlock()
@@ -145,8 +161,9 @@ func (a *alerting) watch(ctx context.Context) {
 	}
 }
 
-func (a *alerting) poll(ctx context.Context) *amAlert {
-	q := url.Values{"filter": {`alertname="` + stormAlert + `"`}, "active": {"true"}}
+// poll lists the active alerts of name, and returns the first.
+func (a *alerting) poll(ctx context.Context, name string) *amAlert {
+	q := url.Values{"filter": alertFilter(name), "active": {"true"}}
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+a.alertmanager+"/api/v2/alerts?"+q.Encode(), nil)
 	if err != nil {
 		return nil
@@ -173,7 +190,18 @@ func (a *alerting) awaitStorm(ctx context.Context, timeout time.Duration) *amAle
 		if al != nil || time.Now().After(deadline) || ctx.Err() != nil {
 			return al
 		}
-		if al = a.poll(ctx); al != nil {
+		if al = a.poll(ctx, stormAlert); al != nil {
+			return al
+		}
+		time.Sleep(time.Second)
+	}
+}
+
+// await waits up to timeout for an active alert of name.
+func (a *alerting) await(ctx context.Context, name string, timeout time.Duration) *amAlert {
+	deadline := time.Now().Add(timeout)
+	for {
+		if al := a.poll(ctx, name); al != nil || time.Now().After(deadline) || ctx.Err() != nil {
 			return al
 		}
 		time.Sleep(time.Second)

@@ -242,6 +242,9 @@ func (d *demo) play(ctx context.Context) (*wl.Result, error) {
 		fmt.Sprintf("%s keeps PUTting a stale copy of %s (a retry loop that never ends)", contention.StuckOperator, contention.Catalog),
 		fmt.Sprintf("%s and %s elect a leader through lease %s; the first crashes halfway", contention.WorkerA, contention.WorkerB, contention.Lease),
 		fmt.Sprintf("%s PUTs its manifest over %s and trips the replicas owner and the team label", contention.DeployTool, contention.Deployment),
+		fmt.Sprintf("in %s, unguarded: %s `kubectl replace`s a stale %s over %s's timeout, %s's stampless PUTs drop %s's flag (lost updates)",
+			contention.Legacy, contention.ReleaseBot, contention.Checkout, contention.OnCall, contention.Script, contention.OnCall),
+		fmt.Sprintf("in %s, the autoscaler and GitOps set %s's replicas back and forth (a field fight)", contention.Legacy, contention.Deployment),
 	} {
 		d.note("- %s", l)
 	}
@@ -282,6 +285,16 @@ func (d *demo) play(ctx context.Context) (*wl.Result, error) {
 		}
 		return nil, fmt.Errorf("no %s alert reached Alertmanager (http://%s) within a minute of the workload; Prometheus: http://%s/alerts, logs in %s",
 			stormAlert, d.alerting.alertmanager, d.alerting.prometheus, d.rel(d.logs))
+	}
+	d.printAlert(al)
+
+	d.step("a lost update, as Alertmanager received it from Prometheus (the sink counts them every %s)", lostUpdatesEvery)
+	if al = d.alerting.await(ctx, lostUpdatesAlert, time.Minute); al == nil {
+		if ctx.Err() != nil {
+			return nil, context.Cause(ctx)
+		}
+		return nil, fmt.Errorf("no %s alert reached Alertmanager (http://%s) within a minute of the workload; the sink's gauge: http://%s/metrics (auditsink_lost_updates), logs in %s",
+			lostUpdatesAlert, d.alerting.alertmanager, d.sink.metrics, d.rel(d.logs))
 	}
 	d.printAlert(al)
 	return res, nil

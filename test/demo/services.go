@@ -60,7 +60,7 @@ func (d *demo) startSink(ctx context.Context, token string) (*sink, error) {
 	p, err := d.startProc("auditsink", filepath.Join(d.bin, "auditsink"), []string{"serve",
 		"--listen", addr, "--tls-cert", pki.cert, "--tls-key", pki.key, "--token-file", tokenFile,
 		"--spool-dir", filepath.Join(d.state, "spool"), "--metrics-listen", metrics, "--cluster", cluster,
-		"--log-level", "warn",
+		"--log-level", "warn", "--lost-updates-every", lostUpdatesEvery,
 	}, []string{"AUDITSINK_CLICKHOUSE_DSN=" + d.dsn()})
 	if err != nil {
 		return nil, err

@@ -11,7 +11,13 @@
 //   - two workers elect a leader through a Lease, and the first one's crash
 //     hands it to the second;
 //   - a deploy tool PUTs its manifest, trips the replicas owner (and once the
-//     immutable team label), then drops those fields and retries.
+//     immutable team label), then drops those fields and retries;
+//   - in the legacy namespace, where nothing is enforced, the on-call SRE
+//     raises a timeout and turns a flag on, a release bot `kubectl
+//     replace`s its stale manifest over the timeout and the script's
+//     stampless PUTs drop the flag (two lost updates a cycle), and a GitOps
+//     controller keeps setting the replicas the autoscaler keeps changing
+//     (a field fight with no conflict at all).
 //
 // The policies the run meets are examples/demo-policies.yaml (`make demo`
 // applies them); Truth knows what its Audit-mode policy records.
@@ -53,6 +59,7 @@ const (
 	Deployment = "web"
 	Catalog    = "catalog"       // the controllers' ConfigMap
 	Flags      = "feature-flags" // the script's ConfigMap, in both namespaces
+	Checkout   = "checkout"      // the release bot's ConfigMap, in Legacy
 	Lease      = "billing-leader"
 )
 
@@ -64,7 +71,21 @@ const (
 	DeployTool    = "deploy-tool"
 	WorkerA       = "billing-worker-1"
 	WorkerB       = "billing-worker-2"
+	OnCall        = "oncall-sre"
+	ReleaseBot    = "release-bot"
+	GitOps        = "system:serviceaccount:argocd:argocd-application-controller"
 )
+
+// The fields of the legacy namespace's lost updates: the timeout the
+// release bot's manifest resets and the flag the script's PUTs drop.
+const (
+	TimeoutKey = "timeout"
+	SearchFlag = "search"
+)
+
+// GitOpsReplicas is the replica count in the GitOps controller's manifest
+// of Legacy's Deployment; the autoscaler's curve never reaches it.
+const GitOpsReplicas = 2
 
 // Controllers are the three writers in read-modify-write contention.
 var Controllers = []string{"controller-a", "controller-b", "controller-c"}
@@ -115,7 +136,7 @@ func Run(ctx context.Context, admin *rest.Config, o Options) (*wl.Result, error)
 		return nil, err
 	}
 	clients := map[string]kubernetes.Interface{}
-	for _, w := range append([]string{Autoscaler, Script, StuckOperator, DeployTool, WorkerA, WorkerB}, Controllers...) {
+	for _, w := range append([]string{Autoscaler, Script, StuckOperator, DeployTool, WorkerA, WorkerB, OnCall, ReleaseBot, GitOps}, Controllers...) {
 		if clients[w], err = rec.Client(w); err != nil {
 			return nil, err
 		}
@@ -143,6 +164,8 @@ func Run(ctx context.Context, admin *rest.Config, o Options) (*wl.Result, error)
 	goWriter("stuck operator", r.stuckOperator)
 	goWriter("deploy tool", r.deployTool)
 	goWriter("leader election", r.leaderElection)
+	goWriter("incident", r.incident)
+	goWriter("gitops", r.gitops)
 
 	timer := time.NewTimer(o.Duration)
 	tick := time.NewTicker(time.Second)
@@ -303,13 +326,18 @@ func seed(ctx context.Context, admin *rest.Config) error {
 			return fmt.Errorf("create namespace %s: %w", ns, err)
 		}
 	}
-	if _, err := cs.AppsV1().Deployments(Shop).Create(ctx, webDeployment("registry.example/web:1.0", 3, "storefront"), metav1.CreateOptions{}); err != nil {
-		return fmt.Errorf("create deployment %s/%s: %w", Shop, Deployment, err)
+	for _, ns := range []string{Shop, Legacy} {
+		d := webDeployment("registry.example/web:1.0", 3, "storefront")
+		d.Namespace = ns
+		if _, err := cs.AppsV1().Deployments(ns).Create(ctx, d, metav1.CreateOptions{}); err != nil {
+			return fmt.Errorf("create deployment %s/%s: %w", ns, Deployment, err)
+		}
 	}
 	for _, c := range []*corev1.ConfigMap{
 		configMap(Shop, Catalog, map[string]string{}),
 		configMap(Shop, Flags, map[string]string{"checkout": "v1"}),
 		configMap(Legacy, Flags, map[string]string{"checkout": "v1"}),
+		releaseManifest(),
 	} {
 		if _, err := cs.CoreV1().ConfigMaps(c.Namespace).Create(ctx, c, metav1.CreateOptions{}); err != nil {
 			return fmt.Errorf("create configmap %s/%s: %w", c.Namespace, c.Name, err)
@@ -347,29 +375,115 @@ func (r *run) controller(ctx context.Context, me string, stream int64) error {
 	return nil
 }
 
-// autoscaler follows a load curve through the scale subresource.
+// autoscaler follows a load curve through the scale subresource, on the
+// Deployment of both namespaces.
 func (r *run) autoscaler(ctx context.Context) error {
-	d := r.clients[Autoscaler].AppsV1().Deployments(Shop)
 	curve := []int32{4, 5, 6, 5}
-	for i := 0; ; i++ {
-		r.manifest.Lock()
-		err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
+	scale := func(ns string, replicas int32) error {
+		d := r.clients[Autoscaler].AppsV1().Deployments(ns)
+		return retry.RetryOnConflict(retry.DefaultRetry, func() error {
 			s, err := d.GetScale(ctx, Deployment, metav1.GetOptions{})
 			if err != nil {
 				return err
 			}
-			s.Spec.Replicas = curve[i%len(curve)]
+			s.Spec.Replicas = replicas
 			_, err = d.UpdateScale(ctx, Deployment, s, metav1.UpdateOptions{})
 			return err
 		})
+	}
+	for i := 0; ; i++ {
+		r.manifest.Lock()
+		err := scale(Shop, curve[i%len(curve)])
 		r.manifest.Unlock()
 		if err := storyError(err); err != nil {
+			return err
+		}
+		if err := storyError(scale(Legacy, curve[i%len(curve)])); err != nil {
 			return err
 		}
 		if !r.pause(1500 * time.Millisecond) {
 			return nil
 		}
 	}
+}
+
+// incident is the legacy namespace's lost updates, in cycles: the on-call
+// SRE raises the checkout timeout and turns the search flag on, each a
+// stamped read-modify-write; a second later the release bot replaces the
+// checkout ConfigMap with its manifest as `kubectl replace -f` does (GET
+// the live object, copy its resourceVersion into the manifest, PUT it with
+// field manager kubectl-replace): the stamp is fresh, the content stale,
+// and the timeout goes back. The script's next stampless PUT of the flags
+// drops the flag.
+func (r *run) incident(ctx context.Context) error {
+	edit := func(name string, change func(map[string]string)) error {
+		cms := r.clients[OnCall].CoreV1().ConfigMaps(Legacy)
+		return retry.RetryOnConflict(retry.DefaultRetry, func() error {
+			cm, err := cms.Get(ctx, name, metav1.GetOptions{})
+			if err != nil {
+				return err
+			}
+			if cm.Data == nil {
+				cm.Data = map[string]string{}
+			}
+			change(cm.Data)
+			_, err = cms.Update(ctx, cm, metav1.UpdateOptions{})
+			return err
+		})
+	}
+	bot := r.clients[ReleaseBot].CoreV1().ConfigMaps(Legacy)
+	for n := 1; r.pause(time.Second); n++ {
+		err := edit(Checkout, func(d map[string]string) { d[TimeoutKey] = strconv.Itoa(10+n) + "s" })
+		if err := storyError(err); err != nil {
+			return err
+		}
+		err = edit(Flags, func(d map[string]string) { d[SearchFlag] = "on" })
+		if err := storyError(err); err != nil {
+			return err
+		}
+		if !r.pause(time.Second) {
+			return nil
+		}
+		live, err := bot.Get(ctx, Checkout, metav1.GetOptions{})
+		if err != nil {
+			return fmt.Errorf("read the checkout config: %w", err)
+		}
+		manifest := releaseManifest()
+		manifest.ResourceVersion = live.ResourceVersion
+		_, err = bot.Update(ctx, manifest, metav1.UpdateOptions{FieldManager: "kubectl-replace"})
+		if err := storyError(err); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// releaseManifest is the release bot's checkout ConfigMap.
+func releaseManifest() *corev1.ConfigMap {
+	return configMap(Legacy, Checkout, map[string]string{TimeoutKey: "5s", "retries": "3"})
+}
+
+// gitops syncs Legacy's Deployment to its manifest's replicas every two
+// seconds, a stamped read-modify-write with retry; the autoscaler changes
+// them back in between. No write is blind and none conflicts for long:
+// the field just flaps.
+func (r *run) gitops(ctx context.Context) error {
+	d := r.clients[GitOps].AppsV1().Deployments(Legacy)
+	for r.pause(2 * time.Second) {
+		err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
+			live, err := d.Get(ctx, Deployment, metav1.GetOptions{})
+			if err != nil {
+				return err
+			}
+			live.Spec.Replicas = ptr.To(int32(GitOpsReplicas))
+			_, err = d.Update(ctx, live, metav1.UpdateOptions{FieldManager: "argocd-controller"})
+			return err
+		})
+		if err := storyError(err); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // script PUTs manifests built from scratch, without resourceVersion, the way
