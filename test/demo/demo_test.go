@@ -299,7 +299,7 @@ func lostUpdatesHappened(t *testing.T, r report.Report) {
 	t.Helper()
 	want := map[[5]string]bool{
 		{contention.Checkout, "data." + contention.TimeoutKey, contention.ReleaseBot, contention.OnCall, "laundered_stamp"}: false,
-		{contention.Flags, "data." + contention.SearchFlag, contention.Script, contention.OnCall, "stampless"}:               false,
+		{contention.Flags, "data." + contention.SearchFlag, contention.Script, contention.OnCall, "stampless"}:              false,
 	}
 	for _, l := range r.LostUpdates {
 		if l.Namespace != contention.Legacy {
