@@ -90,11 +90,12 @@ func (g *generator) alertBinder() asql.Grafana {
 		asql.Cluster.Name:   "'" + strings.NewReplacer(`\`, `\\`, `'`, `\'`).Replace(a.Cluster) + "'",
 		asql.Namespace.Name: "''", asql.Resource.Name: "''", asql.User.Name: "''", asql.Name.Name: "''",
 		asql.Verb.Name: "''", asql.Code.Name: "''", asql.HideSystem.Name: "'no'",
-		asql.Top.Name:       "1000",
-		asql.GapUs.Name:     fmt.Sprint(g.o.LoopGap.Microseconds()),
-		asql.Threshold.Name: fmt.Sprint(g.o.LoopThreshold),
-		asql.MinWrites.Name: fmt.Sprint(a.MinWrites),
-		asql.StaleUs.Name:   fmt.Sprint(a.LoopStale.Microseconds()),
+		asql.Top.Name:         "1000",
+		asql.GapUs.Name:       fmt.Sprint(g.o.LoopGap.Microseconds()),
+		asql.Threshold.Name:   fmt.Sprint(g.o.LoopThreshold),
+		asql.MinHandoffs.Name: fmt.Sprint(g.o.FightHandoffs),
+		asql.MinWrites.Name:   fmt.Sprint(a.MinWrites),
+		asql.StaleUs.Name:     fmt.Sprint(a.LoopStale.Microseconds()),
 	}}
 }
 

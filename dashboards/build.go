@@ -79,7 +79,7 @@ var Verbs = []string{"create", "update", "patch", "delete", "deletecollection", 
 
 // RequestFiltersNote ends the description of every ClickHouse panel that
 // the verb and code variables do not narrow.
-const RequestFiltersNote = "The verb and code filters do not apply to this panel: it reads the hour caches, which keep neither."
+const RequestFiltersNote = "The verb and code filters do not apply to this panel: it reads the hour caches or the field history, which keep neither."
 
 func (g *generator) newBoard(uid, title, description string, tags ...string) *board {
 	// The classic dashboard model (deprecated in the SDK for dashboardv2):
@@ -115,6 +115,7 @@ func (g *generator) clickHouseBoard(uid, title, description string, tags ...stri
 		asql.Top.Name:             fmt.Sprint(g.o.Top),
 		asql.GapUs.Name:           fmt.Sprint(g.o.LoopGap.Microseconds()),
 		asql.Threshold.Name:       fmt.Sprint(g.o.LoopThreshold),
+		asql.MinHandoffs.Name:     fmt.Sprint(g.o.FightHandoffs),
 		asql.MinWrites.Name:       fmt.Sprint(g.o.Alerts.MinWrites),
 		asql.MinBucketWrites.Name: fmt.Sprint(g.o.MinBucketWrites),
 		asql.StormS.Name:          fmt.Sprint(int64(g.o.Alerts.StormWindow / time.Second)),

@@ -137,7 +137,7 @@ func (g *generator) hotObjects() *board {
 	bd.add(bd.table("Lost updates", "Writes that changed a field another writer had set, without having seen it: a stampless update, kubectl replace's laundered stamp, a forced server-side apply, or a patch that replaced a list (docs/auditsink.md, Lost updates). Times in Unix microseconds.", asql.LostUpdates, 24, 8).
 		OverrideByName("writer", []dashboard.DynamicConfigValue{writerLink}).
 		OverrideByName("name", []dashboard.DynamicConfigValue{objectLink}))
-	bd.add(bd.table("Field fights", "Fields of one object that changed hands between writers at least three times: two honest writers setting one field back and forth (the HPA and a GitOps tool on spec.replicas). Times in Unix microseconds.", asql.FieldFights, 24, 7).
+	bd.add(bd.table("Field fights", fmt.Sprintf("Fields of one object that changed hands between writers at least %d times: two honest writers setting one field back and forth (the HPA and a GitOps tool on spec.replicas). Times in Unix microseconds.", g.o.FightHandoffs), asql.FieldFights, 24, 7).
 		OverrideByName("name", []dashboard.DynamicConfigValue{objectLink}))
 	bd.add(bd.table("Who caused the version conflicts", "For each version conflict on an object with a field history, the writers whose writes came between the stale stamp and the 409 (blocked_by empty: not in the history).", asql.ConflictCauses, 12, 8).
 		OverrideByName("writer", []dashboard.DynamicConfigValue{writerLink}))

@@ -22,6 +22,10 @@ type Options struct {
 	// LoopThreshold is the fewest version conflicts that make a retry
 	// loop, as the report's --loop-threshold. Defaults to 5.
 	LoopThreshold int
+	// FightHandoffs is the fewest handoffs of a field between writers
+	// that make a field fight, as the report's --fight-handoffs. Defaults
+	// to 3.
+	FightHandoffs int
 	// BaselineConflictRate is the healthy version-conflict rate: the
 	// threshold line on the rate panels. Defaults to 0.02 (2 % of writes).
 	BaselineConflictRate float64
@@ -124,6 +128,9 @@ func (o *Options) setDefaults() {
 	defDur(&o.LoopGap, 5*time.Minute)
 	if o.LoopThreshold <= 0 {
 		o.LoopThreshold = 5
+	}
+	if o.FightHandoffs <= 0 {
+		o.FightHandoffs = 3
 	}
 	defNum(&o.BaselineConflictRate, 0.02)
 	if o.MinBucketWrites <= 0 {

@@ -13,7 +13,7 @@ import (
 type ReportConfig struct {
 	Config
 	Cluster, Since, Until, Namespace, Resource, User, Format string
-	Top, LoopThreshold                                       int
+	Top, LoopThreshold, FightHandoffs                        int
 	LoopGap                                                  time.Duration
 	// History is --history: the findings on the field history.
 	History bool
@@ -32,6 +32,7 @@ func (r *ReportConfig) Register(fs *flag.FlagSet) {
 	fs.StringVar(&r.Format, "format", "table", "output `format`: table or json")
 	fs.DurationVar(&r.LoopGap, "loop-gap", report.DefaultLoopGap, "longest pause inside a retry loop")
 	fs.IntVar(&r.LoopThreshold, "loop-threshold", report.DefaultLoopThreshold, "fewest consecutive conflicts that make a retry loop, 2 or more")
+	fs.IntVar(&r.FightHandoffs, "fight-handoffs", report.DefaultFightHandoffs, "fewest handoffs of a field between writers (in the window) that make a field fight, 2 or more; with --history")
 	fs.BoolVar(&r.History, "history", false, "also report lost updates, field fights, conflict causes and no-op writes from the field history (read raw: slow on busy days, see BENCHMARKS.md)")
 }
 
@@ -53,6 +54,9 @@ func (r *ReportConfig) Resolve(now time.Time, w io.Writer) (*Report, error) {
 	if r.LoopThreshold < 2 {
 		return nil, cli.Usagef("--loop-threshold %d: want 2 or more conflicts (one conflict is no loop)", r.LoopThreshold)
 	}
+	if r.FightHandoffs < 2 {
+		return nil, cli.Usagef("--fight-handoffs %d: want 2 or more (a field set back and forth changes hands twice)", r.FightHandoffs)
+	}
 	if r.LoopGap <= 0 {
 		return nil, cli.Usagef("--loop-gap %s: want a positive duration", r.LoopGap)
 	}
@@ -60,7 +64,7 @@ func (r *ReportConfig) Resolve(now time.Time, w io.Writer) (*Report, error) {
 		return nil, err
 	}
 	o := report.Options{Cluster: r.Cluster, Top: r.Top, Namespace: r.Namespace, Resource: r.Resource, User: r.User,
-		LoopGap: r.LoopGap, LoopThreshold: r.LoopThreshold, History: r.History, Until: now}
+		LoopGap: r.LoopGap, LoopThreshold: r.LoopThreshold, History: r.History, FightHandoffs: r.FightHandoffs, Until: now}
 	var err error
 	if o.Since, err = cli.ParseTime(r.Since, now); err != nil {
 		return nil, cli.Usagef("--since: %w", err)

@@ -71,7 +71,7 @@ func TestGrafanaBinderEqualsReportBinder(t *testing.T) {
 	if err := conn.QueryRow(ctx, "SELECT writer, name FROM "+db+".events_by_hour WHERE "+asql.VersionConflict+" GROUP BY writer, name ORDER BY count() DESC, writer, name LIMIT 1").Scan(&hotWriter, &hotName); err != nil {
 		t.Fatal(err)
 	}
-	values := map[string]string{"top": "1000", "gap_us": "300000000", "threshold": "5", "min_writes": "10", "stale_us": "600000000", "storm_s": "600", "storm_rate": "0.2", "min_bucket_writes": "3", "verb": "''", "code": "''", "hide_system": "'no'"}
+	values := map[string]string{"top": "1000", "gap_us": "300000000", "threshold": "5", "min_handoffs": "3", "min_writes": "10", "stale_us": "600000000", "storm_s": "600", "storm_rate": "0.2", "min_bucket_writes": "3", "verb": "''", "code": "''", "hide_system": "'no'"}
 	extra := []any{clickhouse.Named("interval_s", uint64(600)), clickhouse.Named("min_writes", uint64(10)), clickhouse.Named("stale_us", uint64(600_000_000)),
 		clickhouse.Named("storm_s", uint64(600)), clickhouse.Named("storm_rate", 0.2), clickhouse.Named("min_bucket_writes", uint64(3))}
 	type filter struct {

@@ -40,7 +40,7 @@ func BenchmarkGrafanaStatements(b *testing.B) {
 	}
 	g := asql.Grafana{Database: db,
 		Variables: panelVariables,
-		Values: map[string]string{"top": "20", "gap_us": "300000000", "threshold": "5", "min_writes": "50", "stale_us": "900000000",
+		Values: map[string]string{"top": "20", "gap_us": "300000000", "threshold": "5", "min_handoffs": "3", "min_writes": "50", "stale_us": "900000000",
 			"storm_s": "600", "storm_rate": "0.2", "min_bucket_writes": "10", "verb": "''", "code": "''", "hide_system": "'no'"}}
 	from := t0.Add(9*time.Hour + 17*time.Minute + 23*time.Second)
 	ranges := []struct {

@@ -126,7 +126,7 @@ func compare(t *testing.T, once *store.Store, onceDB string, twice *store.Store,
 	// The dashboards' forms of every statement answer as the single
 	// writer's database does.
 	vars := panelVariables
-	values := map[string]string{"top": "1000", "gap_us": "300000000", "threshold": "5", "min_writes": "10", "stale_us": "600000000", "storm_s": "600", "storm_rate": "0.2", "min_bucket_writes": "3", "verb": "''", "code": "''", "hide_system": "'no'"}
+	values := map[string]string{"top": "1000", "gap_us": "300000000", "threshold": "5", "min_handoffs": "3", "min_writes": "10", "stale_us": "600000000", "storm_s": "600", "storm_rate": "0.2", "min_bucket_writes": "3", "verb": "''", "code": "''", "hide_system": "'no'"}
 	for _, w := range panels {
 		e := asql.Expansion{From: t0.Add(w[0]), To: t0.Add(w[1]), Interval: 10 * time.Minute,
 			Vars: map[string][]string{"cluster": {"c1"}, "name": {""}}, All: map[string]bool{"namespace": true, "resource": true, "user": true}}

@@ -43,6 +43,9 @@ type Options struct {
 	// the window's history raw, which at 10M events a day takes minutes
 	// (BENCHMARKS.md); without it their lists are empty.
 	History bool
+	// FightHandoffs is the fewest handoffs of a field between writers
+	// that make a field fight. Defaults to DefaultFightHandoffs (3).
+	FightHandoffs int
 
 	// plan is where the figures come from: the clean hours' caches and
 	// the raw rest.
@@ -59,6 +62,9 @@ const (
 	DefaultLoopGap = 5 * time.Minute
 	// DefaultLoopThreshold is Options.LoopThreshold's default.
 	DefaultLoopThreshold = 5
+	// DefaultFightHandoffs is Options.FightHandoffs's default: a value
+	// set, taken, taken back and taken again.
+	DefaultFightHandoffs = 3
 )
 
 func (o *Options) setDefaults() {
@@ -73,6 +79,9 @@ func (o *Options) setDefaults() {
 	}
 	if o.LoopThreshold <= 0 {
 		o.LoopThreshold = DefaultLoopThreshold
+	}
+	if o.FightHandoffs <= 0 {
+		o.FightHandoffs = DefaultFightHandoffs
 	}
 }
 
@@ -239,6 +248,7 @@ func (o *Options) args() []any {
 		clickhouse.Named(asql.Top.Name, o.Top),
 		clickhouse.Named(asql.GapUs.Name, uint64(o.LoopGap.Microseconds())),
 		clickhouse.Named(asql.Threshold.Name, o.LoopThreshold),
+		clickhouse.Named(asql.MinHandoffs.Name, uint64(o.FightHandoffs)),
 	}
 }
 

@@ -184,10 +184,10 @@ ORDER BY conflicts DESC, writer, blocked_by
 LIMIT @top`}
 
 	// FieldFights are the object fields that changed hands between
-	// writers at least three times in the window: a change by another
-	// writer than the one who set the value before is a handoff.
+	// writers at least @min_handoffs times in the window: a change by
+	// another writer than the one who set the value before is a handoff.
 	FieldFights = Statement{Name: "field_fights", Title: "Field fights", Shape: Rows,
-		Params: with(filtered, Top), Time: []Window{Whole},
+		Params: with(filtered, Top, MinHandoffs), Time: []Window{Whole},
 		Columns: []string{"api_group", "resource", "namespace", "name", "field", "writers", "changes", "handoffs", "first_us", "last_us"},
 		SQL: `
 SELECT api_group, resource, namespace, name, field, arraySort(groupUniqArray(writer)) AS writers, toUInt64(count()) AS changes,
@@ -195,7 +195,7 @@ SELECT api_group, resource, namespace, name, field, arraySort(groupUniqArray(wri
 FROM ` + fieldChanges + `
 WHERE {filters}
 GROUP BY api_group, resource, namespace, name, field
-HAVING handoffs >= 3 AND length(writers) >= 2
+HAVING handoffs >= @min_handoffs AND length(writers) >= 2
 ORDER BY handoffs DESC, api_group, resource, namespace, name, field
 LIMIT @top`}
 

@@ -43,7 +43,7 @@ func TestValidateNamesTheProblem(t *testing.T) {
 var dashboardBinder = Grafana{Database: "stampguard",
 	Variables: map[string]Variable{"cluster": {Name: "cluster"}, "namespace": {Name: "namespace", Multi: true}, "resource": {Name: "resource", Multi: true}, "user": {Name: "user", Multi: true}, "name": {Name: "name"},
 		"verb": {Name: "verb", Multi: true}, "code": {Name: "code", Multi: true}, "hide_system": {Name: "hide_system"}},
-	Values: map[string]string{"top": "20", "gap_us": "300000000", "threshold": "5", "min_writes": "20", "stale_us": "600000000", "storm_s": "600", "storm_rate": "0.2", "min_bucket_writes": "10"}}
+	Values: map[string]string{"top": "20", "gap_us": "300000000", "threshold": "5", "min_handoffs": "3", "min_writes": "20", "stale_us": "600000000", "storm_s": "600", "storm_rate": "0.2", "min_bucket_writes": "10"}}
 
 var leftover = regexp.MustCompile(`@[a-z_]+|\{[a-z_]+\}`)
 

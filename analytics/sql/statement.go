@@ -45,6 +45,7 @@ var (
 	Top             = Param{Name: "top", Type: TypeInt, Meaning: "bounds every list"}
 	GapUs           = Param{Name: "gap_us", Type: TypeUInt64, Meaning: "the longest pause inside a retry loop, in microseconds"}
 	Threshold       = Param{Name: "threshold", Type: TypeInt, Meaning: "the fewest version conflicts that make a retry loop"}
+	MinHandoffs     = Param{Name: "min_handoffs", Type: TypeUInt64, Meaning: "the fewest handoffs (changes of a field by another writer than the one who set its value before) that make a field fight"}
 	IntervalS       = Param{Name: "interval_s", Type: TypeUInt64, Meaning: "the width of a series' time bucket, in seconds"}
 	MinWrites       = Param{Name: "min_writes", Type: TypeUInt64, Meaning: "the fewest write attempts for a conflict rate other than 0"}
 	StaleUs         = Param{Name: "stale_us", Type: TypeUInt64, Meaning: "how long after its last conflict an unresolved retry loop counts as stale, in microseconds"}

@@ -132,6 +132,8 @@ func TestCommandLines(t *testing.T) {
 		{"report --top 0", []string{"report", "--top", "0"}, "--top 0: want 1 or more"},
 		{"report --loop-threshold 0", []string{"report", "--loop-threshold", "0"}, "--loop-threshold 0: want 2 or more"},
 		{"report --loop-gap 0s", []string{"report", "--loop-gap", "0s"}, "--loop-gap 0s: want a positive duration"},
+		{"report --fight-handoffs 1", []string{"report", "--fight-handoffs", "1"}, "--fight-handoffs 1: want 2 or more"},
+		{"serve --lost-updates-window 0s", []string{"serve", "--plaintext", "--allow-unauthenticated", "--lost-updates-window", "0s"}, "--lost-updates-window 0s: want a positive duration"},
 		{"report --format yaml", []string{"report", "--format", "yaml"}, `--format "yaml": want table or json`},
 		{"report --since soon", []string{"report", "--since", "soon"}, "--since: "},
 		{"report --top x", []string{"report", "--top", "x"}, `invalid value "x" for flag -top`},
