@@ -8,7 +8,7 @@ GOLANGCI_VER ?= v2.15.0
 HELM_VER     ?= v3.22.0
 CTRLGEN_VER  ?= v0.23.0
 # chDB's engine (ClickHouse 26.7 as a library) from the npm registry, for
-# the cross-engine tests (internal/chdbtest).
+# the cross-engine tests (test/chdbtest).
 CHDB_PKG     := @chdb/lib-linux-x64-gnu
 CHDB_VER     := 26.7.3-stable.1
 CHDB_LIB     := $(BIN)/chdb-26.7.3/libchdb.so

@@ -16,7 +16,7 @@ import (
 
 	asql "github.com/stampguard/stampguard/analytics/sql"
 	"github.com/stampguard/stampguard/dashboards"
-	"github.com/stampguard/stampguard/internal/chtest"
+	"github.com/stampguard/stampguard/test/chtest"
 )
 
 // This file evaluates the generated Grafana alert rules the way Grafana's

@@ -12,7 +12,7 @@ import (
 	"github.com/stampguard/stampguard/analytics/store"
 	"github.com/stampguard/stampguard/dashboards"
 	"github.com/stampguard/stampguard/internal/audit"
-	"github.com/stampguard/stampguard/internal/chtest"
+	"github.com/stampguard/stampguard/test/chtest"
 )
 
 const optimisticLock = `Operation cannot be fulfilled on configmaps "x": the object has been modified; please apply your changes to the latest version and try again`

@@ -12,7 +12,7 @@ import (
 	asql "github.com/stampguard/stampguard/analytics/sql"
 	"github.com/stampguard/stampguard/dashboards"
 	"github.com/stampguard/stampguard/internal/audit"
-	"github.com/stampguard/stampguard/internal/chtest"
+	"github.com/stampguard/stampguard/test/chtest"
 )
 
 // TestCountSeriesDoNotChangeWithZoom runs every count series of the

@@ -10,7 +10,7 @@ import (
 	asql "github.com/stampguard/stampguard/analytics/sql"
 	"github.com/stampguard/stampguard/dashboards"
 	"github.com/stampguard/stampguard/internal/audit"
-	"github.com/stampguard/stampguard/internal/chtest"
+	"github.com/stampguard/stampguard/test/chtest"
 
 	"github.com/stampguard/stampguard/analytics/record/recordtest"
 )

@@ -9,9 +9,9 @@ import (
 
 	asql "github.com/stampguard/stampguard/analytics/sql"
 	"github.com/stampguard/stampguard/analytics/store"
-	"github.com/stampguard/stampguard/internal/chdbtest"
-	"github.com/stampguard/stampguard/internal/chtest"
-	"github.com/stampguard/stampguard/internal/testenv"
+	"github.com/stampguard/stampguard/test/chdbtest"
+	"github.com/stampguard/stampguard/test/chtest"
+	"github.com/stampguard/stampguard/test/testenv"
 )
 
 // eventList wraps events in an audit.k8s.io/v1 EventList.

@@ -13,8 +13,8 @@ import (
 	"github.com/stampguard/stampguard/analytics/sql"
 	"github.com/stampguard/stampguard/internal/audit"
 	"github.com/stampguard/stampguard/internal/audit/audittest"
-	"github.com/stampguard/stampguard/internal/chdbtest"
-	"github.com/stampguard/stampguard/internal/testenv"
+	"github.com/stampguard/stampguard/test/chdbtest"
+	"github.com/stampguard/stampguard/test/testenv"
 )
 
 // sqlString quotes s for ClickHouse (both engines honour backslash

@@ -10,7 +10,7 @@ import (
 
 	"github.com/stampguard/stampguard/analytics/store"
 	"github.com/stampguard/stampguard/analytics/store/enginetest"
-	"github.com/stampguard/stampguard/internal/chtest"
+	"github.com/stampguard/stampguard/test/chtest"
 )
 
 // benchEvents is the table size of the report benchmarks; REPORT_BENCH_EVENTS overrides it.

@@ -5,7 +5,7 @@ import (
 	"time"
 
 	"github.com/stampguard/stampguard/analytics/store"
-	"github.com/stampguard/stampguard/internal/chtest"
+	"github.com/stampguard/stampguard/test/chtest"
 )
 
 // BenchmarkClusterReport builds the whole report over a day of synthetic

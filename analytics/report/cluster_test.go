@@ -7,7 +7,7 @@ import (
 	"time"
 
 	"github.com/stampguard/stampguard/analytics/store"
-	"github.com/stampguard/stampguard/internal/chtest"
+	"github.com/stampguard/stampguard/test/chtest"
 
 	"github.com/stampguard/stampguard/analytics/record/recordtest"
 )

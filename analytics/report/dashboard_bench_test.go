@@ -6,7 +6,7 @@ import (
 
 	asql "github.com/stampguard/stampguard/analytics/sql"
 	"github.com/stampguard/stampguard/analytics/store"
-	"github.com/stampguard/stampguard/internal/chtest"
+	"github.com/stampguard/stampguard/test/chtest"
 )
 
 // BenchmarkGrafanaStatements runs each statement as a dashboard panel

@@ -10,7 +10,7 @@ import (
 	"github.com/stampguard/stampguard/analytics/record"
 	asql "github.com/stampguard/stampguard/analytics/sql"
 	"github.com/stampguard/stampguard/analytics/store"
-	"github.com/stampguard/stampguard/internal/chtest"
+	"github.com/stampguard/stampguard/test/chtest"
 
 	"github.com/stampguard/stampguard/analytics/record/recordtest"
 )

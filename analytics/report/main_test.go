@@ -3,7 +3,7 @@ package report
 import (
 	"testing"
 
-	"github.com/stampguard/stampguard/internal/chdbtest"
+	"github.com/stampguard/stampguard/test/chdbtest"
 )
 
 // The cross-engine suite loads ClickHouse 26.7 once for the test binary;

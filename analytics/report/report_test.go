@@ -11,7 +11,7 @@ import (
 	"github.com/stampguard/stampguard/analytics/record/recordtest"
 	"github.com/stampguard/stampguard/analytics/store"
 	"github.com/stampguard/stampguard/internal/audit"
-	"github.com/stampguard/stampguard/internal/chtest"
+	"github.com/stampguard/stampguard/test/chtest"
 )
 
 const optimistic = `Operation cannot be fulfilled on configmaps "a": the object has been modified; please apply your changes to the latest version and try again`

@@ -24,7 +24,7 @@ import (
 	"github.com/stampguard/stampguard/analytics/store"
 	"github.com/stampguard/stampguard/internal/audit"
 	"github.com/stampguard/stampguard/internal/audit/audittest"
-	"github.com/stampguard/stampguard/internal/chtest"
+	"github.com/stampguard/stampguard/test/chtest"
 )
 
 // benchTemplates are real-shaped RequestResponse/Request events of 1–2 KB

@@ -12,7 +12,7 @@ import (
 	"time"
 
 	"github.com/stampguard/stampguard/internal/audit/audittest"
-	"github.com/stampguard/stampguard/internal/chtest"
+	"github.com/stampguard/stampguard/test/chtest"
 )
 
 // ingestTemplates are the recorded events of analytics/testdata, the

@@ -11,7 +11,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/stampguard/stampguard/internal/chtest"
+	"github.com/stampguard/stampguard/test/chtest"
 )
 
 // BenchmarkTailLag runs `auditsink tail` as its own process on a file that

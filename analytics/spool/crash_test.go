@@ -10,7 +10,7 @@ import (
 	"sync"
 	"testing"
 
-	"github.com/stampguard/stampguard/internal/testenv"
+	"github.com/stampguard/stampguard/test/testenv"
 )
 
 // crashDirEnv makes the test binary run crashChild instead of the tests.

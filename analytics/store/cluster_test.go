@@ -8,7 +8,7 @@ import (
 
 	"github.com/stampguard/stampguard/analytics/record/recordtest"
 	"github.com/stampguard/stampguard/internal/audit"
-	"github.com/stampguard/stampguard/internal/chtest"
+	"github.com/stampguard/stampguard/test/chtest"
 )
 
 func TestClusterDDLRendersEveryMigration(t *testing.T) {

@@ -5,8 +5,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/stampguard/stampguard/internal/chdbtest"
-	"github.com/stampguard/stampguard/internal/chtest"
+	"github.com/stampguard/stampguard/test/chdbtest"
+	"github.com/stampguard/stampguard/test/chtest"
 )
 
 // micros is the Unix microseconds of an RFC 3339 time.

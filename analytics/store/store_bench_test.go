@@ -7,7 +7,7 @@ import (
 	"github.com/stampguard/stampguard/analytics/record/recordtest"
 	"github.com/stampguard/stampguard/internal/audit"
 	"github.com/stampguard/stampguard/internal/audit/audittest"
-	"github.com/stampguard/stampguard/internal/testenv"
+	"github.com/stampguard/stampguard/test/testenv"
 )
 
 // benchStore is a migrated store in a fresh database of a clickhouse-server

@@ -7,7 +7,7 @@ import (
 	"testing"
 
 	"github.com/stampguard/stampguard/internal/cli"
-	"github.com/stampguard/stampguard/internal/doccheck"
+	"github.com/stampguard/stampguard/test/doccheck"
 )
 
 // Every `auditsink` command line in README.md, docs/ and the chart README

@@ -10,9 +10,9 @@ import (
 
 	"github.com/stampguard/stampguard/analytics/config"
 	"github.com/stampguard/stampguard/analytics/store"
-	"github.com/stampguard/stampguard/internal/chtest"
+	"github.com/stampguard/stampguard/test/chtest"
 
-	"github.com/stampguard/stampguard/internal/testenv"
+	"github.com/stampguard/stampguard/test/testenv"
 )
 
 func TestMigrateAndIngestFromTheCommandLine(t *testing.T) {

@@ -9,7 +9,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/stampguard/stampguard/internal/doccheck"
+	"github.com/stampguard/stampguard/test/doccheck"
 )
 
 // Every `webhook` command line in README.md, docs/ and the chart README

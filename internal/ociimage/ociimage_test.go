@@ -19,9 +19,9 @@ import (
 
 	"sigs.k8s.io/yaml"
 
-	"github.com/stampguard/stampguard/internal/kubetest"
 	"github.com/stampguard/stampguard/internal/ociimage"
-	"github.com/stampguard/stampguard/internal/testenv"
+	"github.com/stampguard/stampguard/test/kubetest"
+	"github.com/stampguard/stampguard/test/testenv"
 )
 
 // TestImages builds the archives as `make images` does, twice, and opens

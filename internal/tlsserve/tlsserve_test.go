@@ -10,7 +10,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/stampguard/stampguard/internal/pkitest"
+	"github.com/stampguard/stampguard/test/pkitest"
 )
 
 func holds(pool *x509.CertPool, c *x509.Certificate) bool {

@@ -23,8 +23,8 @@ import (
 	"k8s.io/utils/ptr"
 
 	"github.com/stampguard/stampguard/internal/cli"
-	"github.com/stampguard/stampguard/internal/pkitest"
 	"github.com/stampguard/stampguard/policy"
+	"github.com/stampguard/stampguard/test/pkitest"
 )
 
 // refusalPolicies guard ConfigMaps in "shop" as the e2e latency benchmark's

@@ -12,9 +12,9 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
-	"github.com/stampguard/stampguard/internal/kubetest"
 	"github.com/stampguard/stampguard/policy/admission/admissiontest"
 	"github.com/stampguard/stampguard/policy/api/v1alpha1"
+	"github.com/stampguard/stampguard/test/kubetest"
 )
 
 // racingWriter makes one concurrent edit of the object just before the

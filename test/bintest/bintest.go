@@ -15,8 +15,8 @@ import (
 	"sync"
 	"testing"
 
-	"github.com/stampguard/stampguard/internal/kubetest"
-	"github.com/stampguard/stampguard/internal/testenv"
+	"github.com/stampguard/stampguard/test/kubetest"
+	"github.com/stampguard/stampguard/test/testenv"
 )
 
 var (

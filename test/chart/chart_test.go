@@ -16,7 +16,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/yaml"
 
-	"github.com/stampguard/stampguard/internal/bintest"
+	"github.com/stampguard/stampguard/test/bintest"
 )
 
 func TestLintStrict(t *testing.T) {

@@ -20,8 +20,8 @@ import (
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
-	"github.com/stampguard/stampguard/internal/kubetest"
-	"github.com/stampguard/stampguard/internal/testenv"
+	"github.com/stampguard/stampguard/test/kubetest"
+	"github.com/stampguard/stampguard/test/testenv"
 )
 
 // The foreign CRDs some value sets need, read from the modules that publish

@@ -11,8 +11,8 @@ import (
 
 	"sigs.k8s.io/yaml"
 
-	"github.com/stampguard/stampguard/internal/promtest"
-	"github.com/stampguard/stampguard/internal/testenv"
+	"github.com/stampguard/stampguard/test/promtest"
+	"github.com/stampguard/stampguard/test/testenv"
 )
 
 // chartRules is the chart's PrometheusRule, rendered with its defaults

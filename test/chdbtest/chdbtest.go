@@ -103,7 +103,7 @@ func libPath() string {
 	if p := os.Getenv(LibEnv); p != "" {
 		return p
 	}
-	_, file, _, _ := runtime.Caller(0) // internal/chdbtest/chdbtest.go
+	_, file, _, _ := runtime.Caller(0) // test/chdbtest/chdbtest.go
 	return filepath.Join(filepath.Dir(file), "..", "..", libDir, "libchdb.so")
 }
 

@@ -4,7 +4,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/stampguard/stampguard/internal/testenv"
+	"github.com/stampguard/stampguard/test/testenv"
 )
 
 func TestMain(m *testing.M) { Main(m) }

@@ -29,7 +29,7 @@ import (
 	"github.com/ClickHouse/clickhouse-go/v2"
 	"github.com/ClickHouse/clickhouse-go/v2/lib/driver"
 
-	"github.com/stampguard/stampguard/internal/testenv"
+	"github.com/stampguard/stampguard/test/testenv"
 )
 
 // Binary is the server binary the harness runs; `make clickhouse` installs it.

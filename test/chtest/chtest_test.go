@@ -9,9 +9,9 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/stampguard/stampguard/internal/chtest"
+	"github.com/stampguard/stampguard/test/chtest"
 
-	"github.com/stampguard/stampguard/internal/testenv"
+	"github.com/stampguard/stampguard/test/testenv"
 )
 
 func TestServerAnswersAndSurvivesRestart(t *testing.T) {

@@ -13,7 +13,7 @@ import (
 	"sync"
 	"time"
 
-	"github.com/stampguard/stampguard/internal/promtest"
+	"github.com/stampguard/stampguard/test/promtest"
 )
 
 // The chart's values the demo renders its rules with: the chart's alerts

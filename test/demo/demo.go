@@ -11,8 +11,8 @@ import (
 	"strings"
 	"time"
 
-	"github.com/stampguard/stampguard/internal/chtest"
-	"github.com/stampguard/stampguard/internal/kubetest"
+	"github.com/stampguard/stampguard/test/chtest"
+	"github.com/stampguard/stampguard/test/kubetest"
 	wl "github.com/stampguard/stampguard/test/workload"
 	"github.com/stampguard/stampguard/test/workload/contention"
 )

@@ -21,8 +21,8 @@ import (
 	"time"
 
 	"github.com/stampguard/stampguard/analytics/report"
-	"github.com/stampguard/stampguard/internal/kubetest"
-	"github.com/stampguard/stampguard/internal/testenv"
+	"github.com/stampguard/stampguard/test/kubetest"
+	"github.com/stampguard/stampguard/test/testenv"
 	wl "github.com/stampguard/stampguard/test/workload"
 	"github.com/stampguard/stampguard/test/workload/contention"
 )

@@ -8,7 +8,7 @@ import (
 	"path/filepath"
 	"time"
 
-	"github.com/stampguard/stampguard/internal/promtest"
+	"github.com/stampguard/stampguard/test/promtest"
 )
 
 // prepare makes sure the control plane, ClickHouse and the two binaries

@@ -18,10 +18,10 @@ import (
 
 	"github.com/stampguard/stampguard/analytics/report"
 	"github.com/stampguard/stampguard/analytics/store"
-	"github.com/stampguard/stampguard/internal/chtest"
-	"github.com/stampguard/stampguard/internal/kubetest"
-	"github.com/stampguard/stampguard/internal/pkitest"
-	"github.com/stampguard/stampguard/internal/testenv"
+	"github.com/stampguard/stampguard/test/chtest"
+	"github.com/stampguard/stampguard/test/kubetest"
+	"github.com/stampguard/stampguard/test/pkitest"
+	"github.com/stampguard/stampguard/test/testenv"
 	wl "github.com/stampguard/stampguard/test/workload"
 )
 

@@ -15,7 +15,7 @@ import (
 
 	"github.com/stampguard/stampguard/analytics/report"
 	"github.com/stampguard/stampguard/internal/audit"
-	"github.com/stampguard/stampguard/internal/chtest"
+	"github.com/stampguard/stampguard/test/chtest"
 )
 
 // concurrentWriters stores the audit log at logPath, a snapshot of it, by

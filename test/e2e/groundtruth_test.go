@@ -8,7 +8,7 @@ import (
 
 	"github.com/stampguard/stampguard/analytics/report"
 	"github.com/stampguard/stampguard/internal/audit"
-	"github.com/stampguard/stampguard/internal/kubetest"
+	"github.com/stampguard/stampguard/test/kubetest"
 	wl "github.com/stampguard/stampguard/test/workload"
 )
 

@@ -21,10 +21,10 @@ import (
 
 	admissionv1 "k8s.io/api/admission/v1"
 
-	"github.com/stampguard/stampguard/internal/bintest"
-	"github.com/stampguard/stampguard/internal/kubetest"
-	"github.com/stampguard/stampguard/internal/pkitest"
 	"github.com/stampguard/stampguard/policy/admission"
+	"github.com/stampguard/stampguard/test/bintest"
+	"github.com/stampguard/stampguard/test/kubetest"
+	"github.com/stampguard/stampguard/test/pkitest"
 )
 
 // writeAtomic replaces path as a renewal does: a new file renamed over

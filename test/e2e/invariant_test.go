@@ -8,7 +8,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/stampguard/stampguard/internal/chtest"
+	"github.com/stampguard/stampguard/test/chtest"
 )
 
 // TestExactWithReplicasKilled: two `serve` replicas receive every batch at

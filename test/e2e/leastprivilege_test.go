@@ -15,9 +15,9 @@ import (
 
 	"github.com/ClickHouse/clickhouse-go/v2"
 
-	"github.com/stampguard/stampguard/internal/bintest"
-	"github.com/stampguard/stampguard/internal/chtest"
-	"github.com/stampguard/stampguard/internal/kubetest"
+	"github.com/stampguard/stampguard/test/bintest"
+	"github.com/stampguard/stampguard/test/chtest"
+	"github.com/stampguard/stampguard/test/kubetest"
 )
 
 // TestServeWithoutDDLRights starts ClickHouse 18.16 with the users of

@@ -13,12 +13,12 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/stampguard/stampguard/internal/bintest"
-	"github.com/stampguard/stampguard/internal/chtest"
-	"github.com/stampguard/stampguard/internal/kubetest"
-	"github.com/stampguard/stampguard/internal/pkitest"
-	"github.com/stampguard/stampguard/internal/promtest"
 	"github.com/stampguard/stampguard/policy/admission"
+	"github.com/stampguard/stampguard/test/bintest"
+	"github.com/stampguard/stampguard/test/chtest"
+	"github.com/stampguard/stampguard/test/kubetest"
+	"github.com/stampguard/stampguard/test/pkitest"
+	"github.com/stampguard/stampguard/test/promtest"
 )
 
 // metricName is a stampguard or auditsink metric named in PromQL.

@@ -18,11 +18,11 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 
-	"github.com/stampguard/stampguard/internal/bintest"
-	"github.com/stampguard/stampguard/internal/kubetest"
 	"github.com/stampguard/stampguard/policy/admission"
 	"github.com/stampguard/stampguard/policy/api/v1alpha1"
 	"github.com/stampguard/stampguard/policy/webhookconfig"
+	"github.com/stampguard/stampguard/test/bintest"
+	"github.com/stampguard/stampguard/test/kubetest"
 )
 
 // BenchmarkRefusal measures what a refused write costs through a real

@@ -11,11 +11,11 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/labels"
 
-	"github.com/stampguard/stampguard/internal/bintest"
-	"github.com/stampguard/stampguard/internal/kubetest"
 	"github.com/stampguard/stampguard/policy"
 	"github.com/stampguard/stampguard/policy/api/v1alpha1"
 	"github.com/stampguard/stampguard/policy/replay"
+	"github.com/stampguard/stampguard/test/bintest"
+	"github.com/stampguard/stampguard/test/kubetest"
 	"github.com/stampguard/stampguard/test/replaytest"
 )
 

@@ -11,9 +11,9 @@ import (
 
 	"github.com/stampguard/stampguard/analytics/report"
 	"github.com/stampguard/stampguard/analytics/store/enginetest"
-	"github.com/stampguard/stampguard/internal/chdbtest"
-	"github.com/stampguard/stampguard/internal/chtest"
-	"github.com/stampguard/stampguard/internal/kubetest"
+	"github.com/stampguard/stampguard/test/chdbtest"
+	"github.com/stampguard/stampguard/test/chtest"
+	"github.com/stampguard/stampguard/test/kubetest"
 )
 
 // TestReportEqualsGroundTruth runs the scripted workload against a real

@@ -18,10 +18,10 @@ import (
 	"testing"
 	"time"
 
-	"github.com/stampguard/stampguard/internal/chtest"
-	"github.com/stampguard/stampguard/internal/kubetest"
-	"github.com/stampguard/stampguard/internal/pkitest"
-	"github.com/stampguard/stampguard/internal/testenv"
+	"github.com/stampguard/stampguard/test/chtest"
+	"github.com/stampguard/stampguard/test/kubetest"
+	"github.com/stampguard/stampguard/test/pkitest"
+	"github.com/stampguard/stampguard/test/testenv"
 )
 
 // faultSink starts `auditsink serve` (the built binary) over TLS with a

@@ -16,7 +16,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/stampguard/stampguard/internal/pkitest"
+	"github.com/stampguard/stampguard/test/pkitest"
 )
 
 type sinkProcess struct {

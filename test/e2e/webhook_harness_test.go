@@ -24,9 +24,9 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/stampguard/stampguard/cmd/webhook/app"
-	"github.com/stampguard/stampguard/internal/kubetest"
 	"github.com/stampguard/stampguard/policy/api/v1alpha1"
 	"github.com/stampguard/stampguard/policy/webhookconfig"
+	"github.com/stampguard/stampguard/test/kubetest"
 )
 
 // webhookEnv is one control plane with the webhook running in cluster mode.

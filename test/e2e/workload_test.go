@@ -11,7 +11,7 @@ import (
 	auditv1 "k8s.io/apiserver/pkg/apis/audit/v1"
 
 	"github.com/stampguard/stampguard/analytics/report"
-	"github.com/stampguard/stampguard/internal/kubetest"
+	"github.com/stampguard/stampguard/test/kubetest"
 	wl "github.com/stampguard/stampguard/test/workload"
 )
 

@@ -20,7 +20,7 @@ import (
 
 	"github.com/stampguard/stampguard/policy/api/v1alpha1"
 
-	"github.com/stampguard/stampguard/internal/testenv"
+	"github.com/stampguard/stampguard/test/testenv"
 )
 
 // DefaultAuditPolicy records writes with their request bodies and reads at

@@ -41,7 +41,7 @@ import (
 	"k8s.io/client-go/rest"
 
 	"github.com/stampguard/stampguard/analytics/report"
-	"github.com/stampguard/stampguard/internal/kubetest"
+	"github.com/stampguard/stampguard/test/kubetest"
 )
 
 // The service account the workload authenticates as. Only its requests are

@@ -1,7 +1,7 @@
 // Package enginetest proves SQL on two ClickHouse engines at once: 18.16
-// (a real server, internal/chtest, written and read through the
+// (a real server, test/chtest, written and read through the
 // product's Store and driver) and 26.7 (chDB in the test process,
-// internal/chdbtest, which has no native protocol). A Pair is one
+// test/chdbtest, which has no native protocol). A Pair is one
 // database on both; SameAnswers runs statements on both and compares
 // their answers byte for byte: column types and rows as
 // TabSeparatedWithNamesAndTypes, without the names (ClickHouse names
@@ -28,8 +28,8 @@ import (
 
 	asql "github.com/stampguard/stampguard/analytics/sql"
 	"github.com/stampguard/stampguard/analytics/store"
-	"github.com/stampguard/stampguard/internal/chdbtest"
-	"github.com/stampguard/stampguard/internal/chtest"
+	"github.com/stampguard/stampguard/test/chdbtest"
+	"github.com/stampguard/stampguard/test/chtest"
 )
 
 // Statement is one statement run on both engines.

@@ -19,10 +19,10 @@ import (
 	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
 	"sigs.k8s.io/yaml"
 
-	"github.com/stampguard/stampguard/internal/pkitest"
 	"github.com/stampguard/stampguard/policy/admission/admissiontest"
 	"github.com/stampguard/stampguard/policy/api/v1alpha1"
 	"github.com/stampguard/stampguard/policy/webhookconfig"
+	"github.com/stampguard/stampguard/test/pkitest"
 )
 
 func parseConfigFlags(t *testing.T, args ...string) (webhookconfig.ConfigOptions, error) {

@@ -19,11 +19,11 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/stampguard/stampguard/internal/cli"
-	"github.com/stampguard/stampguard/internal/pkitest"
 	"github.com/stampguard/stampguard/policy"
 	"github.com/stampguard/stampguard/policy/admission"
 	"github.com/stampguard/stampguard/policy/admission/admissiontest"
 	"github.com/stampguard/stampguard/policy/webhookconfig"
+	"github.com/stampguard/stampguard/test/pkitest"
 )
 
 func freePort(t testing.TB) int {
