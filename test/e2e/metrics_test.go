@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"bytes"
 	"encoding/json"
+	"fmt"
 	"net"
 	"net/http"
 	"os"
@@ -12,6 +13,7 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/stampguard/stampguard/policy/admission"
 	"github.com/stampguard/stampguard/test/bintest"
@@ -131,10 +133,22 @@ func TestAlertsAndPanelsNameRegisteredMetrics(t *testing.T) {
 
 	// The sink, against a real ClickHouse.
 	ch := chtest.Start(t)
-	_, addr, metricsAddr := faultSink(t, auditsink, dir, ch)
+	_, addr, metricsAddr := faultSink(t, auditsink, dir, ch, "--lost-updates-every", "1s")
 	body, _ := batchOf(t, root, "metrics", 9) // the real events: a version conflict among them
 	if code, _, b := postBatch(c, addr, "/clusters/prod/events", body); code != 200 {
 		t.Fatalf("batch: HTTP %d %s", code, b)
+	}
+	// A lost update, for auditsink_lost_updates: alice creates a
+	// ConfigMap, bob PUTs his own without a stamp over it.
+	if code, _, b := postBatch(c, addr, "/clusters/prod/events", lostUpdateBatch(time.Now().UTC())); code != 200 {
+		t.Fatalf("lost-update batch: HTTP %d %s", code, b)
+	}
+	deadline := time.Now().Add(time.Minute)
+	for !exposedNames(t, metricsAddr)["auditsink_lost_updates"] {
+		if time.Now().After(deadline) {
+			t.Fatal("auditsink_lost_updates is not exposed a minute after a batch with a lost update (counted every 1s)")
+		}
+		time.Sleep(500 * time.Millisecond)
 	}
 	req, _ := http.NewRequest(http.MethodPost, "https://"+addr+"/clusters/prod/events", strings.NewReader("{}"))
 	if resp, err := c.Do(req); err == nil { // no token: refused as unauthorized
@@ -147,7 +161,7 @@ func TestAlertsAndPanelsNameRegisteredMetrics(t *testing.T) {
 			exposed[n] = true
 		}
 	}
-	for _, want := range []string{"auditsink_conflicts_total", "auditsink_hot_object_version_conflicts", "stampguard_admission_decisions_total"} {
+	for _, want := range []string{"auditsink_conflicts_total", "auditsink_hot_object_version_conflicts", "stampguard_admission_decisions_total", "auditsink_lost_updates"} {
 		if !exposed[want] {
 			t.Fatalf("%s is not exposed after the traffic that makes it: the check below would be weak", want)
 		}
@@ -174,4 +188,23 @@ func TestAlertsAndPanelsNameRegisteredMetrics(t *testing.T) {
 	if code := wh.stop(); code != 0 {
 		t.Errorf("webhook: exit %d after SIGTERM", code)
 	}
+}
+
+// lostUpdateBatch is an EventList of two writes logged at RequestResponse
+// at now: alice creates configmap e2e/flags (data.mode on), bob updates it
+// without a resourceVersion to his own copy (data.mode off), a stampless
+// lost update.
+func lostUpdateBatch(now time.Time) []byte {
+	at := now.Format(time.RFC3339Nano)
+	event := func(id, user, verb, uri string, code int, reqRV, respRV, mode string) string {
+		req := `{"kind":"ConfigMap","apiVersion":"v1","metadata":{"name":"flags","namespace":"e2e"` + reqRV + `},"data":{"mode":"` + mode + `"}}`
+		resp := `{"kind":"ConfigMap","apiVersion":"v1","metadata":{"name":"flags","namespace":"e2e","resourceVersion":"` + respRV + `"},"data":{"mode":"` + mode + `"}}`
+		return fmt.Sprintf(`{"kind":"Event","apiVersion":"audit.k8s.io/v1","level":"RequestResponse","auditID":%q,"stage":"ResponseComplete",`+
+			`"requestURI":%q,"verb":%q,"user":{"username":%q},"objectRef":{"resource":"configmaps","namespace":"e2e","name":"flags","apiVersion":"v1"},`+
+			`"responseStatus":{"metadata":{},"code":%d},"requestObject":%s,"responseObject":%s,"requestReceivedTimestamp":%q,"stageTimestamp":%q}`,
+			id, uri, verb, user, code, req, resp, at, at)
+	}
+	return []byte(`{"kind":"EventList","apiVersion":"audit.k8s.io/v1","items":[` +
+		event("3f0c7a52-0000-4000-8000-000000000001", "alice", "create", "/api/v1/namespaces/e2e/configmaps", 201, "", "700", "on") + "," +
+		event("3f0c7a52-0000-4000-8000-000000000002", "bob", "update", "/api/v1/namespaces/e2e/configmaps/flags", 200, "", "701", "off") + `]}`)
 }
