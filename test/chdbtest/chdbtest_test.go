@@ -29,7 +29,7 @@ func TestEngine(t *testing.T) {
 }
 
 func TestMissingLibraryNamesTheMakeTarget(t *testing.T) {
-	_, err := load(t.TempDir() + "/libchdb.so")
+	_, err := boot(t.TempDir() + "/libchdb.so")
 	if err == nil || !strings.Contains(err.Error(), "make chdb") {
 		t.Fatalf("load of a missing library: %v, want an error naming make chdb", err)
 	}
