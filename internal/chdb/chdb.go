@@ -48,7 +48,8 @@ func SearchPath() []string {
 	return paths
 }
 
-// Find returns the library to load: path when given, else LibEnv's value
+// Find returns the library to load: path when given (a file, or a
+// directory holding libchdb.so), else LibEnv's value
 // when set, else the first of SearchPath that exists. The error says
 // where it looked and how to get the library.
 func Find(path string) (string, error) {
@@ -82,7 +83,7 @@ func Find(path string) (string, error) {
 // HowToGet tells how to get the library.
 var HowToGet = `The report from files runs on chDB's engine, ClickHouse as a library (566 MB). Get the release stampguard is tested with from npm:
     npm pack ` + NPMPackage + `@` + Tested + ` && tar -xzf chdb-lib-linux-x64-gnu-` + Tested + `.tgz package/libchdb.so
-then pass --chdb package/libchdb.so (or set $` + LibEnv + `), or install chDB's current release into /usr/local/lib with
+then set $` + LibEnv + ` to package/libchdb.so, or install chDB's current release into /usr/local/lib with
     curl -sL https://lib.chdb.io | bash
 In a checkout of stampguard, ` + "`make chdb`" + ` fetches it into bin/chdb-26.7.3/. Without it, store the log in a ClickHouse server (auditsink ingest) and report from there.`
 
