@@ -344,7 +344,7 @@ func TestSubcommandsRefuseBadValues(t *testing.T) {
 func reportErr(t *testing.T, now time.Time, args ...string) error {
 	var r ReportConfig
 	parseInto(t, &r, args...)
-	_, err := r.Resolve(now, io.Discard)
+	_, err := r.Resolve(nil, now, io.Discard)
 	return err
 }
 

@@ -5,6 +5,7 @@
 //	auditsink tail PATH      follow a live audit log across rotation
 //	auditsink migrate        create or upgrade the ClickHouse schema
 //	auditsink report         conflict analytics: retry loops, hot objects, stampless writes, ...
+//	auditsink report FILE... the same, straight from audit log files (ClickHouse's engine in process)
 //
 // Each subcommand binds its flags to an options struct of analytics/config,
 // which validates them before anything is touched (exit 2 when they are
@@ -60,7 +61,7 @@ var commands = []command{
 	{"ingest", "FILE...", "store JSON-lines audit log files (plain or .gz)", -1, ingest},
 	{"tail", "PATH", "follow a live audit log across rotation", 1, tail},
 	{"migrate", "", "create or upgrade the ClickHouse schema", 0, migrate},
-	{"report", "", "conflict analytics over a time window (table or JSON)", 0, reportCmd},
+	{"report", "[FILE...]", "conflict analytics over a time window (table or JSON), from ClickHouse or straight from audit log files", -1, reportCmd},
 }
 
 func usage() string {

@@ -9,16 +9,34 @@ import (
 	"time"
 
 	"github.com/stampguard/stampguard/analytics/config"
+	"github.com/stampguard/stampguard/analytics/filereport"
 	"github.com/stampguard/stampguard/analytics/report"
 )
 
 func reportCmd(fs *flag.FlagSet, stdout, stderr io.Writer) func([]string) (work, error) {
 	var c config.ReportConfig
 	c.Register(fs)
-	return func([]string) (work, error) {
-		r, err := c.Resolve(time.Now().UTC(), stderr)
+	return func(files []string) (work, error) {
+		r, err := c.Resolve(files, time.Now().UTC(), stderr)
 		if err != nil {
 			return nil, err
+		}
+		write := func(rep *report.Report, o report.Options, err error) error {
+			if err != nil && !errors.Is(err, report.ErrNoEvents) {
+				return err
+			}
+			if r.JSON {
+				return report.WriteJSON(stdout, rep)
+			}
+			return report.WriteTable(stdout, rep, o)
+		}
+		if r.Files != nil {
+			return func(ctx context.Context) error {
+				o := *r.Files
+				o.Report = r.Options
+				res, err := filereport.Run(ctx, o)
+				return write(res.Report, res.Options, err)
+			}, nil
 		}
 		return func(ctx context.Context) error {
 			st, err := r.Open(ctx)
@@ -35,13 +53,7 @@ func reportCmd(fs *flag.FlagSet, stdout, stderr io.Writer) func([]string) (work,
 				return fmt.Errorf("database %s on %s holds no stampguard schema; check --database, or run auditsink migrate: %w", r.Options.Database, r, err)
 			}
 			rep, err := report.Build(ctx, st.Conn(), r.Options)
-			if err != nil && !errors.Is(err, report.ErrNoEvents) {
-				return err
-			}
-			if r.JSON {
-				return report.WriteJSON(stdout, rep)
-			}
-			return report.WriteTable(stdout, rep, r.Options)
+			return write(rep, r.Options, err)
 		}, nil
 	}
 }

@@ -53,6 +53,9 @@ func SearchPath() []string {
 // when set, else the first of SearchPath that exists. The error says
 // where it looked and how to get the library.
 func Find(path string) (string, error) {
+	if !built {
+		return "", errNotBuilt
+	}
 	from := ""
 	switch {
 	case path != "":
@@ -79,6 +82,11 @@ func Find(path string) (string, error) {
 	}
 	return "", fmt.Errorf("no ClickHouse engine library (libchdb.so) in %s, and $%s is not set\n%s", strings.Join(tried, ", "), LibEnv, HowToGet)
 }
+
+// errNotBuilt is what Find and Open answer in a binary built without the
+// loader.
+var errNotBuilt = errors.New("this binary was built without the ClickHouse engine loader (tag nochdb, as the container images are, since they hold a static binary and no C library): " +
+	"run the report from files with an auditsink built by `go build` or `go install` on a machine with glibc")
 
 // HowToGet tells how to get the library.
 var HowToGet = `The report from files runs on chDB's engine, ClickHouse as a library (566 MB). Get the release stampguard is tested with from npm:

@@ -13,6 +13,9 @@ import (
 	"github.com/ebitengine/purego"
 )
 
+// built says that this binary has the loader.
+const built = true
+
 // The C API (chdb.h of chDB 26.7).
 var lib struct {
 	setSignalHandlersEnabled func(enabled int32)

@@ -48,9 +48,10 @@ type BuildOptions struct {
 	Revision string
 }
 
-// Build compiles each of Images statically (CGO_ENABLED=0, -trimpath, no
-// build ID, so the same commit gives the same bytes) and writes its
-// archive. It returns the archives' paths.
+// Build compiles each of Images statically (CGO_ENABLED=0, the tag nochdb
+// that leaves out the loader of the in-process engine, which would link
+// the binary against the C library, -trimpath, no build ID, so the same
+// commit gives the same bytes) and writes its archive. It returns the archives' paths.
 func Build(ctx context.Context, o BuildOptions) ([]string, error) {
 	if o.RepoRoot == "" || o.OutDir == "" {
 		return nil, fmt.Errorf("build images: the repository root and the output directory are required")
@@ -76,7 +77,7 @@ func Build(ctx context.Context, o BuildOptions) ([]string, error) {
 	var out []string
 	for _, im := range Images {
 		bin := filepath.Join(tmp, im.Name)
-		cmd := exec.CommandContext(ctx, "go", "build", "-trimpath", "-ldflags=-s -w -buildid=", "-o", bin, im.Package)
+		cmd := exec.CommandContext(ctx, "go", "build", "-tags=nochdb", "-trimpath", "-ldflags=-s -w -buildid=", "-o", bin, im.Package)
 		cmd.Dir = o.RepoRoot
 		cmd.Env = append(os.Environ(), "CGO_ENABLED=0", "GOOS=linux", "GOARCH="+o.Arch, "GOFLAGS=-mod=readonly")
 		if b, err := cmd.CombinedOutput(); err != nil {

@@ -1,0 +1,166 @@
+// Package filereport is the report from audit log files, with no server:
+// `auditsink report FILE...`. The files' events go into ClickHouse's
+// engine in this process (internal/chdb), stored by the very pipeline and
+// schema of a server (pipeline.IngestFiles into store.OpenLocal), and the
+// report runs the very statements of analytics/sql on them (report.Build).
+// No figure has a second definition: a file report equals `auditsink
+// ingest` of the same files followed by `auditsink report` on a server,
+// for the same window and filters (test/e2e proves it).
+//
+// The engine's data lives in a temporary directory that is removed at the
+// end, or in a directory the caller keeps (Options.Keep): a later report
+// over the same files then reads only what is new in them (see keep.go).
+package filereport
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"time"
+
+	"github.com/ClickHouse/clickhouse-go/v2"
+
+	"github.com/stampguard/stampguard/analytics/pipeline"
+	"github.com/stampguard/stampguard/analytics/report"
+	asql "github.com/stampguard/stampguard/analytics/sql"
+	"github.com/stampguard/stampguard/analytics/store"
+	"github.com/stampguard/stampguard/internal/chdb"
+)
+
+// DefaultDatabase is the database the events are stored in, inside the
+// engine's directory.
+const DefaultDatabase = "stampguard"
+
+// Options configure Run.
+type Options struct {
+	// Files are the audit logs (JSON lines, plain or gzip, in any order;
+	// a file given twice and events repeated across files count once).
+	Files []string
+	// Lib is libchdb.so or its directory; empty: chdb.Find's search.
+	Lib string
+	// Keep is the engine's data directory, created when missing and kept
+	// afterwards; empty: a temporary directory, removed at the end.
+	Keep string
+	// Cluster is the source cluster the events are stored and reported
+	// under.
+	Cluster string
+	// Report is the report's options. A zero Since or Until is the
+	// files' span's: the second of the first event, and the second after
+	// that of the last. Cluster and Database are set by Run.
+	Report report.Options
+	// Progress, when set, receives the ingest's progress line; give it a
+	// terminal.
+	Progress io.Writer
+	Logger   *slog.Logger
+}
+
+// Result is what Run found.
+type Result struct {
+	Report *report.Report
+	// Options are the report's options, with the window Run chose.
+	Options report.Options
+	// Ingest sums up what was read; zero when every file was found in
+	// Keep already.
+	Ingest pipeline.IngestResult
+	// Reused lists the files whose events were found in Keep unchanged.
+	Reused []string
+}
+
+// Run stores the files' events in the engine and builds the report. Like
+// report.Build, it returns report.ErrNoEvents with the (empty) report when
+// the window holds no request.
+func Run(ctx context.Context, o Options) (Result, error) {
+	if len(o.Files) == 0 {
+		return Result{}, errors.New("no audit log file given")
+	}
+	if o.Logger == nil {
+		o.Logger = slog.New(slog.DiscardHandler)
+	}
+	lib, err := chdb.Find(o.Lib)
+	if err != nil {
+		return Result{}, err
+	}
+	dir := o.Keep
+	if dir == "" {
+		if dir, err = os.MkdirTemp("", "stampguard-report-"); err != nil {
+			return Result{}, err
+		}
+		defer os.RemoveAll(dir)
+	}
+	k, err := openKeep(dir, o.Cluster, o.Files)
+	if err != nil {
+		return Result{}, err
+	}
+	defer k.unlock()
+	e, err := chdb.Open(lib, dir)
+	if err != nil {
+		return Result{}, err
+	}
+	defer e.Close()
+	st, err := store.OpenLocal(e, store.Options{Database: DefaultDatabase})
+	if err != nil {
+		return Result{}, err
+	}
+	var res Result
+	if res.Reused, err = k.prepare(e, o.Logger); err != nil {
+		return res, err
+	}
+	if _, err := st.Migrate(ctx); err != nil {
+		return res, fmt.Errorf("create the schema in the engine: %w", err)
+	}
+	if todo := k.toRead(); len(todo) > 0 {
+		// A bare Inserter: the report reads the events themselves, which
+		// is cheaper once than building the hour caches first.
+		res.Ingest, err = pipeline.IngestFiles(ctx, inserter{st}, todo,
+			pipeline.IngestOptions{Cluster: o.Cluster, Progress: o.Progress, Logger: o.Logger})
+		if err != nil {
+			return res, err
+		}
+		if err := k.commit(); err != nil {
+			return res, err
+		}
+		o.Logger.Debug("stored the files' events in the engine", "files", len(todo), "result", res.Ingest.String())
+	}
+	ro := o.Report
+	ro.Cluster, ro.Database = o.Cluster, st.Database()
+	if ro.Since.IsZero() || ro.Until.IsZero() {
+		first, last, err := span(ctx, st, o.Cluster)
+		if err != nil {
+			return res, err
+		}
+		if ro.Since.IsZero() {
+			ro.Since = first
+		}
+		if ro.Until.IsZero() {
+			ro.Until = last
+		}
+	}
+	res.Options = ro
+	res.Report, err = report.Build(ctx, st.Conn(), ro)
+	return res, err
+}
+
+// ErrNoFileEvents says that the files hold no event to report on.
+var ErrNoFileEvents = errors.New("the files hold no audit event (JSON lines of audit.k8s.io Event): nothing to report")
+
+// span is the stored events' window: [the second of the first, the
+// second after the last).
+func span(ctx context.Context, st *store.Store, cluster string) (since, until time.Time, err error) {
+	var n, first, last uint64
+	q := "SELECT count(), min(event_time_us), max(event_time_us) FROM " + st.Database() + "." + asql.EventsTable + " WHERE cluster = @cluster"
+	if err := st.Conn().QueryRow(ctx, q, clickhouse.Named("cluster", cluster)).Scan(&n, &first, &last); err != nil {
+		return since, until, fmt.Errorf("the files' time span: %w", err)
+	}
+	if n == 0 {
+		return since, until, ErrNoFileEvents
+	}
+	since = time.UnixMicro(int64(first)).UTC().Truncate(time.Second)
+	until = time.UnixMicro(int64(last)).UTC().Truncate(time.Second).Add(time.Second)
+	return since, until, nil
+}
+
+// inserter hides the store's Compact from IngestFiles.
+type inserter struct{ pipeline.Inserter }
