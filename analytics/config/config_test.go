@@ -284,6 +284,10 @@ func TestSubcommandsRefuseBadValues(t *testing.T) {
 	t.Setenv(DSNEnv, "clickhouse://h:9000")
 	now := time.Date(2026, 12, 1, 12, 0, 0, 0, time.UTC)
 	missing := filepath.Join(t.TempDir(), "absent.log")
+	logFile := filepath.Join(t.TempDir(), "audit.log")
+	if err := os.WriteFile(logFile, nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
 	tests := []struct {
 		name string
 		err  func() error
@@ -294,6 +298,16 @@ func TestSubcommandsRefuseBadValues(t *testing.T) {
 		{"report --loop-gap 0s", func() error { return reportErr(t, now, "--loop-gap", "0s") }, "--loop-gap 0s: want a positive duration"},
 		{"report --format yaml", func() error { return reportErr(t, now, "--format", "yaml") }, `--format "yaml": want table or json`},
 		{"report --since after --until", func() error { return reportErr(t, now, "--since", "1h", "--until", "2h") }, "--since 2026-12-01T11:00:00Z is not before --until 2026-12-01T10:00:00Z: the window is empty"},
+		{"report FILE --clickhouse", func() error {
+			return reportFilesErr(t, now, []string{"--clickhouse", "clickhouse://h:9000"}, logFile)
+		}, "give audit log FILEs or a ClickHouse server (--clickhouse, --clickhouse-dsn-file), not both"},
+		{"report FILE --database", func() error { return reportFilesErr(t, now, []string{"--database", "other"}, logFile) },
+			"--database names a database on a ClickHouse server; a report from FILEs has its own"},
+		{"report --keep without FILE", func() error { return reportErr(t, now, "--keep", t.TempDir()) },
+			"--chdb and --keep are for a report from FILEs, and none is given"},
+		{"report FILE --keep FILE", func() error { return reportFilesErr(t, now, []string{"--keep", logFile}, logFile) },
+			"--keep " + logFile + " is not a directory"},
+		{"report a missing FILE", func() error { return reportFilesErr(t, now, nil, missing) }, "open " + missing + ": no such file or directory"},
 		{"migrate --retention 0d", func() error {
 			var m MigrateConfig
 			parseInto(t, &m, "--retention", "0d")
@@ -339,6 +353,13 @@ func TestSubcommandsRefuseBadValues(t *testing.T) {
 			}
 		})
 	}
+}
+
+func reportFilesErr(t *testing.T, now time.Time, args []string, files ...string) error {
+	var r ReportConfig
+	parseInto(t, &r, args...)
+	_, err := r.Resolve(files, now, io.Discard)
+	return err
 }
 
 func reportErr(t *testing.T, now time.Time, args ...string) error {

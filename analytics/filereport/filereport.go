@@ -27,6 +27,7 @@ import (
 	"github.com/stampguard/stampguard/analytics/report"
 	asql "github.com/stampguard/stampguard/analytics/sql"
 	"github.com/stampguard/stampguard/analytics/store"
+	"github.com/stampguard/stampguard/internal/audit"
 	"github.com/stampguard/stampguard/internal/chdb"
 )
 
@@ -114,8 +115,12 @@ func Run(ctx context.Context, o Options) (Result, error) {
 	if todo := k.toRead(); len(todo) > 0 {
 		// A bare Inserter: the report reads the events themselves, which
 		// is cheaper once than building the hour caches first.
+		// The field history's value hashes need no secret key here: the
+		// values are in the files, and the hashes stay on this machine.
+		h := audit.NewFieldHasher(nil)
+		acc := &pipeline.Accepter{Decoder: audit.Decoder{History: &h}}
 		res.Ingest, err = pipeline.IngestFiles(ctx, inserter{st}, todo,
-			pipeline.IngestOptions{Cluster: o.Cluster, Progress: o.Progress, Logger: o.Logger})
+			pipeline.IngestOptions{Cluster: o.Cluster, Accepter: acc, Progress: o.Progress, Logger: o.Logger})
 		if err != nil {
 			return res, err
 		}

@@ -21,6 +21,7 @@ import (
 	"time"
 
 	"github.com/stampguard/stampguard/analytics/report"
+	"github.com/stampguard/stampguard/test/chdbtest"
 	"github.com/stampguard/stampguard/test/kubetest"
 	"github.com/stampguard/stampguard/test/testenv"
 	wl "github.com/stampguard/stampguard/test/workload"
@@ -98,6 +99,7 @@ func TestDemo(t *testing.T) {
 			}
 		}
 		storyHappened(t, want)
+		fileReportEqualsStored(t, filepath.Join(dir, "bin", "auditsink"), state, b)
 		nothingLeft(t, state)
 		// The demo's own audit log, written while its webhook decided.
 		replayEqualsEnforcement(t, root, filepath.Join(dir, "bin", "webhook"), state)
@@ -392,6 +394,27 @@ func historyFindingsHold(t *testing.T, got *report.Report, state string) {
 	}
 	t.Logf("history findings: %d lost updates, %d fights, %d conflict causes, %d no-op writers",
 		len(got.LostUpdates), len(got.FieldFights), len(got.ConflictCauses), len(got.NoopWrites))
+}
+
+// fileReportEqualsStored requires `auditsink report FILE...` on the
+// demo's audit log (the apiserver's log backend, beside the webhook
+// backend that fed the sink) to print, for the run's window, the very JSON
+// the demo printed from ClickHouse (stored).
+func fileReportEqualsStored(t *testing.T, auditsink, state string, stored []byte) {
+	t.Helper()
+	rec := readRecorded(t, state)
+	cmd := exec.Command(auditsink, "report", "--format", "json", "--top", "1000", "--history", "--cluster", cluster,
+		"--since", rec.Since.Format(time.RFC3339Nano), "--until", rec.Until.Format(time.RFC3339Nano), filepath.Join(state, "kube", "audit.log"))
+	cmd.Env = append(os.Environ(), chdbtest.LibEnv+"="+chdbtest.LibPath())
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	got, err := cmd.Output()
+	if err != nil {
+		t.Fatalf("auditsink report on the demo's audit log: %v\n%s", err, stderr.Bytes())
+	}
+	if !bytes.Equal(got, stored) {
+		t.Errorf("the report from the demo's audit log differs from the one from ClickHouse\nfile   %s\nstored %s", got, stored)
+	}
 }
 
 // readRecorded reads the demo's client records, run/requests.json.

@@ -1,6 +1,7 @@
 package e2e
 
 import (
+	"bytes"
 	"encoding/json"
 	"fmt"
 	"os"
@@ -21,6 +22,7 @@ import (
 	"k8s.io/utils/ptr"
 
 	"github.com/stampguard/stampguard/analytics/report"
+	"github.com/stampguard/stampguard/test/chdbtest"
 	"github.com/stampguard/stampguard/test/chtest"
 	"github.com/stampguard/stampguard/test/kubetest"
 )
@@ -226,7 +228,8 @@ func TestLostUpdatesEqualWhatTheClientsDid(t *testing.T) {
 	// The log, as the apiserver wrote it, through the binaries.
 	ch := chtest.Start(t)
 	db := ch.NewDatabase(t)
-	sink := auditsinkRunner(t, buildAuditsink(t, "", ""), "AUDITSINK_CLICKHOUSE_DSN="+ch.DSN())
+	bin := buildAuditsink(t, "", "")
+	sink := auditsinkRunner(t, bin, "AUDITSINK_CLICKHOUSE_DSN="+ch.DSN())
 	waitLogged(t, env.AuditLogPath, "same", 3)
 	sink("ingest", "--database", db, "--cluster", "e2e", env.AuditLogPath)
 	out := sink("report", "--history", "--database", db, "--cluster", "e2e", "--format", "json", "--top", "1000",
@@ -264,6 +267,13 @@ func TestLostUpdatesEqualWhatTheClientsDid(t *testing.T) {
 		t.Errorf("no-op writes\n got %+v\nwant %+v", got.NoopWrites, wantNoops)
 	}
 
+	t.Run("the report from the log file names the same", func(t *testing.T) {
+		file := auditsinkRunner(t, bin, chdbtest.LibEnv+"="+chdbtest.LibPath())("report", "--history", "--cluster", "e2e", "--format", "json", "--top", "1000",
+			"--since", since.UTC().Format(time.RFC3339Nano), "--until", until.UTC().Format(time.RFC3339Nano), env.AuditLogPath)
+		if !bytes.Equal(file, out) {
+			t.Errorf("the report from the file differs from the server's\n%s", lineDiff(string(out), string(file)))
+		}
+	})
 	t.Run("the table names them", func(t *testing.T) {
 		table := string(sink("report", "--history", "--database", db, "--cluster", "e2e", "--top", "1000",
 			"--since", since.UTC().Format(time.RFC3339Nano), "--until", until.UTC().Format(time.RFC3339Nano)))

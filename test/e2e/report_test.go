@@ -69,6 +69,11 @@ func TestReportEqualsGroundTruth(t *testing.T) {
 				"--since", res.Since.UTC().Format(time.RFC3339Nano), "--until", res.Until.UTC().Format(time.RFC3339Nano))
 		}, wantJSON)
 	})
+	t.Run("the report from the log file equals the server's", func(t *testing.T) {
+		fileReportEqualsServer(t, bin, gt.lines, res.Since, res.Until, &want, func(t *testing.T, args ...string) []byte {
+			return auditsinkRunner(t, bin, "AUDITSINK_CLICKHOUSE_DSN="+ch.DSN())(append([]string{"report", "--database", db}, args...)...)
+		})
+	})
 	t.Run("the table shows the same findings", func(t *testing.T) {
 		table := string(sink("report", "--database", db, "--cluster", "e2e", "--top", "1000",
 			"--since", res.Since.UTC().Format(time.RFC3339Nano), "--until", res.Until.UTC().Format(time.RFC3339Nano)))
