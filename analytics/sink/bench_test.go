@@ -25,6 +25,7 @@ import (
 	"github.com/stampguard/stampguard/internal/audit"
 	"github.com/stampguard/stampguard/internal/audit/audittest"
 	"github.com/stampguard/stampguard/test/chtest"
+	"github.com/stampguard/stampguard/test/proctest"
 )
 
 // benchTemplates are real-shaped RequestResponse/Request events of 1–2 KB
@@ -112,7 +113,7 @@ func startSinkProcess(b *testing.B, bin string, ch *chtest.Server, parallel int)
 		time.Sleep(20 * time.Millisecond)
 	}
 	stop := func() int64 {
-		rss := peakRSS(cmd.Process.Pid)
+		rss := proctest.PeakRSS(cmd.Process.Pid)
 		_ = cmd.Process.Signal(syscall.SIGTERM)
 		_ = cmd.Wait() // exit status after SIGTERM is not the point
 		return rss
@@ -206,7 +207,7 @@ func benchEndToEnd(b *testing.B, parallel int) {
 		}
 		b.StartTimer()
 		start := time.Now()
-		sinkCPU0, chCPU0 := cpuSeconds(env.pid), cpuSeconds(ch.PID())
+		sinkCPU0, chCPU0 := proctest.CPUSeconds(env.pid), proctest.CPUSeconds(ch.PID())
 		var next atomic.Int64
 		var wg sync.WaitGroup
 		for range senders {
@@ -223,8 +224,8 @@ func benchEndToEnd(b *testing.B, parallel int) {
 		acceptSecs += time.Since(start).Seconds()
 		waitCount(b, ch, env.db, uint64(batches*perBody))
 		sinkSecs += time.Since(start).Seconds()
-		sinkCPU += cpuSeconds(env.pid) - sinkCPU0
-		chCPU += cpuSeconds(ch.PID()) - chCPU0
+		sinkCPU += proctest.CPUSeconds(env.pid) - sinkCPU0
+		chCPU += proctest.CPUSeconds(ch.PID()) - chCPU0
 		b.StopTimer()
 		rss = max(rss, stopSink())
 		if queryCPU() {
@@ -429,7 +430,7 @@ func BenchmarkBatchLatency(b *testing.B) {
 	client := &http.Client{}
 	var lat []time.Duration
 	run := 0
-	start, sinkCPU0, chCPU0 := time.Now(), cpuSeconds(env.pid), cpuSeconds(ch.PID())
+	start, sinkCPU0, chCPU0 := time.Now(), proctest.CPUSeconds(env.pid), proctest.CPUSeconds(ch.PID())
 	for b.Loop() {
 		run++
 		body := benchBody(templates, 1000+run, 0, 400)
@@ -442,7 +443,7 @@ func BenchmarkBatchLatency(b *testing.B) {
 		time.Sleep(100*time.Millisecond - d)
 	}
 	secs := time.Since(start).Seconds()
-	sinkCPU, chCPU := cpuSeconds(env.pid)-sinkCPU0, cpuSeconds(ch.PID())-chCPU0
+	sinkCPU, chCPU := proctest.CPUSeconds(env.pid)-sinkCPU0, proctest.CPUSeconds(ch.PID())-chCPU0
 	rss := stopSink()
 	slices.Sort(lat)
 	q := func(p float64) float64 { return float64(lat[int(p*float64(len(lat)-1))].Microseconds()) / 1000 }
@@ -451,32 +452,4 @@ func BenchmarkBatchLatency(b *testing.B) {
 	b.ReportMetric(float64(rss)/(1<<20), "sink-peak-RSS-MiB")
 	b.ReportMetric(100*sinkCPU/secs, "sink-cpu-%")
 	b.ReportMetric(100*chCPU/secs, "clickhouse-cpu-%")
-}
-
-// cpuSeconds is a process's user+system CPU time.
-func cpuSeconds(pid int) float64 {
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
-	if err != nil {
-		return 0
-	}
-	s := string(b)
-	f := strings.Fields(s[strings.LastIndexByte(s, ')')+2:])
-	utime, _ := strconv.ParseFloat(f[11], 64)
-	stime, _ := strconv.ParseFloat(f[12], 64)
-	return (utime + stime) / 100 // USER_HZ
-}
-
-// peakRSS is a process's high-water resident set.
-func peakRSS(pid int) int64 {
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
-	if err != nil {
-		return 0
-	}
-	for _, l := range strings.Split(string(b), "\n") {
-		if v, ok := strings.CutPrefix(l, "VmHWM:"); ok {
-			kb, _ := strconv.ParseInt(strings.TrimSuffix(strings.TrimSpace(v), " kB"), 10, 64)
-			return kb << 10
-		}
-	}
-	return 0
 }

@@ -13,6 +13,7 @@ import (
 
 	"github.com/stampguard/stampguard/internal/audit/audittest"
 	"github.com/stampguard/stampguard/test/chtest"
+	"github.com/stampguard/stampguard/test/proctest"
 )
 
 // ingestTemplates are the recorded events of analytics/testdata, the
@@ -71,32 +72,13 @@ func BenchmarkIngest(b *testing.B) {
 		cmd.Env = env
 		var out bytes.Buffer
 		cmd.Stdout, cmd.Stderr = &out, &out
-		start, ch0 := time.Now(), cpuSeconds(ch.PID())
-		if err := cmd.Start(); err != nil {
-			b.Fatal(err)
-		}
-		// VmHWM, polled: the rusage of a child started by this large
-		// process counts the parent's pages from before the exec.
-		polled, exited := make(chan int64), make(chan struct{})
-		go func() {
-			var hwm int64
-			for {
-				hwm = max(hwm, peakRSS(cmd.Process.Pid))
-				select {
-				case <-exited:
-					polled <- hwm
-					return
-				case <-time.After(20 * time.Millisecond):
-				}
-			}
-		}()
-		err := cmd.Wait()
-		close(exited)
+		start, ch0 := time.Now(), proctest.CPUSeconds(ch.PID())
+		peak, err := proctest.Run(cmd)
 		if err != nil {
 			b.Fatalf("ingest: %v\n%s", err, out.String())
 		}
 		secs += time.Since(start).Seconds()
-		rss = max(rss, <-polled)
+		rss = max(rss, peak)
 		b.StopTimer()
 		if os.Getenv("AUDITSINK_BENCH_SHOW") != "" {
 			b.Log(out.String())
@@ -106,12 +88,12 @@ func BenchmarkIngest(b *testing.B) {
 			b.Fatalf("ingest said %q", out.String())
 		}
 		waitCount(b, ch, db, uint64(stored))
-		chCPU += cpuSeconds(ch.PID()) - ch0
+		chCPU += proctest.CPUSeconds(ch.PID()) - ch0
 		events += float64(stored)
 		cpu += (cmd.ProcessState.UserTime() + cmd.ProcessState.SystemTime()).Seconds()
-		ch0 = cpuSeconds(ch.PID())
+		ch0 = proctest.CPUSeconds(ch.PID())
 		ceilSecs += ceiling(b, ch, bodies)
-		ceilCHCPU += cpuSeconds(ch.PID()) - ch0
+		ceilCHCPU += proctest.CPUSeconds(ch.PID()) - ch0
 		b.StartTimer()
 	}
 	b.ReportMetric(events/secs, "events/s")
