@@ -144,7 +144,9 @@ func Run(ctx context.Context, o Options) (Result, error) {
 		}
 	}
 	res.Options = ro
+	start := time.Now()
 	res.Report, err = report.Build(ctx, st.Conn(), ro)
+	o.Logger.Debug("built the report", "elapsed", time.Since(start))
 	return res, err
 }
 

@@ -32,13 +32,19 @@ const (
 	NPMPackage = "@chdb/lib-linux-x64-gnu"
 )
 
+// BundleDir is the directory, beside the executable, that `make chdb`
+// unpacks the tested release into (bin/chdb-26.7.3, beside `make build`'s
+// bin/auditsink).
+const BundleDir = "chdb-26.7.3"
+
 // SearchPath lists where Find looks for the library when neither a path
-// nor LibEnv names one: next to the executable, where chDB's installer
-// (https://lib.chdb.io) puts it, and the system's library directories.
+// nor LibEnv names one: next to the executable and in its BundleDir,
+// where chDB's installer (https://lib.chdb.io) puts it, and the system's
+// library directories.
 func SearchPath() []string {
 	var dirs []string
 	if exe, err := os.Executable(); err == nil {
-		dirs = append(dirs, filepath.Dir(exe))
+		dirs = append(dirs, filepath.Dir(exe), filepath.Join(filepath.Dir(exe), BundleDir))
 	}
 	dirs = append(dirs, "/usr/local/lib", "/usr/lib", "/usr/lib64")
 	paths := make([]string, len(dirs))
@@ -93,7 +99,7 @@ var HowToGet = `The report from files runs on chDB's engine, ClickHouse as a lib
     npm pack ` + NPMPackage + `@` + Tested + ` && tar -xzf chdb-lib-linux-x64-gnu-` + Tested + `.tgz package/libchdb.so
 then set $` + LibEnv + ` to package/libchdb.so, or install chDB's current release into /usr/local/lib with
     curl -sL https://lib.chdb.io | bash
-In a checkout of stampguard, ` + "`make chdb`" + ` fetches it into bin/chdb-26.7.3/. Without it, store the log in a ClickHouse server (auditsink ingest) and report from there.`
+In a checkout of stampguard, ` + "`make build chdb`" + ` builds bin/auditsink and fetches the library into bin/` + BundleDir + `/, where bin/auditsink finds it. Without it, store the log in a ClickHouse server (auditsink ingest) and report from there.`
 
 // Engine is the ClickHouse engine of this process.
 type Engine struct {

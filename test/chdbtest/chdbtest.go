@@ -30,7 +30,7 @@ import (
 const LibEnv = chdb.LibEnv
 
 // libDir is where `make chdb` unpacks the library, under the module root.
-const libDir = "bin/chdb-26.7.3"
+const libDir = "bin/" + chdb.BundleDir
 
 // Engine is the ClickHouse engine of this process.
 type Engine struct {
