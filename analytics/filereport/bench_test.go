@@ -123,7 +123,7 @@ func writeDay(b *testing.B, path string, n int) int64 {
 		at := start.Add(time.Duration(i) * step)
 		line := idRE.ReplaceAllLiteralString(t, fmt.Sprintf(`"auditID":"b%d-`, i))
 		line = stampRE.ReplaceAllStringFunc(line, func(m string) string {
-			field := m[1:strings.Index(m[1:], `"`)+1]
+			field := m[1 : strings.Index(m[1:], `"`)+1]
 			ts := at
 			if field == "stageTimestamp" {
 				ts = at.Add(3 * time.Millisecond)
@@ -131,8 +131,9 @@ func writeDay(b *testing.B, path string, n int) int64 {
 			return `"` + field + `":"` + ts.Format("2006-01-02T15:04:05.000000Z") + `"`
 		})
 		line = strings.ReplaceAll(line, "team-a", fmt.Sprintf("team-%d", i/len(templates)%200))
-		w.WriteString(line)
-		w.WriteByte('\n')
+		if _, err := w.WriteString(line + "\n"); err != nil {
+			b.Fatal(err)
+		}
 	}
 	if err := w.Flush(); err != nil {
 		b.Fatal(err)

@@ -145,7 +145,13 @@ func Run(ctx context.Context, o Options) (Result, error) {
 	}
 	res.Options = ro
 	start := time.Now()
+	if o.Progress != nil {
+		fmt.Fprint(o.Progress, "building the report ...")
+	}
 	res.Report, err = report.Build(ctx, st.Conn(), ro)
+	if o.Progress != nil {
+		fmt.Fprint(o.Progress, "\r\033[K") // the line erased
+	}
 	o.Logger.Debug("built the report", "elapsed", time.Since(start))
 	return res, err
 }

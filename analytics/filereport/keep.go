@@ -213,10 +213,14 @@ func readManifest(dir string) (*manifest, error) {
 	if err != nil {
 		return nil, fmt.Errorf("--keep: %w", err)
 	}
-	var m manifest
-	if err := json.Unmarshal(b, &m); err != nil {
-		// Not written by this code, or cut short: start over.
-		return &manifest{Version: -1}, nil
+	// A manifest not written by this code, or cut short, is one of an
+	// unknown version: the plan starts over.
+	m := manifest{Version: -1}
+	if json.Valid(b) {
+		m = manifest{}
+		if err := json.Unmarshal(b, &m); err != nil {
+			m = manifest{Version: -1}
+		}
 	}
 	return &m, nil
 }

@@ -8,7 +8,6 @@ import (
 	"time"
 
 	"github.com/ClickHouse/clickhouse-go/v2"
-	"github.com/ClickHouse/clickhouse-go/v2/lib/driver"
 
 	"github.com/stampguard/stampguard/analytics/record/recordtest"
 	"github.com/stampguard/stampguard/internal/audit/audittest"
@@ -138,5 +137,4 @@ func TestLocalStoreAnswersAsTheServer(t *testing.T) {
 	if _, err := local.conn.Query(t.Context(), "SELECT nosuchfunction(1)"); err == nil || !strings.Contains(err.Error(), "Code: 46") {
 		t.Fatalf("an unknown function: %v, want ClickHouse's Code 46", err)
 	}
-	var _ driver.Conn = local.conn
 }
