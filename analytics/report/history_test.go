@@ -40,7 +40,38 @@ func TestSynthesizedHistoryHoldsEveryFinding(t *testing.T) {
 			t.Errorf("no lost update caused %s", c)
 		}
 	}
-	if len(r.FieldFights) == 0 || attributed == 0 || len(r.NoopWrites) == 0 {
-		t.Errorf("%d fights, %d attributed conflicts, %d no-op writers: the cross-checks compare empty findings", len(r.FieldFights), attributed, len(r.NoopWrites))
+	if len(r.FieldFights) == 0 || attributed == 0 || len(r.NoopWrites) == 0 || len(r.FieldWriters) == 0 {
+		t.Errorf("%d fights, %d attributed conflicts, %d no-op writers, %d field writers: the cross-checks compare empty findings",
+			len(r.FieldFights), attributed, len(r.NoopWrites), len(r.FieldWriters))
+	}
+	// One definition of a change: every lost update and every fight's
+	// changes are among the field writers' changes.
+	type key struct{ group, resource, ns, field, writer string }
+	changes := map[key]uint64{}
+	for _, w := range r.FieldWriters {
+		k := key{w.APIGroup, w.Resource, w.Namespace, w.Field, w.Writer}
+		if _, twice := changes[k]; twice || w.Changes == 0 || w.Objects == 0 || w.Objects > w.Changes || w.First > w.Last {
+			t.Errorf("field writer %+v: listed twice, or its counts or times are wrong", w)
+		}
+		changes[k] = w.Changes
+	}
+	lost := map[key]uint64{}
+	for _, l := range r.LostUpdates {
+		lost[key{l.APIGroup, l.Resource, l.Namespace, l.Field, l.Writer}]++
+	}
+	for k, n := range lost {
+		if changes[k] < n {
+			t.Errorf("%+v lost %d updates, but the field writers count %d changes of it", k, n, changes[k])
+		}
+	}
+	perField := map[key]uint64{}
+	for k, n := range changes {
+		k.writer = ""
+		perField[k] += n
+	}
+	for _, f := range r.FieldFights {
+		if k := (key{f.APIGroup, f.Resource, f.Namespace, f.Field, ""}); perField[k] < f.Changes {
+			t.Errorf("fight %+v: %d changes, more than the field writers' %d", f, f.Changes, perField[k])
+		}
 	}
 }

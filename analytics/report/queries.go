@@ -25,6 +25,7 @@ var (
 	QueryFieldFights         = asql.FieldFights
 	QueryConflictCauses      = asql.ConflictCauses
 	QueryNoopWrites          = asql.NoopWrites
+	QueryFieldWriters        = asql.FieldWriters
 )
 
 // All lists every statement the report can run.

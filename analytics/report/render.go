@@ -22,7 +22,8 @@ const tableWidth = 100
 // WriteTable writes a terminal report, most urgent findings first: lost
 // updates, field fights, unresolved retry loops, hot objects, conflicts by
 // writer and resource and who caused them, stampless writers, writes that
-// stored nothing, lease churn, stampguard decisions.
+// stored nothing, the writers of each field, lease churn, stampguard
+// decisions.
 func WriteTable(w io.Writer, r *Report, o Options) error {
 	p := &printer{w: w}
 	scope := "cluster " + quoteEmpty(o.Cluster)
@@ -124,6 +125,17 @@ func WriteTable(w io.Writer, r *Report, o Options) error {
 		rows = append(rows, []string{n.User, fmt.Sprint(n.Count)})
 	}
 	p.table("WRITES THAT STORED NOTHING (the same state sent again)", "none", []string{"WRITER", "WRITES"}, []int{70, 9}, rows)
+
+	rows = nil
+	for _, f := range r.FieldWriters {
+		kind := groupResource(f.APIGroup, f.Resource)
+		if f.Namespace != "" {
+			kind += " in " + f.Namespace
+		}
+		rows = append(rows, []string{kind + " " + f.Field, f.Writer, fmt.Sprint(f.Changes), fmt.Sprint(f.Objects)})
+	}
+	p.table("FIELD WRITERS (who changes which field, busiest first)", "none",
+		[]string{"KIND FIELD", "WRITER", "CHANGES", "OBJECTS"}, []int{46, 30, 7, 7}, rows)
 
 	rows = nil
 	for _, l := range r.LeaseHolderChanges {

@@ -112,6 +112,7 @@ func Build(ctx context.Context, conn driver.Conn, o Options) (*Report, error) {
 	r.ConflictsByUser, r.ConflictsByResource, r.HotObjects = []UserConflicts{}, []ResourceConflicts{}, []HotObject{}
 	r.RetryLoops, r.StamplessUpdates, r.LeaseHolderChanges, r.PolicyDecisions = []RetryLoop{}, []StamplessUpdates{}, []LeaseChanges{}, []PolicyDecisions{}
 	r.LostUpdates, r.FieldFights, r.ConflictCauses, r.NoopWrites = []LostUpdate{}, []FieldFight{}, []ConflictCause{}, []NoopWrites{}
+	r.FieldWriters = []FieldWriter{}
 	runs := []run{
 		{QueryTotals, t.scan},
 		// The rate columns are for the dashboards; the report's JSON
@@ -171,6 +172,14 @@ func Build(ctx context.Context, conn driver.Conn, o Options) (*Report, error) {
 			run{QueryNoopWrites, collect(&r.NoopWrites, func(n *NoopWrites) []any {
 				return []any{&n.User, &n.Count}
 			})},
+			run{QueryFieldWriters, func(rows driver.Rows) error {
+				var f FieldWriter
+				var first, last uint64
+				err := rows.Scan(&f.APIGroup, &f.Resource, &f.Namespace, &f.Field, &f.Writer, &f.Changes, &f.Objects, &first, &last)
+				f.First, f.Last = microsTime(first), microsTime(last)
+				r.FieldWriters = append(r.FieldWriters, f)
+				return err
+			}},
 		)
 	}
 	if err := q.parallel(o.parallel, runs...); err != nil {

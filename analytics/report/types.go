@@ -18,6 +18,7 @@ type Report struct {
 	FieldFights         []FieldFight        `json:"field_fights"`
 	ConflictCauses      []ConflictCause     `json:"conflict_causes"`
 	NoopWrites          []NoopWrites        `json:"noop_writes"`
+	FieldWriters        []FieldWriter       `json:"field_writers"`
 }
 
 // Window is the half-open interval [Since, Until), RFC3339 with microseconds.
@@ -152,4 +153,18 @@ type ConflictCause struct {
 type NoopWrites struct {
 	User  string `json:"user"`
 	Count uint64 `json:"count"`
+}
+
+// FieldWriter is a writer that changed a field of objects of one kind in
+// one namespace: how often, on how many objects, first and last.
+type FieldWriter struct {
+	APIGroup  string `json:"api_group"`
+	Resource  string `json:"resource"`
+	Namespace string `json:"namespace"`
+	Field     string `json:"field"`
+	Writer    string `json:"writer"`
+	Changes   uint64 `json:"changes"`
+	Objects   uint64 `json:"objects"`
+	First     string `json:"first"`
+	Last      string `json:"last"`
 }

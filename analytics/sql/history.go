@@ -199,6 +199,24 @@ HAVING handoffs >= @min_handoffs AND length(writers) >= 2
 ORDER BY handoffs DESC, api_group, resource, namespace, name, field
 LIMIT @top`}
 
+	// FieldWriters are the observed owners of fields: per kind, namespace
+	// and field path, each writer that changed the field in the window
+	// (a change as lost updates and fights count them: a version that set
+	// another value than the one before; creations excluded), with its
+	// changes, the objects it changed, and its first and last change.
+	// The busiest first.
+	FieldWriters = Statement{Name: "field_writers", Title: "Field writers", Shape: Rows,
+		Params: with(filtered, Top), Time: []Window{Whole},
+		Columns: []string{"api_group", "resource", "namespace", "field", "writer", "changes", "objects", "first_us", "last_us"},
+		SQL: `
+SELECT api_group, resource, namespace, field, writer, toUInt64(count()) AS changes, toUInt64(uniqExact(name)) AS objects,
+	min(time_us) AS first_us, max(time_us) AS last_us
+FROM ` + fieldChanges + `
+WHERE {filters}
+GROUP BY api_group, resource, namespace, field, writer
+ORDER BY changes DESC, api_group, resource, namespace, field, writer
+LIMIT @top`}
+
 	// LostUpdateCount counts the lost updates of the window, for the
 	// alert rule.
 	LostUpdateCount = Statement{Name: "lost_update_count", Title: "Lost updates", Shape: Number,

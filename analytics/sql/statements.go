@@ -568,4 +568,4 @@ var ReportStatements = []Statement{
 // HistoryStatements lists the report's findings on the field history, in
 // report order; the report runs them on request (they read every version
 // of the window's objects).
-var HistoryStatements = []Statement{LostUpdates, FieldFights, ConflictCauses, NoopWrites}
+var HistoryStatements = []Statement{LostUpdates, FieldFights, ConflictCauses, NoopWrites, FieldWriters}

@@ -84,7 +84,7 @@ func (d *demo) report(ctx context.Context, res *wl.Result) error {
 // clients' records do not say what each write stored, so the ground truth
 // has none (the demo test holds the findings to what the records do say).
 func withoutHistory(r report.Report) report.Report {
-	r.LostUpdates, r.FieldFights, r.ConflictCauses, r.NoopWrites = nil, nil, nil, nil
+	r.LostUpdates, r.FieldFights, r.ConflictCauses, r.NoopWrites, r.FieldWriters = nil, nil, nil, nil, nil
 	return r
 }
 

@@ -183,6 +183,7 @@ func Truth(reqs []Request, since, until time.Time, lo LoopOptions) (report.Repor
 		FieldFights:    []report.FieldFight{},
 		ConflictCauses: []report.ConflictCause{},
 		NoopWrites:     []report.NoopWrites{},
+		FieldWriters:   []report.FieldWriter{},
 	}
 	t := &rep.Totals
 	users := map[string]*report.UserConflicts{}
