@@ -223,6 +223,20 @@ func TestLostUpdatesEqualWhatTheClientsDid(t *testing.T) {
 			"apply", "--server-side", "--field-manager", "applier")
 	}
 	wantNoops := []report.NoopWrites{{User: "applier", Count: 2}}
+	// What each writer changed, field by field (creations set fields but
+	// change none): the observed owners the report must list.
+	cms := func(field, writer string, changes uint64) report.FieldWriter {
+		return report.FieldWriter{Resource: "configmaps", Namespace: ns, Field: field, Writer: writer, Changes: changes, Objects: 1}
+	}
+	wantWriters := []report.FieldWriter{
+		cms("data.mode", "alice", 1), cms("data.mode", "deploy-tool", 1), cms("data.x", "bob", 1),
+		cms("metadata.finalizers[*]", "ctrl", 1), cms("metadata.finalizers[*]", "script", 1),
+		cms("data.k", "alice", 1), cms("data.k", "bot", 1),
+		{APIGroup: "apps", Resource: "deployments", Namespace: ns, Field: "spec.replicas", Writer: "gitops", Changes: 2, Objects: 1},
+		{APIGroup: "apps", Resource: "deployments", Namespace: ns, Field: "spec.replicas", Writer: "hpa", Changes: 2, Objects: 1},
+		cms("data.a", "writer-a", 1), cms("data.b", "writer-b", 1), cms("data.v", "alice", 1), cms("data.v", "gitops", 1),
+		cms("data.q", "m2", 1), cms("data.s", "alice", 1), cms("data.n", "solo-bot", 2),
+	}
 	until := time.Now().Add(time.Second)
 
 	// The log, as the apiserver wrote it, through the binaries.
@@ -266,6 +280,21 @@ func TestLostUpdatesEqualWhatTheClientsDid(t *testing.T) {
 	if fmt.Sprint(got.NoopWrites) != fmt.Sprint(wantNoops) {
 		t.Errorf("no-op writes\n got %+v\nwant %+v", got.NoopWrites, wantNoops)
 	}
+	gotWriters := got.FieldWriters
+	for i := range gotWriters {
+		if gotWriters[i].First == "" || gotWriters[i].First > gotWriters[i].Last {
+			t.Errorf("field writer %+v: first and last wrong", gotWriters[i])
+		}
+		gotWriters[i].First, gotWriters[i].Last = "", ""
+	}
+	sortWriters := func(ws []report.FieldWriter) {
+		slices.SortFunc(ws, func(a, b report.FieldWriter) int { return strings.Compare(fmt.Sprint(a), fmt.Sprint(b)) })
+	}
+	sortWriters(gotWriters)
+	sortWriters(wantWriters)
+	if !slices.Equal(gotWriters, wantWriters) {
+		t.Errorf("field writers\n got %+v\nwant %+v", gotWriters, wantWriters)
+	}
 
 	t.Run("the report from the log file names the same", func(t *testing.T) {
 		file := auditsinkRunner(t, bin, chdbtest.LibEnv+"="+chdbtest.LibPath())("report", "--history", "--cluster", "e2e", "--format", "json", "--top", "1000",
@@ -278,7 +307,7 @@ func TestLostUpdatesEqualWhatTheClientsDid(t *testing.T) {
 		table := string(sink("report", "--history", "--database", db, "--cluster", "e2e", "--top", "1000",
 			"--since", since.UTC().Format(time.RFC3339Nano), "--until", until.UTC().Format(time.RFC3339Nano)))
 		for _, want := range []string{"LOST UPDATES", "alice -> deploy-tool", "laundered_stamp", "FIELD FIGHTS", "spec.replicas",
-			"WHO CAUSED THE VERSION CONFLICTS", "WRITES THAT STORED NOTHING"} {
+			"WHO CAUSED THE VERSION CONFLICTS", "WRITES THAT STORED NOTHING", "FIELD WRITERS", "solo-bot"} {
 			if !strings.Contains(table, want) {
 				t.Errorf("the table lacks %q\n%s", want, table)
 			}
