@@ -128,6 +128,10 @@ func Run(ctx context.Context, o Options) (Result, error) {
 			return res, err
 		}
 		o.Logger.Debug("stored the files' events in the engine", "files", len(todo), "result", res.Ingest.String())
+		if res.Ingest.Rejected > 0 {
+			o.Logger.Warn("lines of the files are not audit events the decoder accepts; the report leaves them out (auditsink ingest stores them in dead_letters with the reason)",
+				"lines", res.Ingest.Rejected)
+		}
 	}
 	ro := o.Report
 	ro.Cluster, ro.Database = o.Cluster, st.Database()

@@ -18,10 +18,11 @@ import (
 // stored in the engine in its own process, reported by the same
 // statements) to print, byte for byte, the JSON that `auditsink report`
 // prints from the server the same log was ingested into: for several
-// windows and each filter, for the log cut into two overlapping rotated
-// copies (one gzipped) given in any order with the whole log twice, for
-// the files' own span, and from a kept directory that reads only the file
-// added since. server runs `auditsink report` on the server with args.
+// windows and each filter; for the log cut into two overlapping rotated
+// copies (one gzipped, one with two lines that are no events) given in
+// any order with the whole log twice; for the files' own span; and from
+// a kept directory that reads only the file added since. server runs
+// `auditsink report` on the server with args.
 func fileReportEqualsServer(t *testing.T, bin string, lines []string, since, until time.Time, want *report.Report, server func(t *testing.T, args ...string) []byte) {
 	dir := t.TempDir()
 	whole := filepath.Join(dir, "audit.log")
@@ -29,7 +30,9 @@ func fileReportEqualsServer(t *testing.T, bin string, lines []string, since, unt
 	// Rotated copies that overlap by a third of the log.
 	n := len(lines)
 	older, newer := filepath.Join(dir, "audit-2026-12-01T00-00-00.000.log"), filepath.Join(dir, "audit-2026-12-02T00-00-00.000.log.gz")
-	writeLines(t, older, lines[:2*n/3], false)
+	// The older copy holds a line cut short and one that is no JSON: the
+	// report leaves them out, as ingest does.
+	writeLines(t, older, append([]string{`{"kind":"Event","apiVersion":"audit.k8s.io/v1","auditID":"cut`, "not json"}, lines[:2*n/3]...), false)
 	writeLines(t, newer, lines[n/3:], true)
 
 	fileRun := func(t *testing.T, args ...string) []byte {
