@@ -120,7 +120,7 @@ func (r *ReportConfig) Resolve(files []string, now time.Time, w io.Writer) (*Rep
 	if rep.Connection, err = r.Connect(w); err != nil {
 		return nil, err
 	}
-	rep.Options.Database = rep.Store.Database
+	rep.Options.Database, rep.Options.Logger = rep.Store.Database, rep.Logger
 	return rep, nil
 }
 

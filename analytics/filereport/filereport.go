@@ -135,6 +135,9 @@ func Run(ctx context.Context, o Options) (Result, error) {
 	}
 	ro := o.Report
 	ro.Cluster, ro.Database = o.Cluster, st.Database()
+	if ro.Logger == nil {
+		ro.Logger = o.Logger
+	}
 	if ro.Since.IsZero() || ro.Until.IsZero() {
 		first, last, err := span(ctx, st, o.Cluster)
 		if err != nil {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"strconv"
 	"strings"
 	"sync"
@@ -46,6 +47,8 @@ type Options struct {
 	// FightHandoffs is the fewest handoffs of a field between writers
 	// that make a field fight. Defaults to DefaultFightHandoffs (3).
 	FightHandoffs int
+	// Logger, when set, receives each statement's time at debug level.
+	Logger *slog.Logger
 
 	// plan is where the figures come from: the clean hours' caches and
 	// the raw rest.
@@ -273,10 +276,15 @@ type querier struct {
 	conn   driver.Conn
 	binder asql.Report
 	args   []any
+	log    *slog.Logger
 }
 
 func (o *Options) querier(ctx context.Context, conn driver.Conn) querier {
-	return querier{ctx: ctx, conn: conn, args: o.args(),
+	log := o.Logger
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	return querier{ctx: ctx, conn: conn, args: o.args(), log: log,
 		binder: asql.Report{Database: o.Database, Plan: o.plan, Narrowed: o.narrowed()}}
 }
 
@@ -337,6 +345,9 @@ func (q querier) parallel(n int, runs ...run) error {
 }
 
 func (q querier) each(query Query, scan func(driver.Rows) error) error {
+	defer func(start time.Time) {
+		q.log.Debug("report statement", "name", query.Name, "elapsed", time.Since(start))
+	}(time.Now())
 	rows, err := q.conn.Query(q.ctx, q.binder.Bind(query), q.args...)
 	if err != nil {
 		return fmt.Errorf("query %s: %w", query.Name, err)
