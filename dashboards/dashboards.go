@@ -141,10 +141,10 @@ func (g *generator) hotObjects() *board {
 		OverrideByName("name", []dashboard.DynamicConfigValue{objectLink}))
 	bd.add(bd.table("Who caused the version conflicts", "For each version conflict on an object with a field history, the writers whose writes came between the stale stamp and the 409 (blocked_by empty: not in the history).", asql.ConflictCauses, 12, 8).
 		OverrideByName("writer", []dashboard.DynamicConfigValue{writerLink}))
-	bd.add(bd.table("Field writers", "Who changes which field, per kind and namespace: each writer's changes of a field (a new value, creations excluded), on how many objects, first and last; the busiest first. A field with one writer and a few intruders is a field-owner policy waiting to be written. Times in Unix microseconds.", asql.FieldWriters, 24, 8).
-		OverrideByName("writer", []dashboard.DynamicConfigValue{writerLink}))
 	bd.add(bd.table("Writes that stored nothing", "Writes the apiserver answered with the version it already held, per writer: the same state sent again, which still wakes every watcher.", asql.NoopWrites, 12, 8).
 		OverrideByName("user", []dashboard.DynamicConfigValue{writerLink}))
+	bd.add(bd.table("Field writers", "Who changes which field, per kind and namespace: each writer's changes of a field (a new value, creations excluded), on how many objects, first and last; the busiest first. A field with one writer and a few intruders is a field-owner policy waiting to be written. Times in Unix microseconds.", asql.FieldWriters, 24, 8).
+		OverrideByName("writer", []dashboard.DynamicConfigValue{writerLink}))
 	loops := func(title, description string, s asql.Statement) {
 		bd.add(bd.table(title, description, s, 24, 8).
 			OverrideByName("user", []dashboard.DynamicConfigValue{writerLink}).
