@@ -138,3 +138,28 @@ func TestLocalStoreAnswersAsTheServer(t *testing.T) {
 		t.Fatalf("an unknown function: %v, want ClickHouse's Code 46", err)
 	}
 }
+
+// FuzzBindNamedOnTheEngine binds any string as the product binds a
+// filter (--namespace, --user, --resource) and requires the engine to
+// read back exactly that string: no value, however quoted, escapes its
+// literal. The seeds run in every `go test`; `go test -fuzz` explores.
+func FuzzBindNamedOnTheEngine(f *testing.F) {
+	for _, s := range []string{"", "team-a", `x' OR 1=1 --`, `\`, `\'`, "''", "a\x00b", "@s", "?", "-- c\n", "/* c */", "é\xff\xfe", "\t\r\n", "`q`", `"q"`} {
+		f.Add(s, int64(-1))
+	}
+	f.Fuzz(func(t *testing.T, s string, n int64) {
+		testenv.SkipIfShort(t, "loads ClickHouse 26.7 (chDB)")
+		local, err := OpenLocal(chdbtest.Open(t).Engine, Options{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		var got string
+		var gotN int64
+		if err := local.conn.QueryRow(t.Context(), "SELECT @s AS s, toInt64(@n) AS n /* @s */", clickhouse.Named("s", s), clickhouse.Named("n", n)).Scan(&got, &gotN); err != nil {
+			t.Fatalf("bind %q, %d: %v", s, n, err)
+		}
+		if got != s || gotN != n {
+			t.Fatalf("bound %q, %d; the engine read %q, %d", s, n, got, gotN)
+		}
+	})
+}
