@@ -126,16 +126,18 @@ func (r *ReportConfig) Resolve(files []string, now time.Time, w io.Writer) (*Rep
 
 // resolveFiles validates the flags of a report from files.
 func (r *ReportConfig) resolveFiles(files []string, w io.Writer) (*filereport.Options, error) {
+	// The files first: a word meant as something else names a file that
+	// is not there.
+	for _, f := range files {
+		if err := checkReadable(f); err != nil {
+			return nil, err
+		}
+	}
 	if r.DSN != "" || r.DSNFile != "" {
 		return nil, cli.Usagef("give audit log FILEs or a ClickHouse server (--clickhouse, --clickhouse-dsn-file), not both")
 	}
 	if r.Database != DefaultDatabase {
 		return nil, cli.Usagef("--database names a database on a ClickHouse server; a report from FILEs has its own")
-	}
-	for _, f := range files {
-		if err := checkReadable(f); err != nil {
-			return nil, err
-		}
 	}
 	if r.Keep != "" {
 		if fi, err := os.Stat(r.Keep); err == nil && !fi.IsDir() {

@@ -111,9 +111,11 @@ func TestCommandLines(t *testing.T) {
 	for _, cmd := range []string{"serve", "ingest", "tail", "migrate", "report"} {
 		add(sink("auditsink "+cmd+" --bogus names the flag", 2, []string{cmd, "--bogus"}, "flag provided but not defined: -bogus", "Run 'auditsink "+cmd+" -h'"))
 	}
-	for _, cmd := range []string{"serve", "migrate", "report"} {
+	for _, cmd := range []string{"serve", "migrate"} {
 		add(sink("auditsink "+cmd+" refuses a stray word", 2, []string{cmd, "stray"}, `unexpected argument "stray": auditsink `+cmd+" takes no arguments"))
 	}
+	// report takes FILEs: a stray word is a file that is not there.
+	add(sink("auditsink report names a missing FILE", 2, []string{"report", "stray"}, "open stray: no such file or directory"))
 	add(sink("auditsink tail refuses a second PATH", 2, []string{"tail", events, "stray"}, `unexpected argument "stray": auditsink tail takes at most 1`))
 	add(sink("auditsink tail needs a PATH", 2, []string{"tail"}, "give one PATH: auditsink tail [flags] PATH"))
 	add(sink("auditsink ingest needs a FILE", 2, []string{"ingest"}, "no FILE given: auditsink ingest [flags] FILE..."))
