@@ -72,22 +72,9 @@ func openKeep(dir, cluster string, files []string) (*keep, error) {
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return nil, fmt.Errorf("--keep: %w", err)
 	}
-	old, err := readManifest(dir)
-	if err != nil {
-		return nil, err
-	}
-	if old == nil {
-		entries, err := os.ReadDir(dir)
-		if err != nil {
-			return nil, fmt.Errorf("--keep: %w", err)
-		}
-		for _, e := range entries {
-			if e.Name() != lockName {
-				return nil, fmt.Errorf("--keep %s is not empty and holds no report's data (no %s): name a new or empty directory", dir, manifestName)
-			}
-		}
-	}
+	// The lock first: the manifest is read under it.
 	k := &keep{dir: dir, cluster: cluster}
+	var err error
 	if k.lock, err = os.OpenFile(filepath.Join(dir, lockName), os.O_CREATE|os.O_RDWR, 0o600); err != nil {
 		return nil, fmt.Errorf("--keep: %w", err)
 	}
@@ -95,24 +82,49 @@ func openKeep(dir, cluster string, files []string) (*keep, error) {
 		k.lock.Close()
 		return nil, fmt.Errorf("--keep %s is in use by another report (%w)", dir, err)
 	}
+	if err := k.plan(files); err != nil {
+		k.unlock()
+		return nil, err
+	}
+	return k, nil
+}
+
+// plan reads the manifest and the files, and sets what to read and
+// whether to start over.
+func (k *keep) plan(files []string) error {
+	old, err := readManifest(k.dir)
+	if err != nil {
+		return err
+	}
+	if old == nil {
+		entries, err := os.ReadDir(k.dir)
+		if err != nil {
+			return fmt.Errorf("--keep: %w", err)
+		}
+		for _, e := range entries {
+			if e.Name() != lockName {
+				return fmt.Errorf("--keep %s is not empty and holds no report's data (no %s): name a new or empty directory", k.dir, manifestName)
+			}
+		}
+	}
 	seen := map[string]bool{}
 	for _, f := range files {
 		e, err := identify(f)
 		if err != nil {
-			k.unlock()
-			return nil, err
+			return err
 		}
 		if !seen[e.Path] {
 			seen[e.Path] = true
 			k.now = append(k.now, e)
 		}
 	}
-	k.plan(old)
-	return k, nil
+	k.decide(old)
+	return nil
 }
 
-// plan sets what to read and whether to start over.
-func (k *keep) plan(old *manifest) {
+// decide sets, from the manifest old, what to read and whether to start
+// over.
+func (k *keep) decide(old *manifest) {
 	now := map[string]fileEntry{}
 	for _, e := range k.now {
 		now[e.Path] = e
