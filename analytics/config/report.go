@@ -56,8 +56,8 @@ func (r *ReportConfig) Register(fs *flag.FlagSet) {
 // (Connection), or from audit log files (Files).
 type Report struct {
 	*Connection
-	// Files is the report from files, nil for a server's. Run takes its
-	// report options from Options.
+	// Files is the report from files (its Report is Options), nil for a
+	// server's.
 	Files   *filereport.Options
 	Options report.Options
 	JSON    bool
@@ -86,12 +86,12 @@ func (r *ReportConfig) Resolve(files []string, now time.Time, w io.Writer) (*Rep
 	}
 	o := report.Options{Cluster: r.Cluster, Top: r.Top, Namespace: r.Namespace, Resource: r.Resource, User: r.User,
 		LoopGap: r.LoopGap, LoopThreshold: r.LoopThreshold, History: r.History, FightHandoffs: r.FightHandoffs}
-	since, until := r.Since, r.Until
+	since := r.Since
 	if len(files) == 0 {
 		// A server's window ends now and starts DefaultSince before; the
 		// files' window is their span (filereport.Run).
-		until = cmp.Or(until, "0s")
 		since = cmp.Or(since, DefaultSince)
+		o.Until = now
 	}
 	var err error
 	if since != "" {
@@ -99,12 +99,12 @@ func (r *ReportConfig) Resolve(files []string, now time.Time, w io.Writer) (*Rep
 			return nil, cli.Usagef("--since: %w", err)
 		}
 	}
-	if until != "" {
-		if o.Until, err = cli.ParseTime(until, now); err != nil {
+	if r.Until != "" {
+		if o.Until, err = cli.ParseTime(r.Until, now); err != nil {
 			return nil, cli.Usagef("--until: %w", err)
 		}
 	}
-	if since != "" && until != "" && !o.Since.Before(o.Until) {
+	if !o.Since.IsZero() && !o.Until.IsZero() && !o.Since.Before(o.Until) {
 		return nil, cli.Usagef("--since %s is not before --until %s: the window is empty", o.Since.Format(time.RFC3339), o.Until.Format(time.RFC3339))
 	}
 	rep := &Report{Options: o, JSON: r.Format == "json"}
@@ -112,6 +112,7 @@ func (r *ReportConfig) Resolve(files []string, now time.Time, w io.Writer) (*Rep
 		if rep.Files, err = r.resolveFiles(files, w); err != nil {
 			return nil, err
 		}
+		rep.Files.Report = o
 		return rep, nil
 	}
 	if r.CHDB != "" || r.Keep != "" {

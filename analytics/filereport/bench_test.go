@@ -104,13 +104,11 @@ var (
 	idRE    = regexp.MustCompile(`"auditID":"`)
 )
 
-// writeDay writes n events to path: the recorded events, weighted to
-// about 1.3 KB a line, each with an audit ID of its own, received one
+// writeDay writes n events to path: audittest.RealShaped's, each with an audit ID of its own, received one
 // after the other over a day, in 200 namespaces.
 func writeDay(b *testing.B, path string, n int) int64 {
 	b.Helper()
-	ev := audittest.Events(b)
-	templates := append(ev, ev[0], ev[1], ev[5], ev[6], ev[0], ev[1], ev[0])
+	templates := audittest.RealShaped(b)
 	f, err := os.Create(path)
 	if err != nil {
 		b.Fatal(err)

@@ -113,12 +113,12 @@ func Run(ctx context.Context, o Options) (Result, error) {
 		return res, fmt.Errorf("create the schema in the engine: %w", err)
 	}
 	if todo := k.toRead(); len(todo) > 0 {
-		// A bare Inserter: the report reads the events themselves, which
-		// is cheaper once than building the hour caches first.
 		// The field history's value hashes need no secret key here: the
 		// values are in the files, and the hashes stay on this machine.
 		h := audit.NewFieldHasher(nil)
 		acc := &pipeline.Accepter{Decoder: audit.Decoder{History: &h}}
+		// A bare Inserter: the report reads the events themselves, which
+		// is cheaper once than building the hour caches first.
 		res.Ingest, err = pipeline.IngestFiles(ctx, inserter{st}, todo,
 			pipeline.IngestOptions{Cluster: o.Cluster, Accepter: acc, Progress: o.Progress, Logger: o.Logger})
 		if err != nil {

@@ -16,15 +16,6 @@ import (
 	"github.com/stampguard/stampguard/test/proctest"
 )
 
-// ingestTemplates are the recorded events of analytics/testdata, the
-// larger RequestResponse and Request ones weighted up so that a generated
-// line averages about 1.3 KB (sizes 0.5-2 KB; a tenth at Metadata level,
-// one in sixteen a stage that is not stored).
-func ingestTemplates(b *testing.B) []string {
-	ev := audittest.Events(b)
-	return append(ev, ev[0], ev[1], ev[5], ev[6], ev[0], ev[1], ev[0])
-}
-
 // BenchmarkIngest runs `auditsink ingest` as its own process on one plain
 // JSON-lines file of generated real-shaped events (AUDITSINK_BENCH_EVENTS,
 // default 200,000) into a fresh database, and in the same run the ceiling:
@@ -41,7 +32,7 @@ func BenchmarkIngest(b *testing.B) {
 	}
 	bin := buildSink(b)
 	ch := chtest.Start(b)
-	templates := ingestTemplates(b)
+	templates := audittest.RealShaped(b)
 	dir := b.TempDir()
 	var (
 		events, secs, ceilSecs, cpu float64

@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/stampguard/stampguard/internal/audit/audittest"
 	"github.com/stampguard/stampguard/test/chtest"
 )
 
@@ -27,7 +28,7 @@ func BenchmarkTailLag(b *testing.B) {
 	)
 	bin := buildSink(b)
 	ch := chtest.Start(b)
-	templates := ingestTemplates(b)
+	templates := audittest.RealShaped(b)
 	// prefix[m] is the stored events among the first m templates.
 	prefix := make([]int, len(templates)+1)
 	for i, t := range templates {

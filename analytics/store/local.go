@@ -52,8 +52,8 @@ func OpenLocal(e Engine, o Options) (*Store, error) {
 // arguments as the driver does (bindNamed); answers come as Native
 // blocks, which rows scan through the driver's columns (ScanRow), so a
 // row scans into the same Go values as from a server. A batch builds the
-// driver's block for the table's columns and sends it as an INSERT ...
-// FORMAT Native.
+// driver's block for the table's columns and inserts it as Native data
+// (insertDataFormat).
 //
 // The engine runs one statement at a time and cannot cancel one: a
 // canceled context stops the next statement, not the running one.
@@ -252,7 +252,6 @@ func decodeNative(b []byte) ([]*proto.Block, error) {
 type localRows struct {
 	blocks []*proto.Block
 	b, row int // the current block, and the current row in it plus one
-	err    error
 }
 
 func (r *localRows) Next() bool {
@@ -307,7 +306,7 @@ func (r *localRows) Columns() []string {
 }
 
 func (r *localRows) Close() error  { return nil }
-func (r *localRows) Err() error    { return r.err }
+func (r *localRows) Err() error    { return nil } // the whole answer was read before the first row
 func (r *localRows) HasData() bool { return len(r.blocks) > 0 && r.blocks[0].Rows() > 0 }
 
 // columnType describes a column of an answer.
@@ -319,7 +318,7 @@ func (t columnType) ScanType() reflect.Type   { return t.c.ScanType() }
 func (t columnType) DatabaseTypeName() string { return string(t.c.Type()) }
 
 // localBatch is an INSERT into one table; each Flush (and Send) sends
-// the rows appended since as one INSERT ... FORMAT Native.
+// the rows appended since as one Native block (insertDataFormat).
 type localBatch struct {
 	ctx    context.Context
 	c      *localConn

@@ -32,9 +32,7 @@ func reportCmd(fs *flag.FlagSet, stdout, stderr io.Writer) func([]string) (work,
 		}
 		if r.Files != nil {
 			return func(ctx context.Context) error {
-				o := *r.Files
-				o.Report = r.Options
-				res, err := filereport.Run(ctx, o)
+				res, err := filereport.Run(ctx, *r.Files)
 				return write(res.Report, res.Options, err)
 			}, nil
 		}
