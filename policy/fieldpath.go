@@ -2,6 +2,7 @@ package policy
 
 import (
 	"fmt"
+	"slices"
 	"strings"
 
 	"github.com/stampguard/stampguard/internal/rawjson"
@@ -215,4 +216,11 @@ func (p FieldPath) pathIs(want ...string) bool {
 		}
 	}
 	return true
+}
+
+// HasPrefix reports whether p is prefix or lies below it: its first
+// segments are prefix's (metadata.labels["team"] has the prefix
+// metadata.labels and metadata.labels.team; metadata.labelsx has none).
+func (p FieldPath) HasPrefix(prefix FieldPath) bool {
+	return len(prefix.segments) <= len(p.segments) && slices.Equal(p.segments[:len(prefix.segments)], prefix.segments)
 }

@@ -74,43 +74,103 @@ type Result struct {
 // report.Build, it returns report.ErrNoEvents with the (empty) report when
 // the window holds no request.
 func Run(ctx context.Context, o Options) (Result, error) {
+	s, err := Open(ctx, o)
+	if err != nil {
+		return s.result(), err
+	}
+	defer s.Close()
+	res := s.result()
+	start := time.Now()
+	if o.Progress != nil {
+		fmt.Fprint(o.Progress, "building the report ...")
+	}
+	res.Report, err = report.Build(ctx, s.Conn(), res.Options)
+	if o.Progress != nil {
+		fmt.Fprint(o.Progress, "\r\033[K") // the line erased
+	}
+	s.Logger.Debug("built the report", "elapsed", time.Since(start))
+	return res, err
+}
+
+// Session is the files' events stored in the engine, open for queries
+// until Close: what Run builds the report from, and what `auditsink
+// suggest` reads its observations from.
+type Session struct {
+	// Options are the report's options, with the engine's database and
+	// the window Open chose.
+	Options report.Options
+	// Ingest and Reused are as in Result.
+	Ingest pipeline.IngestResult
+	Reused []string
+	Logger *slog.Logger
+
+	st     *store.Store
+	closes []func()
+}
+
+// Conn is the engine's connection.
+func (s *Session) Conn() clickhouse.Conn { return s.st.Conn() }
+
+// Close closes the engine and removes its data unless it is kept.
+func (s *Session) Close() {
+	for i := len(s.closes) - 1; i >= 0; i-- {
+		s.closes[i]()
+	}
+	s.closes = nil
+}
+
+func (s *Session) result() Result {
+	if s == nil {
+		return Result{}
+	}
+	return Result{Options: s.Options, Ingest: s.Ingest, Reused: s.Reused}
+}
+
+// Open stores the files' events in the engine (only what Keep lacks of
+// them) and chooses the window. On an error it returns what it has done
+// so far, closed.
+func Open(ctx context.Context, o Options) (s *Session, err error) {
 	if len(o.Files) == 0 {
-		return Result{}, errors.New("no audit log file given")
+		return nil, errors.New("no audit log file given")
 	}
 	if o.Logger == nil {
 		o.Logger = slog.New(slog.DiscardHandler)
 	}
+	s = &Session{Logger: o.Logger}
+	defer func() {
+		if err != nil {
+			s.Close()
+		}
+	}()
 	lib, err := chdb.Find(o.Lib)
 	if err != nil {
-		return Result{}, err
+		return s, err
 	}
 	dir := o.Keep
 	if dir == "" {
 		if dir, err = os.MkdirTemp("", "stampguard-report-"); err != nil {
-			return Result{}, err
+			return s, err
 		}
-		defer os.RemoveAll(dir)
+		s.closes = append(s.closes, func() { os.RemoveAll(dir) })
 	}
 	k, err := openKeep(dir, o.Cluster, o.Files)
 	if err != nil {
-		return Result{}, err
+		return s, err
 	}
-	defer k.unlock()
+	s.closes = append(s.closes, k.unlock)
 	e, err := chdb.Open(lib, dir)
 	if err != nil {
-		return Result{}, err
+		return s, err
 	}
-	defer e.Close()
-	st, err := store.OpenLocal(e, store.Options{Database: DefaultDatabase})
-	if err != nil {
-		return Result{}, err
+	s.closes = append(s.closes, func() { e.Close() })
+	if s.st, err = store.OpenLocal(e, store.Options{Database: DefaultDatabase}); err != nil {
+		return s, err
 	}
-	var res Result
-	if res.Reused, err = k.prepare(e, o.Logger); err != nil {
-		return res, err
+	if s.Reused, err = k.prepare(e, o.Logger); err != nil {
+		return s, err
 	}
-	if _, err := st.Migrate(ctx); err != nil {
-		return res, fmt.Errorf("create the schema in the engine: %w", err)
+	if _, err := s.st.Migrate(ctx); err != nil {
+		return s, fmt.Errorf("create the schema in the engine: %w", err)
 	}
 	if todo := k.toRead(); len(todo) > 0 {
 		// The field history's value hashes need no secret key here: the
@@ -119,29 +179,29 @@ func Run(ctx context.Context, o Options) (Result, error) {
 		acc := &pipeline.Accepter{Decoder: audit.Decoder{History: &h}}
 		// A bare Inserter: the report reads the events themselves, which
 		// is cheaper once than building the hour caches first.
-		res.Ingest, err = pipeline.IngestFiles(ctx, inserter{st}, todo,
+		s.Ingest, err = pipeline.IngestFiles(ctx, inserter{s.st}, todo,
 			pipeline.IngestOptions{Cluster: o.Cluster, Accepter: acc, Progress: o.Progress, Logger: o.Logger})
 		if err != nil {
-			return res, err
+			return s, err
 		}
 		if err := k.commit(); err != nil {
-			return res, err
+			return s, err
 		}
-		o.Logger.Debug("stored the files' events in the engine", "files", len(todo), "result", res.Ingest.String())
-		if res.Ingest.Rejected > 0 {
+		o.Logger.Debug("stored the files' events in the engine", "files", len(todo), "result", s.Ingest.String())
+		if s.Ingest.Rejected > 0 {
 			o.Logger.Warn("lines of the files are not audit events the decoder accepts; the report leaves them out (auditsink ingest stores them in dead_letters with the reason)",
-				"lines", res.Ingest.Rejected)
+				"lines", s.Ingest.Rejected)
 		}
 	}
 	ro := o.Report
-	ro.Cluster, ro.Database = o.Cluster, st.Database()
+	ro.Cluster, ro.Database = o.Cluster, s.st.Database()
 	if ro.Logger == nil {
 		ro.Logger = o.Logger
 	}
 	if ro.Since.IsZero() || ro.Until.IsZero() {
-		first, last, err := span(ctx, st, o.Cluster)
+		first, last, err := span(ctx, s.st, o.Cluster)
 		if err != nil {
-			return res, err
+			return s, err
 		}
 		if ro.Since.IsZero() {
 			ro.Since = first
@@ -150,17 +210,8 @@ func Run(ctx context.Context, o Options) (Result, error) {
 			ro.Until = last
 		}
 	}
-	res.Options = ro
-	start := time.Now()
-	if o.Progress != nil {
-		fmt.Fprint(o.Progress, "building the report ...")
-	}
-	res.Report, err = report.Build(ctx, st.Conn(), ro)
-	if o.Progress != nil {
-		fmt.Fprint(o.Progress, "\r\033[K") // the line erased
-	}
-	o.Logger.Debug("built the report", "elapsed", time.Since(start))
-	return res, err
+	s.Options = ro
+	return s, nil
 }
 
 // ErrNoFileEvents says that the files hold no event to report on.

@@ -152,15 +152,7 @@ func Build(ctx context.Context, conn driver.Conn, o Options) (*Report, error) {
 	}
 	if o.History {
 		runs = append(runs,
-			run{QueryLostUpdates, func(rows driver.Rows) error {
-				var l LostUpdate
-				var at, overwritten uint64
-				err := rows.Scan(&l.APIGroup, &l.Resource, &l.Namespace, &l.Name, &l.Field, &l.Writer, &l.OverwrittenWriter, &l.Cause,
-					&l.AuditID, &l.OverwrittenAuditID, &at, &overwritten)
-				l.Time, l.OverwrittenTime = microsTime(at), microsTime(overwritten)
-				r.LostUpdates = append(r.LostUpdates, l)
-				return err
-			}},
+			run{QueryLostUpdates, scanLostUpdates(&r.LostUpdates)},
 			run{QueryFieldFights, func(rows driver.Rows) error {
 				var f FieldFight
 				var first, last uint64
@@ -175,14 +167,7 @@ func Build(ctx context.Context, conn driver.Conn, o Options) (*Report, error) {
 			run{QueryNoopWrites, collect(&r.NoopWrites, func(n *NoopWrites) []any {
 				return []any{&n.User, &n.Count}
 			})},
-			run{QueryFieldWriters, func(rows driver.Rows) error {
-				var f FieldWriter
-				var first, last uint64
-				err := rows.Scan(&f.APIGroup, &f.Resource, &f.Namespace, &f.Field, &f.Writer, &f.Changes, &f.Objects, &first, &last)
-				f.First, f.Last = microsTime(first), microsTime(last)
-				r.FieldWriters = append(r.FieldWriters, f)
-				return err
-			}},
+			run{QueryFieldWriters, scanFieldWriters(&r.FieldWriters)},
 		)
 	}
 	if err := q.parallel(o.parallel, runs...); err != nil {
@@ -192,6 +177,31 @@ func Build(ctx context.Context, conn driver.Conn, o Options) (*Report, error) {
 		return r, ErrNoEvents
 	}
 	return r, nil
+}
+
+// scanLostUpdates appends each row of QueryLostUpdates to dst.
+func scanLostUpdates(dst *[]LostUpdate) func(driver.Rows) error {
+	return func(rows driver.Rows) error {
+		var l LostUpdate
+		var at, overwritten uint64
+		err := rows.Scan(&l.APIGroup, &l.Resource, &l.Namespace, &l.Name, &l.Field, &l.Writer, &l.OverwrittenWriter, &l.Cause,
+			&l.AuditID, &l.OverwrittenAuditID, &at, &overwritten)
+		l.Time, l.OverwrittenTime = microsTime(at), microsTime(overwritten)
+		*dst = append(*dst, l)
+		return err
+	}
+}
+
+// scanFieldWriters appends each row of QueryFieldWriters to dst.
+func scanFieldWriters(dst *[]FieldWriter) func(driver.Rows) error {
+	return func(rows driver.Rows) error {
+		var f FieldWriter
+		var first, last uint64
+		err := rows.Scan(&f.APIGroup, &f.Resource, &f.Namespace, &f.Field, &f.Writer, &f.Changes, &f.Objects, &first, &last)
+		f.First, f.Last = microsTime(first), microsTime(last)
+		*dst = append(*dst, f)
+		return err
+	}
 }
 
 // microsTime writes Unix microseconds as the report writes instants.

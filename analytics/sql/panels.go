@@ -305,7 +305,7 @@ WHERE ` + cond
 
 // All lists every statement: the report's, then the dashboards' and alert
 // rules'.
-var All = append(slices.Concat(ReportStatements, HistoryStatements),
+var All = append(slices.Concat(ReportStatements, HistoryStatements, SuggestStatements),
 	ConflictRateSeries, ConflictKindsSeries, StamplessGoneSeries, WriteLatencySeries,
 	ConflictsByNamespace, ConflictsByUserAgent, UnresolvedRetryLoops, ResolvedRetryLoops,
 	StamplessByWriter, PolicyDecisionsSeries, LeaseConflicts,

@@ -6,6 +6,7 @@
 //	auditsink migrate        create or upgrade the ClickHouse schema
 //	auditsink report         conflict analytics: retry loops, hot objects, stampless writes, ...
 //	auditsink report FILE... the same, straight from audit log files (ClickHouse's engine in process)
+//	auditsink suggest FILE... ConcurrencyPolicy drafts from the history, replayed over the same files
 //
 // Each subcommand binds its flags to an options struct of analytics/config,
 // which validates them before anything is touched (exit 2 when they are
@@ -62,6 +63,7 @@ var commands = []command{
 	{"tail", "PATH", "follow a live audit log across rotation", 1, tail},
 	{"migrate", "", "create or upgrade the ClickHouse schema", 0, migrate},
 	{"report", "[FILE...]", "conflict analytics over a time window (table or JSON), from ClickHouse or straight from audit log files", -1, reportCmd},
+	{"suggest", "[FILE...]", "ConcurrencyPolicy drafts (Audit mode) from the history, each replayed over the same audit logs", -1, suggestCmd},
 }
 
 func usage() string {
