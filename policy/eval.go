@@ -98,13 +98,31 @@ type Set struct {
 	policies []*Policy
 	tree     pathTree
 	index    map[string]int32 // rule path text -> index in tree
+	// byNamespace lists, per namespace, the policies that name it in
+	// match.namespaces; anyNamespace the policies that name none. A
+	// request is checked against those two lists alone: a policy that
+	// names namespaces covers no other (coversNamespace), so a set of
+	// many per-namespace policies costs per request what the request's
+	// namespace holds.
+	byNamespace  map[string][]int32
+	anyNamespace []int32
 }
 
 // NewSet orders the policies by name so that decisions are deterministic.
 func NewSet(policies ...*Policy) *Set {
 	ps := slices.Clone(policies)
 	slices.SortFunc(ps, func(a, b *Policy) int { return strings.Compare(a.Name, b.Name) })
-	s := &Set{policies: ps, index: map[string]int32{}}
+	s := &Set{policies: ps, index: map[string]int32{}, byNamespace: map[string][]int32{}}
+	for i, p := range ps {
+		if len(p.namespaces) == 0 {
+			s.anyNamespace = append(s.anyNamespace, int32(i))
+		}
+		for _, ns := range p.namespaces {
+			if l := s.byNamespace[ns]; len(l) == 0 || l[len(l)-1] != int32(i) {
+				s.byNamespace[ns] = append(l, int32(i))
+			}
+		}
+	}
 	add := func(p FieldPath) {
 		if _, ok := s.index[p.text]; !ok {
 			i := int32(len(s.index))
@@ -259,7 +277,19 @@ func (s *Set) check(ph phase, req *Request, env *Environment) (Decision, *Policy
 // its operation in its scope.
 func (s *Set) checked(ph phase, req *Request, env *Environment) iter.Seq2[*Policy, rule] {
 	return func(yield func(*Policy, rule) bool) {
-		for _, p := range s.policies {
+		// The two candidate lists merged, in the set's order.
+		named, rest := s.byNamespace[req.Namespace], s.anyNamespace
+		if req.Namespace == "" {
+			named = nil
+		}
+		for len(named) > 0 || len(rest) > 0 {
+			var i int32
+			if len(rest) == 0 || (len(named) > 0 && named[0] < rest[0]) {
+				i, named = named[0], named[1:]
+			} else {
+				i, rest = rest[0], rest[1:]
+			}
+			p := s.policies[i]
 			if !p.checksOperation(ph, req.Operation) {
 				continue // before applies, which costs more
 			}

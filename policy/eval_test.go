@@ -213,3 +213,32 @@ func TestCompileErrorsNameTheField(t *testing.T) {
 		})
 	}
 }
+
+// TestNamespaceIndexKeepsTheSetsOrder: a set of per-namespace policies
+// and policies on every namespace names, for a request, exactly the
+// policies covering its namespace, in the set's (name) order, each once.
+func TestNamespaceIndexKeepsTheSetsOrder(t *testing.T) {
+	var ps []*Policy
+	for _, c := range []struct {
+		name string
+		nss  []string
+	}{{"a-all", nil}, {"b-shop", []string{"shop"}}, {"c-other", []string{"other"}}, {"d-both", []string{"shop", "other", "shop"}}, {"e-all", nil}, {"f-shop", []string{"shop"}}} {
+		m := deployments()
+		m.Namespaces = c.nss
+		ps = append(ps, mustCompile(t, c.name, v1alpha1.ConcurrencyPolicySpec{Match: m, RequireResourceVersion: true}))
+	}
+	set := NewSet(ps[5], ps[3], ps[0], ps[4], ps[1], ps[2])
+	for ns, want := range map[string]string{"shop": "a-all b-shop d-both e-all f-shop", "other": "a-all c-other d-both e-all", "web": "a-all e-all"} {
+		d, err := set.CheckStamp(&Request{Operation: Update, Group: "apps", Resource: "deployments", Namespace: ns, Object: deploy("1", "", "")}, &Environment{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		var got []string
+		for _, v := range d.Violations {
+			got = append(got, v.Policy)
+		}
+		if strings.Join(got, " ") != want {
+			t.Errorf("namespace %s: %q, want %q", ns, strings.Join(got, " "), want)
+		}
+	}
+}

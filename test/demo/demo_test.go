@@ -103,6 +103,8 @@ func TestDemo(t *testing.T) {
 		nothingLeft(t, state)
 		// The demo's own audit log, written while its webhook decided.
 		replayEqualsEnforcement(t, root, filepath.Join(dir, "bin", "webhook"), state)
+		// The drafts suggested from it, replayed as the live webhook decided.
+		suggestMatchesTheDemo(t, filepath.Join(dir, "bin", "auditsink"), state)
 		return out
 	}
 
