@@ -298,4 +298,17 @@ func TestSynthesizeAgrees(t *testing.T) {
 	if n := en.SameAnswers(t, "", history); n < len(r.LostUpdates) {
 		t.Errorf("the history findings answered %d rows on both, fewer than the %d lost updates", n, len(r.LostUpdates))
 	}
+	// What suggest reads: the same answers on both, its new statements too.
+	obs, err := Observe(ctx, en.Store.Conn(), o)
+	if err != nil {
+		t.Fatalf("18.16: %v", err)
+	}
+	if len(obs.Fields) == 0 || len(obs.Writers) == 0 {
+		t.Fatalf("the synthesized history shows %d fields and %d field writers: nothing to compare", len(obs.Fields), len(obs.Writers))
+	}
+	observed := en.Recorded(t, "observe")
+	if len(observed) < 4 {
+		t.Fatalf("Observe ran %d statements, want its four", len(observed))
+	}
+	en.SameAnswers(t, "", observed)
 }

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/stampguard/stampguard/policy"
@@ -91,7 +92,7 @@ func Replay(ctx context.Context, drafts []Draft, o ReplayOptions) error {
 				if t := rules[k]; t != nil && !seen[k] {
 					seen[k] = true
 					t.r.Undecidable++
-					t.reasons[w.Reason]++
+					t.reasons[reasonClass(w.Reason)]++
 				}
 			}
 		}})
@@ -106,4 +107,24 @@ func Replay(ctx context.Context, drafts []Draft, o ReplayOptions) error {
 		t.r.Writers, t.r.Reasons = counts(t.writers), counts(t.reasons)
 	}
 	return nil
+}
+
+// reasonClass is an undecidable write's reason with its numbers (the
+// resourceVersion it names) as N, so that the writes of one cause count
+// together.
+func reasonClass(reason string) string {
+	var b strings.Builder
+	digits := false
+	for _, r := range reason {
+		if r >= '0' && r <= '9' {
+			if !digits {
+				b.WriteByte('N')
+			}
+			digits = true
+			continue
+		}
+		digits = false
+		b.WriteRune(r)
+	}
+	return b.String()
 }
