@@ -172,7 +172,7 @@ func TestWriteLoadsAsTheWebhookLoadsPolicies(t *testing.T) {
 			t.Errorf("a writer's name broke out of its comment: %q", line)
 		}
 	}
-	if !strings.Contains(strings.ReplaceAll(a.String(), "\n  # ", " "), "would refuse 2 writes (cleaner 2); 1 undecidable") {
+	if !strings.Contains(strings.ReplaceAll(a.String(), "\n  # ", " "), "would refuse 2 writes (cleaner 2); 1 undecidable: 1 as the log lacks the object next line.") {
 		t.Errorf("the replay is not told:\n%s", a.String())
 	}
 	t.Logf("\n%s", a.String())

@@ -139,7 +139,11 @@ func (r Replayed) String() string {
 	if r.Undecidable == 0 {
 		return s + "; none undecidable."
 	}
-	return s + fmt.Sprintf("; %d undecidable (%s).", r.Undecidable, tally(r.Reasons))
+	reasons := make([]string, len(r.Reasons))
+	for i, c := range r.Reasons {
+		reasons[i] = strconv.FormatUint(c.Count, 10) + " as " + c.Writer
+	}
+	return s + fmt.Sprintf("; %d undecidable: %s.", r.Undecidable, strings.Join(reasons, "; "))
 }
 
 // plural writes "1 write", "2 writes".
