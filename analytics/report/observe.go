@@ -15,11 +15,14 @@ import (
 // writes what, whole (no list is cut at Top): the input of the policy
 // drafts of `auditsink suggest` (analytics/suggest).
 type Observations struct {
-	// Writers are every writer of every field (asql.FieldWriters).
+	// Writers are every writer of every field (asql.FieldOwnership, as
+	// asql.FieldWriters counts them).
 	Writers []FieldWriter
 	// Fields are every field the history shows (asql.FieldStability).
 	Fields []FieldSeen
-	// LostUpdates are every lost update of the window (asql.LostUpdates).
+	// LostUpdates are the lost updates of the window by a stampless
+	// update (asql.FieldOwnership, as asql.LostUpdates finds them; without
+	// the overwritten change's audit ID and time).
 	LostUpdates []LostUpdate
 	// NameReuses are the kinds whose names were deleted and created again
 	// by another writer (asql.NameReuse).
@@ -71,8 +74,23 @@ func Observe(ctx context.Context, conn driver.Conn, o Options) (*Observations, e
 	}
 	obs := &Observations{Writers: []FieldWriter{}, Fields: []FieldSeen{}, LostUpdates: []LostUpdate{}, NameReuses: []NameReuse{}}
 	err := o.querier(ctx, conn).parallel(o.parallel,
-		run{QueryFieldWriters, scanFieldWriters(&obs.Writers)},
-		run{QueryLostUpdates, scanLostUpdates(&obs.LostUpdates)},
+		run{asql.FieldOwnership, func(rows driver.Rows) error {
+			var f FieldWriter
+			var first, last uint64
+			var times []uint64
+			var ids, names, overwritten []string
+			if err := rows.Scan(&f.APIGroup, &f.Resource, &f.Namespace, &f.Field, &f.Writer, &f.Changes, &f.Objects, &first, &last,
+				&times, &ids, &names, &overwritten); err != nil {
+				return err
+			}
+			f.First, f.Last = microsTime(first), microsTime(last)
+			obs.Writers = append(obs.Writers, f)
+			for i := range times {
+				obs.LostUpdates = append(obs.LostUpdates, LostUpdate{APIGroup: f.APIGroup, Resource: f.Resource, Namespace: f.Namespace, Name: names[i],
+					Field: f.Field, Writer: f.Writer, OverwrittenWriter: overwritten[i], Cause: "stampless", AuditID: ids[i], Time: microsTime(times[i])})
+			}
+			return nil
+		}},
 		run{asql.FieldStability, func(rows driver.Rows) error {
 			var f FieldSeen
 			var first, last uint64

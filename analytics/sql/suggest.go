@@ -1,13 +1,36 @@
 package sql
 
-// What `auditsink suggest` reads besides FieldWriters and LostUpdates to
-// draft ConcurrencyPolicies: how each field of each kind and namespace
-// stays put (the immutable-field drafts), and which names were deleted
-// and created again by another writer (the delete-precondition drafts).
+// What `auditsink suggest` reads to draft ConcurrencyPolicies: who changes
+// each field and which of those changes were stampless lost updates (the
+// field-owner and stamp drafts, by the definitions of FieldWriters and
+// LostUpdates), how each field of each kind and namespace stays put (the
+// immutable-field drafts), and which names were deleted and created again
+// by another writer (the delete-precondition drafts).
 // Both read the same field history and events the report does; see
 // docs/suggest.md.
 
 var (
+	// FieldOwnership is FieldWriters with each writer's lost updates by a
+	// stampless update, in one pass over the field changes: per kind,
+	// namespace, field path and writer, the changes, the objects, the
+	// first and last, and the stampless lost updates (the writer whose
+	// change each erased, its time, audit ID and object).
+	FieldOwnership = Statement{Name: "field_ownership", Title: "Field writers and their stampless lost updates", Shape: Rows,
+		Params: filtered, Time: []Window{Whole},
+		Columns: []string{"api_group", "resource", "namespace", "field", "writer", "changes", "objects", "first_us", "last_us",
+			"lost_times_us", "lost_audit_ids", "lost_names", "lost_overwritten"},
+		SQL: `
+SELECT api_group, resource, namespace, field, writer, changes, objects, first_us, last_us,
+	arrayMap(x -> tupleElement(x, 1), lost) AS lost_times_us, arrayMap(x -> tupleElement(x, 2), lost) AS lost_audit_ids,
+	arrayMap(x -> tupleElement(x, 3), lost) AS lost_names, arrayMap(x -> tupleElement(x, 4), lost) AS lost_overwritten
+FROM (
+	SELECT api_group, resource, namespace, field, writer, toUInt64(count()) AS changes, toUInt64(uniqExact(name)) AS objects,
+		min(time_us) AS first_us, max(time_us) AS last_us,
+		arraySort(groupArrayIf((time_us, toString(audit_id), toString(name), toString(prev_writer)), cause = 'stampless')) AS lost
+	FROM (SELECT *, ` + LostCause + ` AS cause FROM ` + fieldChanges + ` WHERE {filters})
+	GROUP BY api_group, resource, namespace, field, writer)
+ORDER BY api_group, resource, namespace, field, writer`}
+
 	// FieldStability is, per kind, namespace and field path, how much the
 	// history saw of the field: the objects whose versions show it, the
 	// versions that show it, the creations that set it, and the objects
@@ -60,6 +83,5 @@ GROUP BY api_group, resource, namespace
 ORDER BY api_group, resource, namespace`}
 )
 
-// SuggestStatements are what `auditsink suggest` reads, besides
-// FieldWriters and LostUpdates.
-var SuggestStatements = []Statement{FieldStability, NameReuse}
+// SuggestStatements are what `auditsink suggest` reads.
+var SuggestStatements = []Statement{FieldOwnership, FieldStability, NameReuse}
