@@ -34,22 +34,30 @@ type ReportConfig struct {
 
 // Register binds r to the flags of report, with the Default* values.
 func (r *ReportConfig) Register(fs *flag.FlagSet) {
-	r.Config.Register(fs)
-	registerCluster(fs, &r.Cluster, "the source cluster `name` the events were stored under")
-	fs.StringVar(&r.Since, "since", "", "start of the `time` window: RFC3339, or a duration ago (2h, 7d); default "+DefaultSince+", or with FILEs the second of their first event")
-	fs.StringVar(&r.Until, "until", "", "end of the window (exclusive), a `time`: RFC3339, or a duration ago; default now, or with FILEs just after their last event")
+	r.registerSource(fs)
 	fs.IntVar(&r.Top, "top", report.DefaultTop, "rows per list, 1 or more")
-	fs.StringVar(&r.Namespace, "namespace", "", "only this `namespace`")
-	fs.StringVar(&r.Resource, "resource", "", "only this `resource` (plural, e.g. deployments)")
 	fs.StringVar(&r.User, "user", "", "only this writer (the impersonated `user` when present)")
 	fs.StringVar(&r.Format, "format", "table", "output `format`: table or json")
 	fs.DurationVar(&r.LoopGap, "loop-gap", report.DefaultLoopGap, "longest pause inside a retry loop")
 	fs.IntVar(&r.LoopThreshold, "loop-threshold", report.DefaultLoopThreshold, "fewest consecutive conflicts that make a retry loop, 2 or more")
 	fs.IntVar(&r.FightHandoffs, "fight-handoffs", report.DefaultFightHandoffs, "fewest handoffs of a field between writers (in the window) that make a field fight, 2 or more; with --history")
-	fs.StringVar(&r.CHDB, "chdb", "", "with FILEs: the engine library, libchdb.so or its directory (default $"+chdb.LibEnv+", else beside the executable, /usr/local/lib, /usr/lib, /usr/lib64)")
-	fs.StringVar(&r.Keep, "keep", "", "with FILEs: keep the engine's data in this `directory` (made when missing), so that a report over the same files again reads only what is new in them; default a temporary directory, removed")
-	fs.BoolVar(&r.NoProgress, "no-progress", false, "with FILEs: no progress line even on a terminal")
 	fs.BoolVar(&r.History, "history", false, "also report lost updates, field fights, conflict causes and no-op writes from the field history (read raw: slow on busy days, see BENCHMARKS.md)")
+}
+
+// registerSource binds the flags that say where the history is and which
+// part of it is read: the server (Config) or FILEs and their engine, the
+// cluster, the window, the namespace and the resource. report and suggest
+// share them.
+func (r *ReportConfig) registerSource(fs *flag.FlagSet) {
+	r.Config.Register(fs)
+	registerCluster(fs, &r.Cluster, "the source cluster `name` the events were stored under")
+	fs.StringVar(&r.Since, "since", "", "start of the `time` window: RFC3339, or a duration ago (2h, 7d); default "+DefaultSince+", or with FILEs the second of their first event")
+	fs.StringVar(&r.Until, "until", "", "end of the window (exclusive), a `time`: RFC3339, or a duration ago; default now, or with FILEs just after their last event")
+	fs.StringVar(&r.Namespace, "namespace", "", "only this `namespace`")
+	fs.StringVar(&r.Resource, "resource", "", "only this `resource` (plural, e.g. deployments)")
+	fs.StringVar(&r.CHDB, "chdb", "", "with FILEs: the engine library, libchdb.so or its directory (default $"+chdb.LibEnv+", else beside the executable, /usr/local/lib, /usr/lib, /usr/lib64)")
+	fs.StringVar(&r.Keep, "keep", "", "with FILEs: keep the engine's data in this `directory` (made when missing), so that a later run over the same files reads only what is new in them; default a temporary directory, removed")
+	fs.BoolVar(&r.NoProgress, "no-progress", false, "with FILEs: no progress line even on a terminal")
 }
 
 // Report is a validated ReportConfig: a report from a ClickHouse server

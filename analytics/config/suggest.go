@@ -8,7 +8,6 @@ import (
 
 	"github.com/stampguard/stampguard/analytics/report"
 	"github.com/stampguard/stampguard/analytics/suggest"
-	"github.com/stampguard/stampguard/internal/chdb"
 	"github.com/stampguard/stampguard/internal/cli"
 	"github.com/stampguard/stampguard/policy/webhookconfig"
 )
@@ -32,16 +31,7 @@ type SuggestConfig struct {
 
 // Register binds s to the flags of suggest, with the Default* values.
 func (s *SuggestConfig) Register(fs *flag.FlagSet) {
-	r := &s.report
-	r.Config.Register(fs)
-	registerCluster(fs, &r.Cluster, "the source cluster `name` the events were stored under")
-	fs.StringVar(&r.Since, "since", "", "start of the history read: RFC3339, or a duration ago (2h, 7d); default "+DefaultSince+", or with FILEs the second of their first event")
-	fs.StringVar(&r.Until, "until", "", "end of the history read (exclusive): RFC3339, or a duration ago; default now, or with FILEs just after their last event")
-	fs.StringVar(&r.Namespace, "namespace", "", "only draft for this `namespace`")
-	fs.StringVar(&r.Resource, "resource", "", "only draft for this `resource` (plural, e.g. deployments)")
-	fs.StringVar(&r.CHDB, "chdb", "", "with FILEs: the engine library, libchdb.so or its directory (default $"+chdb.LibEnv+", else beside the executable, /usr/local/lib, /usr/lib, /usr/lib64)")
-	fs.StringVar(&r.Keep, "keep", "", "with FILEs: keep the engine's data in this `directory`, as report --keep does (shared with report)")
-	fs.BoolVar(&r.NoProgress, "no-progress", false, "with FILEs: no progress line even on a terminal")
+	s.report.registerSource(fs)
 	d := suggest.DefaultOptions()
 	s.Options = d
 	fs.Float64Var(&s.Options.OwnerShare, "owner-share", d.OwnerShare, "draft a field owner where one writer made at least this `share` of a field's changes (in its kind and namespace), above 0.5")
@@ -72,7 +62,7 @@ func (s *SuggestConfig) Resolve(files []string, now time.Time, w io.Writer) (*Su
 	r := s.report
 	r.Format, r.Top, r.LoopThreshold, r.FightHandoffs, r.LoopGap, r.History = "table", 1, report.DefaultLoopThreshold, report.DefaultFightHandoffs, report.DefaultLoopGap, true
 	o := s.Options
-	o.ImmutablePaths, o.ExcludeNamespaces, o.ExcludeResources = list(s.ImmutablePaths), list(s.ExcludeNamespaces), list(s.ExcludeResources)
+	o.ImmutablePaths, o.ExcludeNamespaces, o.ExcludeResources = SplitList(s.ImmutablePaths), SplitList(s.ExcludeNamespaces), SplitList(s.ExcludeResources)
 	if s.WebhookNamespace != "" {
 		o.ExcludeNamespaces = append(o.ExcludeNamespaces, s.WebhookNamespace)
 	}
@@ -88,15 +78,4 @@ func (s *SuggestConfig) Resolve(files []string, now time.Time, w io.Writer) (*Su
 		res.Replay.ProtectedNamespaces = []string{s.WebhookNamespace}
 	}
 	return res, nil
-}
-
-// list splits a comma-separated flag, dropping empty items.
-func list(s string) []string {
-	var out []string
-	for _, f := range strings.Split(s, ",") {
-		if f = strings.TrimSpace(f); f != "" {
-			out = append(out, f)
-		}
-	}
-	return out
 }

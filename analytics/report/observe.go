@@ -3,7 +3,6 @@ package report
 import (
 	"context"
 	"fmt"
-	"math"
 	"time"
 
 	"github.com/ClickHouse/clickhouse-go/v2/lib/driver"
@@ -60,12 +59,11 @@ type NameReuse struct {
 	Last      string   `json:"last"`
 }
 
-// Observe reads the Observations of o's window and filters (Top is
-// ignored: every row counts). It reads the history raw, as the report's
+// Observe reads the Observations of o's window and filters, whole: its
+// statements have no @top. It reads the history raw, as the report's
 // history sections do.
 func Observe(ctx context.Context, conn driver.Conn, o Options) (*Observations, error) {
 	o.setDefaults()
-	o.Top = math.MaxInt32
 	if !o.Since.Before(o.Until) {
 		return nil, fmt.Errorf("empty window: since %s is not before until %s", o.Since.Format(time.RFC3339), o.Until.Format(time.RFC3339))
 	}

@@ -11,6 +11,7 @@ import (
 	"github.com/stampguard/stampguard/analytics/config"
 	"github.com/stampguard/stampguard/analytics/filereport"
 	"github.com/stampguard/stampguard/analytics/report"
+	"github.com/stampguard/stampguard/analytics/store"
 )
 
 func reportCmd(fs *flag.FlagSet, stdout, stderr io.Writer) func([]string) (work, error) {
@@ -37,21 +38,33 @@ func reportCmd(fs *flag.FlagSet, stdout, stderr io.Writer) func([]string) (work,
 			}, nil
 		}
 		return func(ctx context.Context) error {
-			st, err := r.Open(ctx)
+			st, err := openSchema(ctx, r.Connection)
 			if err != nil {
 				return err
 			}
 			defer st.Close()
-			// A server that does not answer is not a missing schema: ask
-			// it first, so that each failure is told as what it is.
-			if err := st.Conn().Ping(ctx); err != nil {
-				return r.Err(err)
-			}
-			if _, err := st.SchemaVersion(ctx); err != nil {
-				return fmt.Errorf("database %s on %s holds no stampguard schema; check --database, or run auditsink migrate: %w", r.Options.Database, r, err)
-			}
 			rep, err := report.Build(ctx, st.Conn(), r.Options)
 			return write(rep, r.Options, err)
 		}, nil
 	}
+}
+
+// openSchema opens the store of a report or suggest from a server, and
+// checks that it answers and holds the schema. A server that does not
+// answer is not a missing schema: it is asked first, so that each
+// failure is told as what it is.
+func openSchema(ctx context.Context, c *config.Connection) (*store.Store, error) {
+	st, err := c.Open(ctx)
+	if err != nil {
+		return nil, err
+	}
+	if err := st.Conn().Ping(ctx); err != nil {
+		_ = st.Close()
+		return nil, c.Err(err)
+	}
+	if _, err := st.SchemaVersion(ctx); err != nil {
+		_ = st.Close()
+		return nil, fmt.Errorf("database %s on %s holds no stampguard schema; check --database, or run auditsink migrate: %w", c.Store.Database, c, err)
+	}
+	return st, nil
 }

@@ -3,7 +3,6 @@ package main
 import (
 	"context"
 	"flag"
-	"fmt"
 	"io"
 	"time"
 
@@ -25,17 +24,11 @@ func suggestCmd(fs *flag.FlagSet, stdout, stderr io.Writer) func([]string) (work
 			}, nil
 		}
 		return func(ctx context.Context) error {
-			st, err := s.Open(ctx)
+			st, err := openSchema(ctx, s.Connection)
 			if err != nil {
 				return err
 			}
 			defer st.Close()
-			if err := st.Conn().Ping(ctx); err != nil {
-				return s.Err(err)
-			}
-			if _, err := st.SchemaVersion(ctx); err != nil {
-				return fmt.Errorf("database %s on %s holds no stampguard schema; check --database, or run auditsink migrate: %w", s.Report.Options.Database, s, err)
-			}
 			return suggest.FromServer(ctx, st.Conn(), s.Report.Options, s.Options, stdout)
 		}, nil
 	}

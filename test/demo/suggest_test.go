@@ -2,8 +2,6 @@ package main
 
 import (
 	"bytes"
-	"errors"
-	"io"
 	"maps"
 	"os/exec"
 	"path/filepath"
@@ -12,12 +10,11 @@ import (
 	"strings"
 	"testing"
 
-	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
-
 	"github.com/stampguard/stampguard/policy"
 	"github.com/stampguard/stampguard/policy/api/v1alpha1"
 	"github.com/stampguard/stampguard/policy/replay"
 	"github.com/stampguard/stampguard/test/chdbtest"
+	"github.com/stampguard/stampguard/test/replaytest"
 	"github.com/stampguard/stampguard/test/workload/contention"
 )
 
@@ -48,17 +45,9 @@ func suggestMatchesTheDemo(t *testing.T, auditsink, state string) {
 		t.Fatalf("the drafts do not load: %v", err)
 	}
 	byName := map[string]*v1alpha1.ConcurrencyPolicy{}
-	dec := utilyaml.NewYAMLOrJSONDecoder(bytes.NewReader(out), 4096)
-	for {
-		var p v1alpha1.ConcurrencyPolicy
-		if err := dec.Decode(&p); errors.Is(err, io.EOF) {
-			break
-		} else if err != nil {
-			t.Fatal(err)
-		}
-		if p.Name != "" {
-			byName[p.Name] = &p
-		}
+	drafts := replaytest.Drafts(t, out)
+	for i := range drafts {
+		byName[drafts[i].Name] = &drafts[i]
 	}
 	shop, legacy := byName["suggested-shop-deployments.apps"], byName["suggested-legacy-configmaps"]
 	if shop == nil || legacy == nil {
@@ -86,7 +75,7 @@ func suggestMatchesTheDemo(t *testing.T, auditsink, state string) {
 	if len(same) != 3 {
 		t.Fatalf("the drafts hold %d of the 3 rules (the replicas' owner, the immutable team label, the legacy stamp): %v", len(same), same)
 	}
-	if flat := strings.Join(strings.Fields(strings.ReplaceAll(string(out), "#", "")), " "); !strings.Contains(flat, "lost updates by stampless updates of "+contention.Script) {
+	if !strings.Contains(replaytest.FlatComments(out), "lost updates by stampless updates of "+contention.Script) {
 		t.Errorf("the stamp requirement does not name %s's stampless updates as its evidence", contention.Script)
 	}
 

@@ -244,7 +244,7 @@ func TestLostUpdatesEqualWhatTheClientsDid(t *testing.T) {
 	db := ch.NewDatabase(t)
 	bin := buildAuditsink(t, "", "")
 	sink := auditsinkRunner(t, bin, "AUDITSINK_CLICKHOUSE_DSN="+ch.DSN())
-	waitLogged(t, env.AuditLogPath, "same", 3)
+	waitLogged(t, env.AuditLogPath, "same", "patch", 3)
 	sink("ingest", "--database", db, "--cluster", "e2e", env.AuditLogPath)
 	out := sink("report", "--history", "--database", db, "--cluster", "e2e", "--format", "json", "--top", "1000",
 		"--since", since.UTC().Format(time.RFC3339Nano), "--until", until.UTC().Format(time.RFC3339Nano))
@@ -316,8 +316,8 @@ func TestLostUpdatesEqualWhatTheClientsDid(t *testing.T) {
 }
 
 // waitLogged waits until the audit log holds n ResponseComplete events of
-// writes of the object name: the log backend writes asynchronously.
-func waitLogged(t *testing.T, path, name string, n int) {
+// verb on objects named name: the log backend writes asynchronously.
+func waitLogged(t *testing.T, path, name, verb string, n int) {
 	t.Helper()
 	deadline := time.Now().Add(30 * time.Second)
 	for {
@@ -327,7 +327,7 @@ func waitLogged(t *testing.T, path, name string, n int) {
 		}
 		got := 0
 		for _, l := range strings.Split(string(b), "\n") {
-			if strings.Contains(l, `"stage":"ResponseComplete"`) && strings.Contains(l, `"name":"`+name+`"`) && strings.Contains(l, `"verb":"patch"`) {
+			if strings.Contains(l, `"stage":"ResponseComplete"`) && strings.Contains(l, `"name":"`+name+`"`) && strings.Contains(l, `"verb":"`+verb+`"`) {
 				got++
 			}
 		}
@@ -335,7 +335,7 @@ func waitLogged(t *testing.T, path, name string, n int) {
 			return
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("the audit log holds %d of %d patches of %s", got, n, name)
+			t.Fatalf("the audit log holds %d of %d %s events of %s", got, n, verb, name)
 		}
 		time.Sleep(100 * time.Millisecond)
 	}

@@ -3,9 +3,7 @@ package e2e
 import (
 	"bytes"
 	"encoding/json"
-	"errors"
 	"fmt"
-	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -17,7 +15,6 @@ import (
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/util/retry"
 	"k8s.io/utils/ptr"
@@ -28,6 +25,7 @@ import (
 	"github.com/stampguard/stampguard/test/chdbtest"
 	"github.com/stampguard/stampguard/test/chtest"
 	"github.com/stampguard/stampguard/test/kubetest"
+	"github.com/stampguard/stampguard/test/replaytest"
 )
 
 // TestSuggestInfersTheKnownOwners drives client-go writers on a real
@@ -149,7 +147,7 @@ func TestSuggestInfersTheKnownOwners(t *testing.T) {
 	if _, err := as("runner").CoreV1().ConfigMaps(jobs).Create(ctx, run, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	waitLoggedVerb(t, env.AuditLogPath, "run", "create", 2)
+	waitLogged(t, env.AuditLogPath, "run", "create", 2)
 	until := time.Now().Add(time.Second)
 
 	// The truth: who the clients made own what.
@@ -191,10 +189,10 @@ func TestSuggestInfersTheKnownOwners(t *testing.T) {
 	// field it changed, and nothing else. (Updates of the Deployment after
 	// a /scale write are undecidable: the Scale the log holds is not the
 	// Deployment it replaced.)
-	if n := strings.Count(flatComments(whole), "would refuse 1 write (intruder 1);"); n != 2 {
+	if n := strings.Count(replaytest.FlatComments(whole), "would refuse 1 write (intruder 1);"); n != 2 {
 		t.Errorf("%d rules say they would refuse the intruder's one write, want 2 (data.a, spec.replicas)", n)
 	}
-	if n := strings.Count(flatComments(whole), "would refuse 0 writes;"); n != len(wantOwners)+len(wantImmutable)-2 {
+	if n := strings.Count(replaytest.FlatComments(whole), "would refuse 0 writes;"); n != len(wantOwners)+len(wantImmutable)-2 {
 		t.Errorf("%d rules say they would refuse nothing, want the %d the intruder did not touch", n, len(wantOwners)+len(wantImmutable)-2)
 	}
 
@@ -237,7 +235,7 @@ func TestSuggestInfersTheKnownOwners(t *testing.T) {
 	if rep := replayJSON(t, webhook, quietFile, env.AuditLogPath, window(since, mid)...); len(rep.Refused) != 0 || rep.Writes == 0 {
 		t.Errorf("the quiet half's drafts refuse %d of its %d writes, want none: %+v", len(rep.Refused), rep.Writes, rep.Refused)
 	}
-	if n := strings.Count(flatComments(quiet), "Replay: would refuse 0 writes;"); n != len(wantOwners)+len(wantImmutable) {
+	if n := strings.Count(replaytest.FlatComments(quiet), "Replay: would refuse 0 writes;"); n != len(wantOwners)+len(wantImmutable) {
 		t.Errorf("%d of the quiet half's %d rules say they refuse nothing", n, len(wantOwners)+len(wantImmutable))
 	}
 
@@ -266,18 +264,8 @@ func TestSuggestInfersTheKnownOwners(t *testing.T) {
 // as "resource namespace path writers", and the policies.
 func draftRules(t *testing.T, out []byte) (owners, immutable []string, policies []v1alpha1.ConcurrencyPolicy) {
 	t.Helper()
-	dec := utilyaml.NewYAMLOrJSONDecoder(bytes.NewReader(out), 4096)
-	for {
-		var p v1alpha1.ConcurrencyPolicy
-		if err := dec.Decode(&p); errors.Is(err, io.EOF) {
-			break
-		} else if err != nil {
-			t.Fatalf("suggest's output: %v\n%s", err, out)
-		}
-		if p.Name == "" {
-			continue
-		}
-		policies = append(policies, p)
+	policies = replaytest.Drafts(t, out)
+	for _, p := range policies {
 		where := p.Spec.Match.Resources[0].Resource + " " + strings.Join(p.Spec.Match.Namespaces, ",")
 		for _, o := range p.Spec.FieldOwners {
 			w := o.Writers
@@ -295,12 +283,6 @@ func draftRules(t *testing.T, out []byte) (owners, immutable []string, policies 
 	slices.Sort(owners)
 	slices.Sort(immutable)
 	return owners, immutable, policies
-}
-
-// flatComments is the text with comment marks and line breaks gone, so
-// that a sentence wrapped over comment lines reads whole.
-func flatComments(out []byte) string {
-	return strings.Join(strings.Fields(strings.ReplaceAll(string(out), "#", "")), " ")
 }
 
 // replayJSON runs the built `webhook replay --format json` of a policy
@@ -331,31 +313,5 @@ func kubectlApply(t *testing.T, env *kubetest.Env, dir, file string) {
 	kubeconfig := writeKubeconfig(t, env.Config, filepath.Join(dir, "kubeconfig"))
 	if out, err := exec.CommandContext(t.Context(), kubectlBin, "--kubeconfig", kubeconfig, "apply", "-f", file).CombinedOutput(); err != nil {
 		t.Fatalf("kubectl apply -f %s: %v\n%s", file, err, out)
-	}
-}
-
-// waitLoggedVerb waits until the audit log holds n ResponseComplete
-// events of verb on objects named name.
-func waitLoggedVerb(t *testing.T, path, name, verb string, n int) {
-	t.Helper()
-	deadline := time.Now().Add(30 * time.Second)
-	for {
-		b, err := os.ReadFile(path)
-		if err != nil {
-			t.Fatal(err)
-		}
-		got := 0
-		for _, l := range strings.Split(string(b), "\n") {
-			if strings.Contains(l, `"stage":"ResponseComplete"`) && strings.Contains(l, `"name":"`+name+`"`) && strings.Contains(l, `"verb":"`+verb+`"`) {
-				got++
-			}
-		}
-		if got >= n {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("the audit log holds %d of %d %s events of %s", got, n, verb, name)
-		}
-		time.Sleep(100 * time.Millisecond)
 	}
 }

@@ -1,17 +1,23 @@
 // Package replaytest is the check that a replay equals enforcement,
 // shared by the demo's test and the e2e tests: an audit log written while
 // the real webhook decided, replayed at the policies that webhook
-// enforced, must give every write the webhook's own decisions.
+// enforced, must give every write the webhook's own decisions. It also
+// reads `auditsink suggest`'s drafts for those tests.
 package replaytest
 
 import (
 	"bytes"
 	"encoding/json"
+	"errors"
+	"io"
 	"os/exec"
 	"slices"
 	"strings"
 	"testing"
 
+	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
+
+	"github.com/stampguard/stampguard/policy/api/v1alpha1"
 	"github.com/stampguard/stampguard/policy/replay"
 )
 
@@ -109,4 +115,29 @@ func CommandPrintsReport(t testing.TB, want *replay.Report, webhookBin string, a
 		t.Errorf("webhook %s differs from the library's report\nwant %s\ngot  %s", strings.Join(args, " "), wantJSON, gotJSON)
 	}
 	return &got
+}
+
+// Drafts decodes the ConcurrencyPolicies of a multi-document YAML stream
+// (`auditsink suggest`'s drafts), comments and empty documents skipped.
+func Drafts(t testing.TB, yaml []byte) []v1alpha1.ConcurrencyPolicy {
+	t.Helper()
+	var out []v1alpha1.ConcurrencyPolicy
+	dec := utilyaml.NewYAMLOrJSONDecoder(bytes.NewReader(yaml), 4096)
+	for {
+		var p v1alpha1.ConcurrencyPolicy
+		if err := dec.Decode(&p); errors.Is(err, io.EOF) {
+			return out
+		} else if err != nil {
+			t.Fatalf("the drafts: %v\n%s", err, yaml)
+		}
+		if p.Name != "" {
+			out = append(out, p)
+		}
+	}
+}
+
+// FlatComments is the text with comment marks and line breaks gone, so
+// that a sentence wrapped over comment lines reads whole.
+func FlatComments(yaml []byte) string {
+	return strings.Join(strings.Fields(strings.ReplaceAll(string(yaml), "#", "")), " ")
 }
