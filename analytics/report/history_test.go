@@ -1,8 +1,15 @@
 package report
 
 import (
+	"maps"
+	"math/rand/v2"
+	"slices"
+	"strconv"
 	"testing"
 	"time"
+
+	"github.com/stampguard/stampguard/analytics/record/recordtest"
+	"github.com/stampguard/stampguard/internal/audit"
 )
 
 // TestSynthesizedHistoryHoldsEveryFinding keeps the cross-checks honest:
@@ -73,5 +80,130 @@ func TestSynthesizedHistoryHoldsEveryFinding(t *testing.T) {
 		if k := (key{f.APIGroup, f.Resource, f.Namespace, f.Field, ""}); perField[k] < f.Changes {
 			t.Errorf("fight %+v: %d changes, more than the field writers' %d", f, f.Changes, perField[k])
 		}
+	}
+}
+
+// TestConflictCausesNameEveryBlocker checks conflict_causes against its
+// definition, computed here pair by pair: each version conflict on an
+// object with a history is blocked by every writer of a write with a later
+// version than its stale stamp and a time up to the conflict's. The
+// histories are out of order on purpose (writes whose order in time is not
+// their order in version, no-op writes sharing a version), and the stamps
+// fall on versions, between them, below the first and above the last.
+func TestConflictCausesNameEveryBlocker(t *testing.T) {
+	t.Parallel() // its own ClickHouse server
+	st, db := migrated(t)
+	ctx := t.Context()
+	rnd := rand.New(rand.NewPCG(36, 1))
+	s := &scenario{}
+	writers := []string{"w0", "w1", "w2", "w3", "w4", "w5", "w6", "w7", "w8", "system:serviceaccount:ns:ctl"}
+	type write struct {
+		version uint64
+		at      time.Duration
+		writer  string
+	}
+	type conflict struct {
+		object string
+		stale  uint64
+		at     time.Duration
+		writer string
+	}
+	histories := map[string][]write{}
+	var conflicts []conflict
+	for _, name := range []string{"a", "b", "c"} {
+		var ws []write
+		version := uint64(100)
+		for i := range 80 {
+			version += 1 + rnd.Uint64N(5)
+			// Up to three seconds of disorder: a later version may be
+			// logged before an earlier one.
+			at := time.Duration(10*i)*time.Second + time.Duration(rnd.IntN(30))*time.Second
+			ws = append(ws, write{version, at, writers[rnd.IntN(len(writers))]})
+			if rnd.IntN(10) == 0 { // a no-op write returns the version
+				ws = append(ws, write{version, at + time.Second, writers[rnd.IntN(len(writers))]})
+			}
+		}
+		histories[name] = ws
+		for range 50 {
+			// Mostly a recent stamp, as a loser holds: one of the last
+			// writes stored before the conflict, so that its blockers are few.
+			at := time.Duration(rnd.IntN(850)) * time.Second
+			var recent []uint64
+			for _, w := range ws {
+				if w.at <= at {
+					recent = append(recent, w.version)
+				}
+			}
+			slices.Sort(recent)
+			var stale uint64
+			switch k := rnd.IntN(6); {
+			case k < 3 && len(recent) > 0:
+				stale = recent[max(0, len(recent)-1-rnd.IntN(4))] - uint64(k%2)
+			case k == 3:
+				stale = ws[rnd.IntN(len(ws))].version
+			case k == 4:
+				stale = 1 + rnd.Uint64N(99) // before the history
+			default:
+				stale = version + 1 + rnd.Uint64N(3) // after it
+			}
+			conflicts = append(conflicts, conflict{name, stale, at, writers[rnd.IntN(len(writers))]})
+		}
+	}
+	for name, ws := range histories {
+		for _, w := range ws {
+			s.add(w.at, w.writer, "update", "", "configmaps", "shop", name, 200, func(r *audit.Row) {
+				r.Level, r.Stamp, r.ObjectVersion, r.FullView = "RequestResponse", "1", w.version, true
+			})
+		}
+	}
+	for _, c := range conflicts {
+		s.add(c.at, c.writer, "update", "", "configmaps", "shop", c.object, 409, func(r *audit.Row) { r.Stamp = strconv.FormatUint(c.stale, 10) })
+	}
+	// Not counted: a conflict on an object without a history, and one
+	// without a decimal stamp.
+	s.add(time.Second, "w0", "update", "", "configmaps", "shop", "none", 409, func(r *audit.Row) { r.Stamp = "7" })
+	s.add(time.Second, "w0", "update", "", "configmaps", "shop", "a", 409, func(r *audit.Row) { r.Stamp = "x" })
+	if _, err := st.InsertRecords(ctx, recordtest.Set(s.rows, nil)); err != nil {
+		t.Fatal(err)
+	}
+
+	want := map[ConflictCause]bool{}
+	counts := map[[2]string]uint64{}
+	for _, c := range conflicts {
+		blockers := map[string]bool{}
+		for _, w := range histories[c.object] {
+			if w.version > c.stale && w.at <= c.at {
+				blockers[w.writer] = true
+			}
+		}
+		if len(blockers) == 0 {
+			blockers[""] = true
+		}
+		for b := range blockers {
+			counts[[2]string{c.writer, b}]++
+		}
+	}
+	for k, n := range counts {
+		want[ConflictCause{Writer: k[0], BlockedBy: k[1], Conflicts: n}] = true
+	}
+	r, err := Build(ctx, st.Conn(), Options{Database: db, Cluster: "c1", Top: 100_000, Since: t0, Until: t0.Add(time.Hour), History: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := map[ConflictCause]bool{}
+	for _, c := range r.ConflictCauses {
+		got[c] = true
+	}
+	if !maps.Equal(got, want) {
+		t.Errorf("conflict causes\n got %v\nwant %v", r.ConflictCauses, want)
+	}
+	unattributed := 0
+	for k, n := range counts {
+		if k[1] == "" {
+			unattributed += int(n)
+		}
+	}
+	if unattributed == 0 || len(counts) < 10 {
+		t.Fatalf("the scenario exercises too little: %v", counts)
 	}
 }

@@ -140,12 +140,12 @@ func assertSameReports(t *testing.T, ctx context.Context, conn driver.Conn, o Op
 	}
 }
 
-func migrated(t *testing.T) (*store.Store, string) {
+func migrated(t testing.TB) (*store.Store, string) {
 	return migratedOn(t, chtest.Start(t))
 }
 
 // migratedOn is migrated in a new database of srv.
-func migratedOn(t *testing.T, srv *chtest.Server) (*store.Store, string) {
+func migratedOn(t testing.TB, srv *chtest.Server) (*store.Store, string) {
 	db := srv.NewDatabase(t)
 	store, err := store.Open(t.Context(), store.Options{DSN: srv.DSN(), Database: db})
 	if err != nil {

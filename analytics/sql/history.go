@@ -127,6 +127,56 @@ const LostCause = `multiIf(prev_writer = '' OR prev_writer = writer, '',
 		basis = 'patch' AND ((endsWith(field, '[*]') AND removed_added) OR item_removed), 'list_replaced',
 		'')`
 
+// rankedWrites are the window's writes in the field history, per
+// object: ws, the writes as (version, time, writer) sorted, so that a
+// write's rank is its place in version order.
+const rankedWrites = `(
+	SELECT api_group, resource, namespace, name, arraySort(groupArray((object_version, event_time_us, toString(writer)))) AS ws
+	FROM ` + fieldVersions + `
+	GROUP BY api_group, resource, namespace, name)`
+
+// conflictCandidates are the version conflicts of the window on objects
+// with writes in the history, each with every rank (rankedWrites) that
+// can hold one of its blockers, one row per rank: from lo, the first rank
+// after the writes of versions up to the stale stamp, to hi, the count of
+// writes stored by the conflict's time plus the object's deepest
+// disorder (depth: how far a write's rank in version order exceeds its
+// place in time order; 0 when the two orders agree), so that every write
+// with a later version than the stamp and a time up to the conflict's is
+// in the range. A conflict whose range is empty keeps one row, of rank 0,
+// which no write has. The counts come from merging the sorted stamps and
+// times into the sorted versions and times: linear in each object's
+// writes and conflicts.
+var conflictCandidates = `(
+	SELECT api_group, resource, namespace, name, tupleElement(c, 1) AS stale, tupleElement(c, 2) AS c_time, tupleElement(c, 3) AS c_writer,
+		tupleElement(c, 4) AS conflict_id, least(by_time_count + depth, writes) AS hi, arrayJoin(range(if(lo <= hi, toUInt64(hi + 1 - lo), 1))) AS offset,
+		toUInt64(if(lo <= hi, lo + offset, 0)) AS rank
+	FROM (
+		SELECT api_group, resource, namespace, name, cs, depth, length(ws) AS writes,
+			arrayMap(x -> tupleElement(x, 2) + 1, arraySort(x -> tupleElement(x, 1), arrayFilter(x -> tupleElement(x, 1) > 0,
+				arrayMap((x, n) -> (tupleElement(x, 3), n), by_stamp, arrayCumSum(arrayMap(x -> tupleElement(x, 3) = 0, by_stamp)))))) AS los,
+			arrayMap(x -> tupleElement(x, 2), arraySort(x -> tupleElement(x, 1), arrayFilter(x -> tupleElement(x, 1) > 0,
+				arrayMap((x, n) -> (tupleElement(x, 3), n), by_time, arrayCumSum(arrayMap(x -> tupleElement(x, 3) = 0, by_time)))))) AS his
+		FROM (
+			SELECT api_group, resource, namespace, name, ws, cs,
+				arraySort(arrayConcat(arrayMap(w -> (tupleElement(w, 1), toUInt8(0), toUInt32(0)), ws),
+					arrayMap((x, j) -> (tupleElement(x, 1), toUInt8(1), toUInt32(j)), cs, arrayEnumerate(cs)))) AS by_stamp,
+				arraySort(arrayConcat(arrayMap(w -> (tupleElement(w, 2), toUInt8(0), toUInt32(0)), ws),
+					arrayMap((x, j) -> (tupleElement(x, 2), toUInt8(1), toUInt32(j)), cs, arrayEnumerate(cs)))) AS by_time,
+				arrayMap((r, k) -> toInt64(r) - toInt64(k), arrayMap(x -> tupleElement(x, 2), arraySort(x -> tupleElement(x, 1),
+					arrayMap((w, r) -> (tupleElement(w, 2), r), ws, arrayEnumerate(ws)))), arrayEnumerate(ws)) AS disorder,
+				toUInt64(arrayReduce('max', disorder)) AS depth
+			FROM ` + rankedWrites + ` AS objects ALL INNER JOIN (
+				SELECT api_group, resource, namespace, name, groupArray((stale, c_time, toString(c_writer), conflict_id)) AS cs
+				FROM (
+					SELECT api_group, resource, namespace, name, writer AS c_writer, audit_id AS conflict_id, toUInt64OrZero(stamp) AS stale, event_time_us AS c_time
+					FROM ` + DistinctEvents(`api_group, resource, namespace, name, writer, audit_id, stamp, event_time_us, cluster, stage, fingerprint`,
+	`{events_window}`, requests+` AND `+IsWrite+` AND `+VersionConflict) + `
+					WHERE stale > 0)
+				GROUP BY api_group, resource, namespace, name
+			) AS conflicts USING (api_group, resource, namespace, name)))
+	ARRAY JOIN cs AS c, los AS lo, his AS by_time_count)`
+
 // The history findings.
 var (
 	// NoopWrites counts, per writer, the writes that stored nothing: the
@@ -159,25 +209,26 @@ LIMIT @top`}
 	// a history in the window count; one whose blockers the history does
 	// not hold (not logged with their responses, or before the window)
 	// counts with blocked_by ''.
+	//
+	// The cost is linear in the writes and the conflicts of each object
+	// and in the blockers found, not in their product (a hot object has
+	// both by the thousand): each object's writes are ranked by version,
+	// and each conflict is joined only with the ranks that can hold its
+	// blockers (conflictCandidates).
 	ConflictCauses = Statement{Name: "conflict_causes", Title: "Who caused the version conflicts", Shape: Rows,
 		Params: with(requestFiltered, Top), Time: []Window{EventsWhole, Whole},
 		Columns: []string{"writer", "blocked_by", "conflicts"},
 		SQL: `
 SELECT writer, blocked_by, toUInt64(uniqExact(conflict_id)) AS conflicts
 FROM (
-	SELECT c_writer AS writer, conflict_id,
-		arrayJoin(if(empty(arrayFilter(b -> b != '', bs)), [''], arrayFilter(b -> b != '', bs))) AS blocked_by
+	SELECT c_writer AS writer, conflict_id, arrayJoin(if(empty(bs), [''], bs)) AS blocked_by
 	FROM (
-		SELECT c_writer, conflict_id, groupUniqArray(if(h_version > stale AND h_time <= c_time, h_writer, '')) AS bs
-		FROM (
-			SELECT api_group, resource, namespace, name, writer AS c_writer, audit_id AS conflict_id, toUInt64OrZero(stamp) AS stale, event_time_us AS c_time
-			FROM ` + DistinctEvents(`api_group, resource, namespace, name, writer, audit_id, stamp, event_time_us, cluster, stage, fingerprint`,
-			`{events_window}`, requests+` AND `+IsWrite+` AND `+VersionConflict) + `
-			WHERE stale > 0
-		) AS conflicts ALL INNER JOIN (
-			SELECT api_group, resource, namespace, name, object_version AS h_version, writer AS h_writer, event_time_us AS h_time
-			FROM ` + fieldVersions + `
-		) AS writes USING (api_group, resource, namespace, name)
+		SELECT c_writer, conflict_id, groupUniqArrayIf(h_writer, h_version > stale AND h_time <= c_time AND h_writer != '') AS bs
+		FROM ` + conflictCandidates + ` AS candidates ALL LEFT JOIN (
+			SELECT api_group, resource, namespace, name, tupleElement(w, 1) AS h_version, tupleElement(w, 2) AS h_time, tupleElement(w, 3) AS h_writer, toUInt64(r) AS rank
+			FROM ` + rankedWrites + `
+			ARRAY JOIN ws AS w, arrayEnumerate(ws) AS r
+		) AS writes USING (api_group, resource, namespace, name, rank)
 		GROUP BY c_writer, conflict_id))
 GROUP BY writer, blocked_by
 ORDER BY conflicts DESC, writer, blocked_by
