@@ -21,7 +21,9 @@ var (
 )
 
 // Histories calls fn with the field history of every row that has one, in
-// the events' order. The row is fn's only for the call.
+// the events' order. The HistoryRow is reused from call to call, but what
+// it holds is not: its strings are the events' and its Paths and Hashes
+// are allocated for the call, so fn may keep them.
 func (e Events) Histories(fn func(*HistoryRow) error) error {
 	var h HistoryRow
 	var strs [rowStrings]string

@@ -32,7 +32,29 @@ import (
 // (a conflict, an SSA conflict, a stampless update, a lease renewal).
 func benchTemplates(b *testing.B) []string {
 	ev := audittest.Events(b)
-	return []string{ev[0], ev[1], ev[5], ev[6], ev[0]}
+	return mixTemplates(b, []string{ev[0], ev[1], ev[5], ev[6], ev[0]})
+}
+
+// mixTemplates are the events a benchmark repeats: mix, or with
+// AUDITSINK_BENCH_MIX=writes 4,000 of audittest.WriteWrites' events, every
+// one a write logged with its request and response, so every one has a
+// field history row (the history's heaviest mix).
+func mixTemplates(b *testing.B, mix []string) []string {
+	switch m := os.Getenv("AUDITSINK_BENCH_MIX"); m {
+	case "":
+		return mix
+	case "writes":
+		path := filepath.Join(b.TempDir(), "writes.log")
+		audittest.WriteWrites(b, path, 4000)
+		data, err := os.ReadFile(path)
+		if err != nil {
+			b.Fatal(err)
+		}
+		return strings.Split(strings.TrimSuffix(string(data), "\n"), "\n")
+	default:
+		b.Fatalf("AUDITSINK_BENCH_MIX=%q: want writes, or nothing for the real-shaped mix", m)
+		return nil
+	}
 }
 
 // benchBody builds a batch of n events whose audit IDs are unique per
@@ -156,7 +178,8 @@ func waitCount(b *testing.B, ch *chtest.Server, db string, want uint64) {
 // through spool fsync into ClickHouse,
 // timed until the last event is in the events table, and in the same run
 // measures the ceiling: clickhouse-client inserting the same flattened rows
-// as TSV into the same schema.
+// as TSV into the same schema. AUDITSINK_BENCH_MIX=writes sends only writes
+// logged with their responses (mixTemplates).
 func BenchmarkEndToEnd(b *testing.B) {
 	for _, parallel := range []int{1, 2} {
 		b.Run(fmt.Sprintf("inserts=%d", parallel), func(b *testing.B) { benchEndToEnd(b, parallel) })

@@ -24,7 +24,8 @@ import (
 // process's peak RSS and CPU per event, and ClickHouse's CPU per event for
 // both (figures that a busy machine moves less than the rates).
 // AUDITSINK_BENCH_INGEST_FLAGS adds flags to ingest (--no-field-history:
-// the cost of the field history, side by side).
+// the cost of the field history, side by side); AUDITSINK_BENCH_MIX=writes
+// sends only writes logged with their responses (mixTemplates).
 func BenchmarkIngest(b *testing.B) {
 	n := 200_000
 	if v, err := strconv.Atoi(os.Getenv("AUDITSINK_BENCH_EVENTS")); err == nil && v > 0 {
@@ -32,7 +33,7 @@ func BenchmarkIngest(b *testing.B) {
 	}
 	bin := buildSink(b)
 	ch := chtest.Start(b)
-	templates := audittest.RealShaped(b)
+	templates := mixTemplates(b, audittest.RealShaped(b))
 	dir := b.TempDir()
 	var (
 		events, secs, ceilSecs, cpu float64

@@ -226,43 +226,6 @@ func (s *Store) insertEvents(ctx context.Context, events record.Events) error {
 	return nil
 }
 
-// historyColumns are field_versions' columns, in the order of
-// insertHistories' Append.
-const historyColumns = "event_date, cluster, api_group, resource, namespace, name, object_version, event_time_us, request_received_us, " +
-	"audit_id, stage, fingerprint, verb, subresource, writer, field_manager, stamp, full_view, request_managed, force, apply, created, field_paths, field_hashes"
-
-// insertHistories stores the field histories of events' rows, if any.
-func (s *Store) insertHistories(ctx context.Context, events record.Events) error {
-	var b driver.Batch
-	defer func() {
-		if b != nil {
-			_ = b.Abort()
-		}
-	}()
-	err := events.Histories(func(h *record.HistoryRow) error {
-		if b == nil {
-			var err error
-			if b, err = s.conn.PrepareBatch(ctx, "INSERT INTO "+s.db+".field_versions ("+historyColumns+")"); err != nil {
-				return fmt.Errorf("prepare field history insert: %w", err)
-			}
-		}
-		day := time.UnixMicro(h.StageMicros).UTC().Truncate(24 * time.Hour)
-		return b.Append(day, h.Cluster, h.APIGroup, h.Resource, h.Namespace, h.Name, h.ObjectVersion, uint64(h.StageMicros), uint64(max(h.ReceivedMicros, 0)),
-			h.AuditID, h.Stage, h.Fingerprint, h.Verb, h.Subresource, h.Writer, h.FieldManager, h.Stamp,
-			boolByte(h.FullView), boolByte(h.RequestManaged), boolByte(h.Force), boolByte(h.Apply), boolByte(h.Created), h.Paths, h.Hashes)
-	})
-	if err != nil {
-		return fmt.Errorf("insert field histories: %w", err)
-	}
-	if b == nil {
-		return nil
-	}
-	if err := b.Send(); err != nil {
-		return fmt.Errorf("insert field histories: %w", err)
-	}
-	return nil
-}
-
 func boolByte(b bool) uint8 {
 	if b {
 		return 1

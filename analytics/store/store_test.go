@@ -4,7 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"reflect"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -381,4 +383,74 @@ func TestMigration6KeepsEverySinkExact(t *testing.T) {
 		t.Fatalf("%d of %d hours still clean after the older sink's redelivery: its marks are not counted", n, clean)
 	}
 	requireTruth(t, newer, want, since, until, "after the older sink's redelivery")
+}
+
+// TestFieldHistoriesReadBack stores more field history rows in one insert
+// than one block holds (insertBlockRows), and reads every column of each
+// back as the row said it.
+func TestFieldHistoriesReadBack(t *testing.T) {
+	st, _ := newStore(t, false)
+	n := 2*insertBlockRows + 5
+	rows := make([]audit.Row, n)
+	base := micros("2026-11-29T23:59:50Z")
+	for i := range rows {
+		rows[i] = audit.Row{Cluster: "prod", AuditID: fmt.Sprintf("h-%05d", i), Stage: audit.StageResponseComplete, Level: "RequestResponse",
+			Verb: []string{"update", "patch", "create"}[i%3], User: fmt.Sprintf("user-%d", i%7), ImpersonatedUser: map[bool]string{true: "imp"}[i%11 == 0],
+			APIGroup: "apps", APIVersion: "v1", Resource: "deployments", Subresource: map[bool]string{true: "scale"}[i%13 == 0],
+			Namespace: fmt.Sprintf("ns-%d", i%5), Name: fmt.Sprintf("web-%d", i%97), Code: 200, Stamp: strconv.Itoa(i), FieldManager: "kubectl-replace",
+			RequestReceivedMicros: base + int64(i)*1000 - 500, StageMicros: base + int64(i)*1000, // across midnight: two days
+			ObjectVersion: uint64(1000 + i), FullView: i%13 != 0, RequestManaged: i%2 == 0, Force: i%3 == 1, Apply: i%6 == 1, Created: i%3 == 2,
+			Fields: audit.Fields{Paths: []string{"spec.replicas", fmt.Sprintf("metadata.labels[%q]", "l"+strconv.Itoa(i%4))}, Hashes: []uint64{uint64(i), uint64(i) * 3}}}
+		rows[i].Fingerprint = audit.Fingerprint(&rows[i])
+	}
+	if _, err := st.InsertRecords(t.Context(), recordtest.Set(rows, nil)); err != nil {
+		t.Fatal(err)
+	}
+	got, err := st.conn.Query(t.Context(), `SELECT event_date, cluster, api_group, resource, namespace, name, object_version, event_time_us, request_received_us,
+		audit_id, stage, fingerprint, verb, subresource, writer, field_manager, stamp, full_view, request_managed, force, apply, created, field_paths, field_hashes
+		FROM `+st.db+`.field_versions ORDER BY audit_id`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer got.Close()
+	i := 0
+	for ; got.Next(); i++ {
+		var (
+			day                                           time.Time
+			cluster, group, resource, ns, name, id, stage string
+			verb, sub, writer, fm, stamp                  string
+			version, at, received, fingerprint            uint64
+			full, managed, force, apply, created          uint8
+			paths                                         []string
+			hashes                                        []uint64
+		)
+		if err := got.Scan(&day, &cluster, &group, &resource, &ns, &name, &version, &at, &received, &id, &stage, &fingerprint,
+			&verb, &sub, &writer, &fm, &stamp, &full, &managed, &force, &apply, &created, &paths, &hashes); err != nil {
+			t.Fatal(err)
+		}
+		if i >= n {
+			continue // counted below
+		}
+		r := rows[i]
+		b := func(v bool) uint8 {
+			if v {
+				return 1
+			}
+			return 0
+		}
+		want := []any{time.UnixMicro(r.StageMicros).UTC().Format(time.DateOnly), r.Cluster, r.APIGroup, r.Resource, r.Namespace, r.Name, r.ObjectVersion,
+			uint64(r.StageMicros), uint64(r.RequestReceivedMicros), r.AuditID, r.Stage, r.Fingerprint, r.Verb, r.Subresource, r.Writer(), r.FieldManager, r.Stamp,
+			b(r.FullView), b(r.RequestManaged), b(r.Force), b(r.Apply), b(r.Created), r.Fields.Paths, r.Fields.Hashes}
+		have := []any{day.Format(time.DateOnly), cluster, group, resource, ns, name, version, at, received, id, stage, fingerprint, verb, sub, writer, fm, stamp,
+			full, managed, force, apply, created, paths, hashes}
+		if !reflect.DeepEqual(have, want) {
+			t.Fatalf("field history row %d:\n got %v\nwant %v", i, have, want)
+		}
+	}
+	if err := got.Err(); err != nil {
+		t.Fatal(err)
+	}
+	if i != n {
+		t.Fatalf("field_versions holds %d rows, want %d", i, n)
+	}
 }
