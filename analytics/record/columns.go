@@ -124,6 +124,7 @@ type eventColumn struct {
 const (
 	lcString    = "LowCardinality(String)"
 	arrayString = "Array(String)"
+	arrayUInt64 = "Array(UInt64)"
 )
 
 // fixedWidths are the fixed-width types the encoder writes, each with the
@@ -293,18 +294,25 @@ var columnsPool = sync.Pool{New: func() any { return newBlock() }}
 func newBlock() *block {
 	b := &block{}
 	for i, c := range columnTable {
-		switch c.typ {
-		case lcString:
-			b.cols[i].dict = map[string]uint32{}
-		case arrayString:
-			b.cols[i].array = true
-		case "String":
-			b.cols[i].plain = true
-		default:
-			b.cols[i].width = fixedWidths[c.typ]
-		}
+		b.cols[i] = newNativeColumn(c.typ)
 	}
 	return b
+}
+
+// newNativeColumn is an empty column of type typ: one of the types the
+// encoder writes (lcString, arrayString, arrayUInt64, String, fixedWidths).
+func newNativeColumn(typ string) nativeColumn {
+	switch typ {
+	case lcString:
+		return nativeColumn{dict: map[string]uint32{}}
+	case arrayString:
+		return nativeColumn{array: true}
+	case arrayUInt64:
+		return nativeColumn{array: true, width: 8}
+	case "String":
+		return nativeColumn{plain: true}
+	}
+	return nativeColumn{width: fixedWidths[typ]}
 }
 
 // reset empties the columns and keeps their memory.
@@ -563,21 +571,28 @@ func floorDiv(a, b int64) int64 {
 // load decodes the built columns into the driver's batch columns, after
 // checking that the server asked for the types built here.
 func (c *block) load(dst []column.Interface) error {
-	if len(dst) != len(c.cols) {
-		return fmt.Errorf("events insert: the server asked for %d columns, want %d", len(dst), len(c.cols))
+	return loadColumns("events", c.cols[:], func(i int) string { return columnTable[i].typ }, c.n, &c.scratch, dst)
+}
+
+// loadColumns decodes cols, of n rows, into the driver's batch columns
+// dst, after checking that the server asked for the types built (typ of
+// each column); what names the insert in errors.
+func loadColumns(what string, cols []nativeColumn, typ func(i int) string, n int, scratch *[]byte, dst []column.Interface) error {
+	if len(dst) != len(cols) {
+		return fmt.Errorf("%s insert: the server asked for %d columns, want %d", what, len(dst), len(cols))
 	}
 	for i, col := range dst {
-		if got := string(col.Type()); got != columnTable[i].typ {
-			return fmt.Errorf("events insert: column %s is %s, want %s", col.Name(), got, columnTable[i].typ)
+		if got := string(col.Type()); got != typ(i) {
+			return fmt.Errorf("%s insert: column %s is %s, want %s", what, col.Name(), got, typ(i))
 		}
-		if sc, ok := col.(*column.String); ok && c.cols[i].plain {
-			if _, err := sc.Append(c.cols[i].strs); err != nil {
-				return fmt.Errorf("events insert: load column %s: %w", col.Name(), err)
+		if sc, ok := col.(*column.String); ok && cols[i].plain {
+			if _, err := sc.Append(cols[i].strs); err != nil {
+				return fmt.Errorf("%s insert: load column %s: %w", what, col.Name(), err)
 			}
 			continue
 		}
-		if err := col.Decode(proto.NewReader(c.cols[i].reader(c.n, &c.scratch)), c.n); err != nil {
-			return fmt.Errorf("events insert: load column %s: %w", col.Name(), err)
+		if err := col.Decode(proto.NewReader(cols[i].reader(n, scratch)), n); err != nil {
+			return fmt.Errorf("%s insert: load column %s: %w", what, col.Name(), err)
 		}
 	}
 	return nil

@@ -110,6 +110,9 @@ func startSinkProcess(b *testing.B, bin string, ch *chtest.Server, parallel int)
 	cmd := exec.Command(bin, "serve", "--plaintext", "--listen", addr, "--token-file", filepath.Join(dir, "token"),
 		"--spool-dir", filepath.Join(dir, "spool"), "--spool-max", "4GiB", "--metrics-listen", "",
 		"--database", db, "--insert-parallel", strconv.Itoa(parallel), "--log-level", "warn")
+	// AUDITSINK_BENCH_SERVE_FLAGS adds flags (--no-field-history: the
+	// field history's cost, side by side).
+	cmd.Args = append(cmd.Args, strings.Fields(os.Getenv("AUDITSINK_BENCH_SERVE_FLAGS"))...)
 	if d := os.Getenv("AUDITSINK_BENCH_PROFILE_DIR"); d != "" {
 		// One CPU profile per sink process: go tool pprof <binary> <file>.
 		profiles++

@@ -226,13 +226,6 @@ func (s *Store) insertEvents(ctx context.Context, events record.Events) error {
 	return nil
 }
 
-func boolByte(b bool) uint8 {
-	if b {
-		return 1
-	}
-	return 0
-}
-
 func (s *Store) insertDead(ctx context.Context, dead []audit.DeadLetter) error {
 	b, err := s.conn.PrepareBatch(ctx, "INSERT INTO "+s.db+
 		".dead_letters (received_date, received_at, received_us, cluster, source, reason, raw, raw_hash)")
