@@ -113,11 +113,11 @@ func TestConflictCausesNameEveryBlocker(t *testing.T) {
 	for _, name := range []string{"a", "b", "c"} {
 		var ws []write
 		version := uint64(100)
-		for i := range 80 {
+		for i := range 700 { // ranges of several blocks of ranks (rankBlock)
 			version += 1 + rnd.Uint64N(5)
-			// Up to three seconds of disorder: a later version may be
+			// Up to six writes of disorder: a later version may be
 			// logged before an earlier one.
-			at := time.Duration(10*i)*time.Second + time.Duration(rnd.IntN(30))*time.Second
+			at := time.Duration(5*i)*time.Second + time.Duration(rnd.IntN(30))*time.Second
 			ws = append(ws, write{version, at, writers[rnd.IntN(len(writers))]})
 			if rnd.IntN(10) == 0 { // a no-op write returns the version
 				ws = append(ws, write{version, at + time.Second, writers[rnd.IntN(len(writers))]})
@@ -127,7 +127,7 @@ func TestConflictCausesNameEveryBlocker(t *testing.T) {
 		for range 50 {
 			// Mostly a recent stamp, as a loser holds: one of the last
 			// writes stored before the conflict, so that its blockers are few.
-			at := time.Duration(rnd.IntN(850)) * time.Second
+			at := time.Duration(rnd.IntN(3550)) * time.Second
 			var recent []uint64
 			for _, w := range ws {
 				if w.at <= at {
@@ -149,6 +149,18 @@ func TestConflictCausesNameEveryBlocker(t *testing.T) {
 			conflicts = append(conflicts, conflict{name, stale, at, writers[rnd.IntN(len(writers))]})
 		}
 	}
+	// A write logged long after its neighbours, at the last rank of a
+	// block: a conflict between its commit and its log is not its doing.
+	var late []write
+	for i := range 600 {
+		w := write{uint64(1001 + i), time.Duration(i) * time.Second, "steady"}
+		if i == 2*256-1 {
+			w.at, w.writer = 3000*time.Second, "late"
+		}
+		late = append(late, w)
+	}
+	histories["d"] = late
+	conflicts = append(conflicts, conflict{"d", 1000, 550 * time.Second, "w1"})
 	for name, ws := range histories {
 		for _, w := range ws {
 			s.add(w.at, w.writer, "update", "", "configmaps", "shop", name, 200, func(r *audit.Row) {

@@ -135,24 +135,44 @@ const rankedWrites = `(
 	FROM ` + fieldVersions + `
 	GROUP BY api_group, resource, namespace, name)`
 
+// rankBlock is the width of the blocks of ranks conflictCandidates joins
+// whole: a conflict whose stamp is far behind is joined with each block
+// between, and rank by rank only at the two ends.
+const rankBlock = "256"
+
 // conflictCandidates are the version conflicts of the window on objects
-// with writes in the history, each with every rank (rankedWrites) that
-// can hold one of its blockers, one row per rank: from lo, the first rank
-// after the writes of versions up to the stale stamp, to hi, the count of
-// writes stored by the conflict's time plus the object's deepest
-// disorder (depth: how far a write's rank in version order exceeds its
-// place in time order; 0 when the two orders agree), so that every write
-// with a later version than the stamp and a time up to the conflict's is
-// in the range. A conflict whose range is empty keeps one row, of rank 0,
-// which no write has. The counts come from merging the sorted stamps and
-// times into the sorted versions and times: linear in each object's
-// writes and conflicts.
+// with writes in the history, each with the ranks (rankedWrites) that can
+// hold one of its blockers, one row per key. The ranks run from lo, the
+// first rank after the writes of versions up to the stale stamp, to hi,
+// the count of writes stored by the conflict's time plus the object's
+// deepest disorder (depth: how far a write's rank in version order exceeds
+// its place in time order; 0 when the two orders agree), so that every
+// write with a later version than the stamp and a time up to the
+// conflict's is in the range. Up to sure_hi (that count less the disorder
+// the other way, depth_back) every write in the range is a blocker: whole
+// blocks of rankBlock ranks there are keyed (kind 1, block) and joined
+// with the block's writers; the other ranks are keyed (kind 0, rank) and
+// checked one by one. A conflict whose range is empty keeps one row, of
+// rank 0, which no write has. The counts come from merging the sorted
+// stamps and times into the sorted versions and times: linear in each
+// object's writes and conflicts, and in the length of the ranges over
+// rankBlock.
 var conflictCandidates = `(
 	SELECT api_group, resource, namespace, name, tupleElement(c, 1) AS stale, tupleElement(c, 2) AS c_time, tupleElement(c, 3) AS c_writer,
-		tupleElement(c, 4) AS conflict_id, least(by_time_count + depth, writes) AS hi, arrayJoin(range(if(lo <= hi, toUInt64(hi + 1 - lo), 1))) AS offset,
-		toUInt64(if(lo <= hi, lo + offset, 0)) AS rank
+		tupleElement(c, 4) AS conflict_id, least(by_time_count + depth, writes) AS hi,
+		if(by_time_count > depth_back, by_time_count - depth_back, 0) AS sure_hi,
+		intDiv(lo + ` + rankBlock + ` - 2, ` + rankBlock + `) AS first_block, intDiv(sure_hi, ` + rankBlock + `) AS end_block,
+		if(lo <= hi AND first_block < end_block, end_block - first_block, 0) AS blocks,
+		if(lo > hi, 0, if(blocks > 0, first_block * ` + rankBlock + ` + 1 - lo, hi + 1 - lo)) AS head,
+		if(blocks > 0, hi - end_block * ` + rankBlock + `, 0) AS tail,
+		arrayJoin(range(toUInt64(greatest(head + blocks + tail, 1)))) AS offset,
+		multiIf(head + blocks + tail = 0, (toUInt8(0), toUInt64(0)),
+			offset < head, (toUInt8(0), toUInt64(lo + offset)),
+			offset < head + blocks, (toUInt8(1), toUInt64(first_block + offset - head)),
+			(toUInt8(0), toUInt64(end_block * ` + rankBlock + ` + 1 + offset - head - blocks))) AS candidate,
+		tupleElement(candidate, 1) AS kind, tupleElement(candidate, 2) AS key
 	FROM (
-		SELECT api_group, resource, namespace, name, cs, depth, length(ws) AS writes,
+		SELECT api_group, resource, namespace, name, cs, depth, depth_back, length(ws) AS writes,
 			arrayMap(x -> tupleElement(x, 2) + 1, arraySort(x -> tupleElement(x, 1), arrayFilter(x -> tupleElement(x, 1) > 0,
 				arrayMap((x, n) -> (tupleElement(x, 3), n), by_stamp, arrayCumSum(arrayMap(x -> tupleElement(x, 3) = 0, by_stamp)))))) AS los,
 			arrayMap(x -> tupleElement(x, 2), arraySort(x -> tupleElement(x, 1), arrayFilter(x -> tupleElement(x, 1) > 0,
@@ -165,7 +185,8 @@ var conflictCandidates = `(
 					arrayMap((x, j) -> (tupleElement(x, 2), toUInt8(1), toUInt32(j)), cs, arrayEnumerate(cs)))) AS by_time,
 				arrayMap((r, k) -> toInt64(r) - toInt64(k), arrayMap(x -> tupleElement(x, 2), arraySort(x -> tupleElement(x, 1),
 					arrayMap((w, r) -> (tupleElement(w, 2), r), ws, arrayEnumerate(ws)))), arrayEnumerate(ws)) AS disorder,
-				toUInt64(arrayReduce('max', disorder)) AS depth
+				toUInt64(arrayReduce('max', disorder)) AS depth,
+				toUInt64(-arrayReduce('min', disorder)) AS depth_back
 			FROM ` + rankedWrites + ` AS objects ALL INNER JOIN (
 				SELECT api_group, resource, namespace, name, groupArray((stale, c_time, toString(c_writer), conflict_id)) AS cs
 				FROM (
@@ -225,10 +246,20 @@ FROM (
 	FROM (
 		SELECT c_writer, conflict_id, groupUniqArrayIf(h_writer, h_version > stale AND h_time <= c_time AND h_writer != '') AS bs
 		FROM ` + conflictCandidates + ` AS candidates ALL LEFT JOIN (
-			SELECT api_group, resource, namespace, name, tupleElement(w, 1) AS h_version, tupleElement(w, 2) AS h_time, tupleElement(w, 3) AS h_writer, toUInt64(r) AS rank
+			SELECT api_group, resource, namespace, name, toUInt8(0) AS kind, toUInt64(r) AS key,
+				tupleElement(w, 1) AS h_version, tupleElement(w, 2) AS h_time, tupleElement(w, 3) AS h_writer
 			FROM ` + rankedWrites + `
 			ARRAY JOIN ws AS w, arrayEnumerate(ws) AS r
-		) AS writes USING (api_group, resource, namespace, name, rank)
+			UNION ALL
+			SELECT api_group, resource, namespace, name, toUInt8(1) AS kind, block AS key,
+				toUInt64(18446744073709551615) AS h_version, toUInt64(0) AS h_time, h_writer
+			FROM (
+				SELECT api_group, resource, namespace, name, toUInt64(intDiv(r - 1, ` + rankBlock + `)) AS block, groupUniqArray(tupleElement(w, 3)) AS block_writers
+				FROM ` + rankedWrites + `
+				ARRAY JOIN ws AS w, arrayEnumerate(ws) AS r
+				GROUP BY api_group, resource, namespace, name, block)
+			ARRAY JOIN block_writers AS h_writer
+		) AS writes USING (api_group, resource, namespace, name, kind, key)
 		GROUP BY c_writer, conflict_id))
 GROUP BY writer, blocked_by
 ORDER BY conflicts DESC, writer, blocked_by
