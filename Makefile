@@ -129,7 +129,7 @@ demo: helm prometheus ## the whole story on loopback: apiserver + webhook + audi
 
 # The longest test packages, named first so that they start first: go test
 # runs packages in the order given, two at a time on two cores, and one of
-# these started last would run alone at the end (e2e takes about 11
+# these started last would run alone at the end (e2e takes 11 to 14
 # minutes, analytics/report 9).
 SLOW_TESTS := ./test/e2e ./analytics/report ./dashboards ./internal/ociimage
 

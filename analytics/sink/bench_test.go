@@ -44,13 +44,7 @@ func mixTemplates(b *testing.B, mix []string) []string {
 	case "":
 		return mix
 	case "writes":
-		path := filepath.Join(b.TempDir(), "writes.log")
-		audittest.WriteWrites(b, path, 4000)
-		data, err := os.ReadFile(path)
-		if err != nil {
-			b.Fatal(err)
-		}
-		return strings.Split(strings.TrimSuffix(string(data), "\n"), "\n")
+		return audittest.Writes(b, 4000)
 	default:
 		b.Fatalf("AUDITSINK_BENCH_MIX=%q: want writes, or nothing for the real-shaped mix", m)
 		return nil

@@ -1,9 +1,6 @@
 package audit_test
 
 import (
-	"os"
-	"path/filepath"
-	"strings"
 	"testing"
 
 	"github.com/stampguard/stampguard/internal/audit"
@@ -14,13 +11,7 @@ import (
 // response (audittest.WriteWrites: 0.9-1.6 KB each) on one core, with the
 // field history and without: what the history costs the sink per write.
 func BenchmarkDecodeWrites(b *testing.B) {
-	path := filepath.Join(b.TempDir(), "writes.log")
-	audittest.WriteWrites(b, path, 4000)
-	data, err := os.ReadFile(path)
-	if err != nil {
-		b.Fatal(err)
-	}
-	lines := strings.Split(strings.TrimSuffix(string(data), "\n"), "\n")
+	lines := audittest.Writes(b, 4000)
 	h := audit.NewFieldHasher([]byte("bench"))
 	for _, c := range []struct {
 		name    string

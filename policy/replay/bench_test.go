@@ -86,20 +86,9 @@ func BenchmarkReplayCommand(b *testing.B) {
 // BenchmarkReplayEvent is one event through the library: decode, evaluate,
 // count.
 func BenchmarkReplayEvent(b *testing.B) {
-	path := filepath.Join(b.TempDir(), "audit.log")
-	audittest.WriteWrites(b, path, 50_000)
-	data, err := os.ReadFile(path)
-	if err != nil {
-		b.Fatal(err)
-	}
 	var lines [][]byte
-	for len(data) > 0 {
-		i := 0
-		for i < len(data) && data[i] != '\n' {
-			i++
-		}
-		lines = append(lines, data[:i])
-		data = data[min(i+1, len(data)):]
+	for _, l := range audittest.Writes(b, 50_000) {
+		lines = append(lines, []byte(l))
 	}
 	r, err := New(Options{Policies: testSetFrom(b, benchPolicies)})
 	if err != nil {

@@ -4,10 +4,24 @@ import (
 	"bufio"
 	"fmt"
 	"os"
+	"path/filepath"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 )
+
+// Writes is n of WriteWrites' events, one line each, for benchmarks that
+// repeat them from memory.
+func Writes(tb testing.TB, n int) []string {
+	path := filepath.Join(tb.TempDir(), "writes.log")
+	WriteWrites(tb, path, n)
+	data, err := os.ReadFile(path)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	return strings.Split(strings.TrimSuffix(string(data), "\n"), "\n")
+}
 
 // WriteWrites writes to path n RequestResponse write events of 0.9-1.6 KB (the
 // ingest benchmark's sizes: analytics/testdata/events.jsonl, 0.5-2 KB):
