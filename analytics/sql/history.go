@@ -62,7 +62,9 @@ const fieldSets = `(
 // before, who set it (writer, on basis) and who had set the value it
 // replaced (prev_writer; empty when that was before the window). A field
 // is known at a version that shows it, and absent from a version that
-// shows the whole object (full_view): a Scale shows spec.replicas alone.
+// shows the whole object (full_view): a Scale shows spec.replicas alone,
+// and an object written through its Scale alone in the window has the
+// changes its Scale writes show.
 // A write that created the object sets every field; its own row is no
 // change.
 //
@@ -104,7 +106,7 @@ FROM (
 					groupArray((object_version, toUInt8(1), hs, toString(writer), time_us, id, basis)) AS present
 				FROM ` + fieldSets + `
 				GROUP BY api_group, resource, namespace, name, field
-			) AS fields ALL INNER JOIN (
+			) AS fields ALL LEFT JOIN (
 				SELECT api_group, resource, namespace, name,
 					groupArray((object_version, toUInt8(0), emptyArrayUInt64(), toString(writer), event_time_us, audit_id, basis)) AS whole
 				FROM (SELECT api_group, resource, namespace, name, object_version, writer, event_time_us, audit_id, ` + WriteBasis + ` AS basis

@@ -1,0 +1,301 @@
+package report
+
+import (
+	"fmt"
+	"maps"
+	"math/rand/v2"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stampguard/stampguard/analytics/record/recordtest"
+	"github.com/stampguard/stampguard/internal/audit"
+)
+
+// TestFieldChangesFollowTheirDefinition checks the field changes (the
+// lost updates and the field writers read them) against their
+// definition, computed here write by write (changesOf). The histories
+// hold what makes the statements hard: versions logged out of time order,
+// no-op writes sharing a version, copies of rows, Scale writes that show
+// spec.replicas alone, fields that come and go, set-like lists whose
+// items repeat and come in any order, keyed list items, a create, and
+// every basis of a write. Two windows: the whole history, and one that
+// starts in its middle (a change before it is no one's).
+func TestFieldChangesFollowTheirDefinition(t *testing.T) {
+	t.Parallel() // its own ClickHouse server
+	st, db := migrated(t)
+	ctx := t.Context()
+	rnd := rand.New(rand.NewPCG(36, 2))
+	s := &scenario{}
+	writers := []string{"gitops", "hpa", "alice", "bob", "system:serviceaccount:kube-system:ctl"}
+	for _, name := range []string{"a", "b", "c", "d"} {
+		version := uint64(1000)
+		for i := range 160 {
+			version += 1 + rnd.Uint64N(3)
+			at := time.Duration(20*i)*time.Second + time.Duration(rnd.IntN(60))*time.Second
+			w := randomWrite(rnd, i == 0)
+			add := func(at time.Duration, writer string) {
+				s.add(at, writer, w.verb, "apps", "deployments", "shop", name, w.code, func(r *audit.Row) {
+					r.Level, r.ObjectVersion, r.Created, r.FullView = "RequestResponse", version, w.created, w.full
+					r.Stamp, r.FieldManager, r.RequestManaged, r.Force, r.Apply = w.stamp, w.manager, w.managed, w.force, w.apply
+					r.Fields = audit.Fields{Paths: slices.Clone(w.paths), Hashes: slices.Clone(w.hashes)}
+					if !w.full {
+						r.Subresource = "scale"
+					}
+				})
+			}
+			add(at, writers[rnd.IntN(len(writers))])
+			if rnd.IntN(8) == 0 { // a no-op write, logged later, returns the version
+				add(at+time.Duration(1+rnd.IntN(90))*time.Second, writers[rnd.IntN(len(writers))])
+			}
+		}
+	}
+	// An object written through its Scale alone after its create: in
+	// the second window it has no full view.
+	for i := range 60 {
+		w := write{verb: "update", code: 200, stamp: "1", paths: []string{"spec.replicas"}, hashes: []uint64{10 + rnd.Uint64N(3)}}
+		if i == 0 {
+			w = write{verb: "create", code: 201, created: true, full: true, paths: []string{"spec.replicas", "data.a"}, hashes: []uint64{10, 1}}
+		} else if rnd.IntN(3) == 0 {
+			w.stamp = ""
+		}
+		s.add(time.Duration(100*i)*time.Second, writers[rnd.IntN(len(writers))], w.verb, "apps", "deployments", "shop", "scaled", w.code, func(r *audit.Row) {
+			r.Level, r.ObjectVersion, r.Created, r.FullView, r.Stamp = "RequestResponse", uint64(1+i), w.created, w.full, w.stamp
+			r.Fields = audit.Fields{Paths: w.paths, Hashes: w.hashes}
+			if !w.full {
+				r.Subresource = "scale"
+			}
+		})
+	}
+	if _, err := st.InsertRecords(ctx, recordtest.Set(s.rows, nil)); err != nil {
+		t.Fatal(err)
+	}
+	var copies []audit.Row
+	for i, r := range s.rows {
+		if i%9 == 0 {
+			copies = append(copies, r)
+		}
+	}
+	if _, err := st.InsertRecords(ctx, recordtest.Set(copies, nil)); err != nil {
+		t.Fatal(err)
+	}
+
+	causes := map[string]int{}
+	for _, since := range []time.Duration{0, 30 * time.Minute} {
+		o := Options{Database: db, Cluster: "c1", Top: 100_000, Since: t0.Add(since), Until: t0.Add(2 * time.Hour), History: true}
+		r, err := Build(ctx, st.Conn(), o)
+		if err != nil {
+			t.Fatal(err)
+		}
+		lost, writersWant := changesOf(s.rows, o.Since, o.Until)
+		if got := set(r.LostUpdates); !maps.Equal(got, set(lost)) {
+			t.Errorf("since %s: lost updates\n got %v\nwant %v", since, r.LostUpdates, lost)
+		}
+		if got := set(r.FieldWriters); !maps.Equal(got, set(writersWant)) {
+			t.Errorf("since %s: field writers\n got %v\nwant %v", since, r.FieldWriters, writersWant)
+		}
+		for _, l := range lost {
+			causes[l.Cause]++
+		}
+	}
+	t.Logf("lost updates by cause: %v", causes)
+	for _, c := range []string{"stampless", "laundered_stamp", "forced_apply", "list_replaced"} {
+		if causes[c] == 0 {
+			t.Errorf("no lost update caused %s: the scenario exercises too little", c)
+		}
+	}
+}
+
+// write is one write of TestFieldChangesFollowTheirDefinition.
+type write struct {
+	verb, stamp, manager                 string
+	code                                 int32
+	created, full, managed, force, apply bool
+	paths                                []string
+	hashes                               []uint64
+}
+
+// randomWrite draws a write: the object's create, a Scale update, or a
+// full view on any basis, its fields drawn from small sets of values.
+func randomWrite(rnd *rand.Rand, create bool) write {
+	w := write{verb: "update", code: 200, full: true, stamp: "1", managed: true}
+	switch k := rnd.IntN(9); {
+	case create:
+		w.verb, w.code, w.created = "create", 201, true
+	case k == 0:
+		w.full = false
+		w.paths, w.hashes = []string{"spec.replicas"}, []uint64{10 + rnd.Uint64N(3)}
+		return w
+	case k == 1:
+		w.stamp = ""
+	case k == 2:
+		w.manager, w.managed = "kubectl-replace", false
+	case k == 3:
+		w.verb, w.apply, w.force = "patch", true, true
+	case k == 4:
+		w.verb, w.apply = "patch", true
+	case k == 5, k == 6:
+		w.verb = "patch"
+	}
+	single := []string{"spec.replicas", "data.a", `metadata.labels["team"]`, "spec.template.spec.containers[name=app].image"}
+	for _, p := range single {
+		if rnd.IntN(4) != 0 {
+			w.paths, w.hashes = append(w.paths, p), append(w.hashes, 1+rnd.Uint64N(3))
+		}
+	}
+	// Set-like lists: items in any order, one may repeat.
+	for _, p := range []string{"metadata.finalizers[*]", "spec.template.spec.containers[name=app].args[*]"} {
+		for range rnd.IntN(4) {
+			w.paths, w.hashes = append(w.paths, p), append(w.hashes, 100+rnd.Uint64N(3))
+		}
+	}
+	rnd.Shuffle(len(w.paths), func(i, j int) {
+		w.paths[i], w.paths[j] = w.paths[j], w.paths[i]
+		w.hashes[i], w.hashes[j] = w.hashes[j], w.hashes[i]
+	})
+	return w
+}
+
+// changesOf computes the lost updates and the field writers of rows in
+// [since, until) by their definition (analytics/sql, history.go): an
+// object's versions are its history rows, one per version (the earliest
+// write that stored it); a field's known values are its hashes at each
+// version that shows it, none at a full view that does not; a version
+// sets the field when it created the object or its value differs from
+// the known value before it (the window's first is not a change); a
+// set's change replaced the set before it.
+func changesOf(rows []audit.Row, since, until time.Time) ([]LostUpdate, []FieldWriter) {
+	type version struct {
+		row    audit.Row
+		basis  string
+		fields map[string][]uint64
+	}
+	objects := map[string]map[uint64]version{}
+	for _, r := range rows {
+		if r.ObjectVersion == 0 || r.StageMicros < since.UnixMicro() || r.StageMicros >= until.UnixMicro() {
+			continue
+		}
+		if objects[r.Name] == nil {
+			objects[r.Name] = map[uint64]version{}
+		}
+		if v, ok := objects[r.Name][r.ObjectVersion]; ok && (v.row.StageMicros < r.StageMicros || v.row.StageMicros == r.StageMicros && v.row.AuditID <= r.AuditID) {
+			continue
+		}
+		v := version{row: r, basis: basisOf(r), fields: map[string][]uint64{}}
+		for i, p := range r.Fields.Paths {
+			v.fields[p] = append(v.fields[p], r.Fields.Hashes[i])
+		}
+		for _, hs := range v.fields {
+			slices.Sort(hs)
+		}
+		objects[r.Name][r.ObjectVersion] = v
+	}
+	var lost []LostUpdate
+	type writerKey struct{ field, writer string }
+	type writerRow struct {
+		changes     uint64
+		names       map[string]bool
+		first, last int64
+	}
+	byWriter := map[writerKey]*writerRow{}
+	for name, versions := range objects {
+		order := slices.Sorted(maps.Keys(versions))
+		fields := map[string]bool{}
+		for _, v := range versions {
+			for p := range v.fields {
+				fields[p] = true
+			}
+		}
+		for field := range fields {
+			type entry struct {
+				v    version
+				vals []uint64
+			}
+			var known []entry
+			for _, n := range order {
+				v := versions[n]
+				if hs, ok := v.fields[field]; ok {
+					known = append(known, entry{v, hs})
+				} else if v.row.FullView {
+					known = append(known, entry{v, nil})
+				}
+			}
+			var prev, prevBefore []uint64
+			var prevSet *entry
+			for i := range known {
+				e := &known[i]
+				if !(e.v.basis == "create" || i > 0 && !slices.Equal(e.vals, known[i-1].vals)) {
+					continue
+				}
+				var before []uint64
+				if i > 0 {
+					before = known[i-1].vals
+				}
+				if e.v.basis != "create" {
+					prevWriter, prevID, prevAt := "", "", int64(0)
+					if prevSet != nil {
+						prevWriter, prevID, prevAt = prevSet.v.row.Writer(), prevSet.v.row.AuditID, prevSet.v.row.StageMicros
+					}
+					removedAdded := slices.ContainsFunc(prev, func(h uint64) bool { return !slices.Contains(e.vals, h) && !slices.Contains(prevBefore, h) })
+					itemRemoved := strings.Contains(field, "[name=") && len(e.vals) == 0 && len(prev) > 0
+					cause := ""
+					switch {
+					case prevWriter == "" || prevWriter == e.v.row.Writer():
+					case e.v.basis == "stampless" || e.v.basis == "laundered_stamp" || e.v.basis == "forced_apply":
+						cause = e.v.basis
+					case e.v.basis == "patch" && (strings.HasSuffix(field, "[*]") && removedAdded || itemRemoved):
+						cause = "list_replaced"
+					}
+					if cause != "" {
+						lost = append(lost, LostUpdate{APIGroup: "apps", Resource: "deployments", Namespace: "shop", Name: name, Field: field,
+							Writer: e.v.row.Writer(), OverwrittenWriter: prevWriter, Cause: cause, AuditID: e.v.row.AuditID, OverwrittenAuditID: prevID,
+							Time: microsTime(uint64(e.v.row.StageMicros)), OverwrittenTime: microsTime(uint64(prevAt))})
+					}
+					k := writerKey{field, e.v.row.Writer()}
+					w := byWriter[k]
+					if w == nil {
+						w = &writerRow{names: map[string]bool{}, first: e.v.row.StageMicros, last: e.v.row.StageMicros}
+						byWriter[k] = w
+					}
+					w.changes++
+					w.names[name] = true
+					w.first, w.last = min(w.first, e.v.row.StageMicros), max(w.last, e.v.row.StageMicros)
+				}
+				prev, prevBefore, prevSet = e.vals, before, e
+			}
+		}
+	}
+	var writers []FieldWriter
+	for k, w := range byWriter {
+		writers = append(writers, FieldWriter{APIGroup: "apps", Resource: "deployments", Namespace: "shop", Field: k.field, Writer: k.writer,
+			Changes: w.changes, Objects: uint64(len(w.names)), First: microsTime(uint64(w.first)), Last: microsTime(uint64(w.last))})
+	}
+	return lost, writers
+}
+
+// basisOf is analytics/sql's WriteBasis of a row.
+func basisOf(r audit.Row) string {
+	switch {
+	case r.Created:
+		return "create"
+	case r.Verb == "update" && r.Stamp == "":
+		return "stampless"
+	case r.Verb == "update" && r.FieldManager == "kubectl-replace" && !r.RequestManaged:
+		return "laundered_stamp"
+	case r.Verb == "patch" && r.Force:
+		return "forced_apply"
+	case r.Verb == "patch" && !r.Apply:
+		return "patch"
+	}
+	return ""
+}
+
+// set holds xs as a set of their printed forms.
+func set[T any](xs []T) map[string]bool {
+	m := map[string]bool{}
+	for _, x := range xs {
+		m[fmt.Sprintf("%+v", x)] = true
+	}
+	return m
+}
