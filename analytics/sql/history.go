@@ -25,9 +25,14 @@ const fieldVersions = `(
 
 // historyVersions are the window's versions of each object, one row per
 // version: the first write that stored it (a no-op write returns the
-// version it found, and so shares it).
+// version it found, and so shares it). A copy of a row (one identity
+// stored twice) is the same version, so the one row per version takes
+// one row per identity too.
 const historyVersions = `(
-	SELECT * FROM ` + fieldVersions + `
+	SELECT api_group, resource, namespace, name, object_version, event_time_us, audit_id, verb, writer, stamp,
+		field_manager, full_view, request_managed, force, apply, created, field_paths, field_hashes
+	FROM {db}.field_versions
+	WHERE cluster = @cluster AND {window}
 	ORDER BY api_group, resource, namespace, name, object_version, event_time_us, audit_id
 	LIMIT 1 BY api_group, resource, namespace, name, object_version)`
 
@@ -49,13 +54,25 @@ const WriteBasis = `multiIf(created = 1, 'create',
 
 // fieldSets are the values of each object field, one row per (object,
 // field, version that shows the field): the hashes sorted, with the
-// version's writer, time, audit ID and basis.
+// version's writer, time, audit ID and basis. A path shows once in a
+// version but for the items of a set-like list ([*]), whose hashes are
+// gathered per distinct path in the version's own arrays (multi): no
+// grouping of every field of every version, only a pass over the
+// version's list items per distinct list.
 const fieldSets = `(
-	SELECT api_group, resource, namespace, name, field, object_version, arraySort(groupArray(hash)) AS hs,
-		any(writer) AS writer, any(event_time_us) AS time_us, any(audit_id) AS id, any(basis) AS basis
-	FROM (SELECT *, ` + WriteBasis + ` AS basis FROM ` + historyVersions + `)
-	ARRAY JOIN field_paths AS field, field_hashes AS hash
-	GROUP BY api_group, resource, namespace, name, field, object_version)`
+	SELECT api_group, resource, namespace, name, field, object_version, hs, writer, event_time_us AS time_us, audit_id AS id, basis
+	FROM (
+		SELECT *, ` + WriteBasis + ` AS basis,
+			arrayMap((o, b) -> o > 1 OR b > 1, arrayEnumerateUniq(field_paths), arrayReverse(arrayEnumerateUniq(arrayReverse(field_paths)))) AS multi,
+			arrayFilter((p, m) -> NOT m, field_paths, multi) AS single_paths,
+			arrayMap(h -> [h], arrayFilter((h, m) -> NOT m, field_hashes, multi)) AS single_sets,
+			arrayFilter((p, m) -> m, field_paths, multi) AS multi_paths,
+			arrayFilter((h, m) -> m, field_hashes, multi) AS multi_hashes,
+			arrayDistinct(multi_paths) AS lists,
+			arrayMap((f, ps, hs) -> arraySort(arrayFilter((h, p, list) -> p = list, hs, ps, replicate(f, hs))),
+				lists, replicate(multi_paths, lists), replicate(multi_hashes, lists)) AS list_sets
+		FROM ` + historyVersions + `)
+	ARRAY JOIN arrayConcat(single_paths, lists) AS field, arrayConcat(single_sets, list_sets) AS hs)`
 
 // fieldChanges are the changes of each object field in the window, one
 // row per change: the version that set a value other than the one
