@@ -1,10 +1,12 @@
 package report
 
 import (
+	"cmp"
 	"fmt"
 	"maps"
 	"math/rand/v2"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -14,8 +16,9 @@ import (
 )
 
 // TestFieldChangesFollowTheirDefinition checks the field changes (the
-// lost updates and the field writers read them) against their
-// definition, computed here write by write (changesOf). The histories
+// lost updates and the field writers read them) and the no-op writes
+// against their definitions, computed here write by write (changesOf,
+// noopsOf). The histories
 // hold what makes the statements hard: versions logged out of time order,
 // no-op writes sharing a version, copies of rows, Scale writes that show
 // spec.replicas alone, fields that come and go, set-like lists whose
@@ -35,19 +38,23 @@ func TestFieldChangesFollowTheirDefinition(t *testing.T) {
 			version += 1 + rnd.Uint64N(3)
 			at := time.Duration(20*i)*time.Second + time.Duration(rnd.IntN(60))*time.Second
 			w := randomWrite(rnd, i == 0)
-			add := func(at time.Duration, writer string) {
+			add := func(at time.Duration, writer string, stamp string) {
 				s.add(at, writer, w.verb, "apps", "deployments", "shop", name, w.code, func(r *audit.Row) {
 					r.Level, r.ObjectVersion, r.Created, r.FullView = "RequestResponse", version, w.created, w.full
-					r.Stamp, r.FieldManager, r.RequestManaged, r.Force, r.Apply = w.stamp, w.manager, w.managed, w.force, w.apply
+					r.Stamp, r.FieldManager, r.RequestManaged, r.Force, r.Apply = stamp, w.manager, w.managed, w.force, w.apply
 					r.Fields = audit.Fields{Paths: slices.Clone(w.paths), Hashes: slices.Clone(w.hashes)}
 					if !w.full {
 						r.Subresource = "scale"
 					}
 				})
 			}
-			add(at, writers[rnd.IntN(len(writers))])
-			if rnd.IntN(8) == 0 { // a no-op write, logged later, returns the version
-				add(at+time.Duration(1+rnd.IntN(90))*time.Second, writers[rnd.IntN(len(writers))])
+			add(at, writers[rnd.IntN(len(writers))], w.stamp)
+			if rnd.IntN(8) == 0 { // a no-op write returns the version, logged after the write that stored it or before
+				stamp := w.stamp
+				if w.verb == "update" && rnd.IntN(2) == 0 { // sent with the stamp it got back
+					stamp = strconv.FormatUint(version, 10)
+				}
+				add(at+time.Duration(rnd.IntN(120)-30)*time.Second, writers[rnd.IntN(len(writers))], stamp)
 			}
 		}
 	}
@@ -94,6 +101,9 @@ func TestFieldChangesFollowTheirDefinition(t *testing.T) {
 		}
 		if got := set(r.FieldWriters); !maps.Equal(got, set(writersWant)) {
 			t.Errorf("since %s: field writers\n got %v\nwant %v", since, r.FieldWriters, writersWant)
+		}
+		if got, want := set(r.NoopWrites), set(noopsOf(s.rows, o.Since, o.Until)); !maps.Equal(got, want) {
+			t.Errorf("since %s: no-op writes\n got %v\nwant %v", since, r.NoopWrites, want)
 		}
 		for _, l := range lost {
 			causes[l.Cause]++
@@ -272,6 +282,44 @@ func changesOf(rows []audit.Row, since, until time.Time) ([]LostUpdate, []FieldW
 			Changes: w.changes, Objects: uint64(len(w.names)), First: microsTime(uint64(w.first)), Last: microsTime(uint64(w.last))})
 	}
 	return lost, writers
+}
+
+// noopsOf counts the no-op writes of rows in [since, until) per writer,
+// by their definition (analytics/sql, NoopWrites): of the writes of one
+// version of an object, each identity once, every one but the earliest,
+// and an update sent with the stamp of the version it got back.
+func noopsOf(rows []audit.Row, since, until time.Time) []NoopWrites {
+	type key struct {
+		name    string
+		version uint64
+	}
+	versions := map[key][]audit.Row{}
+	seen := map[string]bool{}
+	for _, r := range rows {
+		id := r.AuditID + "/" + strconv.FormatUint(r.Fingerprint, 10)
+		if r.ObjectVersion == 0 || seen[id] || r.StageMicros < since.UnixMicro() || r.StageMicros >= until.UnixMicro() {
+			continue
+		}
+		seen[id] = true
+		k := key{r.Name, r.ObjectVersion}
+		versions[k] = append(versions[k], r)
+	}
+	counts := map[string]uint64{}
+	for k, ws := range versions {
+		slices.SortFunc(ws, func(a, b audit.Row) int {
+			return cmp.Or(cmp.Compare(a.StageMicros, b.StageMicros), cmp.Compare(a.AuditID, b.AuditID))
+		})
+		for i, w := range ws {
+			if i > 0 || w.Verb == "update" && w.Stamp == strconv.FormatUint(k.version, 10) {
+				counts[w.Writer()]++
+			}
+		}
+	}
+	var noops []NoopWrites
+	for w, n := range counts {
+		noops = append(noops, NoopWrites{User: w, Count: n})
+	}
+	return noops
 }
 
 // basisOf is analytics/sql's WriteBasis of a row.

@@ -15,13 +15,15 @@ package sql
 // besides its arguments is passed as one more argument, replicated per
 // element (replicate).
 
-// fieldVersions are the window's field history rows, one per identity.
-const fieldVersions = `(
-	SELECT api_group, resource, namespace, name, object_version, event_time_us, audit_id, verb, writer, stamp,
-		field_manager, full_view, request_managed, force, apply, created, field_paths, field_hashes
+// historyWrites are the window's field history rows as stored: a copy of
+// a row (a redelivery, a racing writer, a retried insert) is the same
+// row, and each reader says what a copy does to it (no pass over every
+// row to drop copies first): the no-op writes take each identity once,
+// and a conflict's set of blockers is the same with or without copies.
+const historyWrites = `(
+	SELECT api_group, resource, namespace, name, object_version, event_time_us, audit_id, stage, fingerprint, verb, writer, stamp
 	FROM {db}.field_versions
-	WHERE cluster = @cluster AND {window}
-	LIMIT 1 BY cluster, audit_id, stage, fingerprint)`
+	WHERE cluster = @cluster AND {window})`
 
 // historyVersions are the window's versions of each object, one row per
 // version: the first write that stored it (a no-op write returns the
@@ -148,10 +150,12 @@ const LostCause = `multiIf(prev_writer = '' OR prev_writer = writer, '',
 
 // rankedWrites are the window's writes in the field history, per
 // object: ws, the writes as (version, time, writer) sorted, so that a
-// write's rank is its place in version order.
+// write's rank is its place in version order. A copy of a row is one more
+// write of the same version, time and writer, which changes no conflict's
+// set of blockers: they are read as stored.
 const rankedWrites = `(
 	SELECT api_group, resource, namespace, name, arraySort(groupArray((object_version, event_time_us, toString(writer)))) AS ws
-	FROM ` + fieldVersions + `
+	FROM ` + historyWrites + `
 	GROUP BY api_group, resource, namespace, name)`
 
 // rankBlock is the width of the blocks of ranks conflictCandidates joins
@@ -229,14 +233,14 @@ var (
 		SQL: `
 SELECT writer AS user, toUInt64(count()) AS count
 FROM (
-	SELECT api_group, resource, namespace, name, tupleElement(w, 3) AS writer
+	SELECT api_group, resource, namespace, name, tupleElement(w, 5) AS writer
 	FROM (
 		SELECT api_group, resource, namespace, name,
-			arraySort(groupArray((event_time_us, audit_id, writer, toUInt8(verb = 'update' AND stamp = toString(object_version))))) AS ws
-		FROM ` + fieldVersions + `
+			arraySort(groupUniqArray((event_time_us, audit_id, stage, fingerprint, toString(writer), toUInt8(verb = 'update' AND stamp = toString(object_version))))) AS ws
+		FROM ` + historyWrites + `
 		GROUP BY api_group, resource, namespace, name, object_version)
 	ARRAY JOIN ws AS w, arrayEnumerate(ws) AS i
-	WHERE i > 1 OR tupleElement(w, 4) = 1)
+	WHERE i > 1 OR tupleElement(w, 6) = 1)
 WHERE {filters}
 GROUP BY user
 ORDER BY count DESC, user
