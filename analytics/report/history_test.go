@@ -115,7 +115,7 @@ func TestConflictCausesNameEveryBlocker(t *testing.T) {
 		var ws []write
 		version := uint64(100)
 		writer := writers[0]
-		for i := range 700 { // ranges of several blocks of ranks, big and small
+		for i := range 700 { // ranges of several blocks of ranks
 			version += 1 + rnd.Uint64N(5)
 			// Up to six writes of disorder: a later version may be
 			// logged before an earlier one.
@@ -171,8 +171,7 @@ func TestConflictCausesNameEveryBlocker(t *testing.T) {
 	conflicts = append(conflicts, conflict{"d", 1000, 550 * time.Second, "w1"})
 	// Every write by a writer of its own: a conflict's blockers name each
 	// rank of its range, so a range cut one rank short or long at any of
-	// its pieces (ranks, small blocks, big blocks) names one writer too
-	// few or too many. On e the writes are in order, and the conflicts'
+	// its pieces (ranks and blocks) names one writer too few or too many. On e the writes are in order, and the conflicts'
 	// ranges start and end on every side of the blocks' edges; on f they
 	// are a little out of order, and the stamps anywhere.
 	var inOrder, outOfOrder []write
@@ -182,8 +181,8 @@ func TestConflictCausesNameEveryBlocker(t *testing.T) {
 		outOfOrder = append(outOfOrder, write{uint64(5001 + 2*i), at, "f-" + strconv.Itoa(i)})
 	}
 	histories["e"], histories["f"] = inOrder, outOfOrder
-	for _, first := range []int{1, 2, 16, 17, 18, 240, 256, 257, 258} {
-		for _, last := range []int{first - 1, first, first + 1, 15, 16, 17, 31, 32, 33, 255, 256, 257, 258, 271, 272, 273, 511, 512, 513, 527, 528, 529, 543, 800} {
+	for _, first := range []int{1, 2, 16, 17, 18, 63, 64, 65, 66, 240, 256, 257, 258} {
+		for _, last := range []int{first - 1, first, first + 1, 15, 16, 17, 31, 32, 33, 63, 64, 65, 127, 128, 129, 255, 256, 257, 258, 271, 272, 273, 511, 512, 513, 527, 528, 529, 543, 800} {
 			if last >= max(first-1, 1) { // a conflict in the window
 				// first is the range's first rank (the stamp is the
 				// version before it), last the last write by the
