@@ -235,7 +235,8 @@ func changesOf(rows []audit.Row, since, until time.Time) ([]LostUpdate, []FieldW
 			var prevSet *entry
 			for i := range known {
 				e := &known[i]
-				if !(e.v.basis == "create" || i > 0 && !slices.Equal(e.vals, known[i-1].vals)) {
+				sets := e.v.basis == "create" || i > 0 && !slices.Equal(e.vals, known[i-1].vals)
+				if !sets {
 					continue
 				}
 				var before []uint64
