@@ -12,14 +12,14 @@ import (
 	"time"
 
 	"github.com/stampguard/stampguard/analytics/record/recordtest"
+	"github.com/stampguard/stampguard/analytics/store"
 	"github.com/stampguard/stampguard/internal/audit"
 )
 
 // TestFieldChangesFollowTheirDefinition checks the field changes (the
 // lost updates and the field writers read them) and the no-op writes
 // against their definitions, computed here write by write (changesOf,
-// noopsOf). The histories
-// hold what makes the statements hard: versions logged out of time order,
+// noopsOf). The histories hold what makes the statements hard: versions logged out of time order,
 // no-op writes sharing a version, copies of rows, Scale writes that show
 // spec.replicas alone, fields that come and go, set-like lists whose
 // items repeat and come in any order, keyed list items, a create, and
@@ -39,14 +39,7 @@ func TestFieldChangesFollowTheirDefinition(t *testing.T) {
 			at := time.Duration(20*i)*time.Second + time.Duration(rnd.IntN(60))*time.Second
 			w := randomWrite(rnd, i == 0)
 			add := func(at time.Duration, writer string, stamp string) {
-				s.add(at, writer, w.verb, "apps", "deployments", "shop", name, w.code, func(r *audit.Row) {
-					r.Level, r.ObjectVersion, r.Created, r.FullView = "RequestResponse", version, w.created, w.full
-					r.Stamp, r.FieldManager, r.RequestManaged, r.Force, r.Apply = stamp, w.manager, w.managed, w.force, w.apply
-					r.Fields = audit.Fields{Paths: slices.Clone(w.paths), Hashes: slices.Clone(w.hashes)}
-					if !w.full {
-						r.Subresource = "scale"
-					}
-				})
+				s.add(at, writer, w.verb, "apps", "deployments", "shop", name, w.code, w.logged(version, stamp))
 			}
 			add(at, writers[rnd.IntN(len(writers))], w.stamp)
 			if rnd.IntN(8) == 0 { // a no-op write returns the version, logged after the write that stored it or before
@@ -67,26 +60,9 @@ func TestFieldChangesFollowTheirDefinition(t *testing.T) {
 		} else if rnd.IntN(3) == 0 {
 			w.stamp = ""
 		}
-		s.add(time.Duration(100*i)*time.Second, writers[rnd.IntN(len(writers))], w.verb, "apps", "deployments", "shop", "scaled", w.code, func(r *audit.Row) {
-			r.Level, r.ObjectVersion, r.Created, r.FullView, r.Stamp = "RequestResponse", uint64(1+i), w.created, w.full, w.stamp
-			r.Fields = audit.Fields{Paths: w.paths, Hashes: w.hashes}
-			if !w.full {
-				r.Subresource = "scale"
-			}
-		})
+		s.add(time.Duration(100*i)*time.Second, writers[rnd.IntN(len(writers))], w.verb, "apps", "deployments", "shop", "scaled", w.code, w.logged(uint64(1+i), w.stamp))
 	}
-	if _, err := st.InsertRecords(ctx, recordtest.Set(s.rows, nil)); err != nil {
-		t.Fatal(err)
-	}
-	var copies []audit.Row
-	for i, r := range s.rows {
-		if i%9 == 0 {
-			copies = append(copies, r)
-		}
-	}
-	if _, err := st.InsertRecords(ctx, recordtest.Set(copies, nil)); err != nil {
-		t.Fatal(err)
-	}
+	storeWithCopies(t, st, s.rows, func(i int, _ audit.Row) bool { return i%9 == 0 })
 
 	causes := map[string]int{}
 	for _, since := range []time.Duration{0, 30 * time.Minute} {
@@ -124,6 +100,37 @@ type write struct {
 	created, full, managed, force, apply bool
 	paths                                []string
 	hashes                               []uint64
+}
+
+// logged sets a row to w, logged with its response: the version it
+// stored and the stamp it sent.
+func (w write) logged(version uint64, stamp string) func(*audit.Row) {
+	return func(r *audit.Row) {
+		r.Level, r.ObjectVersion, r.Created, r.FullView = "RequestResponse", version, w.created, w.full
+		r.Stamp, r.FieldManager, r.RequestManaged, r.Force, r.Apply = stamp, w.manager, w.managed, w.force, w.apply
+		r.Fields = audit.Fields{Paths: slices.Clone(w.paths), Hashes: slices.Clone(w.hashes)}
+		if !w.full {
+			r.Subresource = "scale"
+		}
+	}
+}
+
+// storeWithCopies stores rows, then a second time those again keeps
+// (a redelivery): every finding must count them once.
+func storeWithCopies(t *testing.T, st *store.Store, rows []audit.Row, again func(i int, r audit.Row) bool) {
+	t.Helper()
+	if _, err := st.InsertRecords(t.Context(), recordtest.Set(rows, nil)); err != nil {
+		t.Fatal(err)
+	}
+	var copies []audit.Row
+	for i, r := range rows {
+		if again(i, r) {
+			copies = append(copies, r)
+		}
+	}
+	if _, err := st.InsertRecords(t.Context(), recordtest.Set(copies, nil)); err != nil {
+		t.Fatal(err)
+	}
 }
 
 // randomWrite draws a write: the object's create, a Scale update, or a

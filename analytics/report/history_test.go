@@ -8,7 +8,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/stampguard/stampguard/analytics/record/recordtest"
 	"github.com/stampguard/stampguard/internal/audit"
 )
 
@@ -171,9 +170,10 @@ func TestConflictCausesNameEveryBlocker(t *testing.T) {
 	conflicts = append(conflicts, conflict{"d", 1000, 550 * time.Second, "w1"})
 	// Every write by a writer of its own: a conflict's blockers name each
 	// rank of its range, so a range cut one rank short or long at any of
-	// its pieces (ranks and blocks) names one writer too few or too many. On e the writes are in order, and the conflicts'
-	// ranges start and end on every side of the blocks' edges; on f they
-	// are a little out of order, and the stamps anywhere.
+	// its pieces (ranks and blocks) names one writer too few or too many.
+	// On e the writes are in order, and the conflicts' ranges start and
+	// end on every side of the blocks' edges; on f they are a little out
+	// of order, and the stamps anywhere.
 	var inOrder, outOfOrder []write
 	for i := range 900 {
 		inOrder = append(inOrder, write{uint64(5001 + 2*i), time.Duration(3*i) * time.Second, "e-" + strconv.Itoa(i+1)})
@@ -210,19 +210,7 @@ func TestConflictCausesNameEveryBlocker(t *testing.T) {
 	// without a decimal stamp.
 	s.add(time.Second, "w0", "update", "", "configmaps", "shop", "none", 409, func(r *audit.Row) { r.Stamp = "7" })
 	s.add(time.Second, "w0", "update", "", "configmaps", "shop", "a", 409, func(r *audit.Row) { r.Stamp = "x" })
-	if _, err := st.InsertRecords(ctx, recordtest.Set(s.rows, nil)); err != nil {
-		t.Fatal(err)
-	}
-	// Copies of rows (a redelivery) count once.
-	var copies []audit.Row
-	for i, r := range s.rows {
-		if i%7 == 0 && r.Name != "e" { // e keeps its ranks
-			copies = append(copies, r)
-		}
-	}
-	if _, err := st.InsertRecords(ctx, recordtest.Set(copies, nil)); err != nil {
-		t.Fatal(err)
-	}
+	storeWithCopies(t, st, s.rows, func(i int, r audit.Row) bool { return i%7 == 0 && r.Name != "e" }) // e keeps its ranks
 
 	want := map[ConflictCause]bool{}
 	counts := map[[2]string]uint64{}

@@ -15,13 +15,16 @@ package sql
 // besides its arguments is passed as one more argument, replicated per
 // element (replicate).
 
-// historyWrites are the window's field history rows as stored: a copy of
+// historyRows are the window's field history rows as stored: a copy of
 // a row (a redelivery, a racing writer, a retried insert) is the same
 // row, and each reader says what a copy does to it (no pass over every
-// row to drop copies first): the no-op writes take each identity once,
-// and a conflict's set of blockers is the same with or without copies.
-const historyWrites = `(
-	SELECT api_group, resource, namespace, name, object_version, event_time_us, audit_id, stage, fingerprint, verb, writer, stamp
+// row to drop copies first): the field changes take one row per version
+// (historyVersions), the no-op writes each identity once, and a copy adds
+// no writer to a conflict's set of blockers. A reader reads only the
+// columns it names.
+const historyRows = `(
+	SELECT api_group, resource, namespace, name, object_version, event_time_us, audit_id, stage, fingerprint, verb, writer, stamp,
+		field_manager, full_view, request_managed, force, apply, created, field_paths, field_hashes
 	FROM {db}.field_versions
 	WHERE cluster = @cluster AND {window})`
 
@@ -31,10 +34,7 @@ const historyWrites = `(
 // stored twice) is the same version, so the one row per version takes
 // one row per identity too.
 const historyVersions = `(
-	SELECT api_group, resource, namespace, name, object_version, event_time_us, audit_id, verb, writer, stamp,
-		field_manager, full_view, request_managed, force, apply, created, field_paths, field_hashes
-	FROM {db}.field_versions
-	WHERE cluster = @cluster AND {window}
+	SELECT * FROM ` + historyRows + `
 	ORDER BY api_group, resource, namespace, name, object_version, event_time_us, audit_id
 	LIMIT 1 BY api_group, resource, namespace, name, object_version)`
 
@@ -155,7 +155,7 @@ const LostCause = `multiIf(prev_writer = '' OR prev_writer = writer, '',
 // set of blockers: they are read as stored.
 const rankedWrites = `(
 	SELECT api_group, resource, namespace, name, arraySort(groupArray((object_version, event_time_us, toString(writer)))) AS ws
-	FROM ` + historyWrites + `
+	FROM ` + historyRows + `
 	GROUP BY api_group, resource, namespace, name)`
 
 // rankBlock is the width of the blocks of ranks conflictCandidates joins
@@ -163,8 +163,8 @@ const rankedWrites = `(
 // between, and rank by rank only at the two ends, up to 2 × 63 ranks.
 // Measured side by side at 10M synthetic events (stamps mostly far
 // behind): 6.9 s with blocks of 32, 5.2 s of 64, 5.8 s of 128, 7.5 s of
-// 256; on one hot object (stamps a few versions behind) the same for
-// each. Two levels of blocks (256, and 16 at the ends) took 4.8 s on the
+// 256; on one hot object (stamps a few versions behind) 32, 64 and 256
+// the same. Two levels of blocks (256, and 16 at the ends) took 4.8 s on the
 // synthetic day but three times as long on the hot object.
 const rankBlock = "64"
 
@@ -242,7 +242,7 @@ FROM (
 	FROM (
 		SELECT api_group, resource, namespace, name,
 			arraySort(groupUniqArray((event_time_us, audit_id, stage, fingerprint, toString(writer), toUInt8(verb = 'update' AND stamp = toString(object_version))))) AS ws
-		FROM ` + historyWrites + `
+		FROM ` + historyRows + `
 		GROUP BY api_group, resource, namespace, name, object_version)
 	ARRAY JOIN ws AS w, arrayEnumerate(ws) AS i
 	WHERE i > 1 OR tupleElement(w, 6) = 1)
