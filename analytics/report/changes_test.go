@@ -29,6 +29,69 @@ func TestFieldChangesFollowTheirDefinition(t *testing.T) {
 	t.Parallel() // its own ClickHouse server
 	st, db := migrated(t)
 	ctx := t.Context()
+	s := definitionScenario()
+	storeWithCopies(t, st, s.rows, func(i int, _ audit.Row) bool { return i%9 == 0 })
+
+	causes := map[string]int{}
+	check := func(stage string, windows ...[2]time.Duration) {
+		t.Helper()
+		for _, w := range windows {
+			o := Options{Database: db, Cluster: "c1", Top: 100_000, Since: t0.Add(w[0]), Until: t0.Add(w[1]), History: true}
+			r, err := Build(ctx, st.Conn(), o)
+			if err != nil {
+				t.Fatal(err)
+			}
+			lost, writersWant := changesOf(s.rows, o.Since, o.Until)
+			if got := set(r.LostUpdates); !maps.Equal(got, set(lost)) {
+				t.Errorf("%s, [%s, %s): lost updates\n got %v\nwant %v", stage, w[0], w[1], r.LostUpdates, lost)
+			}
+			if got := set(r.FieldWriters); !maps.Equal(got, set(writersWant)) {
+				t.Errorf("%s, [%s, %s): field writers\n got %v\nwant %v", stage, w[0], w[1], r.FieldWriters, writersWant)
+			}
+			if got, want := set(r.NoopWrites), set(noopsOf(s.rows, o.Since, o.Until)); !maps.Equal(got, want) {
+				t.Errorf("%s, [%s, %s): no-op writes\n got %v\nwant %v", stage, w[0], w[1], r.NoopWrites, want)
+			}
+			for _, l := range lost {
+				causes[l.Cause]++
+			}
+		}
+	}
+	compact := func() {
+		t.Helper()
+		if _, err := st.Compact(ctx, time.Unix(0, 0), 0); err != nil {
+			t.Fatal(err)
+		}
+	}
+	whole, cut := [2]time.Duration{0, 3 * time.Hour}, [2]time.Duration{30 * time.Minute, 3 * time.Hour}
+	// Every hour read raw, a segment each.
+	check("raw", whole, cut)
+	// The hours from their caches, whole or cut by the window.
+	compact()
+	check("compacted", whole, cut, [2]time.Duration{time.Hour, 2 * time.Hour}, [2]time.Duration{0, time.Hour},
+		[2]time.Duration{0, 90 * time.Minute}, [2]time.Duration{70 * time.Minute, 3 * time.Hour})
+	// Hours that meet at a version or interleave, from their caches;
+	// then a version logged an hour out of order, its hour dirty (read
+	// raw beside the clean one) and compacted again.
+	from := len(s.rows)
+	late := lateScenario(s)
+	storeWithCopies(t, st, slices.Delete(slices.Clone(s.rows[from:]), late-from, late-from+1), func(int, audit.Row) bool { return false })
+	compact()
+	storeWithCopies(t, st, s.rows[late:late+1], func(int, audit.Row) bool { return false })
+	check("late, dirty", whole, cut, [2]time.Duration{time.Hour, 2 * time.Hour})
+	compact()
+	check("late, compacted", whole, cut, [2]time.Duration{time.Hour, 2 * time.Hour})
+
+	t.Logf("lost updates by cause: %v", causes)
+	for _, c := range []string{"stampless", "laundered_stamp", "forced_apply", "list_replaced"} {
+		if causes[c] == 0 {
+			t.Errorf("no lost update caused %s: the scenario exercises too little", c)
+		}
+	}
+}
+
+// definitionScenario is the histories of
+// TestFieldChangesFollowTheirDefinition.
+func definitionScenario() *scenario {
 	rnd := rand.New(rand.NewPCG(36, 2))
 	s := &scenario{}
 	writers := []string{"gitops", "hpa", "alice", "bob", "system:serviceaccount:kube-system:ctl"}
@@ -62,35 +125,54 @@ func TestFieldChangesFollowTheirDefinition(t *testing.T) {
 		}
 		s.add(time.Duration(100*i)*time.Second, writers[rnd.IntN(len(writers))], w.verb, "apps", "deployments", "shop", "scaled", w.code, w.logged(uint64(1+i), w.stamp))
 	}
-	storeWithCopies(t, st, s.rows, func(i int, _ audit.Row) bool { return i%9 == 0 })
+	return s
+}
 
-	causes := map[string]int{}
-	for _, since := range []time.Duration{0, 30 * time.Minute} {
-		o := Options{Database: db, Cluster: "c1", Top: 100_000, Since: t0.Add(since), Until: t0.Add(2 * time.Hour), History: true}
-		r, err := Build(ctx, st.Conn(), o)
-		if err != nil {
-			t.Fatal(err)
+// lateScenario adds to s objects whose hours meet at one version or
+// interleave: a no-op write of an hour's last version logged in the next
+// hour with the whole object (the hours still follow one another),
+// through its Scale, or with the whole object of a version stored
+// through its Scale (they do not), and a version logged in the hour before
+// earlier versions, whose row's index it returns (stored last). Their
+// first writes are in t0's hour, their last in the next.
+func lateScenario(s *scenario) (late int) {
+	rnd := rand.New(rand.NewPCG(36, 3))
+	writers := []string{"gitops", "hpa", "alice", "bob"}
+	for _, name := range []string{"joined", "scaled-noop", "scaled-store", "late"} {
+		var boundary write
+		for v := uint64(1); v <= 40; v++ {
+			w := randomWrite(rnd, v == 1)
+			if name == "scaled-store" && v == 19 {
+				w = write{verb: "update", code: 200, stamp: "18", paths: []string{"spec.replicas"}, hashes: []uint64{7}}
+			}
+			at := time.Hour + time.Duration(v)*time.Minute - 20*time.Minute // v 20 at 1h, the hour's first
+			if v == 19 {
+				boundary = w
+			}
+			if name == "late" && v == 30 {
+				at = time.Hour - 5*time.Minute // before versions 20..29, in the hour before
+				late = len(s.rows)
+			}
+			s.add(at, writers[rnd.IntN(len(writers))], w.verb, "apps", "deployments", "shop", name, w.code, w.logged(v, w.stamp))
 		}
-		lost, writersWant := changesOf(s.rows, o.Since, o.Until)
-		if got := set(r.LostUpdates); !maps.Equal(got, set(lost)) {
-			t.Errorf("since %s: lost updates\n got %v\nwant %v", since, r.LostUpdates, lost)
-		}
-		if got := set(r.FieldWriters); !maps.Equal(got, set(writersWant)) {
-			t.Errorf("since %s: field writers\n got %v\nwant %v", since, r.FieldWriters, writersWant)
-		}
-		if got, want := set(r.NoopWrites), set(noopsOf(s.rows, o.Since, o.Until)); !maps.Equal(got, want) {
-			t.Errorf("since %s: no-op writes\n got %v\nwant %v", since, r.NoopWrites, want)
-		}
-		for _, l := range lost {
-			causes[l.Cause]++
+		switch name {
+		case "joined": // a no-op write of version 19 in the next hour
+			s.add(time.Hour+30*time.Second, "alice", "update", "apps", "deployments", "shop", name, 200, boundary.logged(19, "19"))
+		case "scaled-store": // version 19 stored through the Scale, its no-op write in the next hour shows the whole object
+			noop := randomWrite(rnd, false)
+			noop.verb, noop.full, noop.stamp = "update", true, "19"
+			s.add(time.Hour+30*time.Second, "alice", "update", "apps", "deployments", "shop", name, 200, noop.logged(19, "19"))
+		case "scaled-noop":
+			noop := write{verb: "update", code: 200, stamp: "19", paths: []string{"spec.replicas"}, hashes: []uint64{7}}
+			for i, p := range boundary.paths {
+				if p == "spec.replicas" {
+					noop.hashes[0] = boundary.hashes[i]
+				}
+			}
+			s.add(time.Hour+30*time.Second, "hpa", "update", "apps", "deployments", "shop", name, 200, noop.logged(19, "19"))
 		}
 	}
-	t.Logf("lost updates by cause: %v", causes)
-	for _, c := range []string{"stampless", "laundered_stamp", "forced_apply", "list_replaced"} {
-		if causes[c] == 0 {
-			t.Errorf("no lost update caused %s: the scenario exercises too little", c)
-		}
-	}
+	return late
 }
 
 // write is one write of TestFieldChangesFollowTheirDefinition.
