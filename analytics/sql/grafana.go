@@ -118,6 +118,10 @@ var (
 		AND toDateTime(intDiv(event_time_us, 3600000000) * 3600) IN (SELECT hour FROM ` + grafanaTouched + `))`
 )
 
+// grafanaHistoryRaw is the window minus its clean whole hours
+// (HistoryRaw).
+var grafanaHistoryRaw = grafanaWindow + ` AND toDateTime(intDiv(event_time_us, 3600000000) * 3600) NOT IN (SELECT hour FROM ` + grafanaClean + `)`
+
 // grafanaRawHours are the window's hours that are not clean, on
 // events_by_hour's key: its raw edges' hours (AllEvents). range() takes
 // one argument on 18.16.
@@ -203,11 +207,13 @@ func (g Grafana) Bind(s Statement) (string, error) {
 		// Panels keep the object caches: their filters are variables,
 		// known only when the query runs.
 		writerCounted, counted,
+		// A panel's window is known only as the query runs.
+		fieldChanges, fieldChangesFrom(true, true),
 		"{loop_conflicts}", loopConflicts, "{loop_successes}", loopSuccesses,
 		"{filters}", allOf(filters), "{request_filters}", allOf(requestFilters), unfilteredRequests, allOf(unfiltered))
 	sql = replace(sql, cached...)
 	sql = replace(sql,
-		"{raw_window}", grafanaRaw, "{raw_range}", grafanaWindow, rawHours, grafanaRawHours, "{rollup_window}", grafanaRollup, "{loop_rollup_window}", grafanaLoopRollup, "{minute_window}", grafanaMinutes, "{window}", grafanaWindow, "{events_window}", grafanaEventsWindow,
+		"{raw_window}", grafanaRaw, "{raw_range}", grafanaWindow, rawHours, grafanaRawHours, "{rollup_window}", grafanaRollup, "{loop_rollup_window}", grafanaLoopRollup, "{minute_window}", grafanaMinutes, "{history_raw}", grafanaHistoryRaw, "{window}", grafanaWindow, "{events_window}", grafanaEventsWindow,
 		"{bucket}", "toDateTime(intDiv(toUInt32(event_time), @interval_s) * @interval_s)",
 		"{start_us}", fromUs, "{end_us}", endUs,
 		"{db}", g.Database)

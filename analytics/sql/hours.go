@@ -27,7 +27,7 @@ import (
 // layout is read from events until it is compacted again, which the
 // compactor does first (StaleHours). A migration that adds or changes a
 // cache raises it.
-const CacheLayout = 9
+const CacheLayout = 11
 
 // cacheLayout is CacheLayout in SQL.
 var cacheLayout = "toUInt32(" + strconv.Itoa(CacheLayout) + ")"
@@ -62,6 +62,10 @@ const newestVersion = `argMax(version, (compacted_at, version))`
 // compaction.
 var hourRows = TimeRange("@hour_s * 1000000", "(@hour_s + 3600) * 1000000")
 
+// compactedVersions are the versions of the field history in the hour of a
+// compaction, the hour one segment.
+var compactedVersions = segmentVersions(hourRows, "toUInt64(0)")
+
 // The statements of a compaction, in order, each with {db} to fill and the
 // parameters @hour_s, @version and (the last) @marks.
 var (
@@ -87,6 +91,15 @@ var (
 		`INSERT INTO {db}.hour_loop_successes (event_date, hour, version, cluster, pair, event_time_us)
 	SELECT event_date, toDateTime(@hour_s), toUInt64(@version), cluster, pair, event_time_us
 	FROM ` + LoopSuccessRows(hourRows, "1"),
+		`INSERT INTO {db}.hour_field_changes (event_date, hour, version, object_hash, ` + changeColumns + `)
+	SELECT toDate(toDateTime(@hour_s), 'UTC'), toDateTime(@hour_s), toUInt64(@version), ` + historyHash + `, ` + changeColumns + `
+	FROM ` + segmentChanges(compactedVersions, false),
+		`INSERT INTO {db}.hour_field_bounds (event_date, hour, version, object_hash, ` + historyKey + `, field, ` + names(boundColumns) + `)
+	SELECT toDate(toDateTime(@hour_s), 'UTC'), toDateTime(@hour_s), toUInt64(@version), ` + historyHash + `, ` + historyKey + `, field, ` + names(boundColumns) + `
+	FROM ` + fieldBounds(compactedVersions),
+		`INSERT INTO {db}.hour_object_bounds (event_date, hour, version, object_hash, ` + historyKey + `, ` + names(objectColumns) + `)
+	SELECT toDate(toDateTime(@hour_s), 'UTC'), toDateTime(@hour_s), toUInt64(@version), object_hash, ` + historyKey + `, ` + names(objectColumns) + `
+	FROM ` + objectBounds(compactedVersions),
 	}
 
 	// CompactionRecord makes @version of the hour readable, for as long as

@@ -203,6 +203,25 @@ func (p Plan) rawWindow() string {
 	return "(" + strings.Join(rs, " OR ") + ")"
 }
 
+// fieldChanges are the field changes from the sources the plan reads:
+// its clean whole hours from their caches, the rest raw.
+func (p Plan) fieldChanges() string {
+	return fieldChangesFrom(len(p.Clean) > 0, len(p.Clean) == 0 || len(p.Raw)+len(p.Partial) > 0)
+}
+
+// historyRawWindow is the window minus the plan's clean whole hours
+// (HistoryRaw).
+func (p Plan) historyRawWindow() string {
+	if len(p.Clean) == 0 {
+		return reportWindow
+	}
+	var hs []string
+	for _, c := range p.Clean {
+		hs = append(hs, strconv.FormatInt(c.Hour.Unix()/3600, 10))
+	}
+	return reportWindow + " AND " + HourKey + " NOT IN (" + strings.Join(hs, ", ") + ")"
+}
+
 // filters narrows by each filter the report was given but those named
 // in except; "1" without any. The report has no toggle: it hides nothing.
 func (r Report) filters(except ...Param) string {
@@ -258,13 +277,14 @@ func (r Report) Bind(s Statement) string {
 		byWriter = countedByWriter
 	}
 	sql := replace(s.SQL,
+		fieldChanges, r.Plan.fieldChanges(),
 		writerCounted, byWriter,
 		"{loop_conflicts}", loopConflicts, "{loop_successes}", loopSuccesses)
 	sql = replace(sql, r.cacheFilters()...)
 	return replace(sql,
 		"{filters}", r.filters(),
 		"{request_filters}", "1", unfilteredRequests, "1", // the report narrows by no verb or code
-		"{raw_window}", r.Plan.rawWindow(), "{raw_range}", r.Plan.rawWindow(), rawHours, "1", "{rollup_window}", r.Plan.rollupWindow(), "{minute_window}", r.Plan.minuteWindow(), "{loop_rollup_window}", r.Plan.loopRollupWindow(), "{window}", reportWindow, "{events_window}", reportWindow,
+		"{raw_window}", r.Plan.rawWindow(), "{raw_range}", r.Plan.rawWindow(), rawHours, "1", "{rollup_window}", r.Plan.rollupWindow(), "{minute_window}", r.Plan.minuteWindow(), "{loop_rollup_window}", r.Plan.loopRollupWindow(), "{history_raw}", r.Plan.historyRawWindow(), "{window}", reportWindow, "{events_window}", reportWindow,
 		"{bucket}", "toDateTime(intDiv(toUInt32(event_time), @interval_s) * @interval_s)",
 		"{start_us}", "@since_us", "{end_us}", "@until_us",
 		"{db}", r.Database)

@@ -104,6 +104,10 @@ var (
 	// RawRange is a plain time range that holds RawEdges: what each event
 	// table's PREWHERE reads (DistinctEvents), with no subquery in it.
 	RawRange = Window{"{raw_range}", "event_time_us", Raw, "a time range holding the raw edges, without subqueries"}
+	// HistoryRaw is the window minus its clean whole hours, on the field
+	// history: what the field changes compute raw (the hours the window
+	// cuts whole, unlike RawEdges).
+	HistoryRaw = Window{"{history_raw}", "event_time_us", Raw, "the window minus the clean whole hours, on the field history"}
 	// RollupHours is the clean whole hours inside the window, each with
 	// the version of its caches to read.
 	RollupHours = Window{"{rollup_window}", "hour", Rollup, "the clean whole hours, from the hour caches"}
@@ -122,7 +126,7 @@ var (
 )
 
 // Windows lists every window a binder must place.
-var Windows = []Window{Whole, EventsWhole, RawEdges, RawRange, RollupHours, MinuteSpans, LoopRollupHours, Bucket, Start, End}
+var Windows = []Window{Whole, EventsWhole, RawEdges, RawRange, HistoryRaw, RollupHours, MinuteSpans, LoopRollupHours, Bucket, Start, End}
 
 // Shape is what a statement returns.
 type Shape string
@@ -166,8 +170,9 @@ var (
 // Validate checks that the statement declares exactly the parameters and
 // windows its SQL uses.
 func (s Statement) Validate() error {
-	// {writer_counted} uses what counted does.
-	sql := strings.ReplaceAll(s.SQL, writerCounted, counted)
+	// {writer_counted} uses what counted does; {field_changes} places
+	// time as its every source does.
+	sql := replace(s.SQL, writerCounted, counted, fieldChanges, fieldChangesFrom(true, true))
 	var used []string
 	for _, m := range paramRef.FindAllStringSubmatch(sql, -1) {
 		used = append(used, m[1])

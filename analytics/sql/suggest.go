@@ -16,7 +16,7 @@ var (
 	// first and last, and the stampless lost updates (the writer whose
 	// change each erased, its time, audit ID and object).
 	FieldOwnership = Statement{Name: "field_ownership", Title: "Field writers and their stampless lost updates", Shape: Rows,
-		Params: filtered, Time: []Window{Whole},
+		Params: filtered, Time: []Window{Whole, HistoryRaw, RollupHours},
 		Columns: []string{"api_group", "resource", "namespace", "field", "writer", "changes", "objects", "first_us", "last_us",
 			"lost_times_us", "lost_audit_ids", "lost_names", "lost_overwritten"},
 		SQL: `

@@ -564,6 +564,108 @@ var Migrations = []Migration{
 			ORDER BY (cluster, api_group, resource, namespace, name, object_version, audit_id, stage, fingerprint)`,
 		},
 	},
+	{
+		Version: 11,
+		Name:    "hour_field_changes, hour_field_bounds, hour_object_bounds: the field changes per hour",
+		Statements: []string{
+			// The field changes of each hour computed alone, written by
+			// the compaction under the hour's version (analytics/sql,
+			// history_hours.go): the changes that come out as from the
+			// whole history, and per object field and per object what
+			// stitching the hours in version order needs. A record of
+			// layout 11 or later has them.
+			`CREATE TABLE IF NOT EXISTS {db}.hour_field_changes (
+				event_date    Date,
+				hour          DateTime,
+				version       UInt64,
+				cluster       LowCardinality(String),
+				api_group     LowCardinality(String),
+				resource      LowCardinality(String),
+				namespace     LowCardinality(String),
+				name          String,
+				object_hash UInt64,
+				field         String,
+				writer        LowCardinality(String),
+				time_us       UInt64,
+				audit_id      String,
+				basis         LowCardinality(String),
+				prev_writer   LowCardinality(String),
+				prev_time_us  UInt64,
+				prev_audit_id String,
+				removed_added UInt8,
+				item_removed  UInt8
+			) ENGINE = MergeTree()
+			PARTITION BY event_date
+			ORDER BY (cluster, hour, version, api_group, resource, namespace, name, field, time_us)`,
+			`CREATE TABLE IF NOT EXISTS {db}.hour_field_bounds (
+				event_date        Date,
+				hour              DateTime,
+				version           UInt64,
+				cluster           LowCardinality(String),
+				api_group         LowCardinality(String),
+				resource          LowCardinality(String),
+				namespace         LowCardinality(String),
+				name              String,
+				object_hash UInt64,
+				field             String,
+				first_version     UInt64,
+				first_vals        Array(UInt64),
+				first_writer      LowCardinality(String),
+				first_time_us     UInt64,
+				first_audit_id    String,
+				first_basis       LowCardinality(String),
+				has_next          UInt8,
+				next_vals         Array(UInt64),
+				next_before       Array(UInt64),
+				next_writer       LowCardinality(String),
+				next_time_us      UInt64,
+				next_audit_id     String,
+				next_basis        LowCardinality(String),
+				has_last          UInt8,
+				last_set_vals     Array(UInt64),
+				last_set_before   Array(UInt64),
+				last_set_writer   LowCardinality(String),
+				last_set_time_us  UInt64,
+				last_set_audit_id String,
+				end_vals          Array(UInt64)
+			) ENGINE = MergeTree()
+			PARTITION BY event_date
+			ORDER BY (cluster, hour, version, api_group, resource, namespace, name, field)`,
+			`CREATE TABLE IF NOT EXISTS {db}.hour_object_bounds (
+				event_date           Date,
+				hour                 DateTime,
+				version              UInt64,
+				cluster              LowCardinality(String),
+				api_group            LowCardinality(String),
+				resource             LowCardinality(String),
+				namespace            LowCardinality(String),
+				name                 String,
+				object_hash UInt64,
+				min_version          UInt64,
+				max_version          UInt64,
+				min_full             UInt8,
+				max_full             UInt8,
+				min_created          UInt8,
+				has_whole            UInt8,
+				whole_version        UInt64,
+				whole_writer         LowCardinality(String),
+				whole_time_us        UInt64,
+				whole_audit_id       String,
+				whole_basis          LowCardinality(String),
+				has_create           UInt8,
+				next_create_writer   LowCardinality(String),
+				next_create_time_us  UInt64,
+				next_create_audit_id String,
+				has_last_create      UInt8,
+				last_create_writer   LowCardinality(String),
+				last_create_time_us  UInt64,
+				last_create_audit_id String,
+				fields               Array(String)
+			) ENGINE = MergeTree()
+			PARTITION BY event_date
+			ORDER BY (cluster, hour, version, api_group, resource, namespace, name)`,
+		},
+	},
 }
 
 // epoch records from which hour a table fed by a view holds every event:
@@ -628,6 +730,7 @@ func columnListDDL(cols []record.Column) string {
 // Tables whose day partitions retention drops.
 var retentionTables = []string{asql.EventsTable, asql.LegacyEventsTable, "hour_marks", "hour_compactions", "hour_caches", "hour_requests", "minute_requests", "hour_writer_requests", "minute_writer_requests",
 	"hour_agent_requests", "minute_agent_requests", "minute_write_latencies", "hour_loop_conflicts", "hour_loop_successes", "dead_letters", "field_versions",
+	"hour_field_changes", "hour_field_bounds", "hour_object_bounds",
 	// unfed since migration 5
 	"event_keys", "stored_keys", "duplicate_events", "request_rollup", "loop_conflicts", "loop_successes"}
 
