@@ -167,6 +167,13 @@ var (
 	placeholderRef = regexp.MustCompile(`\{[a-z_]+\}`)
 )
 
+// ReadsFieldChanges says whether the statement reads the field changes
+// ({field_changes}), whose SQL, with both its sources as a panel binds it,
+// takes 18.16 about 0.5 s to analyse before it reads a row.
+func (s Statement) ReadsFieldChanges() bool {
+	return strings.Contains(s.SQL, fieldChanges)
+}
+
 // Validate checks that the statement declares exactly the parameters and
 // windows its SQL uses.
 func (s Statement) Validate() error {
