@@ -15,7 +15,8 @@ import (
 // TestClusterReportEqualsSingleNode stores the same rows, every batch
 // delivered twice, into one node and into a 2-shard x 2-replica cluster in
 // sharded mode, and requires the same report from both over windows that
-// cut hours, rollup-backed and raw.
+// cut hours, rollup-backed and raw; and the same field history findings,
+// read raw and from the hour caches.
 func TestClusterReportEqualsSingleNode(t *testing.T) {
 	ctx := t.Context()
 	single, db := migrated(t)
@@ -81,6 +82,63 @@ func TestClusterReportEqualsSingleNode(t *testing.T) {
 			}
 		}
 	}
+	// The field history findings, read raw and from the hour caches: the
+	// same synthesized writes, in hours of their own, on both. The
+	// caches are built through the Distributed tables, and an object's
+	// rows live on one shard.
+	hist := t0.Add(10 * time.Hour)
+	for _, st := range []*store.Store{single, clustered} {
+		if err := Synthesize(ctx, st.Conn(), db, "bench", 10_000, 7, hist, 4*time.Hour); err != nil {
+			t.Fatal(err)
+		}
+	}
+	historyWindows := [][2]time.Time{
+		{hist, hist.Add(4 * time.Hour)},
+		{hist.Add(17*time.Minute + 3*time.Second), hist.Add(3*time.Hour + 41*time.Minute)},
+	}
+	checkHistory := func(stage string, windows [][2]time.Time) {
+		t.Helper()
+		for _, w := range windows {
+			o := Options{Database: db, Cluster: "bench", Top: 100_000, Since: w[0], Until: w[1], History: true}
+			want, err := Build(ctx, single.Conn(), o)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if len(want.LostUpdates) == 0 || len(want.FieldFights) == 0 || len(want.ConflictCauses) == 0 || len(want.NoopWrites) == 0 {
+				t.Fatalf("%s, window [%s, %s): %d lost updates, %d fights, %d conflict causes, %d no-op writers: nothing to compare",
+					stage, w[0], w[1], len(want.LostUpdates), len(want.FieldFights), len(want.ConflictCauses), len(want.NoopWrites))
+			}
+			got, err := Build(ctx, clustered.Conn(), o)
+			if err != nil {
+				t.Fatalf("%s: cluster report over [%s, %s): %v", stage, w[0], w[1], err)
+			}
+			if !reflect.DeepEqual(got, want) {
+				t.Errorf("%s, window [%s, %s): the cluster's history findings differ from the single node's\ncluster %+v\n single %+v", stage, w[0], w[1], got, want)
+			}
+		}
+	}
+	checkHistory("raw", historyWindows[1:]) // raw over any window is one segment
+	for _, st := range []*store.Store{single, clustered} {
+		for h := hist; h.Before(hist.Add(4 * time.Hour)); h = h.Add(time.Hour) {
+			if err := st.CompactHour(ctx, h); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	// The cluster reads the four hours from their caches, not raw.
+	o := Options{Database: db, Cluster: "bench", Since: hist, Until: hist.Add(4 * time.Hour)}
+	if err := o.split(ctx, clustered.Conn()); err != nil {
+		t.Fatal(err)
+	}
+	var bounds uint64
+	if err := clustered.Conn().QueryRow(ctx, "SELECT count() FROM "+db+".hour_field_bounds WHERE cluster = 'bench'").Scan(&bounds); err != nil {
+		t.Fatal(err)
+	}
+	if len(o.plan.Clean) != 4 || bounds == 0 {
+		t.Fatalf("the cluster's plan has %d clean hours of 4, and %d field bounds cached", len(o.plan.Clean), bounds)
+	}
+	checkHistory("compacted", historyWindows)
+
 	// Retention drops the days on every node.
 	if _, err := clustered.DropPartitionsBefore(ctx, t0.Add(30*24*time.Hour)); err != nil {
 		t.Fatal(err)
