@@ -32,7 +32,9 @@ const historyRows = `(
 // version: the first write that stored it (a no-op write returns the
 // version it found, and so shares it). A copy of a row (one identity
 // stored twice) is the same version, so the one row per version takes
-// one row per identity too.
+// one row per identity too. The same rows as segmentVersions of the
+// window as one segment, which also sorts by cluster and segment: read
+// that way, suggest's field_stability took 0.5 s longer at 10M events.
 const historyVersions = `(
 	SELECT * FROM ` + historyRows + `
 	ORDER BY api_group, resource, namespace, name, object_version, event_time_us, audit_id
