@@ -67,7 +67,7 @@ func TestFieldChangesFollowTheirDefinition(t *testing.T) {
 	check("raw", whole, cut)
 	// The hours from their caches, whole or cut by the window.
 	compact()
-	check("compacted", whole, cut, [2]time.Duration{time.Hour, 2 * time.Hour}, [2]time.Duration{0, time.Hour},
+	check("compacted", whole, cut, [2]time.Duration{0, 2 * time.Hour}, [2]time.Duration{time.Hour, 2 * time.Hour}, [2]time.Duration{0, time.Hour},
 		[2]time.Duration{0, 90 * time.Minute}, [2]time.Duration{70 * time.Minute, 3 * time.Hour})
 	// Hours that meet at a version or interleave, from their caches;
 	// then a version logged an hour out of order, its hour dirty (read
@@ -79,7 +79,18 @@ func TestFieldChangesFollowTheirDefinition(t *testing.T) {
 	storeWithCopies(t, st, s.rows[late:late+1], func(int, audit.Row) bool { return false })
 	check("late, dirty", whole, cut, [2]time.Duration{time.Hour, 2 * time.Hour})
 	compact()
-	check("late, compacted", whole, cut, [2]time.Duration{time.Hour, 2 * time.Hour})
+	clean := [2]time.Duration{0, 2 * time.Hour} // the clean hours alone: the report reads the interleaved objects first
+	check("late, compacted", whole, cut, clean, [2]time.Duration{time.Hour, 2 * time.Hour})
+	o := Options{Database: db, Cluster: "c1", Since: t0.Add(clean[0]), Until: t0.Add(clean[1]), History: true}
+	if err := o.split(ctx, st.Conn()); err != nil {
+		t.Fatal(err)
+	}
+	// late, and the two whose hours meet at a version shown through the
+	// Scale (scaled-noop, scaled-store); joined's hours meet at a whole view.
+	if !o.plan.CachesOnly() || !o.plan.InterleavedRead || len(o.plan.Interleaved) != 3 {
+		t.Errorf("late, compacted, the clean hours: the plan reads caches only %v, read the interleaved objects %v (%d of 3)",
+			o.plan.CachesOnly(), o.plan.InterleavedRead, len(o.plan.Interleaved))
+	}
 
 	t.Logf("lost updates by cause: %v", causes)
 	for _, c := range []string{"stampless", "laundered_stamp", "forced_apply", "list_replaced"} {

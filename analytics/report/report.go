@@ -225,6 +225,40 @@ func (o *Options) split(ctx context.Context, conn driver.Conn) error {
 		}
 	}
 	o.plan = asql.PlanReport(o.Since, o.Until, clean)
+	if o.History && o.plan.CachesOnly() {
+		return o.readInterleaved(ctx, conn)
+	}
+	return nil
+}
+
+// maxInterleaved bounds the objects whose clean hours interleave that a
+// report reads into its plan (their hashes become the statements' SQL);
+// past it, each statement finds them itself.
+const maxInterleaved = 1000
+
+// readInterleaved reads, for a plan of clean hours alone, the objects
+// whose hours interleave: a function of the caches the plan pinned, read
+// once for every statement on the field changes.
+func (o *Options) readInterleaved(ctx context.Context, conn driver.Conn) error {
+	rows, err := conn.Query(ctx, asql.Report{Database: o.Database, Plan: o.plan}.InterleavedObjects(), o.args()...)
+	if err != nil {
+		return fmt.Errorf("read the objects whose clean hours interleave: %w", err)
+	}
+	defer rows.Close()
+	var hs []uint64
+	for rows.Next() {
+		var h uint64
+		if err := rows.Scan(&h); err != nil {
+			return err
+		}
+		if hs = append(hs, h); len(hs) > maxInterleaved {
+			return nil
+		}
+	}
+	if err := rows.Err(); err != nil {
+		return fmt.Errorf("read the objects whose clean hours interleave: %w", err)
+	}
+	o.plan.Interleaved, o.plan.InterleavedRead = hs, true
 	return nil
 }
 

@@ -1,5 +1,10 @@
 package sql
 
+import (
+	"strconv"
+	"strings"
+)
+
 // The findings on the field history (field_versions, written by the sink
 // from internal/audit's definition of what a write stored): writes that
 // stored nothing, who caused whose version conflicts, fields that flap
@@ -89,14 +94,14 @@ const fieldChanges = "{field_changes}"
 
 // fieldChangesFrom are the field changes from the caches of the clean
 // hours (cached), from the history rows of the other hours (raw), or both.
+// Every object is stitched, and the changes of those whose segments
+// interleave (interleavedHashes, found in the same query) are read
+// instead from their rows over the whole window, as one segment.
 func fieldChangesFrom(cached, raw bool) string {
 	if !cached {
 		return `(SELECT ` + changeColumns + ` FROM ` + segmentChanges(segmentVersions(`cluster = @cluster AND {window}`, `toUInt64(0)`), true) + `)`
 	}
-	objects := `(SELECT ` + historyKey + `, object_hash, toUInt64(intDiv(toUInt32(hour), 3600)) AS seg, ` + read(objectColumns) + `
-		FROM {db}.hour_object_bounds WHERE cluster = @cluster AND {rollup_window})`
-	detect := `(SELECT object_hash, toUInt64(intDiv(toUInt32(hour), 3600)) AS seg, min_version, max_version, min_full, max_full, min_created
-		FROM {db}.hour_object_bounds WHERE cluster = @cluster AND {rollup_window})`
+	objects, detect := cachedObjects, cachedOrder
 	records := `SELECT * FROM ` + cachedRecords
 	if raw {
 		versions := segmentVersions(`cluster = @cluster AND {history_raw}`, hourSegment)
@@ -106,21 +111,65 @@ func fieldChangesFrom(cached, raw bool) string {
 		records += `
 		UNION ALL SELECT * FROM ` + rawRecords(versions)
 	}
-	records = `(` + records + `
-		UNION ALL SELECT * FROM ` + absentRecords(objects) + `)`
-	// Every object is stitched, and the changes of those whose segments
-	// interleave are read instead from their rows over the whole window,
-	// as one segment (GLOBAL: on a ClickHouse cluster, the set is built
-	// once, by the node the query came to).
-	interleaved := interleavedHashes(detect)
-	return `(
-	SELECT ` + changeColumns + ` FROM (
+	return stitchedWindow(`(`+records+`
+		UNION ALL SELECT * FROM `+absentRecords(objects)+`)`, interleavedHashes(detect))
+}
+
+// cachedObjects are the clean hours' bounds of each object
+// (hour_object_bounds), and cachedOrder what interleavedHashes reads of
+// them.
+var (
+	cachedObjects = `(SELECT ` + historyKey + `, object_hash, toUInt64(intDiv(toUInt32(hour), 3600)) AS seg, ` + read(objectColumns) + `
+		FROM {db}.hour_object_bounds WHERE cluster = @cluster AND {rollup_window})`
+	cachedOrder = `(SELECT object_hash, toUInt64(intDiv(toUInt32(hour), 3600)) AS seg, min_version, max_version, min_full, max_full, min_created
+		FROM {db}.hour_object_bounds WHERE cluster = @cluster AND {rollup_window})`
+)
+
+// cachedFieldChanges are the field changes of a window of clean hours
+// alone, whose interleaved objects the report read once beforehand
+// (InterleavedObjects): with none, the caches and the stitch are all
+// there is to read.
+func cachedFieldChanges(interleaved []uint64) string {
+	set := ""
+	if len(interleaved) > 0 {
+		hs := make([]string, len(interleaved))
+		for i, h := range interleaved {
+			hs[i] = strconv.FormatUint(h, 10)
+		}
+		set = `(` + strings.Join(hs, ", ") + `)`
+	}
+	return stitchedWindow(`(SELECT * FROM `+cachedRecords+`
+		UNION ALL SELECT * FROM `+absentRecords(cachedObjects)+`)`, set)
+}
+
+// stitchedWindow are the clean hours' cached changes and those records
+// stitch, but for the objects of interleaved (SQL of a set of
+// object_hash; none when empty), whose changes are read from their rows
+// over the whole window, as one segment (GLOBAL: on a ClickHouse
+// cluster, the set is built once, by the node the query came to).
+func stitchedWindow(records, interleaved string) string {
+	changes := `
 		SELECT object_hash, ` + historyKey + `, field, CAST(writer AS String) AS writer, time_us, audit_id, CAST(basis AS String) AS basis,
 			CAST(prev_writer AS String) AS prev_writer, prev_time_us, prev_audit_id, removed_added, item_removed
 		FROM {db}.hour_field_changes WHERE cluster = @cluster AND {rollup_window}
-		UNION ALL SELECT object_hash, ` + changeColumns + ` FROM ` + stitchedChanges(records) + `)
+		UNION ALL SELECT object_hash, ` + changeColumns + ` FROM ` + stitchedChanges(records)
+	if interleaved == "" {
+		return `(
+	SELECT ` + changeColumns + ` FROM (` + changes + `))`
+	}
+	return `(
+	SELECT ` + changeColumns + ` FROM (` + changes + `)
 	WHERE object_hash NOT IN ` + interleaved + `
 	UNION ALL SELECT ` + changeColumns + ` FROM ` + segmentChanges(segmentVersionsOf(historyHash+` GLOBAL IN `+interleaved, `cluster = @cluster AND {window}`, `toUInt64(0)`), true) + `)`
+}
+
+// InterleavedObjects are the objects whose clean hours interleave, of a
+// plan of clean hours alone (CachesOnly), one object_hash per row: a
+// function of the caches the plan pinned, which a report reads once and
+// hands to its plan (Interleaved) instead of finding them in each
+// statement.
+func (r Report) InterleavedObjects() string {
+	return r.Bind(Statement{SQL: `SELECT object_hash FROM ` + interleavedHashes(cachedOrder) + ` ORDER BY object_hash`})
 }
 
 // LostCause is the cause of a lost update, the empty string for a change that lost

@@ -33,6 +33,18 @@ type Plan struct {
 	Clean   []CleanHour
 	Partial []PartialHour
 	Raw     [][2]int64
+	// Interleaved are the objects (object_hash) whose clean hours
+	// interleave, when the report read them once (InterleavedRead), which
+	// it does for a plan of clean hours alone (CachesOnly); otherwise
+	// each statement finds them itself.
+	Interleaved     []uint64
+	InterleavedRead bool
+}
+
+// CachesOnly says the plan reads the field changes from the caches of
+// its clean hours alone: it has clean hours, and no raw or cut ones.
+func (p Plan) CachesOnly() bool {
+	return len(p.Clean) > 0 && len(p.Raw)+len(p.Partial) == 0
 }
 
 // CleanHour is a clean hour (its start) and the version of its caches,
@@ -206,6 +218,9 @@ func (p Plan) rawWindow() string {
 // fieldChanges are the field changes from the sources the plan reads:
 // its clean whole hours from their caches, the rest raw.
 func (p Plan) fieldChanges() string {
+	if p.InterleavedRead && p.CachesOnly() {
+		return cachedFieldChanges(p.Interleaved)
+	}
 	return fieldChangesFrom(len(p.Clean) > 0, len(p.Clean) == 0 || len(p.Raw)+len(p.Partial) > 0)
 }
 
