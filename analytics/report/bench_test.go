@@ -134,7 +134,16 @@ func BenchmarkReport(b *testing.B) {
 				}
 			}
 		})
-		if !mode.raw { // side by side: one query at a time
+		if !mode.raw { // side by side: one query at a time; and with the history's findings
+			history := o
+			history.History = true
+			b.Run(mode.name+"/whole-history", func(b *testing.B) {
+				for b.Loop() {
+					if _, err := Build(ctx, store.Conn(), history); err != nil {
+						b.Fatal(err)
+					}
+				}
+			})
 			seq := o
 			seq.parallel = 1
 			b.Run(mode.name+"/whole-sequential", func(b *testing.B) {
@@ -160,6 +169,7 @@ func BenchmarkReport(b *testing.B) {
 			name string
 			o    Options
 		}{{"", o}, {"cut-hours/", cut}} {
+			w.o.History = true // planned as a report with --history plans
 			if err := w.o.split(ctx, store.Conn()); err != nil {
 				b.Fatal(err)
 			}
