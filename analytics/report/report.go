@@ -249,7 +249,7 @@ func (o *Options) readInterleaved(ctx context.Context, conn driver.Conn) error {
 	for rows.Next() {
 		var h uint64
 		if err := rows.Scan(&h); err != nil {
-			return err
+			return fmt.Errorf("read the objects whose clean hours interleave: %w", err)
 		}
 		if hs = append(hs, h); len(hs) > maxInterleaved {
 			return nil
