@@ -101,18 +101,26 @@ func fieldChangesFrom(cached, raw bool) string {
 	if !cached {
 		return `(SELECT ` + changeColumns + ` FROM ` + segmentChanges(segmentVersions(`cluster = @cluster AND {window}`, `toUInt64(0)`), true) + `)`
 	}
-	objects, detect := cachedObjects, cachedOrder
-	records := `SELECT * FROM ` + cachedRecords
+	records, order := stitchRecords(raw)
+	return stitchedWindow(records, interleavedHashes(order))
+}
+
+// stitchRecords are the records the stitch reads, of the clean hours and,
+// with raw, of the other hours computed raw, an hour a segment; and
+// order, what interleavedHashes reads of the same segments.
+func stitchRecords(raw bool) (records, order string) {
+	objects, order := cachedObjects, cachedOrder
+	records = `SELECT * FROM ` + cachedRecords
 	if raw {
 		versions := segmentVersions(`cluster = @cluster AND {history_raw}`, hourSegment)
-		detect = `(SELECT * FROM ` + detect + ` UNION ALL SELECT * FROM ` + rawOrder(`cluster = @cluster AND {history_raw}`) + `)`
+		order = `(SELECT * FROM ` + order + ` UNION ALL SELECT * FROM ` + rawOrder(`cluster = @cluster AND {history_raw}`) + `)`
 		objects = `(SELECT * FROM ` + objects + `
 		UNION ALL SELECT ` + historyKey + `, object_hash, seg, ` + names(objectColumns) + ` FROM ` + objectBounds(versions) + `)`
 		records += `
 		UNION ALL SELECT * FROM ` + rawRecords(versions)
 	}
-	return stitchedWindow(`(`+records+`
-		UNION ALL SELECT * FROM `+absentRecords(objects)+`)`, interleavedHashes(detect))
+	return `(` + records + `
+		UNION ALL SELECT * FROM ` + absentRecords(objects) + `)`, order
 }
 
 // cachedObjects are the clean hours' bounds of each object
@@ -138,8 +146,8 @@ func cachedFieldChanges(interleaved []uint64) string {
 		}
 		set = `(` + strings.Join(hs, ", ") + `)`
 	}
-	return stitchedWindow(`(SELECT * FROM `+cachedRecords+`
-		UNION ALL SELECT * FROM `+absentRecords(cachedObjects)+`)`, set)
+	records, _ := stitchRecords(false)
+	return stitchedWindow(records, set)
 }
 
 // stitchedWindow are the clean hours' cached changes and those records
