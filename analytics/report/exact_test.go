@@ -128,7 +128,7 @@ func compare(t *testing.T, once *store.Store, onceDB string, twice *store.Store,
 	vars := panelVariables
 	values := map[string]string{"top": "1000", "gap_us": "300000000", "threshold": "5", "min_handoffs": "3", "min_writes": "10", "stale_us": "600000000", "storm_s": "600", "storm_rate": "0.2", "min_bucket_writes": "3", "verb": "''", "code": "''", "hide_system": "'no'"}
 	// The statements on the field changes each in one of the windows.
-	history := historyRotation{n: len(panels)}
+	history := newHistoryRotation(len(panels))
 	for pi, w := range panels {
 		e := asql.Expansion{From: t0.Add(w[0]), To: t0.Add(w[1]), Interval: 10 * time.Minute,
 			Vars: map[string][]string{"cluster": {"c1"}, "name": {""}}, All: map[string]bool{"namespace": true, "resource": true, "user": true}}
