@@ -52,12 +52,7 @@ func TestDashboardQueriesOnClickHouse(t *testing.T) {
 		t.Fatal(err)
 	}
 	// The log is a snapshot: the apiserver keeps appending to its own.
-	logCopy := t.TempDir() + "/audit.log"
-	if b, err := os.ReadFile(env.AuditLogPath); err != nil {
-		t.Fatal(err)
-	} else if err := os.WriteFile(logCopy, b, 0o600); err != nil {
-		t.Fatal(err)
-	}
+	logCopy := snapshot(t, []string{env.AuditLogPath})[0]
 	bin := buildAuditsink(t, kubetest.RepoRoot(t), t.TempDir())
 	sink := auditsinkRunner(t, bin, "AUDITSINK_CLICKHOUSE_DSN="+ch.DSN())
 	sink("ingest", "--database", db, "--cluster", cluster, logCopy)
@@ -354,12 +349,7 @@ func TestPolicyPanelsOnClickHouse(t *testing.T) {
 		}
 		return nil
 	})
-	logCopy := t.TempDir() + "/audit.log"
-	if b, err := os.ReadFile(env.AuditLogPath); err != nil {
-		t.Fatal(err)
-	} else if err := os.WriteFile(logCopy, b, 0o600); err != nil {
-		t.Fatal(err)
-	}
+	logCopy := snapshot(t, []string{env.AuditLogPath})[0]
 	bin := buildAuditsink(t, kubetest.RepoRoot(t), t.TempDir())
 	sink := auditsinkRunner(t, bin, "AUDITSINK_CLICKHOUSE_DSN="+ch.DSN())
 	sink("ingest", "--database", db, "--cluster", cluster, logCopy)

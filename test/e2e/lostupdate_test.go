@@ -250,12 +250,7 @@ func TestLostUpdatesEqualWhatTheClientsDid(t *testing.T) {
 	// requests, and one logged between the two reads would fall in the
 	// window of the second only.
 	time.Sleep(time.Until(until))
-	logCopy := filepath.Join(t.TempDir(), "audit.log")
-	if b, err := os.ReadFile(env.AuditLogPath); err != nil {
-		t.Fatal(err)
-	} else if err := os.WriteFile(logCopy, b, 0o600); err != nil {
-		t.Fatal(err)
-	}
+	logCopy := snapshot(t, []string{env.AuditLogPath})[0]
 	sink("ingest", "--database", db, "--cluster", "e2e", logCopy)
 	out := sink("report", "--history", "--database", db, "--cluster", "e2e", "--format", "json", "--top", "1000",
 		"--since", since.UTC().Format(time.RFC3339Nano), "--until", until.UTC().Format(time.RFC3339Nano))
