@@ -195,6 +195,28 @@ func TestConflictCausesNameEveryBlocker(t *testing.T) {
 		stale := 5000 + rnd.Uint64N(1802)
 		conflicts = append(conflicts, conflict{"f", stale, time.Duration(rnd.IntN(2700)) * time.Second, "w3"})
 	}
+	// One writer's requests answered out of order far apart: on g the
+	// write of version 8900 is logged first, before 600 writes of lower
+	// versions, 400 of them its own, so the newest version that writer had
+	// stored stays 8900 over 400 of its writes (a running maximum over
+	// more than 2^8 places), and a conflict whose stamp is between their
+	// versions and 8900 is its doing. Another writer's writes are in order
+	// among them.
+	var far []write
+	for i := range 700 {
+		w := write{uint64(8301 + i), time.Duration(4*i+4) * time.Second, "g-slow"}
+		if i == 599 {
+			w.at = time.Second
+		}
+		if i%3 == 1 {
+			w.writer = "g-steady"
+		}
+		far = append(far, w)
+	}
+	histories["g"] = far
+	for range 80 {
+		conflicts = append(conflicts, conflict{"g", 8300 + rnd.Uint64N(700), time.Duration(2+rnd.IntN(2800)) * time.Second, "w4"})
+	}
 	for _, name := range slices.Sorted(maps.Keys(histories)) { // in one order: the copies below are the same rows on every run
 		ws := histories[name]
 		for _, w := range ws {

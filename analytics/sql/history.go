@@ -190,83 +190,79 @@ const LostCause = `multiIf(prev_writer = '' OR prev_writer = writer, '',
 		basis = 'patch' AND ((endsWith(field, '[*]') AND removed_added) OR item_removed), 'list_replaced',
 		'')`
 
-// rankedWrites are the window's writes in the field history, per
-// object: ws, the writes as (version, time, writer) sorted, so that a
-// write's rank is its place in version order. A copy of a row is one more
-// write of the same version, time and writer, which changes no conflict's
-// set of blockers: they are read as stored.
-const rankedWrites = `(
-	SELECT api_group, resource, namespace, name, arraySort(groupArray((object_version, event_time_us, toString(writer)))) AS ws
-	FROM ` + historyRows + `
-	GROUP BY api_group, resource, namespace, name)`
-
-// rankBlock is the width of the blocks of ranks conflictCandidates joins
-// whole: a conflict whose stamp is far behind is joined with each block
-// between, and rank by rank only at the two ends, up to 2 × 63 ranks.
-// Measured side by side at 10M synthetic events (stamps mostly far
-// behind): 6.9 s with blocks of 32, 5.2 s of 64, 5.8 s of 128, 7.5 s of
-// 256; on one hot object (stamps a few versions behind) 32, 64 and 256
-// the same. Two levels of blocks (256, and 16 at the ends) took 4.8 s on the
-// synthetic day but three times as long on the hot object.
-const rankBlock = "64"
-
-// conflictCandidates are the version conflicts of the window on objects
-// with writes in the history, each with the ranks (rankedWrites) that can
-// hold one of its blockers, one row per key. The ranks run from lo, the
-// first rank after the writes of versions up to the stale stamp, to hi,
-// the count of writes stored by the conflict's time plus the object's
-// deepest disorder (depth: how far a write's rank in version order exceeds
-// its place in time order; 0 when the two orders agree), so that every
-// write with a later version than the stamp and a time up to the
-// conflict's is in the range. Up to sure_hi (that count less the disorder
-// the other way, depth_back) every write in the range is a blocker: whole
-// blocks of rankBlock ranks there are keyed (kind 1, block) and joined
-// with the block's writers; the other ranks are keyed (kind 0, rank) and
-// checked one by one. A conflict whose range is empty keeps one row, of
-// rank 0, which no write has. The counts come from merging the sorted
-// stamps and times into the sorted versions and times: linear in each
-// object's writes and conflicts, and in the length of the ranges over
-// rankBlock.
-var conflictCandidates = `(
-	SELECT api_group, resource, namespace, name, tupleElement(c, 1) AS stale, tupleElement(c, 2) AS c_time, tupleElement(c, 3) AS c_writer,
-		tupleElement(c, 4) AS conflict_id, least(by_time_count + depth, writes) AS hi,
-		if(by_time_count > depth_back, by_time_count - depth_back, 0) AS sure_hi,
-		intDiv(lo + ` + rankBlock + ` - 2, ` + rankBlock + `) AS first_block, intDiv(sure_hi, ` + rankBlock + `) AS end_block,
-		if(lo <= hi AND first_block < end_block, end_block - first_block, 0) AS blocks,
-		if(lo > hi, 0, if(blocks > 0, first_block * ` + rankBlock + ` + 1 - lo, hi + 1 - lo)) AS head,
-		if(blocks > 0, hi - end_block * ` + rankBlock + `, 0) AS tail,
-		arrayJoin(range(toUInt64(greatest(head + blocks + tail, 1)))) AS offset,
-		multiIf(head + blocks + tail = 0, (toUInt8(0), toUInt64(0)),
-			offset < head, (toUInt8(0), toUInt64(lo + offset)),
-			offset < head + blocks, (toUInt8(1), toUInt64(first_block + offset - head)),
-			(toUInt8(0), toUInt64(end_block * ` + rankBlock + ` + 1 + offset - head - blocks))) AS candidate,
-		tupleElement(candidate, 1) AS kind, tupleElement(candidate, 2) AS key
+// writerWrites are the window's writes in the field history, one row per
+// object and writer: the writer's times and versions in time order. A copy
+// of a row is one more write of the same version and time.
+var writerWrites = `(
+	SELECT api_group, resource, namespace, name, h_writer, arrayMap(w -> tupleElement(w, 1), ws) AS times, arrayMap(w -> tupleElement(w, 2), ws) AS versions
 	FROM (
-		SELECT api_group, resource, namespace, name, cs, depth, depth_back, length(ws) AS writes,
-			arrayMap(x -> tupleElement(x, 2) + 1, arraySort(x -> tupleElement(x, 1), arrayFilter(x -> tupleElement(x, 1) > 0,
-				arrayMap((x, n) -> (tupleElement(x, 3), n), by_stamp, arrayCumSum(arrayMap(x -> tupleElement(x, 3) = 0, by_stamp)))))) AS los,
-			arrayMap(x -> tupleElement(x, 2), arraySort(x -> tupleElement(x, 1), arrayFilter(x -> tupleElement(x, 1) > 0,
-				arrayMap((x, n) -> (tupleElement(x, 3), n), by_time, arrayCumSum(arrayMap(x -> tupleElement(x, 3) = 0, by_time)))))) AS his
+		SELECT api_group, resource, namespace, name, toString(writer) AS h_writer, arraySort(groupArray((event_time_us, object_version))) AS ws
+		FROM ` + historyRows + `
+		GROUP BY api_group, resource, namespace, name, h_writer))`
+
+// newestStored is the newest version a writer had stored by each of its
+// writes (writerWrites): the running maximum of its versions. Where the
+// writer's versions rise with its times (one request at a time), that is
+// each write's own version; where they fall somewhere (requests in flight
+// together, answered out of order), it is built by runningMax, on those
+// rows alone (on the others it runs on an empty array).
+var newestStored = `if(` + versionsFall + `, ` + runningMax(`if(`+versionsFall+`, versions, emptyArrayUInt64())`, 32) + `, versions)`
+
+// versionsFall is whether a write of writerWrites has a lower version
+// than the write before it.
+const versionsFall = `arrayExists((a, b) -> a > b, arrayPopBack(versions), arrayPopFront(versions))`
+
+// runningMax is the SQL of the running maximum of values, an expression
+// of an Array(UInt64), by doubling: step k takes each place's maximum
+// with the place 2^k before it, so that after it each place holds the
+// maximum of the 2^(k+1) places up to it; steps steps cover arrays of
+// 2^steps places, and each costs in proportion to the places. Each step
+// is a lambda on the array the step before made (as the one element of an
+// array), so that the SQL names each step once: 18.16 would expand an
+// alias into each place that names it.
+func runningMax(values string, steps int) string {
+	m := `[` + values + `]`
+	for k := range steps {
+		shift := strconv.FormatUint(1<<k, 10)
+		m = `arrayMap(x -> arrayMap((a, b) -> greatest(a, b), x, arrayConcat(arrayResize([toUInt64(0)], least(` + shift + `, length(x))),
+			arraySlice(x, 1, greatest(length(x), ` + shift + `) - ` + shift + `))), ` + m + `)`
+	}
+	return m + `[1]`
+}
+
+// conflictBlockers are the version conflicts of the window on objects
+// with writes in the history, one row per conflict and writer of the
+// object: h_writer when that writer blocks the conflict, empty when not.
+// A writer blocks a conflict when the newest version it had stored by the
+// conflict's time (newestStored) is later than the stale stamp the loser
+// sent. Each writer's times are merged with the object's conflicts' times
+// (sorted by time, so that the merge gives their answers in their order)
+// as keys, time * 2 for a write and time * 2 + 1 for a conflict, so that a
+// write at the conflict's time comes before it; the increases of the
+// newest version summed along the merge are, at each conflict, the newest
+// version stored by then. The cost is linear in the writes, and in the
+// conflicts times the writers of each object, however far behind the stale
+// stamps are and in whatever order the versions were stored.
+var conflictBlockers = `(
+	SELECT tupleElement(o, 1) AS c_writer, tupleElement(o, 2) AS conflict_id, if(tupleElement(o, 3), h_writer, '') AS h_writer
+	FROM (
+		SELECT h_writer, arrayMap((c, n) -> (tupleElement(c, 3), tupleElement(c, 4), n > tupleElement(c, 2)), cs, stored) AS outcomes
 		FROM (
-			SELECT api_group, resource, namespace, name, ws, cs,
-				arraySort(arrayConcat(arrayMap(w -> (tupleElement(w, 1), toUInt8(0), toUInt32(0)), ws),
-					arrayMap((x, j) -> (tupleElement(x, 1), toUInt8(1), toUInt32(j)), cs, arrayEnumerate(cs)))) AS by_stamp,
-				arraySort(arrayConcat(arrayMap(w -> (tupleElement(w, 2), toUInt8(0), toUInt32(0)), ws),
-					arrayMap((x, j) -> (tupleElement(x, 2), toUInt8(1), toUInt32(j)), cs, arrayEnumerate(cs)))) AS by_time,
-				arrayMap((r, k) -> toInt64(r) - toInt64(k), arrayMap(x -> tupleElement(x, 2), arraySort(x -> tupleElement(x, 1),
-					arrayMap((w, r) -> (tupleElement(w, 2), r), ws, arrayEnumerate(ws)))), arrayEnumerate(ws)) AS disorder,
-				toUInt64(arrayReduce('max', disorder)) AS depth,
-				toUInt64(-arrayReduce('min', disorder)) AS depth_back
-			FROM ` + rankedWrites + ` AS objects ALL INNER JOIN (
-				SELECT api_group, resource, namespace, name, groupArray((stale, c_time, toString(c_writer), conflict_id)) AS cs
+			SELECT h_writer, cs, ` + newestStored + ` AS newest,
+				arrayConcat(arrayMap(t -> t * 2, times), arrayMap(c -> tupleElement(c, 1) * 2 + 1, cs)) AS keys,
+				arrayCumSum(arraySort((n, k) -> k, arrayConcat(arrayMap((m, p) -> toUInt64(m - p), newest, arrayPushFront(arrayPopBack(newest), toUInt64(0))),
+					arrayMap(c -> toUInt64(0), cs)), keys)) AS sums,
+				arrayFilter((n, k) -> k % 2 = 1, sums, arraySort(keys)) AS stored
+			FROM ` + writerWrites + ` AS writes ALL INNER JOIN (
+				SELECT api_group, resource, namespace, name, arraySort(groupArray((c_time, stale, toString(c_writer), conflict_id))) AS cs
 				FROM (
 					SELECT api_group, resource, namespace, name, writer AS c_writer, audit_id AS conflict_id, toUInt64OrZero(stamp) AS stale, event_time_us AS c_time
 					FROM ` + DistinctEvents(`api_group, resource, namespace, name, writer, audit_id, stamp, event_time_us, cluster, stage, fingerprint`,
-	`{events_window}`, requests+` AND `+IsWrite+` AND `+VersionConflict) + `
+	`code = 409 AND {events_window}`, requests+` AND `+IsWrite+` AND `+VersionConflict) + `
 					WHERE stale > 0)
 				GROUP BY api_group, resource, namespace, name
 			) AS conflicts USING (api_group, resource, namespace, name)))
-	ARRAY JOIN cs AS c, los AS lo, his AS by_time_count)`
+	ARRAY JOIN outcomes AS o)`
 
 // The history findings.
 var (
@@ -301,11 +297,10 @@ LIMIT @top`}
 	// not hold (not logged with their responses, or before the window)
 	// counts with blocked_by ''.
 	//
-	// The cost is linear in the writes and the conflicts of each object
-	// and in the blockers found, not in their product (a hot object has
-	// both by the thousand): each object's writes are ranked by version,
-	// and each conflict is joined only with the ranks that can hold its
-	// blockers (conflictCandidates).
+	// The cost is linear in the writes, and in the conflicts times the
+	// writers of each object, not in the conflicts times the writes (a hot
+	// object has both by the thousand), nor in how far behind the stale
+	// stamps are (conflictBlockers).
 	ConflictCauses = Statement{Name: "conflict_causes", Title: "Who caused the version conflicts", Shape: Rows,
 		Params: with(requestFiltered, Top), Time: []Window{EventsWhole, Whole},
 		Columns: []string{"writer", "blocked_by", "conflicts"},
@@ -314,22 +309,8 @@ SELECT writer, blocked_by, toUInt64(uniqExact(conflict_id)) AS conflicts
 FROM (
 	SELECT c_writer AS writer, conflict_id, arrayJoin(if(empty(bs), [''], bs)) AS blocked_by
 	FROM (
-		SELECT c_writer, conflict_id, groupUniqArrayIf(h_writer, h_version > stale AND h_time <= c_time AND h_writer != '') AS bs
-		FROM ` + conflictCandidates + ` AS candidates ALL LEFT JOIN (
-			SELECT api_group, resource, namespace, name, toUInt8(0) AS kind, toUInt64(r) AS key,
-				tupleElement(w, 1) AS h_version, tupleElement(w, 2) AS h_time, tupleElement(w, 3) AS h_writer
-			FROM ` + rankedWrites + `
-			ARRAY JOIN ws AS w, arrayEnumerate(ws) AS r
-			UNION ALL
-			SELECT api_group, resource, namespace, name, toUInt8(1) AS kind, block AS key,
-				toUInt64(18446744073709551615) AS h_version, toUInt64(0) AS h_time, h_writer
-			FROM (
-				SELECT api_group, resource, namespace, name, toUInt64(intDiv(r - 1, ` + rankBlock + `)) AS block, groupUniqArray(tupleElement(w, 3)) AS block_writers
-				FROM ` + rankedWrites + `
-				ARRAY JOIN ws AS w, arrayEnumerate(ws) AS r
-				GROUP BY api_group, resource, namespace, name, block)
-			ARRAY JOIN block_writers AS h_writer
-		) AS writes USING (api_group, resource, namespace, name, kind, key)
+		SELECT c_writer, conflict_id, groupUniqArrayIf(h_writer, h_writer != '') AS bs
+		FROM ` + conflictBlockers + `
 		GROUP BY c_writer, conflict_id))
 GROUP BY writer, blocked_by
 ORDER BY conflicts DESC, writer, blocked_by
