@@ -234,36 +234,63 @@ func TestConflictCausesNameEveryBlocker(t *testing.T) {
 	s.add(time.Second, "w0", "update", "", "configmaps", "shop", "a", 409, func(r *audit.Row) { r.Stamp = "x" })
 	storeWithCopies(t, st, s.rows, func(i int, r audit.Row) bool { return i%7 == 0 && r.Name != "e" }) // e keeps its ranks
 
-	want := map[ConflictCause]bool{}
-	counts := map[[2]string]uint64{}
-	for _, c := range conflicts {
-		blockers := map[string]bool{}
-		for _, w := range histories[c.object] {
-			if w.version > c.stale && w.at <= c.at {
-				blockers[w.writer] = true
+	// The definition over [from, until): the conflicts and the writes in
+	// it.
+	define := func(from, until time.Duration) (map[ConflictCause]bool, map[[2]string]uint64) {
+		counts := map[[2]string]uint64{}
+		for _, c := range conflicts {
+			if c.at < from || c.at >= until {
+				continue
+			}
+			blockers := map[string]bool{}
+			for _, w := range histories[c.object] {
+				if w.version > c.stale && w.at <= c.at && w.at >= from {
+					blockers[w.writer] = true
+				}
+			}
+			if len(blockers) == 0 {
+				blockers[""] = true
+			}
+			for b := range blockers {
+				counts[[2]string{c.writer, b}]++
 			}
 		}
-		if len(blockers) == 0 {
-			blockers[""] = true
+		want := map[ConflictCause]bool{}
+		for k, n := range counts {
+			want[ConflictCause{Writer: k[0], BlockedBy: k[1], Conflicts: n}] = true
 		}
-		for b := range blockers {
-			counts[[2]string{c.writer, b}]++
+		return want, counts
+	}
+	check := func(stage string, from, until time.Duration) {
+		t.Helper()
+		want, _ := define(from, until)
+		r, err := Build(ctx, st.Conn(), Options{Database: db, Cluster: "c1", Top: 100_000, Since: t0.Add(from), Until: t0.Add(until), History: true})
+		if err != nil {
+			t.Fatal(err)
+		}
+		got := map[ConflictCause]bool{}
+		for _, c := range r.ConflictCauses {
+			got[c] = true
+		}
+		if !maps.Equal(got, want) {
+			t.Errorf("%s, [%s, %s): conflict causes\n got %v\nwant %v", stage, from, until, r.ConflictCauses, want)
 		}
 	}
-	for k, n := range counts {
-		want[ConflictCause{Writer: k[0], BlockedBy: k[1], Conflicts: n}] = true
-	}
-	r, err := Build(ctx, st.Conn(), Options{Database: db, Cluster: "c1", Top: 100_000, Since: t0, Until: t0.Add(time.Hour), History: true})
-	if err != nil {
+	// The conflicts read from events, then from the hour's caches
+	// (hour_version_conflicts), whole and cut by the window (its whole
+	// minutes from the caches, the seconds at its edges from events).
+	check("raw", 0, time.Hour)
+	if _, err := st.Compact(ctx, time.Unix(0, 0), 0); err != nil {
 		t.Fatal(err)
 	}
-	got := map[ConflictCause]bool{}
-	for _, c := range r.ConflictCauses {
-		got[c] = true
+	var cached uint64
+	if err := st.Conn().QueryRow(ctx, "SELECT count() FROM "+db+".hour_version_conflicts").Scan(&cached); err != nil || cached < uint64(len(conflicts)) {
+		t.Fatalf("the compaction cached %d version conflicts (%v), want %d at least", cached, err, len(conflicts))
 	}
-	if !maps.Equal(got, want) {
-		t.Errorf("conflict causes\n got %v\nwant %v", r.ConflictCauses, want)
+	for _, w := range [][2]time.Duration{{0, time.Hour}, {10*time.Minute + 13*time.Second, time.Hour}, {0, 47*time.Minute + 31*time.Second}} {
+		check("compacted", w[0], w[1])
 	}
+	_, counts := define(0, time.Hour)
 	unattributed := 0
 	for k, n := range counts {
 		if k[1] == "" {

@@ -254,12 +254,11 @@ var conflictBlockers = `(
 					arrayMap(c -> toUInt64(0), cs)), keys)) AS sums,
 				arrayFilter((n, k) -> k % 2 = 1, sums, arraySort(keys)) AS stored
 			FROM ` + writerWrites + ` AS writes ALL INNER JOIN (
-				SELECT api_group, resource, namespace, name, arraySort(groupArray((c_time, stale, toString(c_writer), conflict_id))) AS cs
+				SELECT api_group, resource, namespace, name, arraySort(groupArray((event_time_us, stale, toString(writer), audit_id))) AS cs
 				FROM (
-					SELECT api_group, resource, namespace, name, writer AS c_writer, audit_id AS conflict_id, toUInt64OrZero(stamp) AS stale, event_time_us AS c_time
-					FROM ` + DistinctEvents(`api_group, resource, namespace, name, writer, audit_id, stamp, event_time_us, cluster, stage, fingerprint`,
-	`code = 409 AND {events_window}`, requests+` AND `+IsWrite+` AND `+VersionConflict) + `
-					WHERE stale > 0)
+					SELECT api_group, resource, namespace, name, event_time_us, toUInt64OrZero(stamp) AS stale, writer, audit_id
+					FROM ` + versionConflicts + `
+					WHERE cluster = @cluster AND {window} AND {filters} AND {request_filters} AND stale > 0)
 				GROUP BY api_group, resource, namespace, name
 			) AS conflicts USING (api_group, resource, namespace, name)))
 	ARRAY JOIN outcomes AS o)`
@@ -297,12 +296,14 @@ LIMIT @top`}
 	// not hold (not logged with their responses, or before the window)
 	// counts with blocked_by ''.
 	//
-	// The cost is linear in the writes, and in the conflicts times the
-	// writers of each object, not in the conflicts times the writes (a hot
-	// object has both by the thousand), nor in how far behind the stale
-	// stamps are (conflictBlockers).
+	// The conflicts come from the hour caches for the clean hours
+	// (hour_version_conflicts), from events for the rest. The cost is
+	// linear in the writes, and in the conflicts times the writers of
+	// each object, not in the conflicts times the writes (a hot object
+	// has both by the thousand), nor in how far behind the stale stamps
+	// are (conflictBlockers).
 	ConflictCauses = Statement{Name: "conflict_causes", Title: "Who caused the version conflicts", Shape: Rows,
-		Params: with(requestFiltered, Top), Time: []Window{EventsWhole, Whole},
+		Params: with(requestFiltered, Top), Time: []Window{LoopRollupHours, RawEdges, RawRange, Whole},
 		Columns: []string{"writer", "blocked_by", "conflicts"},
 		SQL: `
 SELECT writer, blocked_by, toUInt64(uniqExact(conflict_id)) AS conflicts

@@ -27,7 +27,7 @@ import (
 // layout is read from events until it is compacted again, which the
 // compactor does first (StaleHours). A migration that adds or changes a
 // cache raises it.
-const CacheLayout = 11
+const CacheLayout = 12
 
 // cacheLayout is CacheLayout in SQL.
 var cacheLayout = "toUInt32(" + strconv.Itoa(CacheLayout) + ")"
@@ -88,6 +88,9 @@ var (
 		`INSERT INTO {db}.hour_loop_conflicts (event_date, hour, version, ` + loopConflictColumnsNoDate + `)
 	SELECT event_date, toDateTime(@hour_s), toUInt64(@version), ` + loopConflictColumnsNoDate + `
 	FROM ` + LoopConflictRows(hourRows, "1"),
+		`INSERT INTO {db}.hour_version_conflicts (event_date, hour, version, ` + versionConflictColumnsNoDate + `)
+	SELECT event_date, toDateTime(@hour_s), toUInt64(@version), ` + versionConflictColumnsNoDate + `
+	FROM ` + VersionConflictRows(hourRows, "1"),
 		`INSERT INTO {db}.hour_loop_successes (event_date, hour, version, cluster, pair, event_time_us)
 	SELECT event_date, toDateTime(@hour_s), toUInt64(@version), cluster, pair, event_time_us
 	FROM ` + LoopSuccessRows(hourRows, "1"),
@@ -195,3 +198,7 @@ func compactCounters(table, keys, columns, minute string) string {
 
 // loopConflictColumnsNoDate are loopConflictColumns without event_date.
 var loopConflictColumnsNoDate = strings.TrimPrefix(loopConflictColumns, "event_date, ")
+
+// versionConflictColumnsNoDate are versionConflictColumns without
+// event_date.
+var versionConflictColumnsNoDate = strings.TrimPrefix(versionConflictColumns, "event_date, ")

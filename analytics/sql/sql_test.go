@@ -67,9 +67,11 @@ func TestGrafanaBindsEveryPlaceholder(t *testing.T) {
 
 // TestRequestFiltersOnlyWhereEventsAreRead binds every statement for the
 // dashboards: the verb and code filters appear in exactly the statements
-// that declare them, and those read no hour cache (which keep neither),
-// and a minute cache only under the condition that they select any request;
-// the toggle reaches every statement with the other filters.
+// that declare them, and those read no hour cache (which keep neither,
+// but for hour_version_conflicts: its rows keep their verb, and their
+// code is 409), and a minute cache only under the condition that they
+// select any request; the toggle reaches every statement with the other
+// filters.
 func TestRequestFiltersOnlyWhereEventsAreRead(t *testing.T) {
 	cacheRead := regexp.MustCompile(`\{db\}\.(hour|minute)_[a-z_]+`)
 	declaring := 0
@@ -90,6 +92,9 @@ func TestRequestFiltersOnlyWhereEventsAreRead(t *testing.T) {
 			// A cache only under the condition that no request filter
 			// narrows.
 			for _, at := range cacheRead.FindAllStringIndex(s.SQL, -1) {
+				if s.SQL[at[0]:at[1]] == "{db}.hour_version_conflicts" {
+					continue
+				}
 				where := s.SQL[at[1]:]
 				if i := strings.Index(where, "cluster = @cluster"); !strings.HasPrefix(strings.TrimLeft(where, "\n\t"), "WHERE ") || i < 0 || !strings.Contains(where[:i], unfilteredRequests) {
 					t.Errorf("%s filters by verb and code but reads %s without the gate on them", s.Name, s.SQL[at[0]:at[1]])

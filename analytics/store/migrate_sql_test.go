@@ -45,6 +45,7 @@ var releasedMigrations = map[int]string{
 	9:  "bf9bea55b0b99c8e21f85527400d838f0852e8d02347631727fd6e717cafd10d",
 	10: "2988e54fd576aaee4484bca03ce32916f0870f5f13ccd088b4e61bda070d6e20",
 	11: "b6a940f1b80c15ecb500f8101a3731a3bc0dec22d0a0b69bb3e08c8ef0ef72a7",
+	12: "43978d9f2fe78f40de0fb1c7aa9bb3f6241e7279cc4b3c57ccf78e0b6b757d3d",
 }
 
 // TestReleasedMigrationsAreFixed fails when the SQL of a released

@@ -654,4 +654,32 @@ var Migrations = []Migration{
 			ORDER BY (cluster, hour, version, api_group, resource, namespace, name)`,
 		},
 	},
+	{
+		Version: 12,
+		Name:    "hour_version_conflicts: the version conflicts per hour with their stamps",
+		Statements: []string{
+			// The version conflicts of each hour, one row per request,
+			// with what conflict_causes reads of them (the stamp the
+			// loser sent, its audit ID, its verb), written by the
+			// compaction under the hour's version (analytics/sql,
+			// hours.go). A record of layout 12 or later has them.
+			`CREATE TABLE IF NOT EXISTS {db}.hour_version_conflicts (
+				event_date    Date,
+				hour          DateTime,
+				version       UInt64,
+				cluster       LowCardinality(String),
+				api_group     LowCardinality(String),
+				resource      LowCardinality(String),
+				namespace     LowCardinality(String),
+				name          String,
+				event_time_us UInt64,
+				writer        LowCardinality(String),
+				verb          LowCardinality(String),
+				audit_id      String,
+				stamp         String
+			) ENGINE = MergeTree()
+			PARTITION BY event_date
+			ORDER BY (cluster, hour, version, api_group, resource, namespace, name, event_time_us)`,
+		},
+	},
 }

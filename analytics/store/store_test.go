@@ -294,8 +294,8 @@ func TestMigration5CountsEventsStoredBefore(t *testing.T) {
 	if n := count(t, st, "SELECT toUInt64(sum(requests)) FROM {db}.request_rollup"); n <= uint64(len(old)/2) {
 		t.Fatalf("the old rollup counted %d requests: the copies did not reach it", n)
 	}
-	if applied, err := st.Migrate(ctx); err != nil || !slices.Equal(applied, []int{5, 6, 7, 8, 9, 10, 11}) {
-		t.Fatalf("upgrade applied %v (%v), want [5 6 7 8 9 10 11]", applied, err)
+	if applied, err := st.Migrate(ctx); err != nil || !slices.Equal(applied, versionsFrom(5)) {
+		t.Fatalf("upgrade applied %v (%v), want %v", applied, err, versionsFrom(5))
 	}
 	requireTruth(t, st, want, since, until, "after the upgrade")
 	if _, err := st.Compact(ctx, since, 0); err != nil {
@@ -350,8 +350,8 @@ func TestMigration6KeepsEverySinkExact(t *testing.T) {
 	if _, err := older.InsertRecords(ctx, recordtest.Set(before, nil)); err != nil {
 		t.Fatal(err)
 	}
-	if applied, err := newer.Migrate(ctx); err != nil || !slices.Equal(applied, []int{6, 7, 8, 9, 10, 11}) {
-		t.Fatalf("upgrade applied %v (%v), want [6 7 8 9 10 11]", applied, err)
+	if applied, err := newer.Migrate(ctx); err != nil || !slices.Equal(applied, versionsFrom(6)) {
+		t.Fatalf("upgrade applied %v (%v), want %v", applied, err, versionsFrom(6))
 	}
 	var wg sync.WaitGroup
 	errs := make([]error, 2)
@@ -453,4 +453,16 @@ func TestFieldHistoriesReadBack(t *testing.T) {
 	if i != n {
 		t.Fatalf("field_versions holds %d rows, want %d", i, n)
 	}
+}
+
+// versionsFrom are the versions of the migrations from v on, in order:
+// what an upgrade from a database at v-1 applies.
+func versionsFrom(v int) []int {
+	var vs []int
+	for _, m := range Migrations {
+		if m.Version >= v {
+			vs = append(vs, m.Version)
+		}
+	}
+	return vs
 }
