@@ -49,8 +49,8 @@ var (
 	IntervalS       = Param{Name: "interval_s", Type: TypeUInt64, Meaning: "the width of a series' time bucket, in seconds"}
 	MinWrites       = Param{Name: "min_writes", Type: TypeUInt64, Meaning: "the fewest write attempts for a conflict rate other than 0"}
 	StaleUs         = Param{Name: "stale_us", Type: TypeUInt64, Meaning: "how long after its last conflict an unresolved retry loop counts as stale, in microseconds"}
-	Verb            = Param{Name: "verb", Type: TypeString, Meaning: "narrows to requests of one verb, such as update (empty: any); only events keep it", Column: "verb"}
-	Code            = Param{Name: "code", Type: TypeString, Meaning: "narrows to requests answered with one HTTP status code, such as 409 (empty: any); only events keep it", Column: "toString(code)"}
+	Verb            = Param{Name: "verb", Type: TypeString, Meaning: "narrows to requests of one verb, such as update (empty: any); events keep it, and of the hour caches only the version conflicts'", Column: "verb"}
+	Code            = Param{Name: "code", Type: TypeString, Meaning: "narrows to requests answered with one HTTP status code, such as 409 (empty: any); events keep it, and the version conflicts' hour cache holds 409s alone", Column: "toString(code)"}
 	HideSystem      = Param{Name: "hide_system", Type: TypeString, Meaning: "yes hides the writers of Kubernetes itself (SystemWriter); anything else hides nothing", Hides: SystemWriter}
 	MinBucketWrites = Param{Name: "min_bucket_writes", Type: TypeUInt64, Meaning: "the fewest write attempts in a series' bucket for it to have a conflict rate"}
 	StormS          = Param{Name: "storm_s", Type: TypeUInt64, Meaning: "the window of the conflict-storm rate, in seconds"}
