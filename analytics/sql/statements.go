@@ -323,8 +323,14 @@ const (
 // condition on events' columns) within span (a plain range that holds
 // it: DistinctEvents' prewhere), one row per request.
 func LoopConflictRows(span, window string) string {
-	return distinctEvents(loopConflictColumns, `code = 409 AND `+span,
-		Request+` AND `+IsWrite+` AND `+VersionConflict, window)
+	return conflictRowsOf(loopConflictColumns, span, window)
+}
+
+// conflictRowsOf are columns of the version conflicts on writes of events
+// in window within span, one row per request: the one definition the
+// retry loops' rows and conflict_causes' rows share.
+func conflictRowsOf(columns, span, window string) string {
+	return distinctEvents(columns, `code = 409 AND `+span, Request+` AND `+IsWrite+` AND `+VersionConflict, window)
 }
 
 // LoopSuccessRows are the successful writes of events in window within
@@ -340,8 +346,7 @@ func LoopSuccessRows(span, window string) string {
 // and its verb. The hour caches hold the same rows for their clean hours
 // (hour_version_conflicts); versionConflicts reads both together.
 func VersionConflictRows(span, window string) string {
-	return distinctEvents(versionConflictColumns, `code = 409 AND `+span,
-		Request+` AND `+IsWrite+` AND `+VersionConflict, window)
+	return conflictRowsOf(versionConflictColumns, span, window)
 }
 
 // versionConflictColumns are the columns of a row of VersionConflictRows.
