@@ -158,22 +158,24 @@ func TestGrafanaBinderEqualsReportBinder(t *testing.T) {
 	history.covered(t, len(epochs))
 }
 
-// historyRotation spreads the statements that read the field changes
-// (ReadsFieldChanges) over a test's combinations of an epoch (what is
-// compacted) and a window: they read one source, and 18.16 spends about
-// 0.5 s analysing each panel form of it, so each runs once per epoch, in
-// turn over the n windows, and every window of every epoch still meets
-// the field changes through some of them.
-type historyRotation struct {
+// rotation spreads the statements it rotates over a test's combinations
+// of an epoch (what is compacted) and a window: each runs once per
+// epoch, in turn over the n windows, so every window of every epoch
+// still meets some of them. The statements that read the field changes
+// rotate in every test (newHistoryRotation): they read one source, and
+// 18.16 spends about 0.5 s analysing each panel form of it.
+type rotation struct {
 	n     int
-	names []string                // the statements that read the field changes, in asql.All's order
+	names []string                // the statements it rotates, in asql.All's order
 	seen  map[string]map[int]bool // statement name: the epochs it ran in
 }
 
-func newHistoryRotation(n int) *historyRotation {
-	h := &historyRotation{n: n, seen: map[string]map[int]bool{}}
+// newRotation rotates the statements of asql.All that rotates selects;
+// the others run in every combination.
+func newRotation(n int, rotates func(asql.Statement) bool) *rotation {
+	h := &rotation{n: n, seen: map[string]map[int]bool{}}
 	for _, s := range asql.All {
-		if s.ReadsFieldChanges() {
+		if rotates(s) {
 			h.names = append(h.names, s.Name)
 			h.seen[s.Name] = map[int]bool{}
 		}
@@ -181,9 +183,11 @@ func newHistoryRotation(n int) *historyRotation {
 	return h
 }
 
-// runs says whether s runs in epoch e and window w (any statement that
-// does not read the field changes runs in every one).
-func (h *historyRotation) runs(s asql.Statement, e, w int) bool {
+// newHistoryRotation rotates the statements that read the field changes.
+func newHistoryRotation(n int) *rotation { return newRotation(n, asql.Statement.ReadsFieldChanges) }
+
+// runs says whether s runs in epoch e and window w.
+func (h *rotation) runs(s asql.Statement, e, w int) bool {
 	k := slices.Index(h.names, s.Name)
 	if k < 0 {
 		return true
@@ -195,12 +199,12 @@ func (h *historyRotation) runs(s asql.Statement, e, w int) bool {
 	return true
 }
 
-// covered requires every statement that reads the field changes to have
-// run in each of the epochs.
-func (h *historyRotation) covered(t *testing.T, epochs int) {
+// covered requires every rotated statement to have run in each of the
+// epochs.
+func (h *rotation) covered(t *testing.T, epochs int) {
 	t.Helper()
 	if len(h.names) == 0 {
-		t.Error("no statement reads the field changes")
+		t.Error("the rotation holds no statement")
 	}
 	for _, name := range h.names {
 		if len(h.seen[name]) != epochs {
