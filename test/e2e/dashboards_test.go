@@ -95,7 +95,7 @@ func TestDashboardQueriesOnClickHouse(t *testing.T) {
 
 	all := map[string]bool{"namespace": true, "resource": true, "user": true}
 	allRequests := map[string]bool{"namespace": true, "resource": true, "user": true, "verb": true, "code": true}
-	for _, w := range windows {
+	for wi, w := range windows {
 		t.Run(w.name, func(t *testing.T) {
 			o := gen.Options
 			reportOf := func(args ...string) report.Report {
@@ -140,6 +140,12 @@ func TestDashboardQueriesOnClickHouse(t *testing.T) {
 				answers[sel.name] = map[string]result{}
 				sqls := expand(sel.vars, sel.all, seriesInterval)
 				for _, q := range gen.Queries {
+					// Of a filtered selection, the checks below read the
+					// totals; every query's shape under the filters is
+					// the same in both windows, checked in the first.
+					if sel.vars != nil && wi > 0 && q.Statement.Name != asql.Totals.Name {
+						continue
+					}
 					r := run(t, conn, q.Name, sqls[q.Name])
 					answers[sel.name][q.Name] = r
 					checkShape(t, q, r)
