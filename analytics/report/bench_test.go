@@ -153,6 +153,15 @@ func BenchmarkReport(b *testing.B) {
 					}
 				}
 			})
+			historySeq := history
+			historySeq.parallel = 1
+			b.Run(mode.name+"/whole-history-sequential", func(b *testing.B) {
+				for b.Loop() {
+					if _, err := Build(ctx, store.Conn(), historySeq); err != nil {
+						b.Fatal(err)
+					}
+				}
+			})
 		}
 		// As `--since 24h` gives: edges that cut hours, read per request.
 		cut := o
