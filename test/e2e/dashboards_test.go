@@ -31,7 +31,8 @@ import (
 // audit log into a real ClickHouse, and every panel's, variable's and
 // alert rule's query, expanded as Grafana and the ClickHouse plugin expand
 // it, runs there for single values, several values and "All" of the
-// variables, and returns the columns its panel needs. Their numbers equal
+// variables, and returns the columns its panel needs (under the filters
+// in the first window; the totals in both). Their numbers equal
 // `auditsink report --format json` over the same window: a window whole
 // seconds around the run (raw events) and one of whole hours (the rollup).
 func TestDashboardQueriesOnClickHouse(t *testing.T) {
