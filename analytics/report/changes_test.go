@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/stampguard/stampguard/analytics/record/recordtest"
+	asql "github.com/stampguard/stampguard/analytics/sql"
 	"github.com/stampguard/stampguard/analytics/store"
 	"github.com/stampguard/stampguard/internal/audit"
 )
@@ -24,7 +25,9 @@ import (
 // spec.replicas alone, fields that come and go, set-like lists whose
 // items repeat and come in any order, keyed list items, a create, and
 // every basis of a write. Two windows: the whole history, and one that
-// starts in its middle (a change before it is no one's).
+// starts in its middle (a change before it is no one's). Compacted, the
+// hours are read from their caches and from a block of two hours, whose
+// hours also meet at a version or interleave.
 func TestFieldChangesFollowTheirDefinition(t *testing.T) {
 	t.Parallel() // its own ClickHouse server
 	st, db := migrated(t)
@@ -62,11 +65,26 @@ func TestFieldChangesFollowTheirDefinition(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
+	// blocks are the blocks the plan of [from, to) reads in place of its
+	// hours.
+	blocks := func(from, to time.Duration) []asql.Block {
+		t.Helper()
+		o := Options{Database: db, Cluster: "c1", Since: t0.Add(from), Until: t0.Add(to), History: true}
+		if err := o.split(ctx, st.Conn()); err != nil {
+			t.Fatal(err)
+		}
+		return o.plan.Blocks
+	}
 	whole, cut := [2]time.Duration{0, 3 * time.Hour}, [2]time.Duration{30 * time.Minute, 3 * time.Hour}
 	// Every hour read raw, a segment each.
 	check("raw", whole, cut)
-	// The hours from their caches, whole or cut by the window.
+	// The hours from their caches, whole or cut by the window; t0's hour
+	// and the next make a block (t0 is 08:00), which the windows that hold
+	// both read in place of their bounds.
 	compact()
+	if b := blocks(0, 3*time.Hour); len(b) != 1 || !b[0].Start.Equal(t0) || b[0].Hours != 2 {
+		t.Fatalf("compacted, the whole window reads blocks %v, want the two hours from t0", b)
+	}
 	check("compacted", whole, cut, [2]time.Duration{0, 2 * time.Hour}, [2]time.Duration{time.Hour, 2 * time.Hour}, [2]time.Duration{0, time.Hour},
 		[2]time.Duration{0, 90 * time.Minute}, [2]time.Duration{70 * time.Minute, 3 * time.Hour})
 	// Hours that meet at a version or interleave, from their caches;
@@ -77,8 +95,16 @@ func TestFieldChangesFollowTheirDefinition(t *testing.T) {
 	storeWithCopies(t, st, slices.Delete(slices.Clone(s.rows[from:]), late-from, late-from+1), func(int, audit.Row) bool { return false })
 	compact()
 	storeWithCopies(t, st, s.rows[late:late+1], func(int, audit.Row) bool { return false })
+	// The late version's hour is dirty: no block is read, the one built
+	// before names the hour's earlier version.
+	if b := blocks(0, 3*time.Hour); len(b) != 0 {
+		t.Fatalf("late, dirty: the whole window reads blocks %v, want none", b)
+	}
 	check("late, dirty", whole, cut, [2]time.Duration{time.Hour, 2 * time.Hour})
 	compact()
+	if b := blocks(0, 3*time.Hour); len(b) != 1 {
+		t.Fatalf("late, compacted: the whole window reads blocks %v, want the block built again", b)
+	}
 	clean := [2]time.Duration{0, 2 * time.Hour} // the clean hours alone: the report reads the interleaved objects first
 	check("late, compacted", whole, cut, clean, [2]time.Duration{time.Hour, 2 * time.Hour})
 	o := Options{Database: db, Cluster: "c1", Since: t0.Add(clean[0]), Until: t0.Add(clean[1]), History: true}

@@ -138,6 +138,22 @@ func TestClusterReportEqualsSingleNode(t *testing.T) {
 		t.Fatalf("the cluster's plan has %d clean hours of 4, and %d field bounds cached", len(o.plan.Clean), bounds)
 	}
 	checkHistory("compacted", historyWindows)
+	// Blocks of the compacted hours (two of two hours, from 18:00 and
+	// 20:00), built through the Distributed tables, read in place of
+	// their hours.
+	for _, st := range []*store.Store{single, clustered} {
+		if bs, err := st.CompactBlocks(ctx, hist); err != nil || len(bs) != 2 {
+			t.Fatalf("blocks built %v (%v), want two of two hours", bs, err)
+		}
+	}
+	o.History = true
+	if err := o.split(ctx, clustered.Conn()); err != nil {
+		t.Fatal(err)
+	}
+	if len(o.plan.Blocks) != 2 {
+		t.Fatalf("the cluster's plan reads blocks %v, want the two built", o.plan.Blocks)
+	}
+	checkHistory("blocks", historyWindows)
 
 	// Retention drops the days on every node.
 	if _, err := clustered.DropPartitionsBefore(ctx, t0.Add(30*24*time.Hour)); err != nil {

@@ -225,6 +225,11 @@ func (o *Options) split(ctx context.Context, conn driver.Conn) error {
 		}
 	}
 	o.plan = asql.PlanReport(o.Since, o.Until, clean)
+	if o.History && len(o.plan.Clean) > 1 {
+		if err := o.readBlocks(ctx, conn, from, to); err != nil {
+			return err
+		}
+	}
 	if o.History && o.plan.CachesOnly() {
 		return o.readInterleaved(ctx, conn)
 	}
@@ -259,6 +264,32 @@ func (o *Options) readInterleaved(ctx context.Context, conn driver.Conn) error {
 		return fmt.Errorf("read the objects whose clean hours interleave: %w", err)
 	}
 	o.plan.Interleaved, o.plan.InterleavedRead = hs, true
+	return nil
+}
+
+// readBlocks reads the block records of [from, to) and puts in the plan
+// the blocks of its clean hours whose hours' versions are the plan's
+// (Plan.ChooseBlocks): the field changes stitch their field bounds in
+// place of their hours'.
+func (o *Options) readBlocks(ctx context.Context, conn driver.Conn, from, to time.Time) error {
+	rows, err := conn.Query(ctx, strings.ReplaceAll(asql.Blocks, "{db}", o.Database),
+		clickhouse.Named("from_s", uint32(from.Unix())), clickhouse.Named("to_s", uint32(to.Unix())))
+	if err != nil {
+		return fmt.Errorf("read the block records: %w", err)
+	}
+	defer rows.Close()
+	var records []asql.BlockRecord
+	for rows.Next() {
+		var r asql.BlockRecord
+		if err := asql.ScanBlockRecord(rows.Scan, &r); err != nil {
+			return fmt.Errorf("read the block records: %w", err)
+		}
+		records = append(records, r)
+	}
+	if err := rows.Err(); err != nil {
+		return fmt.Errorf("read the block records: %w", err)
+	}
+	o.plan.ChooseBlocks(records)
 	return nil
 }
 

@@ -208,7 +208,7 @@ func (g Grafana) Bind(s Statement) (string, error) {
 		// known only when the query runs.
 		writerCounted, counted,
 		// A panel's window is known only as the query runs.
-		fieldChanges, fieldChangesFrom(true, true),
+		fieldChanges, fieldChangesFrom(rollupSegments, true, true),
 		"{loop_conflicts}", loopConflicts, "{loop_successes}", loopSuccesses,
 		"{filters}", allOf(filters), "{request_filters}", allOf(requestFilters), unfilteredRequests, allOf(unfiltered))
 	sql = replace(sql, cached...)

@@ -92,25 +92,26 @@ const WriteBasis = `multiIf(created = 1, 'create',
 // left out of its SQL.
 const fieldChanges = "{field_changes}"
 
-// fieldChangesFrom are the field changes from the caches of the clean
-// hours (cached), from the history rows of the other hours (raw), or both.
-// Every object is stitched, and the changes of those whose segments
-// interleave (interleavedHashes, found in the same query) are read
-// instead from their rows over the whole window, as one segment.
-func fieldChangesFrom(cached, raw bool) string {
+// fieldChangesFrom are the field changes from the cached segments of
+// segs (the clean hours', and blocks of them) and the clean hours'
+// cached changes (cached), from the history rows of the other hours
+// (raw), or both. Every object is stitched, and the changes of those
+// whose segments interleave (segs.interleaved, found in the same query)
+// are read instead from their rows over the whole window, as one segment.
+func fieldChangesFrom(segs segmentSources, cached, raw bool) string {
 	if !cached {
 		return `(SELECT ` + changeColumns + ` FROM ` + segmentChanges(segmentVersions(`cluster = @cluster AND {window}`, `toUInt64(0)`), true) + `)`
 	}
-	records, order := stitchRecords(raw)
-	return stitchedWindow(records, interleavedHashes(order))
+	records, order := stitchRecords(segs, raw)
+	return stitchedWindow(segs, records, segs.interleaved(order))
 }
 
-// stitchRecords are the records the stitch reads, of the clean hours and,
-// with raw, of the other hours computed raw, an hour a segment; and
-// order, what interleavedHashes reads of the same segments.
-func stitchRecords(raw bool) (records, order string) {
-	objects, order := cachedObjects, cachedOrder
-	records = `SELECT * FROM ` + cachedRecords
+// stitchRecords are the records the stitch reads, of the cached segments
+// of segs and, with raw, of the other hours computed raw, an hour a
+// segment; and order, what interleavedHashes reads of the same segments.
+func stitchRecords(segs segmentSources, raw bool) (records, order string) {
+	objects, order := segs.objects(), segs.order()
+	records = `SELECT * FROM ` + segs.records()
 	if raw {
 		versions := segmentVersions(`cluster = @cluster AND {history_raw}`, hourSegment)
 		order = `(SELECT * FROM ` + order + ` UNION ALL SELECT * FROM ` + rawOrder(`cluster = @cluster AND {history_raw}`) + `)`
@@ -123,21 +124,11 @@ func stitchRecords(raw bool) (records, order string) {
 		UNION ALL SELECT * FROM ` + absentRecords(objects) + `)`, order
 }
 
-// cachedObjects are the clean hours' bounds of each object
-// (hour_object_bounds), and cachedOrder what interleavedHashes reads of
-// them.
-var (
-	cachedObjects = `(SELECT ` + historyKey + `, object_hash, toUInt64(intDiv(toUInt32(hour), 3600)) AS seg, ` + read(objectColumns) + `
-		FROM {db}.hour_object_bounds WHERE cluster = @cluster AND {rollup_window})`
-	cachedOrder = `(SELECT object_hash, toUInt64(intDiv(toUInt32(hour), 3600)) AS seg, min_version, max_version, min_full, max_full, min_created
-		FROM {db}.hour_object_bounds WHERE cluster = @cluster AND {rollup_window})`
-)
-
 // cachedFieldChanges are the field changes of a window of clean hours
 // alone, whose interleaved objects the report read once beforehand
 // (InterleavedObjects): with none, the caches and the stitch are all
 // there is to read.
-func cachedFieldChanges(interleaved []uint64) string {
+func cachedFieldChanges(segs segmentSources, interleaved []uint64) string {
 	set := ""
 	if len(interleaved) > 0 {
 		hs := make([]string, len(interleaved))
@@ -146,20 +137,28 @@ func cachedFieldChanges(interleaved []uint64) string {
 		}
 		set = `(` + strings.Join(hs, ", ") + `)`
 	}
-	records, _ := stitchRecords(false)
-	return stitchedWindow(records, set)
+	records, _ := stitchRecords(segs, false)
+	return stitchedWindow(segs, records, set)
 }
 
-// stitchedWindow are the clean hours' cached changes and those records
-// stitch, but for the objects of interleaved (SQL of a set of
-// object_hash; none when empty), whose changes are read from their rows
-// over the whole window, as one segment (GLOBAL: on a ClickHouse
-// cluster, the set is built once, by the node the query came to).
-func stitchedWindow(records, interleaved string) string {
+// stitchedWindow are the clean hours' cached changes, the blocks' of
+// segs, and those records stitch, but for the objects of interleaved (SQL
+// of a set of object_hash; none when empty), whose changes are read from
+// their rows over the whole window, as one segment (GLOBAL: on a
+// ClickHouse cluster, the set is built once, by the node the query came
+// to).
+func stitchedWindow(segs segmentSources, records, interleaved string) string {
 	changes := `
 		SELECT object_hash, ` + historyKey + `, field, CAST(writer AS String) AS writer, time_us, audit_id, CAST(basis AS String) AS basis,
 			CAST(prev_writer AS String) AS prev_writer, prev_time_us, prev_audit_id, removed_added, item_removed
-		FROM {db}.hour_field_changes WHERE cluster = @cluster AND {rollup_window}
+		FROM {db}.hour_field_changes WHERE cluster = @cluster AND {rollup_window}`
+	if segs.blocks != "" {
+		changes += `
+		UNION ALL SELECT object_hash, ` + historyKey + `, field, CAST(writer AS String) AS writer, time_us, audit_id, CAST(basis AS String) AS basis,
+			CAST(prev_writer AS String) AS prev_writer, prev_time_us, prev_audit_id, removed_added, item_removed
+		FROM {db}.block_field_changes WHERE cluster = @cluster AND ` + segs.blocks
+	}
+	changes += `
 		UNION ALL SELECT object_hash, ` + changeColumns + ` FROM ` + stitchedChanges(records)
 	if interleaved == "" {
 		return `(
@@ -177,7 +176,8 @@ func stitchedWindow(records, interleaved string) string {
 // hands to its plan (Interleaved) instead of finding them in each
 // statement.
 func (r Report) InterleavedObjects() string {
-	return r.Bind(Statement{SQL: `SELECT object_hash FROM ` + interleavedHashes(cachedOrder) + ` ORDER BY object_hash`})
+	segs := r.Plan.segments()
+	return r.Bind(Statement{SQL: `SELECT object_hash FROM ` + segs.interleaved(segs.order()) + ` ORDER BY object_hash`})
 }
 
 // LostCause is the cause of a lost update, the empty string for a change that lost

@@ -339,17 +339,6 @@ func rawRecords(versions string) string {
 	FROM ` + fieldSeqs(versions, `0`) + `)`
 }
 
-// cachedRecords are the records of the clean hours' bounds.
-const cachedRecords = `(
-	SELECT ` + historyKey + `, field, object_hash, first_version, toUInt64(intDiv(toUInt32(hour), 3600)) AS seg, first_vals, CAST(first_writer AS String) AS first_writer,
-		first_time_us, first_audit_id, CAST(first_basis AS String) AS first_basis,
-		arrayFilter(x -> tupleElement(x, 8) = 1, [
-			(next_vals, next_before, CAST(next_writer AS String), next_time_us, next_audit_id, CAST(next_basis AS String), toUInt8(next_basis != 'create'), has_next),
-			(last_set_vals, last_set_before, CAST(last_set_writer AS String), last_set_time_us, last_set_audit_id, '', toUInt8(0), has_last)]) AS later,
-		end_vals
-	FROM {db}.hour_field_bounds
-	WHERE cluster = @cluster AND {rollup_window})`
-
 // absentRecords are the records of the fields of each object in the
 // segments of objects where the object shows whole and the field has no
 // row of its own: absent at the first whole view, set only by the creates

@@ -39,6 +39,9 @@ type Plan struct {
 	// each statement finds them itself.
 	Interleaved     []uint64
 	InterleavedRead bool
+	// Blocks are the blocks of clean hours whose field bounds the field
+	// changes read in place of their hours' (ChooseBlocks).
+	Blocks []Block
 }
 
 // CachesOnly says the plan reads the field changes from the caches of
@@ -219,9 +222,9 @@ func (p Plan) rawWindow() string {
 // its clean whole hours from their caches, the rest raw.
 func (p Plan) fieldChanges() string {
 	if p.InterleavedRead && p.CachesOnly() {
-		return cachedFieldChanges(p.Interleaved)
+		return cachedFieldChanges(p.segments(), p.Interleaved)
 	}
-	return fieldChangesFrom(len(p.Clean) > 0, len(p.Clean) == 0 || len(p.Raw)+len(p.Partial) > 0)
+	return fieldChangesFrom(p.segments(), len(p.Clean) > 0, len(p.Clean) == 0 || len(p.Raw)+len(p.Partial) > 0)
 }
 
 // historyRawWindow is the window minus the plan's clean whole hours

@@ -179,7 +179,7 @@ func (s Statement) ReadsFieldChanges() bool {
 func (s Statement) Validate() error {
 	// {writer_counted} uses what counted does; {field_changes} places
 	// time as its every source does.
-	sql := replace(s.SQL, writerCounted, counted, fieldChanges, fieldChangesFrom(true, true))
+	sql := replace(s.SQL, writerCounted, counted, fieldChanges, fieldChangesFrom(rollupSegments, true, true))
 	var used []string
 	for _, m := range paramRef.FindAllStringSubmatch(sql, -1) {
 		used = append(used, m[1])

@@ -31,11 +31,15 @@ const DefaultCompactAfter = 5 * time.Minute
 type CompactResult struct {
 	// Hours are the hours compacted.
 	Hours []time.Time
+	// Blocks are the blocks of clean hours built (CompactBlocks).
+	Blocks []asql.Block
 }
 
 // Compact builds the caches of every hour that starts on since's day or
 // later, is not clean, and ended and was last written to at least after
-// ago (by ClickHouse's clocks). The wait is for a cluster: a compaction
+// ago (by ClickHouse's clocks), then the blocks of clean hours from
+// since on that are not built from their hours' current versions
+// (CompactBlocks). The wait is for a cluster: a compaction
 // reads one replica of each shard, and reads only replicas less than
 // replicaDelay behind (cluster.go), so every part older than that is
 // there; after must exceed it.
@@ -66,7 +70,9 @@ func (s *Store) Compact(ctx context.Context, since time.Time, after time.Duratio
 		}
 		res.Hours = append(res.Hours, hour)
 	}
-	return res, nil
+	blocks, err := s.CompactBlocks(ctx, since)
+	res.Blocks = blocks
+	return res, err
 }
 
 // CompactHour builds the caches of one hour (its start, a whole UTC hour)
@@ -116,8 +122,9 @@ const DefaultPruneAfter = time.Hour
 const prunePerStatement = 1000
 
 // Prune deletes the rows of the cache versions that have been superseded
-// for after or longer (asql.SupersededVersions), from every cache table,
-// then their records, and returns how many versions it named. No reader
+// for after or longer (asql.SupersededVersions), and of the blocks built
+// from them (asql.SupersededBlocks), from every cache table, then their
+// records, and returns how many versions (blocks included) it named. No reader
 // takes such a version: a version is read only through its record, while
 // that record is the newest clean one of its layout, and a superseded
 // record never is again; removing it changes no reader's choice. Every
@@ -131,40 +138,62 @@ const prunePerStatement = 1000
 // mutations of an earlier one still run may name those versions again,
 // which deletes nothing more.
 func (s *Store) Prune(ctx context.Context, after time.Duration) (int, error) {
-	rows, err := s.conn.Query(ctx, s.sql(asql.SupersededVersions), clickhouse.Named("grace_s", uint32(after/time.Second)))
+	grace := clickhouse.Named("grace_s", uint32(after/time.Second))
+	// The blocks first: a block is listed by the hour versions it names,
+	// which are listed no more once their records are gone.
+	blocks, err := s.listVersions(ctx, asql.SupersededBlocks, grace)
+	if err != nil {
+		return 0, fmt.Errorf("list superseded blocks: %w", err)
+	}
+	versions, err := s.listVersions(ctx, asql.SupersededVersions, grace)
 	if err != nil {
 		return 0, fmt.Errorf("list superseded cache versions: %w", err)
 	}
+	// The records last: a version whose record is gone is never listed
+	// again, so its rows must be on their way out by then (a mutation,
+	// once accepted, runs to its end, through restarts too).
+	if err := s.deleteVersions(ctx, blocks, append(slices.Clone(asql.BlockTables), "block_caches")); err != nil {
+		return 0, err
+	}
+	if err := s.deleteVersions(ctx, versions, append(slices.Clone(asql.CacheTables), asql.RecordTables...)); err != nil {
+		return 0, err
+	}
+	return len(blocks) + len(versions), nil
+}
+
+// listVersions runs q, a query of (hour in Unix seconds, version), and
+// returns its rows as SQL tuples.
+func (s *Store) listVersions(ctx context.Context, q string, args ...any) ([]string, error) {
+	rows, err := s.conn.Query(ctx, s.sql(q), args...)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
 	var versions []string
 	for rows.Next() {
 		var h uint32
 		var v uint64
 		if err := rows.Scan(&h, &v); err != nil {
-			rows.Close()
-			return 0, fmt.Errorf("list superseded cache versions: %w", err)
+			return nil, err
 		}
 		versions = append(versions, fmt.Sprintf("(toDateTime(%d), toUInt64(%d))", h, v))
 	}
-	rows.Close()
-	if err := rows.Err(); err != nil {
-		return 0, fmt.Errorf("list superseded cache versions: %w", err)
-	}
-	named := len(versions)
+	return versions, rows.Err()
+}
+
+// deleteVersions deletes the rows of versions from tables, in order.
+func (s *Store) deleteVersions(ctx context.Context, versions, tables []string) error {
 	for len(versions) > 0 {
 		n := min(len(versions), prunePerStatement)
 		set := asql.SetOf(versions[:n])
-		// The records last: a version whose record is gone is never
-		// listed again, so its rows must be on their way out by then
-		// (a mutation, once accepted, runs to its end, through restarts
-		// too).
-		for _, table := range append(slices.Clone(asql.CacheTables), asql.RecordTables...) {
+		for _, table := range tables {
 			if err := s.execDDL(ctx, "ALTER TABLE {db}."+table+" DELETE WHERE (hour, version) IN "+set); err != nil {
-				return 0, fmt.Errorf("delete superseded versions from %s: %w", table, err)
+				return fmt.Errorf("delete superseded versions from %s: %w", table, err)
 			}
 		}
 		versions = versions[n:]
 	}
-	return named, nil
+	return nil
 }
 
 // The steps of a compaction at which Store.hook runs.

@@ -18,7 +18,7 @@ import (
 // that supersede a version (a compaction of a clean hour, a copy stored
 // into a compacted hour) and prunes after each: every superseded
 // version's rows and record go once the grace has passed, and none
-// before; the newest clean version of each hour, a clean version of an
+// before, with the blocks built from them; the newest clean version of each hour, a clean version of an
 // earlier release's layout, and a compaction still writing its caches
 // keep every row; and the report equals the ground truth throughout.
 func TestPruneDeletesOnlyVersionsNoReaderTakes(t *testing.T) {
@@ -32,8 +32,19 @@ func TestPruneDeletesOnlyVersionsNoReaderTakes(t *testing.T) {
 	if _, err := st.InsertRecords(t.Context(), recordtest.Set(first, nil)); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := st.Compact(t.Context(), since, 0); err != nil {
+	res, err := st.Compact(t.Context(), since, 0)
+	if err != nil {
 		t.Fatal(err)
+	}
+	// The two hours (from 08:00) make a block of two, built from their
+	// first versions.
+	if len(res.Blocks) != 1 {
+		t.Fatalf("the compaction built blocks %v, want one of the two hours", res.Blocks)
+	}
+	b1 := res.Blocks[0]
+	b1Rows := blockRows(t, st, b1.Version)
+	if b1Rows == 0 {
+		t.Fatal("the block holds no rows")
 	}
 	v1 := recordedVersions(t, st)
 	if len(v1) < 2 {
@@ -74,10 +85,17 @@ func TestPruneDeletesOnlyVersionsNoReaderTakes(t *testing.T) {
 	if got := versionRows(t, st, values(v1)...); got != rows1 {
 		t.Fatalf("the superseded versions hold %d rows after a prune within the grace, %d before", got, rows1)
 	}
+	if got := blockRows(t, st, b1.Version); got != b1Rows {
+		t.Fatalf("the block of the superseded versions holds %d rows after a prune within the grace, %d before", got, b1Rows)
+	}
 	afterASecond()
-	requirePruned(t, st, 0, len(v1), "once the grace has passed")
+	// The superseded hour versions, and the block built from them.
+	requirePruned(t, st, 0, len(v1)+1, "once the grace has passed")
 	if got := versionRows(t, st, values(v1)...); got != 0 {
 		t.Errorf("the superseded versions still hold %d rows", got)
+	}
+	if got := blockRows(t, st, b1.Version); got != 0 || count(t, st, "SELECT count() FROM {db}.block_caches") != 0 {
+		t.Errorf("the block of the superseded versions still holds %d rows", got)
 	}
 	if got := versionRows(t, st, values(v2)...); got != rows2 {
 		t.Errorf("the newest versions hold %d rows after the prune, %d before", got, rows2)
@@ -113,9 +131,14 @@ func TestPruneDeletesOnlyVersionsNoReaderTakes(t *testing.T) {
 	// A compaction that is writing its caches, its record not yet
 	// written, while a prune runs: its rows stay, and it is read once it
 	// is recorded.
-	if _, err := st.Compact(t.Context(), since, 0); err != nil {
+	res, err = st.Compact(t.Context(), since, 0)
+	if err != nil {
 		t.Fatal(err)
 	}
+	if len(res.Blocks) != 1 {
+		t.Fatalf("the compaction built blocks %v, want one of the two hours", res.Blocks)
+	}
+	b3 := res.Blocks[0]
 	v3 := recordedVersions(t, st)
 	afterASecond()
 	pruned := -1
@@ -138,9 +161,12 @@ func TestPruneDeletesOnlyVersionsNoReaderTakes(t *testing.T) {
 		t.Errorf("the compaction's version holds %d rows after a prune ran during it, %d before", got, rows4)
 	}
 	afterASecond()
-	requirePruned(t, st, 0, 1, "the version the compaction superseded")
+	requirePruned(t, st, 0, 2, "the version the compaction superseded, and the block built from it")
 	if got := versionRows(t, st, v3[earlier]); got != 0 {
 		t.Errorf("the superseded version still holds %d rows", got)
+	}
+	if got := blockRows(t, st, b3.Version); got != 0 {
+		t.Errorf("the block of the superseded version still holds %d rows", got)
 	}
 	requireTruth(t, st, wantAll, since, until, "after the last prune")
 }
@@ -217,6 +243,16 @@ func versionRows(t *testing.T, st *Store, versions ...uint64) uint64 {
 	var n uint64
 	for _, table := range asql.CacheTables {
 		n += count(t, st, "SELECT count() FROM {db}."+table+" WHERE version IN ("+strings.Join(list, ", ")+")")
+	}
+	return n
+}
+
+// blockRows counts the rows of a block's version in the block tables.
+func blockRows(t *testing.T, st *Store, version uint64) uint64 {
+	t.Helper()
+	var n uint64
+	for _, table := range asql.BlockTables {
+		n += count(t, st, fmt.Sprintf("SELECT count() FROM {db}.%s WHERE version = %d", table, version))
 	}
 	return n
 }

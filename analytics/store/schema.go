@@ -682,4 +682,117 @@ var Migrations = []Migration{
 			ORDER BY (cluster, hour, version, api_group, resource, namespace, name, event_time_us)`,
 		},
 	},
+	{
+		Version: 13,
+		Name:    "block_caches, block_field_changes, block_field_bounds, block_object_bounds: the field changes per block of hours",
+		Statements: []string{
+			// Blocks of clean hours (analytics/sql, history_blocks.go):
+			// the stitch of their hours' field bounds, built by the
+			// compaction under a version of their own, with the columns
+			// of the hours' (and, per object, whether its hours interleave
+			// within the block). A block is read only through its record,
+			// which names the versions of its hours it was built from.
+			`CREATE TABLE IF NOT EXISTS {db}.block_field_changes (
+				event_date    Date,
+				hour          DateTime,
+				version       UInt64,
+				cluster       LowCardinality(String),
+				api_group     LowCardinality(String),
+				resource      LowCardinality(String),
+				namespace     LowCardinality(String),
+				name          String,
+				object_hash UInt64,
+				field         String,
+				writer        LowCardinality(String),
+				time_us       UInt64,
+				audit_id      String,
+				basis         LowCardinality(String),
+				prev_writer   LowCardinality(String),
+				prev_time_us  UInt64,
+				prev_audit_id String,
+				removed_added UInt8,
+				item_removed  UInt8
+			) ENGINE = MergeTree()
+			PARTITION BY event_date
+			ORDER BY (cluster, hour, version, api_group, resource, namespace, name, field, time_us)`,
+			`CREATE TABLE IF NOT EXISTS {db}.block_field_bounds (
+				event_date        Date,
+				hour              DateTime,
+				version           UInt64,
+				cluster           LowCardinality(String),
+				api_group         LowCardinality(String),
+				resource          LowCardinality(String),
+				namespace         LowCardinality(String),
+				name              String,
+				object_hash UInt64,
+				field             String,
+				first_version     UInt64,
+				first_vals        Array(UInt64),
+				first_writer      LowCardinality(String),
+				first_time_us     UInt64,
+				first_audit_id    String,
+				first_basis       LowCardinality(String),
+				has_next          UInt8,
+				next_vals         Array(UInt64),
+				next_before       Array(UInt64),
+				next_writer       LowCardinality(String),
+				next_time_us      UInt64,
+				next_audit_id     String,
+				next_basis        LowCardinality(String),
+				has_last          UInt8,
+				last_set_vals     Array(UInt64),
+				last_set_before   Array(UInt64),
+				last_set_writer   LowCardinality(String),
+				last_set_time_us  UInt64,
+				last_set_audit_id String,
+				end_vals          Array(UInt64)
+			) ENGINE = MergeTree()
+			PARTITION BY event_date
+			ORDER BY (cluster, hour, version, api_group, resource, namespace, name, field)`,
+			`CREATE TABLE IF NOT EXISTS {db}.block_object_bounds (
+				event_date           Date,
+				hour                 DateTime,
+				version              UInt64,
+				cluster              LowCardinality(String),
+				api_group            LowCardinality(String),
+				resource             LowCardinality(String),
+				namespace            LowCardinality(String),
+				name                 String,
+				object_hash UInt64,
+				min_version          UInt64,
+				max_version          UInt64,
+				min_full             UInt8,
+				max_full             UInt8,
+				min_created          UInt8,
+				has_whole            UInt8,
+				whole_version        UInt64,
+				whole_writer         LowCardinality(String),
+				whole_time_us        UInt64,
+				whole_audit_id       String,
+				whole_basis          LowCardinality(String),
+				has_create           UInt8,
+				next_create_writer   LowCardinality(String),
+				next_create_time_us  UInt64,
+				next_create_audit_id String,
+				has_last_create      UInt8,
+				last_create_writer   LowCardinality(String),
+				last_create_time_us  UInt64,
+				last_create_audit_id String,
+				fields               Array(String),
+				interleaved          UInt8
+			) ENGINE = MergeTree()
+			PARTITION BY event_date
+			ORDER BY (cluster, hour, version, api_group, resource, namespace, name)`,
+			`CREATE TABLE IF NOT EXISTS {db}.block_caches (
+				event_date   Date,
+				hour         DateTime,
+				hours        UInt8,
+				version      UInt64,
+				versions     Array(UInt64),
+				compacted_at DateTime
+			) ENGINE = MergeTree()
+			PARTITION BY event_date
+			ORDER BY (hour, hours, version)`,
+		},
+	},
 }
