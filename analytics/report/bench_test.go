@@ -153,6 +153,17 @@ func BenchmarkReport(b *testing.B) {
 					}
 				}
 			})
+			// Side by side: the field changes stitching every hour alone,
+			// without the blocks of hours the compaction built.
+			hoursOnly := history
+			hoursOnly.hoursOnly = true
+			b.Run(mode.name+"/whole-history-hours-only", func(b *testing.B) {
+				for b.Loop() {
+					if _, err := Build(ctx, store.Conn(), hoursOnly); err != nil {
+						b.Fatal(err)
+					}
+				}
+			})
 			historySeq := history
 			historySeq.parallel = 1
 			b.Run(mode.name+"/whole-history-sequential", func(b *testing.B) {
@@ -173,11 +184,14 @@ func BenchmarkReport(b *testing.B) {
 				}
 			}
 		})
-		// Each query alone, over the whole day and over the cut window.
+		// Each query alone, over the whole day and over the cut window,
+		// and over the day without the blocks of hours.
+		hoursOnly := o
+		hoursOnly.hoursOnly = true
 		for _, w := range []struct {
 			name string
 			o    Options
-		}{{"", o}, {"cut-hours/", cut}} {
+		}{{"", o}, {"cut-hours/", cut}, {"hours-only/", hoursOnly}} {
 			w.o.History = true // planned as a report with --history plans
 			if err := w.o.split(ctx, store.Conn()); err != nil {
 				b.Fatal(err)

@@ -55,6 +55,9 @@ type Options struct {
 	plan asql.Plan
 	// parallel is how many queries run at once (reportParallelism).
 	parallel int
+	// hoursOnly stitches every clean hour alone, without blocks: the
+	// benchmarks' side by side.
+	hoursOnly bool
 }
 
 // The defaults of Options (and of `auditsink report`'s flags).
@@ -225,7 +228,7 @@ func (o *Options) split(ctx context.Context, conn driver.Conn) error {
 		}
 	}
 	o.plan = asql.PlanReport(o.Since, o.Until, clean)
-	if o.History && len(o.plan.Clean) > 1 {
+	if o.History && len(o.plan.Clean) > 1 && !o.hoursOnly {
 		if err := o.readBlocks(ctx, conn, from, to); err != nil {
 			return err
 		}

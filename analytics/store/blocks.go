@@ -14,12 +14,25 @@ import (
 
 // CompactBlocks builds the blocks of clean hours (asql.BlockSizes) from
 // since's hour on that no block record names with their hours' current
-// versions, and returns them. A block is a pure function of the hour
+// versions, and returns them, the newest first. A block is a pure function of the hour
 // versions its record names (analytics/sql, history_blocks.go): a block
 // built from versions that a later compaction of an hour superseded is
 // never read again, and Prune deletes it; racing builders each write a
 // block of their own, and readers take either.
 func (s *Store) CompactBlocks(ctx context.Context, since time.Time) ([]asql.Block, error) {
+	return s.compactBlocks(ctx, since, 0)
+}
+
+// blockBudget bounds the time a compaction (Compact) spends building
+// blocks after its hours: a backfill of many days' blocks (a release that
+// adds them, a long ingest) is spread over the compactions that follow,
+// newest first, and never holds up the hours of the next one for long.
+const blockBudget = time.Minute
+
+// compactBlocks is CompactBlocks, the newest blocks first, which starts
+// no block once it has run budget or longer (none: no bound).
+func (s *Store) compactBlocks(ctx context.Context, since time.Time, budget time.Duration) ([]asql.Block, error) {
+	began := time.Now()
 	from := since.UTC().Truncate(time.Hour).Unix()
 	clean := map[int64]uint64{}
 	rows, err := s.conn.Query(ctx, "SELECT toUInt32(hour), version FROM "+s.sql(asql.CleanHours(strconv.FormatInt(max(from, 0), 10), "toUInt32(now()) + 3600")))
@@ -62,16 +75,10 @@ func (s *Store) CompactBlocks(ctx context.Context, since time.Time) ([]asql.Bloc
 			built[key] = r.HourVersions
 		}
 	}
-	var starts []int64
+	var todo [][]asql.CleanHour
 	for h := range clean {
-		starts = append(starts, h)
-	}
-	slices.Sort(starts)
-	var done []asql.Block
-	for _, n := range asql.BlockSizes {
-		span := int64(n) * 3600
-		for _, h := range starts {
-			if h%span != 0 {
+		for _, n := range asql.BlockSizes {
+			if h%(int64(n)*3600) != 0 {
 				continue
 			}
 			hours := hourRun(clean, h, n)
@@ -81,12 +88,26 @@ func (s *Store) CompactBlocks(ctx context.Context, since time.Time) ([]asql.Bloc
 			if vs, ok := built[[2]int64{h, int64(n)}]; ok && slices.Equal(vs, versionsOf(hours)) {
 				continue
 			}
-			b, err := s.buildBlock(ctx, hours)
-			if err != nil {
-				return done, err
-			}
-			done = append(done, b)
+			todo = append(todo, hours)
 		}
+	}
+	// The newest first, and of one start the longest.
+	slices.SortFunc(todo, func(a, b []asql.CleanHour) int {
+		if c := b[0].Hour.Compare(a[0].Hour); c != 0 {
+			return c
+		}
+		return len(b) - len(a)
+	})
+	var done []asql.Block
+	for _, hours := range todo {
+		if budget > 0 && time.Since(began) >= budget {
+			break
+		}
+		b, err := s.buildBlock(ctx, hours)
+		if err != nil {
+			return done, err
+		}
+		done = append(done, b)
 	}
 	return done, nil
 }

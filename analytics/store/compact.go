@@ -39,7 +39,7 @@ type CompactResult struct {
 // later, is not clean, and ended and was last written to at least after
 // ago (by ClickHouse's clocks), then the blocks of clean hours from
 // since on that are not built from their hours' current versions
-// (CompactBlocks). The wait is for a cluster: a compaction
+// (CompactBlocks), the newest first, for up to blockBudget. The wait is for a cluster: a compaction
 // reads one replica of each shard, and reads only replicas less than
 // replicaDelay behind (cluster.go), so every part older than that is
 // there; after must exceed it.
@@ -70,7 +70,7 @@ func (s *Store) Compact(ctx context.Context, since time.Time, after time.Duratio
 		}
 		res.Hours = append(res.Hours, hour)
 	}
-	blocks, err := s.CompactBlocks(ctx, since)
+	blocks, err := s.compactBlocks(ctx, since, blockBudget)
 	res.Blocks = blocks
 	return res, err
 }

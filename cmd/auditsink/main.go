@@ -240,7 +240,7 @@ func migrate(fs *flag.FlagSet, stdout, stderr io.Writer) func([]string) (work, e
 				if err != nil {
 					return err
 				}
-				fmt.Fprintf(stdout, "hour caches built: %d hours\n", len(res.Hours))
+				fmt.Fprintf(stdout, "hour caches built: %d hours, %d blocks of hours\n", len(res.Hours), len(res.Blocks))
 				pruned, err := st.Prune(ctx, m.PruneAfter)
 				if err != nil {
 					return err
