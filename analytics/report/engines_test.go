@@ -190,8 +190,8 @@ func TestEnginesAgree(t *testing.T) {
 	})
 
 	// Every hour compacted again a second later, on both engines: the
-	// first versions are superseded, both engines list the same ones, and
-	// the deletes leave the same tables.
+	// first versions are superseded with the blocks built from them, both
+	// engines list the same ones, and the deletes leave the same tables.
 	t.Run("pruning superseded cache versions", func(t *testing.T) {
 		time.Sleep(1100 * time.Millisecond)
 		for _, h := range compacted.Hours {
@@ -205,13 +205,19 @@ func TestEnginesAgree(t *testing.T) {
 			}
 		}
 		time.Sleep(1100 * time.Millisecond) // past every record, on both clocks
-		listing := []enginetest.Statement{{Name: "superseded versions",
-			SQL: strings.NewReplacer("{db}", en.DB, "@grace_s", "0").Replace(asql.SupersededVersions)}}
+		list := func(name, sql string) []enginetest.Statement {
+			return []enginetest.Statement{{Name: name, SQL: strings.NewReplacer("{db}", en.DB, "@grace_s", "0").Replace(sql)}}
+		}
+		listing, blocks := list("superseded versions", asql.SupersededVersions), list("superseded blocks", asql.SupersededBlocks)
 		if n := en.SameAnswers(t, "", listing); n != len(compacted.Hours) {
 			t.Fatalf("%d superseded versions listed, want the first version of each of the %d hours", n, len(compacted.Hours))
 		}
-		if n, err := en.Store.Prune(ctx, 0); err != nil || n != len(compacted.Hours) {
-			t.Fatalf("18.16 pruned %d versions, %v; want %d", n, err, len(compacted.Hours))
+		// The blocks built from the first versions go with them.
+		if n := en.SameAnswers(t, "", blocks); n != len(compacted.Blocks) || n == 0 {
+			t.Fatalf("%d superseded blocks listed, want the %d built from the first versions", n, len(compacted.Blocks))
+		}
+		if n, err := en.Store.Prune(ctx, 0); err != nil || n != len(compacted.Hours)+len(compacted.Blocks) {
+			t.Fatalf("18.16 pruned %d versions, %v; want %d hours' and %d blocks'", n, err, len(compacted.Hours), len(compacted.Blocks))
 		}
 		deletes := 0
 		for _, s := range en.Recorded(t, "prune") {
@@ -220,13 +226,13 @@ func TestEnginesAgree(t *testing.T) {
 				deletes++
 			}
 		}
-		if deletes != len(asql.CacheTables)+len(asql.RecordTables) {
-			t.Fatalf("the prune sent %d deletes, want one per cache and record table", deletes)
+		if want := len(asql.CacheTables) + len(asql.RecordTables) + len(asql.BlockTables) + 1; deletes != want {
+			t.Fatalf("the prune sent %d deletes, want one per cache, block and record table (%d)", deletes, want)
 		}
 		chtest.WaitForMutations(t, conn, en.DB)
 		en.SameAnswers(t, "", en.Tables(t))
-		if n := en.SameAnswers(t, "", listing); n != 0 {
-			t.Errorf("%d superseded versions listed after the prune", n)
+		if n := en.SameAnswers(t, "", slices.Concat(listing, blocks)); n != 0 {
+			t.Errorf("%d superseded versions and blocks listed after the prune", n)
 		}
 	})
 

@@ -35,7 +35,7 @@ func (s *Store) compactBlocks(ctx context.Context, since time.Time, budget time.
 	began := time.Now()
 	from := since.UTC().Truncate(time.Hour).Unix()
 	clean := map[int64]uint64{}
-	rows, err := s.conn.Query(ctx, "SELECT toUInt32(hour), version FROM "+s.sql(asql.CleanHours(strconv.FormatInt(max(from, 0), 10), "toUInt32(now()) + 3600")))
+	rows, err := s.conn.Query(ctx, "SELECT toUInt32(hour), version FROM "+s.sql(asql.CleanHours(strconv.FormatInt(max(from, 0), 10), "toUInt32(now()) + 3600"))+" ORDER BY hour")
 	if err != nil {
 		return nil, fmt.Errorf("list the clean hours for blocks: %w", err)
 	}

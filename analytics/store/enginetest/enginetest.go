@@ -203,9 +203,11 @@ func (en *Pair) CopyTo26(t *testing.T) {
 }
 
 // CompactedTables are the tables a compaction fills (analytics/sql,
-// hours.go: its inserts and its record); a test replays the compaction's
-// statements on 26.7.
-var CompactedTables = append(slices.Clone(asql.CacheTables), migrationInsert.FindStringSubmatch(asql.CompactionRecord)[1])
+// hours.go and history_blocks.go: the inserts and the records of its
+// hours and its blocks); a test replays the compaction's statements on
+// 26.7.
+var CompactedTables = slices.Concat(asql.CacheTables, []string{migrationInsert.FindStringSubmatch(asql.CompactionRecord)[1]},
+	asql.BlockTables, []string{migrationInsert.FindStringSubmatch(asql.BuildBlock([]asql.CleanHour{{}}).Record)[1]})
 
 // migrationInsert finds the tables a migration statement fills.
 var migrationInsert = regexp.MustCompile(`INSERT INTO \{db\}\.(\w+)`)
