@@ -30,7 +30,9 @@ func (s *Store) CompactBlocks(ctx context.Context, since time.Time) ([]asql.Bloc
 const blockBudget = time.Minute
 
 // compactBlocks is CompactBlocks, the newest blocks first, which starts
-// no block once it has run budget or longer (none: no bound).
+// no further block once it has run budget or longer (none: no bound):
+// every round builds one block at least, so that the rounds get through
+// however long the listing takes.
 func (s *Store) compactBlocks(ctx context.Context, since time.Time, budget time.Duration) ([]asql.Block, error) {
 	began := time.Now()
 	from := since.UTC().Truncate(time.Hour).Unix()
@@ -100,7 +102,7 @@ func (s *Store) compactBlocks(ctx context.Context, since time.Time, budget time.
 	})
 	var done []asql.Block
 	for _, hours := range todo {
-		if budget > 0 && time.Since(began) >= budget {
+		if budget > 0 && len(done) > 0 && time.Since(began) >= budget {
 			break
 		}
 		b, err := s.buildBlock(ctx, hours)
