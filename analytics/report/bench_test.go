@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	asql "github.com/stampguard/stampguard/analytics/sql"
 	"github.com/stampguard/stampguard/analytics/store"
 	"github.com/stampguard/stampguard/analytics/store/enginetest"
 	"github.com/stampguard/stampguard/test/chtest"
@@ -208,6 +209,25 @@ func BenchmarkReport(b *testing.B) {
 			}
 		}
 	}
+	// Last, as it rebuilds them: the blocks of the day's clean hours
+	// (asql.BlockSizes), built anew each run from empty block tables, as
+	// the compaction builds them once the hours are clean.
+	b.Run("rollup/build-blocks", func(b *testing.B) {
+		built := 0
+		for b.Loop() {
+			for _, table := range append(slices.Clone(asql.BlockTables), "block_caches") {
+				if err := store.Conn().Exec(ctx, "TRUNCATE TABLE "+db+"."+table); err != nil {
+					b.Fatal(err)
+				}
+			}
+			blocks, err := store.CompactBlocks(ctx, t0)
+			if err != nil {
+				b.Fatal(err)
+			}
+			built = len(blocks)
+		}
+		b.ReportMetric(float64(built), "blocks/op")
+	})
 }
 
 // cutWindow is the benchmark's window that cuts hours, as `--since 24h`
