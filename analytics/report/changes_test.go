@@ -27,12 +27,14 @@ import (
 // every basis of a write. Two windows: the whole history, and one that
 // starts in its middle (a change before it is no one's). Compacted, the
 // hours are read from their caches and from a block of two hours, whose
-// hours also meet at a version or interleave.
+// hours also meet at a version or interleave, and which meets the hour
+// after it at a version (blockEdgeScenario).
 func TestFieldChangesFollowTheirDefinition(t *testing.T) {
 	t.Parallel() // its own ClickHouse server
 	st, db := migrated(t)
 	ctx := t.Context()
 	s := definitionScenario()
+	blockEdgeScenario(s)
 	storeWithCopies(t, st, s.rows, func(i int, _ audit.Row) bool { return i%9 == 0 })
 
 	causes := map[string]int{}
@@ -173,32 +175,50 @@ func definitionScenario() *scenario {
 // earlier versions, whose row's index it returns (stored last). Their
 // first writes are in t0's hour, their last in the next.
 func lateScenario(s *scenario) (late int) {
-	rnd := rand.New(rand.NewPCG(36, 3))
+	return meetingScenario(s, 3, time.Hour, time.Minute, "", []string{"joined", "scaled-noop", "scaled-store", "late"})
+}
+
+// blockEdgeScenario adds to s objects written over both hours of t0's
+// block of two hours and the hour after it, whose block and next hour
+// meet at one version: the block's last version logged again in the next
+// hour with the whole object (joined: the block and the hour still follow
+// one another), or stored through the Scale and logged again with the
+// whole object (scaled-store: they do not).
+func blockEdgeScenario(s *scenario) {
+	meetingScenario(s, 4, 2*time.Hour, 4*time.Minute, "edge-", []string{"joined", "scaled-store"})
+}
+
+// meetingScenario adds the objects kinds (named prefix and the kind) of
+// lateScenario, a version every step, the 20th at hour (after t0); it
+// returns the late row's index (when kinds has "late").
+func meetingScenario(s *scenario, seed uint64, hour, step time.Duration, prefix string, kinds []string) (late int) {
+	rnd := rand.New(rand.NewPCG(36, seed))
 	writers := []string{"gitops", "hpa", "alice", "bob"}
-	for _, name := range []string{"joined", "scaled-noop", "scaled-store", "late"} {
+	for _, kind := range kinds {
+		name := prefix + kind
 		var boundary write
 		for v := uint64(1); v <= 40; v++ {
 			w := randomWrite(rnd, v == 1)
-			if name == "scaled-store" && v == 19 {
+			if kind == "scaled-store" && v == 19 {
 				w = write{verb: "update", code: 200, stamp: "18", paths: []string{"spec.replicas"}, hashes: []uint64{7}}
 			}
-			at := time.Hour + time.Duration(v)*time.Minute - 20*time.Minute // v 20 at 1h, the hour's first
+			at := hour + (time.Duration(v)-20)*step // v 20 at hour, the hour's first
 			if v == 19 {
 				boundary = w
 			}
-			if name == "late" && v == 30 {
-				at = time.Hour - 5*time.Minute // before versions 20..29, in the hour before
+			if kind == "late" && v == 30 {
+				at = hour - 5*time.Minute // before versions 20..29, in the hour before
 				late = len(s.rows)
 			}
 			s.add(at, writers[rnd.IntN(len(writers))], w.verb, "apps", "deployments", "shop", name, w.code, w.logged(v, w.stamp))
 		}
-		switch name {
+		switch kind {
 		case "joined": // a no-op write of version 19 in the next hour
-			s.add(time.Hour+30*time.Second, "alice", "update", "apps", "deployments", "shop", name, 200, boundary.logged(19, "19"))
+			s.add(hour+30*time.Second, "alice", "update", "apps", "deployments", "shop", name, 200, boundary.logged(19, "19"))
 		case "scaled-store": // version 19 stored through the Scale, its no-op write in the next hour shows the whole object
 			noop := randomWrite(rnd, false)
 			noop.verb, noop.full, noop.stamp = "update", true, "19"
-			s.add(time.Hour+30*time.Second, "alice", "update", "apps", "deployments", "shop", name, 200, noop.logged(19, "19"))
+			s.add(hour+30*time.Second, "alice", "update", "apps", "deployments", "shop", name, 200, noop.logged(19, "19"))
 		case "scaled-noop":
 			noop := write{verb: "update", code: 200, stamp: "19", paths: []string{"spec.replicas"}, hashes: []uint64{7}}
 			for i, p := range boundary.paths {
@@ -206,7 +226,7 @@ func lateScenario(s *scenario) (late int) {
 					noop.hashes[0] = boundary.hashes[i]
 				}
 			}
-			s.add(time.Hour+30*time.Second, "hpa", "update", "apps", "deployments", "shop", name, 200, noop.logged(19, "19"))
+			s.add(hour+30*time.Second, "hpa", "update", "apps", "deployments", "shop", name, 200, noop.logged(19, "19"))
 		}
 	}
 	return late
