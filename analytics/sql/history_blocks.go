@@ -1,9 +1,6 @@
 package sql
 
-import (
-	"strings"
-	"time"
-)
+import "time"
 
 // Blocks of hours (docs/auditsink.md, "Schema", migration 13). A block is
 // a run of BlockSizes hours, aligned (it starts at a multiple of its
@@ -262,19 +259,11 @@ func BuildBlock(hours []CleanHour) BlockBuild {
 // order (recs) and the sets after its first entry (later), each an
 // element as stitchedChanges lists them.
 func blockSets(records string) string {
-	r := func(i string) string { return "tupleElement(r, " + i + ")" }
 	return `(
 	SELECT ` + historyKey + `, field, object_hash, recs,
 		if(tupleElement(recs[1], 7) = 'create', arrayPopFront(sets), sets) AS later
 	FROM (
-		SELECT ` + historyKey + `, field,
-			any(object_hash) AS object_hash,
-			arraySort(x -> (tupleElement(x, 1), tupleElement(x, 2)), groupArray((` + strings.TrimPrefix(recordColumns, "object_hash, ") + `))) AS recs,
-			arrayPushFront(arrayPopBack(arrayMap(r -> ` + r("9") + `, recs)), emptyArrayUInt64()) AS ends_before,
-			arrayFilter(x -> tupleElement(x, 8) = 1, arrayReduce('groupArrayArray', arrayMap((r, eb, i) -> arrayConcat(
-				[(` + r("3") + `, eb, ` + r("4") + `, ` + r("5") + `, ` + r("6") + `, ` + r("7") + `, toUInt8(` + r("7") + ` != 'create'),
-					toUInt8(` + r("7") + ` = 'create' OR (i > 1 AND ` + r("3") + ` != eb)))], ` + r("8") + `),
-				recs, ends_before, arrayEnumerate(recs)))) AS sets
+		SELECT ` + historyKey + `, field,` + stitchSets + `
 		FROM ` + records + `
 		GROUP BY ` + historyKey + `, field))`
 }

@@ -363,6 +363,23 @@ func absentRecords(objects string) string {
 	ARRAY JOIN missing AS field)`
 }
 
+// stitchSets are the columns of an object field's stitch, of its
+// records (historyKey, field and recordColumns) grouped per object field:
+// recs, its records in version order, and sets, each segment's first
+// entry if that set a value (a create, or a value other than the last one
+// before), then its later sets, each an element.
+var stitchSets = func() string {
+	r := func(i string) string { return "tupleElement(r, " + i + ")" }
+	return `
+			any(object_hash) AS object_hash,
+			arraySort(x -> (tupleElement(x, 1), tupleElement(x, 2)), groupArray((` + strings.TrimPrefix(recordColumns, "object_hash, ") + `))) AS recs,
+			arrayPushFront(arrayPopBack(arrayMap(r -> ` + r("9") + `, recs)), emptyArrayUInt64()) AS ends_before,
+			arrayFilter(x -> tupleElement(x, 8) = 1, arrayReduce('groupArrayArray', arrayMap((r, eb, i) -> arrayConcat(
+				[(` + r("3") + `, eb, ` + r("4") + `, ` + r("5") + `, ` + r("6") + `, ` + r("7") + `, toUInt8(` + r("7") + ` != 'create'),
+					toUInt8(` + r("7") + ` = 'create' OR (i > 1 AND ` + r("3") + ` != eb)))], ` + r("8") + `),
+				recs, ends_before, arrayEnumerate(recs)))) AS sets`
+}()
+
 // stitchedChanges are the changes records give (historyKey, field and
 // recordColumns, of every segment of the window), stitched in version
 // order per object field: each segment gives, in order, its first entry
@@ -370,20 +387,12 @@ func absentRecords(objects string) string {
 // before), then its later sets; each set replaced the one before it in
 // that list, and those marked emit are changes.
 func stitchedChanges(records string) string {
-	r := func(i string) string { return "tupleElement(r, " + i + ")" }
 	return `(
 	SELECT ` + historyKey + `, object_hash, field, tupleElement(cur, 1) AS vals, tupleElement(cur, 3) AS writer, tupleElement(cur, 4) AS time_us,
 		tupleElement(cur, 5) AS audit_id, tupleElement(cur, 6) AS basis, tupleElement(prev, 1) AS prev_vals, tupleElement(prev, 2) AS prev_before,
 		tupleElement(prev, 3) AS prev_writer, tupleElement(prev, 4) AS prev_time_us, tupleElement(prev, 5) AS prev_audit_id, ` + changeFlags + `
 	FROM (
-		SELECT ` + historyKey + `, field,
-			any(object_hash) AS object_hash,
-			arraySort(x -> (tupleElement(x, 1), tupleElement(x, 2)), groupArray((` + strings.TrimPrefix(recordColumns, "object_hash, ") + `))) AS recs,
-			arrayPushFront(arrayPopBack(arrayMap(r -> ` + r("9") + `, recs)), emptyArrayUInt64()) AS ends_before,
-			arrayFilter(x -> tupleElement(x, 8) = 1, arrayReduce('groupArrayArray', arrayMap((r, eb, i) -> arrayConcat(
-				[(` + r("3") + `, eb, ` + r("4") + `, ` + r("5") + `, ` + r("6") + `, ` + r("7") + `, toUInt8(` + r("7") + ` != 'create'),
-					toUInt8(` + r("7") + ` = 'create' OR (i > 1 AND ` + r("3") + ` != eb)))], ` + r("8") + `),
-				recs, ends_before, arrayEnumerate(recs)))) AS sets,
+		SELECT ` + historyKey + `, field,` + stitchSets + `,
 			arraySlice(arrayPushFront(sets, (emptyArrayUInt64(), emptyArrayUInt64(), '', toUInt64(0), '', '', toUInt8(0), toUInt8(0))), 1, length(sets)) AS prevs
 		FROM ` + records + `
 		GROUP BY ` + historyKey + `, field)

@@ -65,32 +65,23 @@ func (s *Store) compactBlocks(ctx context.Context, since time.Time, budget time.
 	if err != nil {
 		return nil, err
 	}
-	built := map[[2]int64][]uint64{}
+	// A block is current when a record of it names the versions its
+	// hours have now.
+	current := map[[2]int64]bool{}
 	for _, r := range records {
-		key := [2]int64{r.Start.Unix(), int64(r.Hours)}
-		if _, ok := built[key]; !ok {
-			built[key] = r.HourVersions
-		}
-		// A block is current when any record of it names the versions
-		// the hours have now.
 		if cur := hourRun(clean, r.Start.Unix(), r.Hours); cur != nil && slices.Equal(versionsOf(cur), r.HourVersions) {
-			built[key] = r.HourVersions
+			current[[2]int64{r.Start.Unix(), int64(r.Hours)}] = true
 		}
 	}
 	var todo [][]asql.CleanHour
 	for h := range clean {
 		for _, n := range asql.BlockSizes {
-			if h%(int64(n)*3600) != 0 {
+			if h%(int64(n)*3600) != 0 || current[[2]int64{h, int64(n)}] {
 				continue
 			}
-			hours := hourRun(clean, h, n)
-			if hours == nil {
-				continue
+			if hours := hourRun(clean, h, n); hours != nil {
+				todo = append(todo, hours)
 			}
-			if vs, ok := built[[2]int64{h, int64(n)}]; ok && slices.Equal(vs, versionsOf(hours)) {
-				continue
-			}
-			todo = append(todo, hours)
 		}
 	}
 	// The newest first, and of one start the longest.
