@@ -209,6 +209,7 @@ func (g Grafana) Bind(s Statement) (string, error) {
 		writerCounted, counted,
 		// A panel's window is known only as the query runs.
 		fieldChanges, fieldChangesFrom(rollupSegments, true, true),
+		noopWrites, panelNoopWrites,
 		"{loop_conflicts}", loopConflicts, "{loop_successes}", loopSuccesses,
 		"{filters}", allOf(filters), "{request_filters}", allOf(requestFilters), unfilteredRequests, allOf(unfiltered))
 	sql = replace(sql, cached...)

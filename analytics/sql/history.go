@@ -110,18 +110,27 @@ func fieldChangesFrom(segs segmentSources, cached, raw bool) string {
 // of segs and, with raw, of the other hours computed raw, an hour a
 // segment; and order, what interleavedHashes reads of the same segments.
 func stitchRecords(segs segmentSources, raw bool) (records, order string) {
-	objects, order := segs.objects(), segs.order()
+	objects := segs.objects()
 	records = `SELECT * FROM ` + segs.records()
 	if raw {
 		versions := segmentVersions(`cluster = @cluster AND {history_raw}`, hourSegment)
-		order = `(SELECT * FROM ` + order + ` UNION ALL SELECT * FROM ` + rawOrder(`cluster = @cluster AND {history_raw}`) + `)`
 		objects = `(SELECT * FROM ` + objects + `
 		UNION ALL SELECT ` + historyKey + `, object_hash, seg, ` + names(objectColumns) + ` FROM ` + objectBounds(versions) + `)`
 		records += `
 		UNION ALL SELECT * FROM ` + rawRecords(versions)
 	}
 	return `(` + records + `
-		UNION ALL SELECT * FROM ` + absentRecords(objects) + `)`, order
+		UNION ALL SELECT * FROM ` + absentRecords(objects) + `)`, windowOrder(segs, raw)
+}
+
+// windowOrder is what interleavedHashes reads of a window's segments: of
+// the cached segments of segs and, with raw, of the other hours computed
+// raw, an hour a segment.
+func windowOrder(segs segmentSources, raw bool) string {
+	if !raw {
+		return segs.order()
+	}
+	return `(SELECT * FROM ` + segs.order() + ` UNION ALL SELECT * FROM ` + rawOrder(`cluster = @cluster AND {history_raw}`) + `)`
 }
 
 // cachedFieldChanges are the field changes of a window of clean hours
@@ -129,16 +138,21 @@ func stitchRecords(segs segmentSources, raw bool) (records, order string) {
 // (InterleavedObjects): with none, the caches and the stitch are all
 // there is to read.
 func cachedFieldChanges(segs segmentSources, interleaved []uint64) string {
-	set := ""
-	if len(interleaved) > 0 {
-		hs := make([]string, len(interleaved))
-		for i, h := range interleaved {
-			hs[i] = strconv.FormatUint(h, 10)
-		}
-		set = `(` + strings.Join(hs, ", ") + `)`
-	}
 	records, _ := stitchRecords(segs, false)
-	return stitchedWindow(segs, records, set)
+	return stitchedWindow(segs, records, hashSet(interleaved))
+}
+
+// hashSet is the SQL of a set of object hashes, the empty string for
+// none.
+func hashSet(hashes []uint64) string {
+	if len(hashes) == 0 {
+		return ""
+	}
+	hs := make([]string, len(hashes))
+	for i, h := range hashes {
+		hs[i] = strconv.FormatUint(h, 10)
+	}
+	return `(` + strings.Join(hs, ", ") + `)`
 }
 
 // stitchedWindow are the clean hours' cached changes, the blocks' of
@@ -268,21 +282,15 @@ var (
 	// NoopWrites counts, per writer, the writes that stored nothing: the
 	// apiserver answered with the version it already held, so the write
 	// shares its version with the write that stored it (the earliest), or
-	// is an update whose stamp is the version it got back.
+	// is an update whose stamp is the version it got back. The clean
+	// hours' no-ops come from their records (hour_object_noops), the rest
+	// from the history rows (history_noops.go).
 	NoopWrites = Statement{Name: "noop_writes", Title: "Writes that stored nothing", Shape: Rows,
-		Params: with(filtered, Top), Time: []Window{Whole},
+		Params: with(filtered, Top), Time: []Window{Whole, HistoryRaw, RollupHours},
 		Columns: []string{"user", "count"},
 		SQL: `
-SELECT writer AS user, toUInt64(count()) AS count
-FROM (
-	SELECT api_group, resource, namespace, name, tupleElement(w, 5) AS writer
-	FROM (
-		SELECT api_group, resource, namespace, name,
-			arraySort(groupUniqArray((event_time_us, audit_id, stage, fingerprint, toString(writer), toUInt8(verb = 'update' AND stamp = toString(object_version))))) AS ws
-		FROM ` + historyRows + `
-		GROUP BY api_group, resource, namespace, name, object_version)
-	ARRAY JOIN ws AS w, arrayEnumerate(ws) AS i
-	WHERE i > 1 OR tupleElement(w, 6) = 1)
+SELECT writer AS user, toUInt64(sum(n)) AS count
+FROM ` + noopWrites + `
 WHERE {filters}
 GROUP BY user
 ORDER BY count DESC, user

@@ -27,7 +27,7 @@ import (
 // layout is read from events until it is compacted again, which the
 // compactor does first (StaleHours). A migration that adds or changes a
 // cache raises it.
-const CacheLayout = 12
+const CacheLayout = 14
 
 // cacheLayout is CacheLayout in SQL.
 var cacheLayout = "toUInt32(" + strconv.Itoa(CacheLayout) + ")"
@@ -103,6 +103,9 @@ var (
 		`INSERT INTO {db}.hour_object_bounds (event_date, hour, version, object_hash, ` + historyKey + `, ` + names(objectColumns) + `)
 	SELECT toDate(toDateTime(@hour_s), 'UTC'), toDateTime(@hour_s), toUInt64(@version), object_hash, ` + historyKey + `, ` + names(objectColumns) + `
 	FROM ` + objectBounds(compactedVersions),
+		`INSERT INTO {db}.hour_object_noops (event_date, hour, version, ` + historyKey + `, object_hash, ` + noopColumns + `)
+	SELECT toDate(toDateTime(@hour_s), 'UTC'), toDateTime(@hour_s), toUInt64(@version), ` + historyKey + `, object_hash, ` + noopColumns + `
+	FROM ` + noopRecords(hourRows, "toUInt64(0)"),
 	}
 
 	// CompactionRecord makes @version of the hour readable, for as long as

@@ -227,6 +227,17 @@ func (p Plan) fieldChanges() string {
 	return fieldChangesFrom(p.segments(), len(p.Clean) > 0, len(p.Clean) == 0 || len(p.Raw)+len(p.Partial) > 0)
 }
 
+// noopWrites are the no-op writes from the sources the plan reads, as
+// fieldChanges: its clean whole hours from their records, the rest raw,
+// and the objects whose segments interleave raw over the window.
+func (p Plan) noopWrites() string {
+	if p.InterleavedRead && p.CachesOnly() {
+		return noopWritesFrom(true, false, hashSet(p.Interleaved))
+	}
+	segs, raw := p.segments(), len(p.Clean) == 0 || len(p.Raw)+len(p.Partial) > 0
+	return noopWritesFrom(len(p.Clean) > 0, raw, segs.interleaved(windowOrder(segs, raw)))
+}
+
 // historyRawWindow is the window minus the plan's clean whole hours
 // (HistoryRaw).
 func (p Plan) historyRawWindow() string {
@@ -296,6 +307,7 @@ func (r Report) Bind(s Statement) string {
 	}
 	sql := replace(s.SQL,
 		fieldChanges, r.Plan.fieldChanges(),
+		noopWrites, r.Plan.noopWrites(),
 		writerCounted, byWriter,
 		"{loop_conflicts}", loopConflicts, "{loop_successes}", loopSuccesses)
 	sql = replace(sql, r.cacheFilters()...)

@@ -167,19 +167,20 @@ var (
 	placeholderRef = regexp.MustCompile(`\{[a-z_]+\}`)
 )
 
-// ReadsFieldChanges says whether the statement reads the field changes
-// ({field_changes}), whose SQL, with both its sources as a panel binds it,
-// takes 18.16 about 0.5 s to analyse before it reads a row.
-func (s Statement) ReadsFieldChanges() bool {
-	return strings.Contains(s.SQL, fieldChanges)
+// ReadsSegments says whether the statement reads the field history in
+// segments stitched together: the field changes ({field_changes}) or the
+// no-op writes ({noop_writes}), whose SQL, with both sources as a panel
+// binds it, takes 18.16 about 0.5 s to analyse before it reads a row.
+func (s Statement) ReadsSegments() bool {
+	return strings.Contains(s.SQL, fieldChanges) || strings.Contains(s.SQL, noopWrites)
 }
 
 // Validate checks that the statement declares exactly the parameters and
 // windows its SQL uses.
 func (s Statement) Validate() error {
-	// {writer_counted} uses what counted does; {field_changes} places
-	// time as its every source does.
-	sql := replace(s.SQL, writerCounted, counted, fieldChanges, fieldChangesFrom(rollupSegments, true, true))
+	// {writer_counted} uses what counted does; {field_changes} and
+	// {noop_writes} place time as their every source does.
+	sql := replace(s.SQL, writerCounted, counted, fieldChanges, fieldChangesFrom(rollupSegments, true, true), noopWrites, panelNoopWrites)
 	var used []string
 	for _, m := range paramRef.FindAllStringSubmatch(sql, -1) {
 		used = append(used, m[1])

@@ -297,4 +297,35 @@ var historyMigrations = []Migration{
 			ORDER BY (hour, hours, version)`,
 		},
 	},
+	{
+		Version: 14,
+		Name:    "hour_object_noops: the no-op writes per hour",
+		Statements: []string{
+			// The no-op writes of each hour, one row per object: its
+			// no-ops by writer, its first and last version, and the
+			// writer of its first version's first identity, with whether
+			// that is a no-op already (analytics/sql, history_noops.go),
+			// written by the compaction under the hour's version. A
+			// record of layout 14 or later has them.
+			`CREATE TABLE IF NOT EXISTS {db}.hour_object_noops (
+				event_date    Date,
+				hour          DateTime,
+				version       UInt64,
+				cluster       LowCardinality(String),
+				api_group     LowCardinality(String),
+				resource      LowCardinality(String),
+				namespace     LowCardinality(String),
+				name          String,
+				object_hash   UInt64,
+				min_version   UInt64,
+				max_version   UInt64,
+				first_writer  LowCardinality(String),
+				first_counted UInt8,
+				noop_writers  Array(String),
+				noop_counts   Array(UInt64)
+			) ENGINE = MergeTree()
+			PARTITION BY event_date
+			ORDER BY (cluster, hour, version, api_group, resource, namespace, name)`,
+		},
+	},
 }
