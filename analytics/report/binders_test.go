@@ -161,8 +161,8 @@ func TestGrafanaBinderEqualsReportBinder(t *testing.T) {
 // rotation spreads the statements it rotates over a test's combinations
 // of an epoch (what is compacted) and a window: each runs once per
 // epoch, in turn over the n windows, so every window of every epoch
-// still meets some of them. The statements that read the field changes
-// rotate in every test (newHistoryRotation): they read one source, and
+// still meets some of them. The statements that read the field history
+// in segments rotate in every test (newHistoryRotation): they read one source, and
 // 18.16 spends about 0.5 s analysing each panel form of it.
 type rotation struct {
 	n     int
@@ -183,8 +183,9 @@ func newRotation(n int, rotates func(asql.Statement) bool) *rotation {
 	return h
 }
 
-// newHistoryRotation rotates the statements that read the field changes.
-func newHistoryRotation(n int) *rotation { return newRotation(n, asql.Statement.ReadsFieldChanges) }
+// newHistoryRotation rotates the statements that read the field history
+// in segments (the field changes, the no-op writes).
+func newHistoryRotation(n int) *rotation { return newRotation(n, asql.Statement.ReadsSegments) }
 
 // runs says whether s runs in epoch e and window w.
 func (h *rotation) runs(s asql.Statement, e, w int) bool {

@@ -171,11 +171,14 @@ func definitionScenario() *scenario {
 // interleave: a no-op write of an hour's last version logged in the next
 // hour with the whole object (the hours still follow one another),
 // through its Scale, or with the whole object of a version stored
-// through its Scale (they do not), and a version logged in the hour before
-// earlier versions, whose row's index it returns (stored last). Their
-// first writes are in t0's hour, their last in the next.
+// through its Scale (they do not); no-op patches of an hour's last
+// version logged in the next hour and of the last version an hour later
+// (stitched no-ops: neither echoes its version as a stamp); and a version
+// logged in the hour before earlier versions, whose row's index it
+// returns (stored last). Their first writes are in t0's hour, their last
+// in the next (but the last no-op patch, two hours after t0).
 func lateScenario(s *scenario) (late int) {
-	return meetingScenario(s, 3, time.Hour, time.Minute, "", []string{"joined", "scaled-noop", "scaled-store", "late"})
+	return meetingScenario(s, 3, time.Hour, time.Minute, "", []string{"joined", "scaled-noop", "scaled-store", "noops", "late"})
 }
 
 // blockEdgeScenario adds to s objects written over both hours of t0's
@@ -196,15 +199,18 @@ func meetingScenario(s *scenario, seed uint64, hour, step time.Duration, prefix 
 	writers := []string{"gitops", "hpa", "alice", "bob"}
 	for _, kind := range kinds {
 		name := prefix + kind
-		var boundary write
+		var boundary, last write
 		for v := uint64(1); v <= 40; v++ {
 			w := randomWrite(rnd, v == 1)
 			if kind == "scaled-store" && v == 19 {
 				w = write{verb: "update", code: 200, stamp: "18", paths: []string{"spec.replicas"}, hashes: []uint64{7}}
 			}
 			at := hour + (time.Duration(v)-20)*step // v 20 at hour, the hour's first
-			if v == 19 {
+			switch v {
+			case 19:
 				boundary = w
+			case 40:
+				last = w
 			}
 			if kind == "late" && v == 30 {
 				at = hour - 5*time.Minute // before versions 20..29, in the hour before
@@ -219,6 +225,9 @@ func meetingScenario(s *scenario, seed uint64, hour, step time.Duration, prefix 
 			noop := randomWrite(rnd, false)
 			noop.verb, noop.full, noop.stamp = "update", true, "19"
 			s.add(hour+30*time.Second, "alice", "update", "apps", "deployments", "shop", name, 200, noop.logged(19, "19"))
+		case "noops": // no-op patches of version 19 in the next hour, and of version 40 (at hour + 20 steps) in the hour after it
+			s.add(hour+30*time.Second, "bob", "patch", "apps", "deployments", "shop", name, 200, boundary.logged(19, ""))
+			s.add(hour+70*time.Minute, "gitops", "patch", "apps", "deployments", "shop", name, 200, last.logged(40, ""))
 		case "scaled-noop":
 			noop := write{verb: "update", code: 200, stamp: "19", paths: []string{"spec.replicas"}, hashes: []uint64{7}}
 			for i, p := range boundary.paths {
