@@ -218,13 +218,21 @@ func (p Plan) rawWindow() string {
 	return "(" + strings.Join(rs, " OR ") + ")"
 }
 
+// historySources says where the plan's field history comes from: the
+// clean whole hours' caches (cached), the rows of the rest (raw), or
+// both; without clean hours, the window is read raw as one segment.
+func (p Plan) historySources() (cached, raw bool) {
+	return len(p.Clean) > 0, len(p.Clean) == 0 || len(p.Raw)+len(p.Partial) > 0
+}
+
 // fieldChanges are the field changes from the sources the plan reads:
 // its clean whole hours from their caches, the rest raw.
 func (p Plan) fieldChanges() string {
 	if p.InterleavedRead && p.CachesOnly() {
 		return cachedFieldChanges(p.segments(), p.Interleaved)
 	}
-	return fieldChangesFrom(p.segments(), len(p.Clean) > 0, len(p.Clean) == 0 || len(p.Raw)+len(p.Partial) > 0)
+	cached, raw := p.historySources()
+	return fieldChangesFrom(p.segments(), cached, raw)
 }
 
 // noopWrites are the no-op writes from the sources the plan reads, as
@@ -234,8 +242,9 @@ func (p Plan) noopWrites() string {
 	if p.InterleavedRead && p.CachesOnly() {
 		return noopWritesFrom(true, false, hashSet(p.Interleaved))
 	}
-	segs, raw := p.segments(), len(p.Clean) == 0 || len(p.Raw)+len(p.Partial) > 0
-	return noopWritesFrom(len(p.Clean) > 0, raw, segs.interleaved(windowOrder(segs, raw)))
+	cached, raw := p.historySources()
+	segs := p.segments()
+	return noopWritesFrom(cached, raw, segs.interleaved(windowOrder(segs, raw)))
 }
 
 // historyRawWindow is the window minus the plan's clean whole hours
