@@ -92,6 +92,8 @@ func TestSynthesizedHistoryHoldsEveryFinding(t *testing.T) {
 // some rows are stored twice.
 func TestConflictCausesNameEveryBlocker(t *testing.T) {
 	t.Parallel() // its own ClickHouse server
+
+	const spread = 3 // the hours the scenario spans
 	st, db := migrated(t)
 	ctx := t.Context()
 	rnd := rand.New(rand.NewPCG(36, 1))
@@ -217,6 +219,16 @@ func TestConflictCausesNameEveryBlocker(t *testing.T) {
 	for range 80 {
 		conflicts = append(conflicts, conflict{"g", 8300 + rnd.Uint64N(700), time.Duration(2+rnd.IntN(2800)) * time.Second, "w4"})
 	}
+	// Spread over three hours: a conflict's blockers are then in its hour
+	// before it, in the hours before its, or both.
+	for _, ws := range histories {
+		for i := range ws {
+			ws[i].at *= spread
+		}
+	}
+	for i := range conflicts {
+		conflicts[i].at *= spread
+	}
 	for _, name := range slices.Sorted(maps.Keys(histories)) { // in one order: the copies below are the same rows on every run
 		ws := histories[name]
 		for _, w := range ws {
@@ -276,21 +288,22 @@ func TestConflictCausesNameEveryBlocker(t *testing.T) {
 			t.Errorf("%s, [%s, %s): conflict causes\n got %v\nwant %v", stage, from, until, r.ConflictCauses, want)
 		}
 	}
-	// The conflicts read from events, then from the hour's caches
-	// (hour_version_conflicts), whole and cut by the window (its whole
-	// minutes from the caches, the seconds at its edges from events).
-	check("raw", 0, time.Hour)
+	// The conflicts read from events as one segment, then from the hours'
+	// caches (hour_conflict_blockers, hour_writer_versions) and, for the
+	// hours a window cuts, from events an hour a segment.
+	check("raw", 0, spread*time.Hour)
 	if _, err := st.Compact(ctx, time.Unix(0, 0), 0); err != nil {
 		t.Fatal(err)
 	}
 	var cached uint64
-	if err := st.Conn().QueryRow(ctx, "SELECT count() FROM "+db+".hour_version_conflicts").Scan(&cached); err != nil || cached < uint64(len(conflicts)) {
+	if err := st.Conn().QueryRow(ctx, "SELECT count() FROM "+db+".hour_conflict_blockers").Scan(&cached); err != nil || cached < uint64(len(conflicts)) {
 		t.Fatalf("the compaction cached %d version conflicts (%v), want %d at least", cached, err, len(conflicts))
 	}
-	for _, w := range [][2]time.Duration{{0, time.Hour}, {10*time.Minute + 13*time.Second, time.Hour}, {0, 47*time.Minute + 31*time.Second}} {
+	for _, w := range [][2]time.Duration{{0, spread * time.Hour}, {time.Hour, spread * time.Hour}, {10*time.Minute + 13*time.Second, spread * time.Hour},
+		{0, 2*time.Hour + 47*time.Minute + 31*time.Second}, {time.Hour + 10*time.Minute + 13*time.Second, 2*time.Hour + 47*time.Minute + 31*time.Second}} {
 		check("compacted", w[0], w[1])
 	}
-	_, counts := define(0, time.Hour)
+	_, counts := define(0, spread*time.Hour)
 	unattributed := 0
 	for k, n := range counts {
 		if k[1] == "" {

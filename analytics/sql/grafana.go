@@ -210,6 +210,7 @@ func (g Grafana) Bind(s Statement) (string, error) {
 		// A panel's window is known only as the query runs.
 		fieldChanges, fieldChangesFrom(rollupSegments, true, true),
 		noopWrites, panelNoopWrites,
+		conflictBlockers, panelConflictBlockers,
 		"{loop_conflicts}", loopConflicts, "{loop_successes}", loopSuccesses,
 		"{filters}", allOf(filters), "{request_filters}", allOf(requestFilters), unfilteredRequests, allOf(unfiltered))
 	sql = replace(sql, cached...)

@@ -204,25 +204,16 @@ const LostCause = `multiIf(prev_writer = '' OR prev_writer = writer, '',
 		basis = 'patch' AND ((endsWith(field, '[*]') AND removed_added) OR item_removed), 'list_replaced',
 		'')`
 
-// writerWrites are the window's writes in the field history, one row per
-// object and writer: the writer's times and versions in time order. A copy
-// of a row is one more write of the same version and time.
-var writerWrites = `(
-	SELECT api_group, resource, namespace, name, h_writer, arrayMap(w -> tupleElement(w, 1), ws) AS times, arrayMap(w -> tupleElement(w, 2), ws) AS versions
-	FROM (
-		SELECT api_group, resource, namespace, name, toString(writer) AS h_writer, arraySort(groupArray((event_time_us, object_version))) AS ws
-		FROM ` + historyRows + `
-		GROUP BY api_group, resource, namespace, name, h_writer))`
-
 // newestStored is the newest version a writer had stored by each of its
-// writes (writerWrites): the running maximum of its versions. Where the
+// writes (segmentBlockers: its times and versions in time order, a copy
+// of a row one more write of the same version and time): the running maximum of its versions. Where the
 // writer's versions rise with its times (one request at a time), that is
 // each write's own version; where they fall somewhere (requests in flight
 // together, answered out of order), it is built by runningMax, on those
 // rows alone (on the others it runs on an empty array).
 var newestStored = `if(` + versionsFall + `, ` + runningMax(`if(`+versionsFall+`, versions, emptyArrayUInt64())`, 32) + `, versions)`
 
-// versionsFall is whether a write of writerWrites has a lower version
+// versionsFall is whether a write of segmentBlockers' writer has a lower version
 // than the write before it.
 const versionsFall = `arrayExists((a, b) -> a > b, arrayPopBack(versions), arrayPopFront(versions))`
 
@@ -243,39 +234,6 @@ func runningMax(values string, steps int) string {
 	}
 	return m + `[1]`
 }
-
-// conflictBlockers are the version conflicts of the window on objects
-// with writes in the history, one row per conflict and writer of the
-// object: h_writer when that writer blocks the conflict, empty when not.
-// A writer blocks a conflict when the newest version it had stored by the
-// conflict's time (newestStored) is later than the stale stamp the loser
-// sent. Each writer's times are merged with the object's conflicts' times
-// (sorted by time, so that the merge gives their answers in their order)
-// as keys, time * 2 for a write and time * 2 + 1 for a conflict, so that a
-// write at the conflict's time comes before it; the increases of the
-// newest version summed along the merge are, at each conflict, the newest
-// version stored by then. The cost is linear in the writes, and in the
-// conflicts times the writers of each object, however far behind the stale
-// stamps are and in whatever order the versions were stored.
-var conflictBlockers = `(
-	SELECT tupleElement(o, 1) AS c_writer, tupleElement(o, 2) AS conflict_id, if(tupleElement(o, 3), h_writer, '') AS h_writer
-	FROM (
-		SELECT h_writer, arrayMap((c, n) -> (tupleElement(c, 3), tupleElement(c, 4), n > tupleElement(c, 2)), cs, stored) AS outcomes
-		FROM (
-			SELECT h_writer, cs, ` + newestStored + ` AS newest,
-				arrayConcat(arrayMap(t -> t * 2, times), arrayMap(c -> tupleElement(c, 1) * 2 + 1, cs)) AS keys,
-				arrayCumSum(arraySort((n, k) -> k, arrayConcat(arrayMap((m, p) -> toUInt64(m - p), newest, arrayPushFront(arrayPopBack(newest), toUInt64(0))),
-					arrayMap(c -> toUInt64(0), cs)), keys)) AS sums,
-				arrayFilter((n, k) -> k % 2 = 1, sums, arraySort(keys)) AS stored
-			FROM ` + writerWrites + ` AS writes ALL INNER JOIN (
-				SELECT api_group, resource, namespace, name, arraySort(groupArray((event_time_us, stale, toString(writer), audit_id))) AS cs
-				FROM (
-					SELECT api_group, resource, namespace, name, event_time_us, toUInt64OrZero(stamp) AS stale, writer, audit_id
-					FROM ` + versionConflicts + `
-					WHERE cluster = @cluster AND {window} AND {filters} AND {request_filters} AND stale > 0)
-				GROUP BY api_group, resource, namespace, name
-			) AS conflicts USING (api_group, resource, namespace, name)))
-	ARRAY JOIN outcomes AS o)`
 
 // The history findings.
 var (
@@ -304,21 +262,22 @@ LIMIT @top`}
 	// not hold (not logged with their responses, or before the window)
 	// counts with blocked_by ''.
 	//
-	// The conflicts come from the hour caches for the clean hours
-	// (hour_version_conflicts), from events for the rest. The cost is
-	// linear in the writes, and in the conflicts times the writers of
-	// each object, not in the conflicts times the writes (a hot object
-	// has both by the thousand), nor in how far behind the stale stamps
-	// are (conflictBlockers).
+	// The clean hours' conflicts come with their in-hour blockers and
+	// writers' newest versions from their caches, the rest from events
+	// and the history rows (history_conflicts.go). The cost is linear in
+	// the writes, and in the conflicts times the writers of each object,
+	// not in the conflicts times the writes (a hot object has both by the
+	// thousand), nor in how far behind the stale stamps are
+	// (segmentBlockers).
 	ConflictCauses = Statement{Name: "conflict_causes", Title: "Who caused the version conflicts", Shape: Rows,
-		Params: with(requestFiltered, Top), Time: []Window{LoopRollupHours, RawEdges, RawRange, Whole},
+		Params: with(requestFiltered, Top), Time: []Window{Whole, HistoryRaw, RollupHours, RawRange},
 		Columns: []string{"writer", "blocked_by", "conflicts"},
 		SQL: `
-SELECT writer, blocked_by, toUInt64(uniqExact(conflict_id)) AS conflicts
+SELECT writer, blocked_by, toUInt64(count()) AS conflicts
 FROM (
-	SELECT c_writer AS writer, conflict_id, arrayJoin(if(empty(bs), [''], bs)) AS blocked_by
+	SELECT c_writer AS writer, arrayJoin(if(empty(bs), [''], bs)) AS blocked_by
 	FROM (
-		SELECT c_writer, conflict_id, groupUniqArrayIf(h_writer, h_writer != '') AS bs
+		SELECT c_writer, conflict_id, groupUniqArrayArray(blockers) AS bs
 		FROM ` + conflictBlockers + `
 		GROUP BY c_writer, conflict_id))
 GROUP BY writer, blocked_by

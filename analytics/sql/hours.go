@@ -27,7 +27,7 @@ import (
 // layout is read from events until it is compacted again, which the
 // compactor does first (StaleHours). A migration that adds or changes a
 // cache raises it.
-const CacheLayout = 14
+const CacheLayout = 15
 
 // cacheLayout is CacheLayout in SQL.
 var cacheLayout = "toUInt32(" + strconv.Itoa(CacheLayout) + ")"
@@ -88,9 +88,6 @@ var (
 		`INSERT INTO {db}.hour_loop_conflicts (event_date, hour, version, ` + loopConflictColumnsNoDate + `)
 	SELECT event_date, toDateTime(@hour_s), toUInt64(@version), ` + loopConflictColumnsNoDate + `
 	FROM ` + LoopConflictRows(hourRows, "1"),
-		`INSERT INTO {db}.hour_version_conflicts (event_date, hour, version, ` + versionConflictColumnsNoDate + `)
-	SELECT event_date, toDateTime(@hour_s), toUInt64(@version), ` + versionConflictColumnsNoDate + `
-	FROM ` + VersionConflictRows(hourRows, "1"),
 		`INSERT INTO {db}.hour_loop_successes (event_date, hour, version, cluster, pair, event_time_us)
 	SELECT event_date, toDateTime(@hour_s), toUInt64(@version), cluster, pair, event_time_us
 	FROM ` + LoopSuccessRows(hourRows, "1"),
@@ -106,6 +103,12 @@ var (
 		`INSERT INTO {db}.hour_object_noops (event_date, hour, version, ` + historyKey + `, object_hash, ` + noopColumns + `)
 	SELECT toDate(toDateTime(@hour_s), 'UTC'), toDateTime(@hour_s), toUInt64(@version), ` + historyKey + `, object_hash, ` + noopColumns + `
 	FROM ` + noopRecords(hourRows, "toUInt64(0)"),
+		`INSERT INTO {db}.hour_conflict_blockers (event_date, hour, version, ` + blockerConflictColumns + `, blockers)
+	SELECT toDate(toDateTime(@hour_s), 'UTC'), toDateTime(@hour_s), toUInt64(@version), ` + blockerConflictColumns + `, blockers
+	FROM ` + hourConflictBlockers,
+		`INSERT INTO {db}.hour_writer_versions (event_date, hour, version, ` + historyKey + `, writer, max_version)
+	SELECT toDate(toDateTime(@hour_s), 'UTC'), toDateTime(@hour_s), toUInt64(@version), ` + historyKey + `, writer, max_version
+	FROM ` + writerVersions(hourRows, "toUInt64(0)"),
 	}
 
 	// CompactionRecord makes @version of the hour readable, for as long as
@@ -201,7 +204,3 @@ func compactCounters(table, keys, columns, minute string) string {
 
 // loopConflictColumnsNoDate are loopConflictColumns without event_date.
 var loopConflictColumnsNoDate = strings.TrimPrefix(loopConflictColumns, "event_date, ")
-
-// versionConflictColumnsNoDate are versionConflictColumns without
-// event_date.
-var versionConflictColumnsNoDate = strings.TrimPrefix(versionConflictColumns, "event_date, ")

@@ -247,6 +247,14 @@ func (p Plan) noopWrites() string {
 	return noopWritesFrom(cached, raw, segs.interleaved(windowOrder(segs, raw)))
 }
 
+// conflictBlockers are conflict_causes' conflicts with their blockers
+// from the sources the plan reads (historySources): the raw ones from
+// the events of the window minus its clean whole hours.
+func (p Plan) conflictBlockers() string {
+	cached, raw := p.historySources()
+	return conflictBlockersFrom(cached, raw, "{history_raw}", "1")
+}
+
 // historyRawWindow is the window minus the plan's clean whole hours
 // (HistoryRaw).
 func (p Plan) historyRawWindow() string {
@@ -317,6 +325,7 @@ func (r Report) Bind(s Statement) string {
 	sql := replace(s.SQL,
 		fieldChanges, r.Plan.fieldChanges(),
 		noopWrites, r.Plan.noopWrites(),
+		conflictBlockers, r.Plan.conflictBlockers(),
 		writerCounted, byWriter,
 		"{loop_conflicts}", loopConflicts, "{loop_successes}", loopSuccesses)
 	sql = replace(sql, r.cacheFilters()...)

@@ -178,9 +178,11 @@ func (s Statement) ReadsSegments() bool {
 // Validate checks that the statement declares exactly the parameters and
 // windows its SQL uses.
 func (s Statement) Validate() error {
-	// {writer_counted} uses what counted does; {field_changes} and
-	// {noop_writes} place time as their every source does.
-	sql := replace(s.SQL, writerCounted, counted, fieldChanges, fieldChangesFrom(rollupSegments, true, true), noopWrites, panelNoopWrites)
+	// {writer_counted} uses what counted does; {field_changes},
+	// {noop_writes} and {conflict_blockers} place time as their every
+	// source does.
+	sql := replace(s.SQL, writerCounted, counted, fieldChanges, fieldChangesFrom(rollupSegments, true, true), noopWrites, panelNoopWrites,
+		conflictBlockers, panelConflictBlockers)
 	var used []string
 	for _, m := range paramRef.FindAllStringSubmatch(sql, -1) {
 		used = append(used, m[1])

@@ -343,23 +343,13 @@ func LoopSuccessRows(span, window string) string {
 // VersionConflictRows are the version conflicts of events in window
 // within span (as LoopConflictRows), one row per request, with what
 // conflict_causes reads of them: the stamp the loser sent, its audit ID
-// and its verb. The hour caches hold the same rows for their clean hours
-// (hour_version_conflicts); versionConflicts reads both together.
+// and its verb (rawConflicts).
 func VersionConflictRows(span, window string) string {
 	return conflictRowsOf(versionConflictColumns, span, window)
 }
 
 // versionConflictColumns are the columns of a row of VersionConflictRows.
 const versionConflictColumns = `event_date, cluster, api_group, resource, namespace, name, event_time_us, writer, verb, audit_id, stamp`
-
-// versionConflicts are the version conflicts of the window as
-// VersionConflictRows has them: the caches for {loop_rollup_window},
-// events for {raw_window}, with code (409) for {request_filters}. Every
-// reader narrows them to {window}.
-var versionConflicts = `(
-	SELECT ` + versionConflictColumns + `, toUInt16(409) AS code FROM {db}.hour_version_conflicts WHERE {loop_rollup_window}
-	UNION ALL
-	SELECT ` + versionConflictColumns + `, toUInt16(409) AS code FROM ` + VersionConflictRows(`{raw_range}`, `{raw_window}`) + `)`
 
 var (
 	loopConflicts = `(

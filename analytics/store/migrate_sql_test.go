@@ -48,6 +48,7 @@ var releasedMigrations = map[int]string{
 	12: "43978d9f2fe78f40de0fb1c7aa9bb3f6241e7279cc4b3c57ccf78e0b6b757d3d",
 	13: "b19b18cdb19cdca75262e5f3714c822680fdb8d22f11d686a0533012b582c8f6",
 	14: "963807c43f56a9da12346dd4021383cb1e28f7f1e7a071056a9ccf56675cbffd",
+	15: "1dd5c48bdab06d793fdf03b78aacd7e2241bc8c741c26e1d16bfcc3cc8a3e8d7",
 }
 
 // TestReleasedMigrationsAreFixed fails when the SQL of a released

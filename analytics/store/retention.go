@@ -15,7 +15,7 @@ var retentionTables = []string{asql.EventsTable, asql.LegacyEventsTable, "hour_m
 	"hour_agent_requests", "minute_agent_requests", "minute_write_latencies", "hour_loop_conflicts", "hour_loop_successes", "dead_letters", "field_versions",
 	"hour_field_changes", "hour_field_bounds", "hour_object_bounds", "hour_version_conflicts",
 	"block_caches", "block_field_changes", "block_field_bounds", "block_object_bounds",
-	"hour_object_noops",
+	"hour_object_noops", "hour_conflict_blockers", "hour_writer_versions",
 	// unfed since migration 5
 	"event_keys", "stored_keys", "duplicate_events", "request_rollup", "loop_conflicts", "loop_successes"}
 

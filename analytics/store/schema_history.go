@@ -162,7 +162,8 @@ var historyMigrations = []Migration{
 			// with what conflict_causes reads of them (the stamp the
 			// loser sent, its audit ID, its verb), written by the
 			// compaction under the hour's version (analytics/sql,
-			// hours.go). A record of layout 12 or later has them.
+			// hours.go). A record of layouts 12 to 14 has them; from
+			// layout 15 on, hour_conflict_blockers holds them.
 			`CREATE TABLE IF NOT EXISTS {db}.hour_version_conflicts (
 				event_date    Date,
 				hour          DateTime,
@@ -326,6 +327,55 @@ var historyMigrations = []Migration{
 			) ENGINE = MergeTree()
 			PARTITION BY event_date
 			ORDER BY (cluster, hour, version, api_group, resource, namespace, name)`,
+		},
+	},
+	{
+		Version: 15,
+		Name:    "hour_conflict_blockers, hour_writer_versions: the version conflicts' blockers per hour",
+		Statements: []string{
+			// The version conflicts of each hour, one row per request,
+			// with what conflict_causes reads of them and their in-hour
+			// blockers: the writers whose writes of the hour, at or
+			// before the conflict's time, stored a version later than
+			// its stale stamp (analytics/sql, history_conflicts.go),
+			// written by the compaction under the hour's version. A
+			// record of layout 15 or later has them; they replace
+			// hour_version_conflicts (migration 12).
+			`CREATE TABLE IF NOT EXISTS {db}.hour_conflict_blockers (
+				event_date    Date,
+				hour          DateTime,
+				version       UInt64,
+				cluster       LowCardinality(String),
+				api_group     LowCardinality(String),
+				resource      LowCardinality(String),
+				namespace     LowCardinality(String),
+				name          String,
+				event_time_us UInt64,
+				stale         UInt64,
+				writer        LowCardinality(String),
+				verb          LowCardinality(String),
+				audit_id      String,
+				blockers      Array(String)
+			) ENGINE = MergeTree()
+			PARTITION BY event_date
+			ORDER BY (cluster, hour, version, api_group, resource, namespace, name, event_time_us)`,
+			// The newest version each writer stored of each object in
+			// each hour, written by the compaction under the hour's
+			// version. A record of layout 15 or later has them.
+			`CREATE TABLE IF NOT EXISTS {db}.hour_writer_versions (
+				event_date  Date,
+				hour        DateTime,
+				version     UInt64,
+				cluster     LowCardinality(String),
+				api_group   LowCardinality(String),
+				resource    LowCardinality(String),
+				namespace   LowCardinality(String),
+				name        String,
+				writer      LowCardinality(String),
+				max_version UInt64
+			) ENGINE = MergeTree()
+			PARTITION BY event_date
+			ORDER BY (cluster, hour, version, api_group, resource, namespace, name, writer)`,
 		},
 	},
 }
