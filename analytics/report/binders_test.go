@@ -184,7 +184,8 @@ func newRotation(n int, rotates func(asql.Statement) bool) *rotation {
 }
 
 // newHistoryRotation rotates the statements that read the field history
-// in segments (the field changes, the no-op writes).
+// in segments (the field changes, the no-op writes, the conflicts'
+// blockers).
 func newHistoryRotation(n int) *rotation { return newRotation(n, asql.Statement.ReadsSegments) }
 
 // runs says whether s runs in epoch e and window w.
