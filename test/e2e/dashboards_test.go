@@ -137,14 +137,20 @@ func TestDashboardQueriesOnClickHouse(t *testing.T) {
 				{"one writer and resource", map[string][]string{"user": writers[:1], "resource": {"configmaps"}}, map[string]bool{"namespace": true}},
 			}
 			answers := map[string]map[string]result{}
-			for _, sel := range selections {
+			for si, sel := range selections {
 				answers[sel.name] = map[string]result{}
 				sqls := expand(sel.vars, sel.all, seriesInterval)
-				for _, q := range gen.Queries {
+				for qi, q := range gen.Queries {
 					// Of a filtered selection, the checks below read the
 					// totals; every query's shape under the filters is
 					// the same in both windows, checked in the first.
 					if sel.vars != nil && wi > 0 && q.Statement.Name != asql.Totals.Name {
+						continue
+					}
+					// A query that reads the history in segments (the
+					// slowest, 1 to 1.7 s each here) has its shape under
+					// filters checked in one filtered selection, in turn.
+					if sel.vars != nil && q.Statement.ReadsSegments() && qi%(len(selections)-1) != si-1 {
 						continue
 					}
 					r := run(t, conn, q.Name, sqls[q.Name])
