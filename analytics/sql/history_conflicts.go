@@ -42,13 +42,12 @@ func rawConflicts(span, outer string) string {
 
 // segmentBlockers are the blockers of each conflict of conflicts (a table
 // of blockerConflictColumns) among the writes of the history rows that
-// pass where in its segment (seg, an expression of a row's or a
-// conflict's event_time_us), one row per
-// conflict on an object with writes there and writer of those, with
-// blockers [the writer] when it blocks the conflict, [] when not (nor
-// when the writer is empty, as no writer blocks): the
-// conflict's columns, and c_writer and conflict_id (its writer and audit
-// ID).
+// pass where in its segment (seg, an expression of event_time_us, of a
+// row's and of a conflict's). One row per conflict on an object with
+// writes in its segment and per writer of those: the conflict's columns,
+// c_writer and conflict_id (its writer and audit ID), and blockers, [the
+// writer] when it blocks the conflict, [] when not (an empty writer
+// blocks nothing).
 //
 // A writer blocks a conflict when the newest version it had stored by
 // the conflict's time (newestStored) is later than the stale stamp. Each
