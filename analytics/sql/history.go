@@ -204,37 +204,6 @@ const LostCause = `multiIf(prev_writer = '' OR prev_writer = writer, '',
 		basis = 'patch' AND ((endsWith(field, '[*]') AND removed_added) OR item_removed), 'list_replaced',
 		'')`
 
-// newestStored is the newest version a writer had stored by each of its
-// writes (segmentBlockers: its times and versions in time order, a copy
-// of a row one more write of the same version and time): the running maximum of its versions. Where the
-// writer's versions rise with its times (one request at a time), that is
-// each write's own version; where they fall somewhere (requests in flight
-// together, answered out of order), it is built by runningMax, on those
-// rows alone (on the others it runs on an empty array).
-var newestStored = `if(` + versionsFall + `, ` + runningMax(`if(`+versionsFall+`, versions, emptyArrayUInt64())`, 32) + `, versions)`
-
-// versionsFall is whether a write of segmentBlockers' writer has a lower version
-// than the write before it.
-const versionsFall = `arrayExists((a, b) -> a > b, arrayPopBack(versions), arrayPopFront(versions))`
-
-// runningMax is the SQL of the running maximum of values, an expression
-// of an Array(UInt64), by doubling: step k takes each place's maximum
-// with the place 2^k before it, so that after it each place holds the
-// maximum of the 2^(k+1) places up to it; steps steps cover arrays of
-// 2^steps places, and each costs in proportion to the places. Each step
-// is a lambda on the array the step before made (as the one element of an
-// array), so that the SQL names each step once: 18.16 would expand an
-// alias into each place that names it.
-func runningMax(values string, steps int) string {
-	m := `[` + values + `]`
-	for k := range steps {
-		shift := strconv.FormatUint(1<<k, 10)
-		m = `arrayMap(x -> arrayMap((a, b) -> greatest(a, b), x, arrayConcat(arrayResize([toUInt64(0)], least(` + shift + `, length(x))),
-			arraySlice(x, 1, greatest(length(x), ` + shift + `) - ` + shift + `))), ` + m + `)`
-	}
-	return m + `[1]`
-}
-
 // The history findings.
 var (
 	// NoopWrites counts, per writer, the writes that stored nothing: the
