@@ -2,6 +2,7 @@ package report
 
 import (
 	"maps"
+	"math"
 	"math/rand/v2"
 	"slices"
 	"strconv"
@@ -218,6 +219,21 @@ func TestConflictCausesNameEveryBlocker(t *testing.T) {
 	histories["g"] = far
 	for range 80 {
 		conflicts = append(conflicts, conflict{"g", 8300 + rnd.Uint64N(700), time.Duration(2+rnd.IntN(2800)) * time.Second, "w4"})
+	}
+	// Versions as far apart as a uint64 goes, out of order: on h the
+	// newest version the writer had stored is found by the versions'
+	// ranks, since their differences would not fit an int64.
+	huge := []uint64{3, math.MaxUint64 - 5, 1 << 63, 1<<63 - 2, 7, math.MaxUint64 - 3, 1<<63 + 1, 9}
+	var wide []write
+	for i, v := range huge {
+		wide = append(wide, write{v, time.Duration(300*i+60) * time.Second, "h-slow"})
+		wide = append(wide, write{uint64(10 + i), time.Duration(300*i+200) * time.Second, "h-steady"})
+	}
+	histories["h"] = wide
+	for i, stale := range []uint64{2, 5, 8, 1<<63 - 3, 1<<63 - 1, 1 << 63, math.MaxUint64 - 4, math.MaxUint64 - 1} {
+		for _, at := range []int{100, 250, 700, 1300, 1900, 2500} {
+			conflicts = append(conflicts, conflict{"h", stale, time.Duration(at+i) * time.Second, "w5"})
+		}
 	}
 	// Spread over three hours: a conflict's blockers are then in its hour
 	// before it, in the hours before its, or both.

@@ -1,7 +1,5 @@
 package sql
 
-import "strconv"
-
 // The version conflicts' blockers in segments (migration 15). A writer
 // blocks a version conflict when it stored a version later than the
 // stale stamp the loser sent, at or before the conflict's time, in the
@@ -52,15 +50,17 @@ func rawConflicts(span, outer string) string {
 // blocks nothing).
 //
 // A writer blocks a conflict when the newest version it had stored by
-// the conflict's time (newestStored) is later than the stale stamp. Each
-// writer's times are merged with the object's conflicts' times (sorted by
+// the conflict's time is later than the stale stamp. That newest version
+// rises only at the writer's tops (rises), so each top's rise over the
+// top before it, merged with the object's conflicts' times (sorted by
 // time, so that the merge gives their answers in their order) as keys,
 // time * 2 for a write and time * 2 + 1 for a conflict, so that a write
-// at the conflict's time comes before it; the increases of the newest
-// version summed along the merge are, at each conflict, the newest
-// version stored by then. The cost is linear in the writes, and in the
-// conflicts times the writers of each object, however far behind the
-// stale stamps are and in whatever order the versions were stored.
+// at the conflict's time comes before it, and summed along the merge, is
+// at each conflict the newest version stored by then. The cost is linear
+// in the writes (with a sort of those of a writer whose versions fall),
+// and in the conflicts times the writers of each object, however far
+// behind the stale stamps are and in whatever order the versions were
+// stored.
 func segmentBlockers(conflicts, where, seg string) string {
 	return `(
 	SELECT ` + historyKey + `, seg, tupleElement(o, 1) AS event_time_us, tupleElement(o, 2) AS stale, tupleElement(o, 3) AS writer,
@@ -70,9 +70,9 @@ func segmentBlockers(conflicts, where, seg string) string {
 		SELECT ` + historyKey + `, seg, h_writer, arrayMap((c, n) -> (tupleElement(c, 1), tupleElement(c, 2), tupleElement(c, 3), tupleElement(c, 4), tupleElement(c, 5),
 			n > tupleElement(c, 2)), cs, stored) AS outcomes
 		FROM (
-			SELECT ` + historyKey + `, seg, h_writer, cs, ` + newestStored + ` AS newest,
-				arrayConcat(arrayMap(t -> t * 2, times), arrayMap(c -> tupleElement(c, 1) * 2 + 1, cs)) AS keys,
-				arrayCumSum(arraySort((n, k) -> k, arrayConcat(arrayMap((m, p) -> toUInt64(m - p), newest, arrayPushFront(arrayPopBack(newest), toUInt64(0))),
+			SELECT ` + historyKey + `, seg, h_writer, cs, ` + rises + ` AS tops, arrayFilter((v, f) -> f, versions, tops) AS top_versions,
+				arrayConcat(arrayMap(t -> t * 2, arrayFilter((t, f) -> f, times, tops)), arrayMap(c -> tupleElement(c, 1) * 2 + 1, cs)) AS keys,
+				arrayCumSum(arraySort((n, k) -> k, arrayConcat(arrayMap((m, p) -> toUInt64(m - p), top_versions, arrayPushFront(arrayPopBack(top_versions), toUInt64(0))),
 					arrayMap(c -> toUInt64(0), cs)), keys)) AS sums,
 				arrayFilter((n, k) -> k % 2 = 1, sums, arraySort(keys)) AS stored
 			FROM (
@@ -90,36 +90,36 @@ func segmentBlockers(conflicts, where, seg string) string {
 	ARRAY JOIN outcomes AS o)`
 }
 
-// newestStored is the newest version a writer had stored by each of its
-// writes (segmentBlockers: its times and versions in time order, a copy
-// of a row one more write of the same version and time): the running
-// maximum of its versions. Where the writer's versions rise with its
-// times (one request at a time), that is each write's own version; where
-// they fall somewhere (requests in flight together, answered out of
-// order), it is built by runningMax, on those rows alone (on the others
-// it runs on an empty array).
-var newestStored = `if(` + versionsFall + `, ` + runningMax(`if(`+versionsFall+`, versions, emptyArrayUInt64())`, 32) + `, versions)`
+// rises are, for segmentBlockers' writer, whether each of its writes (its
+// times and versions in time order, a copy of a row one more write of the
+// same version and time) is a top: a write whose version is at least
+// every version the writer stored before it, so that the newest version
+// it had stored rises, or stays, there and nowhere else. Where the
+// writer's versions rise with its times (one request at a time), every
+// write is a top; where they fall somewhere (requests in flight together,
+// answered out of order), they are ranked (versionRanks), and a write is
+// a top where its rank's distance below the running maximum of the ranks
+// before it, carried as arrayCumSumNonNegative carries it (the distance
+// before, plus the fall from the rank before, and never below zero), is
+// zero. Ranks, not versions, so that the distances fit an Int64 whatever
+// the versions are. The ranks are taken on those rows alone (on the
+// others on an empty array), since 18.16 computes both sides of an if.
+var rises = `if(` + versionsFall + `, arrayMap(d -> toUInt8(d = 0), arrayCumSumNonNegative(arrayMap(d -> -d, arrayDifference(arrayMap(r -> toInt64(r),
+					` + versionRanks(`if(`+versionsFall+`, versions, emptyArrayUInt64())`) + `))))),
+				arrayMap(v -> toUInt8(1), versions))`
 
 // versionsFall is whether a write of segmentBlockers' writer has a lower
 // version than the write before it.
 const versionsFall = `arrayExists((a, b) -> a > b, arrayPopBack(versions), arrayPopFront(versions))`
 
-// runningMax is the SQL of the running maximum of values, an expression
-// of an Array(UInt64), by doubling: step k takes each place's maximum
-// with the place 2^k before it, so that after it each place holds the
-// maximum of the 2^(k+1) places up to it; steps steps cover arrays of
-// 2^steps places, and each costs in proportion to the places. Each step
-// is a lambda on the array the step before made (as the one element of an
-// array), so that the SQL names each step once: 18.16 would expand an
-// alias into each place that names it.
-func runningMax(values string, steps int) string {
-	m := `[` + values + `]`
-	for k := range steps {
-		shift := strconv.FormatUint(1<<k, 10)
-		m = `arrayMap(x -> arrayMap((a, b) -> greatest(a, b), x, arrayConcat(arrayResize([toUInt64(0)], least(` + shift + `, length(x))),
-			arraySlice(x, 1, greatest(length(x), ` + shift + `) - ` + shift + `))), ` + m + `)`
-	}
-	return m + `[1]`
+// versionRanks is the SQL of the rank of each element of values (an
+// expression of an array) among them, 1 for the lowest, equal elements
+// in any order: the places sorted by their values, and those sorted by
+// themselves give each place its rank. The sorted places are the one
+// element of an array that a lambda reads, so that the SQL names them
+// once.
+func versionRanks(values string) string {
+	return `arrayMap(p -> arraySort((k, q) -> q, arrayEnumerate(p), p), [arrayMap(x -> arraySort((i, v) -> v, arrayEnumerate(x), x), [` + values + `])[1]])[1]`
 }
 
 // writerVersions are the newest version each writer stored of each
@@ -214,7 +214,7 @@ func conflictBlockersFrom(cached, raw bool, span, outer string) string {
 // newest version) in each segment of the window, those of the earlier
 // segments sorted by writer and version, the last of each writer's. The
 // sorted array is the one element of an array that a lambda reads, so that
-// the SQL names it once (runningMax).
+// the SQL names it once (as versionRanks).
 const newestBefore = `arrayMap(x -> arrayFilter((e, next) -> tupleElement(e, 1) != next, x, arrayResize(arrayPopFront(arrayMap(e -> tupleElement(e, 1), x)), length(x), '')),
 			[arraySort(arrayMap(v -> (tupleElement(v, 2), tupleElement(v, 3)), arrayFilter((v, s) -> tupleElement(v, 1) < s, vs, replicate(seg, vs))))])[1]`
 
