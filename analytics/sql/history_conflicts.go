@@ -100,12 +100,12 @@ func segmentBlockers(conflicts, where, seg string) string {
 // answered out of order), they are ranked (versionRanks), and a write is
 // a top where its rank's distance below the running maximum of the ranks
 // before it, carried as arrayCumSumNonNegative carries it (the distance
-// before, plus the fall from the rank before, and never below zero), is
-// zero. Ranks, not versions, so that the distances fit an Int64 whatever
+// before, plus the fall from the rank before: the difference of the
+// negated ranks; never below zero), is zero. Ranks, not versions, so that the distances fit an Int64 whatever
 // the versions are. The ranks are taken on those rows alone (on the
 // others on an empty array), since 18.16 computes both sides of an if.
-var rises = `if(` + versionsFall + `, arrayMap(d -> toUInt8(d = 0), arrayCumSumNonNegative(arrayMap(d -> -d, arrayDifference(arrayMap(r -> toInt64(r),
-					` + versionRanks(`if(`+versionsFall+`, versions, emptyArrayUInt64())`) + `))))),
+var rises = `if(` + versionsFall + `, arrayMap(d -> toUInt8(d = 0), arrayCumSumNonNegative(arrayDifference(arrayMap(r -> -toInt64(r),
+					` + versionRanks(`if(`+versionsFall+`, versions, emptyArrayUInt64())`) + `)))),
 				arrayMap(v -> toUInt8(1), versions))`
 
 // versionsFall is whether a write of segmentBlockers' writer has a lower
