@@ -290,3 +290,18 @@ func TestWriteTableFitsAndSaysWhenEmpty(t *testing.T) {
 		}
 	}
 }
+
+// TestSegmentsFirst checks the order in which a report starts its
+// queries: those that read the field history's segments first, each
+// group in the order given.
+func TestSegmentsFirst(t *testing.T) {
+	runs := []run{{query: QueryTotals}, {query: QueryLostUpdates}, {query: QueryHotObjects}, {query: QueryFieldWriters}, {query: QueryNoopWrites}, {query: QueryRetryLoops}}
+	var got []string
+	for _, i := range segmentsFirst(runs) {
+		got = append(got, runs[i].query.Name)
+	}
+	want := []string{"lost_updates", "field_writers", "noop_writes", "totals", "hot_objects", "retry_loops"}
+	if fmt.Sprint(got) != fmt.Sprint(want) {
+		t.Fatalf("order %v, want %v", got, want)
+	}
+}
