@@ -145,6 +145,15 @@ func BenchmarkReport(b *testing.B) {
 					}
 				}
 			})
+			historyCut := history
+			historyCut.Since, historyCut.Until = cutWindow()
+			b.Run(mode.name+"/whole-history-cut-hours", func(b *testing.B) {
+				for b.Loop() {
+					if _, err := Build(ctx, store.Conn(), historyCut); err != nil {
+						b.Fatal(err)
+					}
+				}
+			})
 			seq := o
 			seq.parallel = 1
 			b.Run(mode.name+"/whole-sequential", func(b *testing.B) {
