@@ -173,7 +173,15 @@ func Build(ctx context.Context, conn driver.Conn, o Options) (*Report, error) {
 			})},
 		)
 	}
-	if err := q.parallel(o.parallel, runs...); err != nil {
+	// The totals first, alone: the findings then read at least the
+	// events the totals counted (a write's history is stored before its
+	// event), so a report whose totals count every request of a window
+	// holds every finding of it, however the other queries are ordered
+	// (parallel starts the history's first).
+	if err := q.parallel(1, runs[0]); err != nil {
+		return nil, err
+	}
+	if err := q.parallel(o.parallel, runs[1:]...); err != nil {
 		return nil, err
 	}
 	if t.Requests == 0 {
