@@ -120,7 +120,6 @@ func Build(ctx context.Context, conn driver.Conn, o Options) (*Report, error) {
 	r.LostUpdates, r.FieldFights, r.ConflictCauses, r.NoopWrites = []LostUpdate{}, []FieldFight{}, []ConflictCause{}, []NoopWrites{}
 	r.FieldWriters = []FieldWriter{}
 	runs := []run{
-		{QueryTotals, t.scan},
 		// The rate columns are for the dashboards; the report's JSON
 		// keeps its contract.
 		{QueryConflictsByUser, collect(&r.ConflictsByUser, func(u *UserConflicts) []any {
@@ -178,10 +177,10 @@ func Build(ctx context.Context, conn driver.Conn, o Options) (*Report, error) {
 	// event), so a report whose totals count every request of a window
 	// holds every finding of it, however the other queries are ordered
 	// (parallel starts the history's first).
-	if err := q.parallel(1, runs[0]); err != nil {
+	if err := q.each(QueryTotals, t.scan); err != nil {
 		return nil, err
 	}
-	if err := q.parallel(o.parallel, runs[1:]...); err != nil {
+	if err := q.parallel(o.parallel, runs...); err != nil {
 		return nil, err
 	}
 	if t.Requests == 0 {

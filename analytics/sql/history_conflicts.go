@@ -101,8 +101,8 @@ func segmentBlockers(conflicts, where, seg string) string {
 // a top where its rank's distance below the running maximum of the ranks
 // before it, carried as arrayCumSumNonNegative carries it (the distance
 // before, plus the fall from the rank before: the difference of the
-// negated ranks; never below zero), is zero. Ranks, not versions, so that the distances fit an Int64 whatever
-// the versions are. The ranks are taken on those rows alone (on the
+// negated ranks; never below zero), is zero. Ranks, not versions, so
+// that the distances fit an Int64 whatever the versions are. The ranks are taken on those rows alone (on the
 // others on an empty array), since 18.16 computes both sides of an if.
 var rises = `if(` + versionsFall + `, arrayMap(d -> toUInt8(d = 0), arrayCumSumNonNegative(arrayDifference(arrayMap(r -> -toInt64(r),
 					` + versionRanks(`if(`+versionsFall+`, versions, emptyArrayUInt64())`) + `)))),
